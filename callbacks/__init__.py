@@ -1,0 +1,29 @@
+"""Callbacks for torch-hapi: the Keras/Paddle hook protocol and the built-ins.
+
+This package never imports ``hapi``: a callback knows the model only through
+its documented public API and the ``logs`` dicts (see ``callbacks.base``).
+"""
+
+from callbacks.base import Callback, CallbackList
+from callbacks.checkpoint import ModelCheckpoint
+from callbacks.csv_logger import CSVLogger
+from callbacks.early_stopping import EarlyStopping
+from callbacks.history import History
+from callbacks.lr import LRScheduler, ReduceLROnPlateau
+from callbacks.nan import TerminateOnNaN
+from callbacks.progbar import ProgBarLogger
+from callbacks.visualdl import VisualDL
+
+__all__ = [
+    "Callback",
+    "CallbackList",
+    "CSVLogger",
+    "EarlyStopping",
+    "History",
+    "LRScheduler",
+    "ModelCheckpoint",
+    "ProgBarLogger",
+    "ReduceLROnPlateau",
+    "TerminateOnNaN",
+    "VisualDL",
+]

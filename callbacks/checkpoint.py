@@ -1,0 +1,84 @@
+"""ModelCheckpoint: periodic, best and final checkpoints during ``fit``.
+
+Paddle semantics for the file names (``<save_dir>/<epoch>.pt``,
+``<save_dir>/final.pt``), plus Keras' "best so far" on a monitored figure
+(``<save_dir>/best.pt``). ``model.save`` is collective -- every rank calls it,
+rank 0 writes, all wait -- so this callback calls it on every rank and never
+behind ``is_main`` (that would deadlock the other ranks in the barrier).
+"""
+
+from __future__ import annotations
+
+import os
+
+from tqdm import tqdm
+
+from callbacks.monitor import MonitorCallback, require_int
+
+
+class ModelCheckpoint(MonitorCallback):
+    """Saves the model every ``save_freq`` epochs, on improvement, and at the end.
+
+    * ``<save_dir>/<epoch>.pt`` when ``epoch % save_freq == 0`` (0-based
+      epoch, as Paddle), unless ``save_best_only``;
+    * ``<save_dir>/best.pt`` whenever ``logs[monitor]`` improves on the best
+      so far (epochs without the key, e.g. without evaluation, are skipped);
+    * ``<save_dir>/final.pt`` at the end of training, unless ``save_best_only``.
+
+    Args:
+        save_dir: directory of the checkpoints (first argument; Paddle's order
+            ``ModelCheckpoint(save_freq, save_dir)`` is refused with a TypeError).
+        save_freq: epochs between periodic checkpoints, a positive int.
+        monitor: the logged figure that decides "best" (default ``"val_loss"``).
+        mode: ``"min"``, ``"max"`` or ``"auto"`` (see :class:`MonitorCallback`).
+        save_best_only: write only ``best.pt``; a missing ``monitor`` then
+            warns (once), since nothing would ever be saved.
+        verbose: print each save (main process only).
+    """
+
+    def __init__(
+        self,
+        save_dir: str | os.PathLike,
+        save_freq: int = 1,
+        monitor: str = "val_loss",
+        mode: str = "auto",
+        save_best_only: bool = False,
+        verbose: int = 0,
+    ) -> None:
+        if not isinstance(save_dir, (str, os.PathLike)):
+            raise TypeError(
+                f"ModelCheckpoint: the first argument is save_dir, a directory path (str or "
+                f"os.PathLike); received {save_dir!r} of type {type(save_dir).__name__}. "
+                "Paddle's positional order ModelCheckpoint(save_freq, save_dir) is not supported: "
+                "use keywords, e.g. ModelCheckpoint(save_dir='ckpt', save_freq=1)."
+            )
+        super().__init__(monitor=monitor, mode=mode, min_delta=0.0)
+        self.save_dir = os.fspath(save_dir)
+        self.save_freq = require_int("ModelCheckpoint", "save_freq", save_freq, minimum=1)
+        self.save_best_only = bool(save_best_only)
+        self.verbose = verbose
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.best = self.initial_best
+
+    def _save(self, name: str, epoch: int | None, reason: str = "") -> None:
+        path = os.path.join(self.save_dir, name)
+        if self.verbose and self.is_main:
+            prefix = "" if epoch is None else f"Epoch {epoch + 1}: "
+            tqdm.write(f"{prefix}{reason}saving model to {path}.pt")
+        self.model.save(path)  # collective: every rank, never behind is_main
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if not self.save_best_only and epoch % self.save_freq == 0:
+            self._save(str(epoch), epoch)
+        # Without save_best_only, best.pt is an extra: a run without
+        # evaluation should not warn about a missing val_loss every time.
+        current = self.get_monitor_value(logs, warn=self.save_best_only)
+        if current is not None and self.is_improvement(current, self.best):
+            reason = f"{self.monitor} improved from {self.best:.5g} to {current:.5g}, "
+            self.best = current
+            self._save("best", epoch, reason)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if not self.save_best_only:
+            self._save("final", None)

@@ -1,0 +1,30 @@
+"""History: the per-epoch figures that ``Model.fit`` returns."""
+
+from __future__ import annotations
+
+from callbacks.base import Callback
+
+
+class History(Callback):
+    """Records every epoch's logs.
+
+    ``history.history`` maps each logged name (``"loss"``, metric names and
+    ``"val_" + name`` after an evaluation) to a list with one value per epoch
+    in which it was logged; ``history.epoch`` lists those epoch indices.
+    A name that first appears in a later epoch (``val_*`` with ``eval_freq``
+    > 1) has a list only as long as the epochs that logged it, as in Keras.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epoch: list[int] = []
+        self.history: dict[str, list[float]] = {}
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.epoch = []
+        self.history = {}
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.epoch.append(epoch)
+        for name, value in (logs or {}).items():
+            self.history.setdefault(name, []).append(value)

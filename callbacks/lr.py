@@ -1,0 +1,171 @@
+"""Learning-rate callbacks: LRScheduler (drives a torch scheduler) and
+ReduceLROnPlateau (Keras' plateau rule, on the logged figures).
+
+Both act on ``model.optimizer`` only through the public torch API
+(``scheduler.step()``, ``optimizer.param_groups``), so they work the same for
+any optimizer and on every rank: the logs are already reduced across ranks,
+so all ranks change the learning rate identically.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.optim import lr_scheduler as torch_lr
+from tqdm import tqdm
+
+from callbacks.base import Callback
+from callbacks.monitor import MonitorCallback, require_int
+
+
+class LRScheduler(Callback):
+    """Steps a ``torch.optim.lr_scheduler`` once per epoch, or once per optimizer step.
+
+    Args:
+        scheduler: a ``torch.optim.lr_scheduler.LRScheduler`` built on the
+            model's optimizer (``StepLR``, ``CosineAnnealingLR``, ``OneCycleLR``...).
+        by_step: False (default) steps at each epoch end, PyTorch's convention
+            for ``StepLR`` and its kin. True steps after every optimizer step,
+            as ``OneCycleLR`` needs; with gradient accumulation that is once per
+            ``accumulate_grad_batches`` batches, because the callback follows
+            ``model.step`` (the count of optimizer steps), not the batch index.
+    """
+
+    def __init__(self, scheduler: torch_lr.LRScheduler, by_step: bool = False) -> None:
+        super().__init__()
+        if isinstance(scheduler, torch_lr.ReduceLROnPlateau):
+            raise TypeError(
+                "LRScheduler cannot drive torch.optim.lr_scheduler.ReduceLROnPlateau, whose "
+                "step() needs the monitored figure; received a ReduceLROnPlateau instance. "
+                "Use callbacks.ReduceLROnPlateau(monitor='val_loss', factor=..., patience=...) instead."
+            )
+        if not isinstance(scheduler, torch_lr.LRScheduler):
+            raise TypeError(
+                "LRScheduler needs a torch.optim.lr_scheduler.LRScheduler instance; received "
+                f"{scheduler!r} of type {type(scheduler).__name__}. Build one on the model's "
+                "optimizer, e.g. LRScheduler(torch.optim.lr_scheduler.StepLR(optimizer, step_size=10))."
+            )
+        self.scheduler = scheduler
+        self.by_step = bool(by_step)
+        self._last_step: int | None = None
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        # A resumed run starts from the loaded model.step; only steps taken
+        # from here on move the schedule.
+        self._last_step = self.model.step
+
+    def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
+        if not self.by_step:
+            return
+        current = self.model.step
+        if self._last_step is None or current < self._last_step:
+            self._last_step = current
+            return
+        for _ in range(current - self._last_step):
+            self.scheduler.step()
+        self._last_step = current
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if not self.by_step:
+            self.scheduler.step()
+
+
+class ReduceLROnPlateau(MonitorCallback):
+    """Multiplies the learning rate by ``factor`` when ``monitor`` stops improving.
+
+    Keras semantics: after ``patience`` epochs without improvement, every
+    param group's ``"lr"`` of ``model.optimizer`` becomes
+    ``max(lr * factor, min_lr)`` (a group already at or below ``min_lr`` is
+    left alone), the wait restarts, and the next ``cooldown`` epochs are not
+    counted (they still update the best value). Cooldown epochs are skipped
+    entirely, as in PyTorch; Keras starts counting one epoch earlier, which
+    makes ``cooldown=1`` a no-op there.
+
+    Args:
+        monitor: the logged figure to watch (default ``"val_loss"``).
+        factor: multiplier in (0, 1).
+        patience: epochs without improvement before a reduction.
+        mode: ``"min"``, ``"max"`` or ``"auto"`` (see :class:`MonitorCallback`).
+        min_delta: smallest change that counts as an improvement.
+        cooldown: epochs to wait after a reduction before counting again.
+        min_lr: lower bound of every group's learning rate.
+        verbose: print each reduction (main process only).
+    """
+
+    def __init__(
+        self,
+        monitor: str = "val_loss",
+        factor: float = 0.1,
+        patience: int = 10,
+        mode: str = "auto",
+        min_delta: float = 1e-4,
+        cooldown: int = 0,
+        min_lr: float = 0.0,
+        verbose: int = 1,
+    ) -> None:
+        super().__init__(monitor=monitor, mode=mode, min_delta=min_delta)
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < 1:
+            raise ValueError(
+                f"ReduceLROnPlateau: factor must be in (0, 1) (the learning rate is multiplied by it); "
+                f"received {factor!r}. Pass e.g. factor=0.1 or factor=0.5."
+            )
+        if isinstance(min_lr, bool) or not isinstance(min_lr, (int, float)) or not min_lr >= 0:
+            raise ValueError(
+                f"ReduceLROnPlateau: min_lr must be a non-negative number; received {min_lr!r}. "
+                "Pass e.g. min_lr=1e-6, or 0 for no lower bound."
+            )
+        self.factor = float(factor)
+        self.patience = require_int("ReduceLROnPlateau", "patience", patience, minimum=0)
+        self.cooldown = require_int("ReduceLROnPlateau", "cooldown", cooldown, minimum=0)
+        self.min_lr = float(min_lr)
+        self.verbose = verbose
+        self.cooldown_counter = 0
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if getattr(self.model, "optimizer", None) is None:
+            raise RuntimeError(
+                "ReduceLROnPlateau changes the optimizer's learning rate, but the model has no "
+                "optimizer (received model.optimizer=None). Call model.prepare(optimizer=...) first."
+            )
+        self.best = self.initial_best
+        self.wait = 0
+        self.cooldown_counter = 0
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        current = self.get_monitor_value(logs)
+        if current is None:
+            return
+        in_cooldown = self.cooldown_counter > 0
+        if in_cooldown:
+            self.cooldown_counter -= 1
+            self.wait = 0
+        if self.is_improvement(current, self.best):
+            self.best = current
+            self.wait = 0
+            return
+        if in_cooldown:
+            return
+        self.wait += 1
+        if self.wait >= self.patience:
+            changes = self._reduce()
+            self.cooldown_counter = self.cooldown
+            self.wait = 0
+            if changes and self.verbose and self.is_main:
+                text = ", ".join(f"{old:.4g} -> {new:.4g}" for old, new in changes)
+                tqdm.write(f"Epoch {epoch + 1}: ReduceLROnPlateau reducing learning rate: {text}.")
+
+    def _reduce(self) -> list[tuple[float, float]]:
+        """Lower every group's lr; return the (old, new) pairs that changed."""
+        changes: list[tuple[float, float]] = []
+        groups: list[dict[str, Any]] = self.model.optimizer.param_groups
+        for group in groups:
+            old = float(group["lr"])
+            if old > self.min_lr:
+                new = max(old * self.factor, self.min_lr)
+                if isinstance(group["lr"], torch.Tensor):
+                    group["lr"].fill_(new)  # a tensor lr (capturable optimizers) stays a tensor
+                else:
+                    group["lr"] = new
+                changes.append((old, new))
+        return changes

@@ -1,0 +1,123 @@
+"""Shared "watch one logged figure" logic for EarlyStopping, ReduceLROnPlateau
+and ModelCheckpoint.
+
+The three callbacks answer the same question -- did ``logs[monitor]`` improve
+by more than ``min_delta`` in the right direction? -- so the answer lives in one
+place and cannot drift between them (Keras' ``MonitorCallback``). The state is
+kept in plain attributes (``best``, ``wait``) so that it can be saved and
+restored with the rest of a run.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from typing import Any
+
+from callbacks.base import Callback
+
+# Substrings of a monitored name that mean "higher is better" in mode="auto".
+_MAX_HINTS = ("acc", "auc", "precision", "recall", "f1", "score")
+_MODES = ("auto", "min", "max")
+
+
+def require_int(owner: str, name: str, value: Any, minimum: int) -> int:
+    """Return ``value`` if it is an int >= ``minimum``; raise ValueError otherwise.
+
+    ``bool`` is refused although it is an ``int`` subclass: ``patience=True``
+    is a mistake, not a request for patience 1.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        kind = {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
+        raise ValueError(
+            f"{owner}: {name} must be {kind}; received {value!r} "
+            f"({type(value).__name__}). Pass e.g. {name}={max(minimum, 1)}."
+        )
+    return int(value)
+
+
+def resolve_mode(mode: str, monitor: str, owner: str = "MonitorCallback") -> str:
+    """Turn ``"auto"`` into ``"min"`` or ``"max"`` from the monitored name."""
+    if mode not in _MODES:
+        raise ValueError(
+            f"{owner}: mode must be one of 'auto', 'min', 'max'; received {mode!r}. "
+            "Use 'min' for losses and errors, 'max' for accuracies and scores."
+        )
+    if mode != "auto":
+        return mode
+    lowered = monitor.lower()
+    return "max" if any(hint in lowered for hint in _MAX_HINTS) else "min"
+
+
+class MonitorCallback(Callback):
+    """Base class for callbacks that act when a logged figure stops improving.
+
+    Args:
+        monitor: key of the ``logs`` dict to watch, e.g. ``"val_loss"``.
+        mode: ``"min"``, ``"max"`` or ``"auto"``. ``"auto"`` picks ``"max"``
+            when the name contains acc, auc, precision, recall, f1 or score
+            (case-insensitive) and ``"min"`` otherwise.
+        min_delta: the smallest change that counts as an improvement; a
+            non-negative number.
+
+    Attributes:
+        mode: the resolved direction, ``"min"`` or ``"max"``.
+        best: the best value seen so far (``+inf`` / ``-inf`` before any).
+        wait: evaluations since the last improvement.
+    """
+
+    def __init__(self, monitor: str = "val_loss", mode: str = "auto", min_delta: float = 0.0) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        if not isinstance(monitor, str) or not monitor:
+            raise TypeError(
+                f"{owner}: monitor must be the name of a logged figure (a non-empty str); "
+                f"received {monitor!r}. Pass e.g. monitor='val_loss' or monitor='val_acc'."
+            )
+        if isinstance(min_delta, bool) or not isinstance(min_delta, numbers.Real) or not min_delta >= 0:
+            raise ValueError(
+                f"{owner}: min_delta must be a non-negative number; received {min_delta!r}. "
+                "It is the smallest change that counts as an improvement, in either mode."
+            )
+        self.monitor = monitor
+        self.mode = resolve_mode(mode, monitor, owner)
+        self.min_delta = float(min_delta)
+        self.best = self.initial_best
+        self.wait = 0
+        self._warned_missing = False
+
+    @property
+    def initial_best(self) -> float:
+        """The value every real figure improves on: ``+inf`` for min, ``-inf`` for max."""
+        return math.inf if self.mode == "min" else -math.inf
+
+    def is_improvement(self, current: float, best: float) -> bool:
+        """Whether ``current`` beats ``best`` by more than ``min_delta``.
+
+        NaN never counts as an improvement (every comparison with NaN is false).
+        """
+        if self.mode == "min":
+            return current < best - self.min_delta
+        return current > best + self.min_delta
+
+    def get_monitor_value(self, logs: dict | None, warn: bool = True) -> float | None:
+        """Return ``logs[monitor]`` as a float, or None when it is missing.
+
+        A missing key warns once per callback (not every epoch), naming the
+        keys that are there, because the usual cause is a typo or an epoch
+        without evaluation.
+        """
+        logs = logs or {}
+        value = logs.get(self.monitor)
+        if value is None:
+            if warn and not self._warned_missing:
+                self._warned_missing = True
+                warnings.warn(
+                    f"{type(self).__name__} is monitoring {self.monitor!r}, which is not in "
+                    f"the logs. Available keys: {sorted(logs)}. Pass monitor= one of them; "
+                    "val_* keys exist only on epochs that ran an evaluation (eval_data, eval_freq).",
+                    stacklevel=2,
+                )
+            return None
+        return float(value)

@@ -1,0 +1,56 @@
+"""TerminateOnNaN: stop a run whose loss has become NaN or infinite.
+
+Once the loss is NaN every later step is wasted compute (and a periodic
+checkpoint would overwrite good weights with bad ones), so the run stops at the
+first logged sign of it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tqdm import tqdm
+
+from callbacks.base import Callback
+
+
+class TerminateOnNaN(Callback):
+    """Sets ``model.stop_training`` when a logged ``loss`` is NaN or +-inf.
+
+    Checked in ``on_train_batch_end`` and ``on_epoch_end``. Batch logs carry
+    the loss only every ``log_freq`` steps (and on an epoch's last step), so a
+    NaN is detected at the next logging step, not necessarily at the step that
+    produced it; fit with ``log_freq=1`` to stop at that exact step. The logged
+    loss is a running mean over the epoch, so one NaN batch keeps it NaN until
+    the epoch ends and cannot be missed.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._epoch = 0
+        self._last_step: int | None = None
+        self._reported = False
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._reported = False
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = epoch
+        self._last_step = None
+
+    def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
+        self._last_step = step
+        self._check(logs, step)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._check(logs, self._last_step)
+
+    def _check(self, logs: dict | None, step: int | None) -> None:
+        loss = (logs or {}).get("loss")
+        if loss is None or math.isfinite(float(loss)):
+            return
+        self.model.stop_training = True
+        if self.is_main and not self._reported:
+            self._reported = True
+            where = f"Epoch {self._epoch + 1}" + ("" if step is None else f", step {step + 1}")
+            tqdm.write(f"{where}: loss is {float(loss)}; stopping training (TerminateOnNaN).")

@@ -1,0 +1,174 @@
+"""ProgBarLogger: what a user watches while a model trains.
+
+Two displays, chosen like Paddle's ``verbose``:
+
+* ``verbose=1`` on a terminal: a tqdm bar per epoch (and per evaluation) with
+  the running figures as its postfix, refreshed at most four times a second;
+* ``verbose=2``, or ``verbose=1`` when stdout is not a terminal (CI logs,
+  files, ``torchrun`` workers): one line every ``log_freq`` steps in Paddle's
+  form ``step 400/938 - loss: 0.4262 - acc_top1: 0.7887 - 5ms/step``;
+* ``verbose=0`` prints nothing.
+
+Only the main process prints. The figures come from the loop's ``logs`` (they
+are running means over the epoch), so printing never touches the device.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from callbacks.base import Callback
+
+_NOT_FIGURES = ("batch_size", "step")
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, float) and value != 0.0 and abs(value) < 1e-3:
+        return f"{value:.4e}"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def _format_pace(seconds_per_step: float) -> str:
+    if seconds_per_step >= 1.0:
+        return f"{seconds_per_step:.1f}s/step"
+    return f"{seconds_per_step * 1000:.0f}ms/step"
+
+
+class _Phase:
+    """Progress of one pass (a training epoch, an evaluation or a prediction)."""
+
+    def __init__(self, steps: int | None, bar: Any) -> None:
+        self.steps = steps
+        self.bar = bar
+        self.started = time.perf_counter()
+        self.samples = 0
+        self.done = 0
+
+    def seconds_per_step(self) -> float:
+        return (time.perf_counter() - self.started) / max(self.done, 1)
+
+
+class ProgBarLogger(Callback):
+    """Prints progress and running figures (default in fit/evaluate/predict).
+
+    Args:
+        log_freq: print a line (or refresh the bar's figures) every this many
+            steps, and always on the last step.
+        verbose: 0 silent; 1 a progress bar on a terminal (lines otherwise);
+            2 one line every ``log_freq`` steps.
+    """
+
+    def __init__(self, log_freq: int = 1, verbose: int = 2) -> None:
+        super().__init__()
+        if not isinstance(log_freq, int) or log_freq < 1:
+            raise ValueError(f"log_freq must be a positive integer; received {log_freq!r}.")
+        if verbose not in (0, 1, 2):
+            raise ValueError(f"verbose must be 0, 1 or 2; received {verbose!r}.")
+        self.log_freq = log_freq
+        self.verbose = verbose
+        self._phase: _Phase | None = None
+        self._outer: _Phase | None = None  # the training epoch while an evaluation runs
+
+    # -- display helpers -------------------------------------------------
+    @property
+    def _active(self) -> bool:
+        return self.verbose > 0 and self.is_main
+
+    def _use_bar(self) -> bool:
+        return self.verbose == 1 and sys.stdout.isatty()
+
+    def _start(self, steps: int | None, description: str) -> _Phase:
+        bar = None
+        if self._use_bar():
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=steps, desc=description, file=sys.stdout, mininterval=0.25,
+                       dynamic_ncols=True, leave=True)
+        return _Phase(steps, bar)
+
+    def _on_batch_end(self, step: int, logs: dict | None) -> None:
+        phase = self._phase
+        if phase is None:
+            return
+        logs = logs or {}
+        phase.done = step + 1
+        phase.samples += int(logs.get("batch_size", 0))
+        figures = {k: v for k, v in logs.items() if k not in _NOT_FIGURES}
+        if phase.bar is not None:
+            phase.bar.update(phase.done - phase.bar.n)
+            if figures:
+                phase.bar.set_postfix({k: _format_value(v) for k, v in figures.items()}, refresh=False)
+            return
+        last = phase.steps is not None and phase.done == phase.steps
+        if figures and (phase.done % self.log_freq == 0 or last or phase.steps is None):
+            total = f"/{phase.steps}" if phase.steps is not None else ""
+            parts = [f"step {phase.done}{total}"]
+            parts += [f"{name}: {_format_value(value)}" for name, value in figures.items()]
+            parts.append(_format_pace(phase.seconds_per_step()))
+            print(" - ".join(parts), flush=True)
+
+    def _finish(self, phase: _Phase | None) -> None:
+        if phase is not None and phase.bar is not None:
+            phase.bar.close()
+
+    # -- training --------------------------------------------------------
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        if not self._active:
+            return
+        epochs = self.params.get("epochs")
+        header = f"Epoch {epoch + 1}/{epochs}" if epochs else f"Epoch {epoch + 1}"
+        if not self._use_bar():
+            print(header, flush=True)
+        self._phase = self._start(self.params.get("steps"), header)
+
+    def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
+        self._on_batch_end(step, logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._finish(self._phase)
+        self._phase = None
+
+    # -- evaluation ------------------------------------------------------
+    def on_eval_begin(self, logs: dict | None = None) -> None:
+        if not self._active:
+            return
+        if self._phase is not None and self._phase.bar is not None:
+            self._phase.bar.refresh()
+        self._outer = self._phase
+        if not self._use_bar():
+            print("Eval begin...", flush=True)
+        self._phase = self._start((logs or {}).get("steps"), "Eval")
+
+    def on_eval_batch_end(self, step: int, logs: dict | None = None) -> None:
+        self._on_batch_end(step, logs)
+
+    def on_eval_end(self, logs: dict | None = None) -> None:
+        if not self._active or self._phase is None:
+            return
+        phase, self._phase, self._outer = self._phase, self._outer, None
+        if phase.bar is not None and logs:
+            phase.bar.set_postfix({k: _format_value(v) for k, v in logs.items()}, refresh=False)
+        self._finish(phase)
+        print(f"Eval samples: {phase.samples}", flush=True)
+
+    # -- prediction ------------------------------------------------------
+    def on_predict_begin(self, logs: dict | None = None) -> None:
+        if not self._active:
+            return
+        if not self._use_bar():
+            print("Predict begin...", flush=True)
+        self._phase = self._start((logs or {}).get("steps"), "Predict")
+
+    def on_predict_batch_end(self, step: int, logs: dict | None = None) -> None:
+        self._on_batch_end(step, logs)
+
+    def on_predict_end(self, logs: dict | None = None) -> None:
+        if not self._active or self._phase is None:
+            return
+        phase, self._phase = self._phase, None
+        self._finish(phase)
+        print(f"Predict samples: {phase.samples}", flush=True)

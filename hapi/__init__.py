@@ -1,0 +1,21 @@
+"""torch-hapi: Keras/Paddle-hapi style training on PyTorch.
+
+``Model`` wraps an ``nn.Module`` with prepare/fit/evaluate/predict;
+``hapi.metrics`` holds Paddle's ``Accuracy`` on torchmetrics;
+``hapi.datasets`` reads MNIST-style IDX files.
+"""
+
+from hapi import metrics
+from hapi.model import Model
+
+__all__ = ["Model", "metrics", "datasets"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # Imported on first use: most scripts that never read a data set skip it.
+    if name == "datasets":
+        import importlib
+
+        return importlib.import_module("hapi.datasets")
+    raise AttributeError(f"module 'hapi' has no attribute {name!r}")

@@ -1,0 +1,202 @@
+"""Checkpoint files: one file per save, written atomically, read safely.
+
+A checkpoint is a plain dict of tensors and Python scalars, saved with
+``torch.save`` and read back with ``torch.load(weights_only=True)``: a file
+that carries code (pickled classes or functions) is refused, never executed.
+Writes go through :func:`callbacks.files.atomic_write`, so a crash while
+saving leaves the previous file intact.
+
+Layout of a training checkpoint (``FORMAT``)::
+
+    {"format": "torch-hapi", "version": 1,
+     "network": state_dict, "optimizer": state_dict | None,
+     "scaler": state_dict | None, "epoch": int, "step": int,
+     "rng": {"torch": ByteTensor, "cuda": [ByteTensor], "numpy": {...},
+             "python": [int, ...]}}
+
+A bare ``state_dict`` saved by plain PyTorch (``torch.save(net.state_dict())``)
+loads too, as network weights.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import zipfile
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from callbacks.files import atomic_write
+from hapi import distributed
+
+FORMAT = "torch-hapi"
+VERSION = 1
+SUFFIX = ".pt"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, damaged, unsafe or does not fit the model."""
+
+
+def resolve_path(path: str | os.PathLike) -> str:
+    """The file a save of ``path`` writes: ``path`` + ``.pt`` unless it ends so.
+
+    Mirrors Paddle, where ``model.save("ckpt/final")`` writes
+    ``ckpt/final.pdparams``: users name checkpoints without a suffix.
+    """
+    path = os.fspath(path)
+    return path if path.endswith((".pt", ".pth")) else path + SUFFIX
+
+
+def save_state(path: str | os.PathLike, state: dict[str, Any]) -> str:
+    """Write ``state`` atomically on the main process; every process waits.
+
+    Returns the file written.
+    """
+    target = resolve_path(path)
+    if distributed.is_main():
+        with atomic_write(target, "wb") as handle:
+            torch.save(state, handle)
+    distributed.barrier()
+    return target
+
+
+def _existing_file(path: str | os.PathLike) -> str:
+    given = os.fspath(path)
+    candidates = [given] if given.endswith((".pt", ".pth")) else [given + SUFFIX, given]
+    for candidate in candidates:
+        if os.path.isfile(candidate):
+            return candidate
+    directory = os.path.dirname(os.path.abspath(given)) or "."
+    nearby = sorted(name for name in os.listdir(directory) if name.endswith((".pt", ".pth"))) \
+        if os.path.isdir(directory) else []
+    hint = f" Checkpoints in {directory}: {nearby}." if nearby else ""
+    raise FileNotFoundError(
+        f"No checkpoint found at {given!r} (tried {', '.join(repr(c) for c in candidates)})."
+        f"{hint} Pass the path you gave to Model.save(), or a file written by ModelCheckpoint "
+        "(<save_dir>/<epoch>, <save_dir>/best, <save_dir>/final)."
+    )
+
+
+def load_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
+    """Read a checkpoint safely; returns ``(file, state)`` with tensors on CPU.
+
+    Raises:
+        FileNotFoundError: no such checkpoint (lists the paths tried).
+        CheckpointError: the file is truncated or corrupt, carries code, or
+            is not a checkpoint at all.
+    """
+    file = _existing_file(path)
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        if "weights only" in str(error).lower() or "weights_only" in str(error):
+            raise CheckpointError(
+                f"Checkpoint {file!r} holds Python objects other than tensors and plain "
+                "values (it may carry code), so torch-hapi refuses to load it: files are "
+                "read with torch.load(weights_only=True) and never execute code. If you "
+                "wrote this file yourself and trust it, load it with "
+                "torch.load(path, weights_only=False) and pass the state dict to "
+                f"model.network.load_state_dict(). Details: {str(error).splitlines()[0]}"
+            ) from error
+        raise _damaged(file, error) from error
+    except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile, OSError) as error:
+        raise _damaged(file, error) from error
+    return file, _normalise(file, state)
+
+
+def _damaged(file: str, error: BaseException) -> CheckpointError:
+    size = os.path.getsize(file)
+    return CheckpointError(
+        f"Checkpoint {file!r} ({size} bytes) is truncated or corrupt and cannot be read "
+        f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'no detail'}). "
+        "It was probably cut off while being copied or written by another tool; torch-hapi "
+        "itself writes checkpoints atomically. Use an earlier checkpoint or save it again."
+    )
+
+
+def _normalise(file: str, state: Any) -> dict[str, Any]:
+    if isinstance(state, dict) and state.get("format") == FORMAT:
+        return state
+    if isinstance(state, dict) and state and all(torch.is_tensor(v) for v in state.values()):
+        return {"format": FORMAT, "version": VERSION, "network": state}
+    raise CheckpointError(
+        f"{file!r} is not a torch-hapi checkpoint nor a state_dict (found "
+        f"{type(state).__name__}{' with keys ' + str(sorted(state)[:8]) if isinstance(state, dict) else ''}). "
+        "Save checkpoints with Model.save(path), or torch.save(network.state_dict(), path)."
+    )
+
+
+def match_state_dict(
+    network: nn.Module, saved: dict[str, torch.Tensor], file: str, skip_mismatch: bool
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Check ``saved`` against ``network``; returns the loadable part and the skipped keys.
+
+    Raises:
+        CheckpointError: unless ``skip_mismatch``, when any key is missing,
+            unexpected or of another shape -- the sign of another architecture.
+    """
+    expected = network.state_dict()
+    missing = [k for k in expected if k not in saved]
+    unexpected = [k for k in saved if k not in expected]
+    reshaped = [
+        f"{k}: file {tuple(saved[k].shape)} vs network {tuple(expected[k].shape)}"
+        for k in expected
+        if k in saved and saved[k].shape != expected[k].shape
+    ]
+    if (missing or unexpected or reshaped) and not skip_mismatch:
+        problems = []
+        if reshaped:
+            problems.append(f"shape mismatch: {', '.join(reshaped)}")
+        if missing:
+            problems.append(f"missing in the file: {missing}")
+        if unexpected:
+            problems.append(f"not in the network: {unexpected}")
+        raise CheckpointError(
+            f"Checkpoint {file!r} does not fit this network ({type(network).__name__}): "
+            f"{'; '.join(problems)}. It was probably saved from another architecture. "
+            "Load it into the network it came from, or pass skip_mismatch=True to load "
+            "only the tensors whose names and shapes match."
+        )
+    loadable = {
+        k: v for k, v in saved.items() if k in expected and v.shape == expected[k].shape
+    }
+    skipped = sorted(set(missing) | set(unexpected) | {k for k in saved if k in expected and k not in loadable})
+    return loadable, skipped
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random generator's state, in tensors and plain values only."""
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "python": [random.getstate()[0], *random.getstate()[1], random.getstate()[2]],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    saved_np = state["numpy"]
+    np.random.set_state((
+        "MT19937",
+        saved_np["keys"].numpy().astype(np.uint32),
+        saved_np["pos"],
+        saved_np["has_gauss"],
+        saved_np["cached_gaussian"],
+    ))
+    python = state["python"]
+    random.setstate((python[0], tuple(python[1:-1]), python[-1]))

@@ -1,0 +1,168 @@
+"""From what the user passes to fit/evaluate/predict to batches on the device.
+
+Accepted data: a map-style ``Dataset`` whose items are tuples, an
+``IterableDataset``, a ``DataLoader`` (used as given on one process), or a
+tuple/list of tensors or NumPy arrays ``(x, y)`` of equal length. Samplers
+come from :mod:`hapi.distributed`, so sharding is decided there.
+
+Each batch is split into network inputs and loss labels: by default every
+element but the last is an input and the last is the label; ``Model(inputs=,
+labels=)`` override the counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+
+from hapi import distributed
+
+ACCEPTED = (
+    "a torch.utils.data.Dataset, an IterableDataset, a DataLoader, or a tuple of "
+    "tensors/NumPy arrays (x, y) of equal length"
+)
+
+
+def _check_positive_int(value: Any, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer; received {value!r}.")
+
+
+def _as_tensor(array: Any, position: int) -> torch.Tensor:
+    if torch.is_tensor(array):
+        return array
+    if isinstance(array, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(array))
+    raise TypeError(
+        f"Element {position} of the data tuple is {type(array).__name__}; a tuple passed as "
+        f"data must hold tensors or NumPy arrays. Accepted data: {ACCEPTED}."
+    )
+
+
+def as_dataset(data: Any, role: str) -> Dataset:
+    """A Dataset for ``data`` (tuples of arrays become a ``TensorDataset``)."""
+    if isinstance(data, Dataset):
+        return data
+    if isinstance(data, (tuple, list)) and data and all(
+            torch.is_tensor(a) or isinstance(a, np.ndarray) for a in data):
+        tensors = [_as_tensor(a, i) for i, a in enumerate(data)]
+        lengths = [len(t) for t in tensors]
+        if len(set(lengths)) != 1:
+            raise ValueError(
+                f"The arrays passed as {role} have different lengths {lengths}; every array "
+                "of the tuple must have one row per sample."
+            )
+        return TensorDataset(*tensors)
+    raise TypeError(f"{role} must be {ACCEPTED}; received {type(data).__name__}.")
+
+
+def make_loader(data: Any, *, role: str, batch_size: int, shuffle: bool = False,
+                drop_last: bool = False, num_workers: int = 0, seed: int = 0) -> Iterable:
+    """The iterable of batches one pass over ``data`` uses on this process."""
+    if data is None:
+        raise ValueError(f"{role} is None; pass {ACCEPTED}.")
+    if isinstance(data, DataLoader):
+        return data
+    _check_positive_int(batch_size, "batch_size")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"num_workers must be an integer >= 0; received {num_workers!r}.")
+    dataset = as_dataset(data, role)
+    if isinstance(dataset, IterableDataset):
+        return DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers)
+    if len(dataset) == 0:
+        raise ValueError(f"{role} is empty (0 samples); there is nothing to iterate over.")
+    sampler = (distributed.train_sampler(dataset, shuffle, seed) if role == "train_data"
+               else distributed.eval_sampler(dataset))
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle if sampler is None else False,
+        sampler=sampler,
+        drop_last=drop_last,
+        num_workers=num_workers,
+        pin_memory=torch.cuda.is_available(),
+        persistent_workers=num_workers > 0,
+    )
+
+
+def num_batches(loader: Iterable) -> int | None:
+    """Batches per pass, or ``None`` when the data cannot tell (iterable data)."""
+    try:
+        return len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def with_last(iterable: Iterable) -> Iterator[tuple[Any, bool]]:
+    """Yield ``(item, is_last)``, looking one item ahead.
+
+    The loop needs to know which batch is the last one (to log the final
+    figures before an evaluation starts) even for data without a length.
+    """
+    iterator = iter(iterable)
+    try:
+        current = next(iterator)
+    except StopIteration:
+        return
+    for upcoming in iterator:
+        yield current, False
+        current = upcoming
+    yield current, True
+
+
+class BatchSplitter:
+    """Splits a batch into ``(inputs, labels)`` and moves them to the device."""
+
+    def __init__(self, device: torch.device, n_inputs: int | None, n_labels: int | None) -> None:
+        self.device = device
+        self.n_inputs = n_inputs
+        self.n_labels = n_labels
+        self.non_blocking = device.type == "cuda"
+
+    def _to_device(self, items: Iterable[Any]) -> list[Any]:
+        return [item.to(self.device, non_blocking=self.non_blocking) if torch.is_tensor(item) else item
+                for item in items]
+
+    def split(self, batch: Any, need_labels: bool = True) -> tuple[list[Any], list[Any]]:
+        if isinstance(batch, dict):
+            raise TypeError(
+                f"A batch is a dict with keys {sorted(batch)}; torch-hapi expects each sample "
+                "to be a tuple (inputs..., labels...). Return a tuple from __getitem__, and "
+                "use Model(inputs=..., labels=...) to say how many of each."
+            )
+        if not isinstance(batch, (tuple, list)):
+            return self._to_device([batch]), []
+        batch = list(batch)
+        if self.n_inputs is not None:
+            inputs = batch[:self.n_inputs]
+            rest = batch[self.n_inputs:]
+            labels = rest[:self.n_labels] if self.n_labels is not None else rest
+        elif self.n_labels is not None:
+            inputs, labels = batch[:len(batch) - self.n_labels], batch[len(batch) - self.n_labels:]
+        elif len(batch) == 1:
+            inputs, labels = batch, []
+        else:
+            inputs, labels = batch[:-1], batch[-1:]
+        if need_labels and (self.n_labels or 0) > len(labels):
+            raise ValueError(
+                f"A batch has {len(batch)} elements but Model(inputs={self.n_inputs}, "
+                f"labels={self.n_labels}) asks for more; make the data's items tuples with "
+                "that many inputs and labels."
+            )
+        if not inputs:
+            raise ValueError(
+                f"A batch of {len(batch)} elements leaves no network inputs with "
+                f"Model(inputs={self.n_inputs}, labels={self.n_labels})."
+            )
+        return self._to_device(inputs), (self._to_device(labels) if need_labels else [])
+
+
+def batch_length(inputs: list[Any], labels: list[Any]) -> int:
+    """Samples in a batch: the first dimension of its first tensor."""
+    for item in (*labels, *inputs):
+        if torch.is_tensor(item) and item.ndim > 0:
+            return int(item.shape[0])
+    return 1

@@ -1,0 +1,167 @@
+"""The training, evaluation and prediction loops: every hook call, every logs dict.
+
+Read top to bottom, ``fit_loop`` is the whole of training::
+
+    on_train_begin
+    for epoch in range(model.epoch, epochs):
+        on_epoch_begin(epoch)
+        for each batch:  on_train_batch_begin / train step / on_train_batch_end
+        every eval_freq epochs (epoch % eval_freq == 0, as in Paddle):
+            on_eval_begin / on_eval_batch_* / on_eval_end
+        on_epoch_end(epoch, train figures + val_ figures)
+        stop when any process set model.stop_training, or num_iters is reached
+    on_train_end
+
+Figures reach the host only every ``log_freq`` steps and at the end of a pass
+(:meth:`MetricSet.compute`); nothing here branches on the process rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+
+from callbacks import CallbackList
+from hapi import distributed
+from hapi.data import BatchSplitter, batch_length, num_batches, with_last
+from hapi.metrics import MetricSet
+from hapi.steps import Stepper
+
+
+@dataclass
+class Parts:
+    """What every loop needs from the Model, built once per call."""
+
+    stepper: Stepper
+    metrics: MetricSet
+    splitter: BatchSplitter
+
+
+def _limit(steps: int | None, num_iters: int | None) -> int | None:
+    if num_iters is None:
+        return steps
+    return num_iters if steps is None else min(steps, num_iters)
+
+
+def _figures_due(step: int, is_last: bool, log_freq: int) -> bool:
+    return is_last or (step + 1) % log_freq == 0
+
+
+def _accumulation(step: int, is_last: bool, every: int, steps: int | None) -> tuple[bool, float]:
+    """Whether this batch updates the weights, and its share of the group's loss.
+
+    A group of ``every`` batches is averaged (loss / group size), so that
+    ``every`` batches of b train like one batch of ``every``*b. The epoch's last
+    group may be shorter; when the epoch length is known it is averaged over
+    its true size.
+    """
+    if every == 1:
+        return True, 1.0
+    group_start = step - step % every
+    group_size = every if steps is None else min(every, steps - group_start)
+    return (step + 1) % every == 0 or is_last, 1.0 / group_size
+
+
+def fit_loop(model: Any, parts: Parts, train_loader: Iterable, eval_loader: Iterable | None,
+             cbks: CallbackList, *, epochs: int, eval_freq: int, log_freq: int,
+             accumulate_grad_batches: int, num_iters: int | None) -> dict[str, float]:
+    """Train ``epochs`` epochs (fewer when stopped); returns the last epoch's logs."""
+    logs: dict[str, float] = {}
+    batches_left = num_iters
+    cbks.on_train_begin()
+    for epoch in range(model.epoch, epochs):
+        distributed.set_epoch(train_loader, epoch)
+        cbks.on_epoch_begin(epoch)
+        logs, batches_done = _train_epoch(model, parts, train_loader, cbks, log_freq=log_freq,
+                                          accumulate=accumulate_grad_batches,
+                                          max_batches=batches_left)
+        if eval_loader is not None and epoch % eval_freq == 0:
+            val_logs = evaluate_loop(parts, eval_loader, cbks, log_freq=log_freq, num_iters=None)
+            logs.update({f"val_{name}": value for name, value in val_logs.items()})
+        model.epoch = epoch + 1
+        cbks.on_epoch_end(epoch, logs)
+        if batches_left is not None:
+            batches_left -= batches_done
+        if distributed.any_true(model.stop_training) or batches_left == 0:
+            break
+    cbks.on_train_end(logs)
+    return logs
+
+
+def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList, *,
+                 log_freq: int, accumulate: int, max_batches: int | None
+                 ) -> tuple[dict[str, float], int]:
+    stepper, metrics, splitter = parts.stepper, parts.metrics, parts.splitter
+    steps = _limit(num_batches(loader), max_batches)
+    notify_begin = cbks.wants("on_train_batch_begin")
+    stepper.network.train()
+    metrics.reset()
+    done = 0
+    for step, (batch, is_last) in enumerate(with_last(loader)):
+        is_last = is_last or step + 1 == max_batches
+        if notify_begin:
+            cbks.on_train_batch_begin(step)
+        inputs, labels = splitter.split(batch)
+        update, loss_scale = _accumulation(step, is_last, accumulate, steps)
+        loss, outputs = stepper.train(inputs, labels, loss_scale=loss_scale, update=update)
+        batch_size = batch_length(inputs, labels)
+        metrics.update(loss, outputs, labels, batch_size)
+        model.step += int(update)
+        done = step + 1
+        batch_logs: dict[str, float] = {"batch_size": batch_size}
+        if _figures_due(step, is_last, log_freq):
+            batch_logs.update(metrics.compute())
+        cbks.on_train_batch_end(step, batch_logs)
+        if is_last or model.stop_training:
+            break
+    return metrics.compute(), done
+
+
+def evaluate_loop(parts: Parts, loader: Iterable, cbks: CallbackList, *, log_freq: int,
+                  num_iters: int | None) -> dict[str, float]:
+    """One pass over evaluation data; returns the figures over all of it."""
+    stepper, metrics, splitter = parts.stepper, parts.metrics, parts.splitter
+    notify_begin = cbks.wants("on_eval_batch_begin")
+    cbks.on_eval_begin({"steps": _limit(num_batches(loader), num_iters), "metrics": metrics.names()})
+    stepper.network.eval()
+    metrics.reset()
+    for step, (batch, is_last) in enumerate(with_last(loader)):
+        is_last = is_last or step + 1 == num_iters
+        if notify_begin:
+            cbks.on_eval_batch_begin(step)
+        inputs, labels = splitter.split(batch)
+        loss, outputs = stepper.evaluate(inputs, labels)
+        batch_size = batch_length(inputs, labels)
+        metrics.update(loss, outputs, labels, batch_size)
+        batch_logs: dict[str, float] = {"batch_size": batch_size}
+        if _figures_due(step, is_last, log_freq):
+            batch_logs.update(metrics.compute())
+        cbks.on_eval_batch_end(step, batch_logs)
+        if is_last:
+            break
+    results = metrics.compute()
+    cbks.on_eval_end(results)
+    return results
+
+
+def predict_loop(parts: Parts, loader: Iterable, cbks: CallbackList) -> list[list[torch.Tensor]]:
+    """The network's outputs over the data, per output a list of CPU batches."""
+    stepper, splitter = parts.stepper, parts.splitter
+    notify_begin = cbks.wants("on_predict_batch_begin")
+    cbks.on_predict_begin({"steps": num_batches(loader)})
+    stepper.network.eval()
+    per_output: list[list[torch.Tensor]] = []
+    for step, batch in enumerate(loader):
+        if notify_begin:
+            cbks.on_predict_batch_begin(step)
+        inputs, _ = splitter.split(batch, need_labels=False)
+        outputs = stepper.predict(inputs)
+        if not per_output:
+            per_output = [[] for _ in outputs]
+        for store, output in zip(per_output, outputs):
+            store.append(output.cpu() if torch.is_tensor(output) else output)
+        cbks.on_predict_batch_end(step, {"batch_size": batch_length(inputs, [])})
+    cbks.on_predict_end()
+    return [distributed.gather_in_order(store) for store in per_output]

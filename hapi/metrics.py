@@ -1,0 +1,210 @@
+"""Metrics: names, the running loss and torchmetrics state, kept on the device.
+
+During an epoch nothing here reads a value back to the host: the loss is
+summed into a device tensor and torchmetrics accumulate their own states.
+:meth:`MetricSet.compute` is the one place values become Python floats, and
+the loop calls it only every ``log_freq`` steps and at the end of a pass.
+Figures are means over every sample seen since :meth:`MetricSet.reset`, not
+the last batch's.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+import torch
+import torchmetrics
+
+from hapi import distributed
+
+__all__ = ["Accuracy", "MetricSet"]
+
+
+class Accuracy(torchmetrics.Metric):
+    """Top-k classification accuracy, Paddle's ``paddle.metric.Accuracy``.
+
+    ``topk=(1,)`` logs ``acc``; ``topk=(1, 2)`` logs ``acc_top1`` and
+    ``acc_top2``, as in Paddle's hapitrain output. ``name`` replaces ``acc``.
+    Predictions are scores ``[N, C]``; labels are class indices ``[N]`` or
+    ``[N, 1]``. Counting uses ``topk`` on the device, with no host sync.
+    """
+
+    full_state_update = False
+    higher_is_better = True
+
+    def __init__(self, topk: Sequence[int] = (1,), name: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        topk = tuple(topk) if isinstance(topk, (tuple, list)) else (topk,)
+        if not topk or any(not isinstance(k, int) or k < 1 for k in topk):
+            raise ValueError(f"topk must be positive integers, e.g. (1,) or (1, 5); received {topk!r}.")
+        self.topk = topk
+        self.maxk = max(topk)
+        self.name = name or "acc"
+        self.add_state("correct", default=torch.zeros(len(topk), dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("total", default=torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
+
+    def names(self) -> list[str]:
+        if len(self.topk) == 1 and self.topk[0] == 1:
+            return [self.name]
+        return [f"{self.name}_top{k}" for k in self.topk]
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        if preds.ndim < 2 or preds.shape[-1] < self.maxk:
+            raise ValueError(
+                f"Accuracy(topk={self.topk}) needs class scores of shape [N, C] with C >= "
+                f"{self.maxk}; received predictions of shape {tuple(preds.shape)}."
+            )
+        target = target.reshape(-1)
+        if target.shape[0] != preds.shape[0]:
+            raise ValueError(
+                f"Accuracy got {preds.shape[0]} predictions but {target.shape[0]} labels; "
+                "labels must be class indices of shape [N] or [N, 1]."
+            )
+        top = preds.topk(self.maxk, dim=-1).indices
+        hits = (top == target.unsqueeze(-1)).cumsum(dim=-1).clamp_(max=1).sum(dim=0)
+        self.correct += hits[[k - 1 for k in self.topk]]
+        self.total += target.shape[0]
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        values = self.correct.double() / self.total.clamp(min=1)
+        return dict(zip(self.names(), values))
+
+
+# A MetricCollection is not a Metric subclass, but it behaves as one whose
+# compute() returns a dict.
+_METRIC_TYPES = (torchmetrics.Metric, torchmetrics.MetricCollection)
+
+
+def _snake_case(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
+def _check_metric(metric: Any, where: str) -> torchmetrics.Metric:
+    if isinstance(metric, type) and issubclass(metric, _METRIC_TYPES):
+        raise TypeError(
+            f"metrics{where} is the class {metric.__name__}, not an instance; "
+            f"write {metric.__name__}(...) with its arguments."
+        )
+    if not isinstance(metric, _METRIC_TYPES):
+        raise TypeError(
+            f"metrics{where} must be a torchmetrics.Metric; received {metric!r} of type "
+            f"{type(metric).__name__}. Use a torchmetrics metric (e.g. "
+            "torchmetrics.classification.MulticlassAccuracy(num_classes=10)) or "
+            "hapi.metrics.Accuracy(topk=(1, 2)); a plain function can be wrapped in a "
+            "torchmetrics.Metric subclass."
+        )
+    return metric
+
+
+def normalise_metrics(metrics: Any) -> dict[str, torchmetrics.Metric]:
+    """``prepare(metrics=...)`` → ``{name: metric}`` with stable, documented names.
+
+    A dict keeps its keys; otherwise a metric is named by its ``names()``
+    (hapi's Accuracy) or its class name in snake_case
+    (``MulticlassAccuracy`` → ``multiclass_accuracy``), with ``_2``, ``_3``
+    added to repeated names.
+    """
+    if metrics is None:
+        return {}
+    if isinstance(metrics, dict):
+        named = {}
+        for key, metric in metrics.items():
+            if not isinstance(key, str) or not key:
+                raise TypeError(f"metric names must be non-empty strings; received key {key!r}.")
+            named[key] = _check_metric(metric, f"[{key!r}]")
+        return named
+    if isinstance(metrics, _METRIC_TYPES) or isinstance(metrics, type):
+        metrics = [metrics]
+    if not isinstance(metrics, (list, tuple)):
+        _check_metric(metrics, "")
+    named = {}
+    for index, metric in enumerate(metrics):
+        _check_metric(metric, f"[{index}]")
+        base = metric.name if isinstance(metric, Accuracy) else _snake_case(type(metric).__name__)
+        name, n = base, 1
+        while name in named:
+            n += 1
+            name = f"{base}_{n}"
+        named[name] = metric
+    return named
+
+
+class MetricSet:
+    """The running loss and the metrics of one pass, on one device."""
+
+    def __init__(self, metrics: dict[str, torchmetrics.Metric], with_loss: bool) -> None:
+        self.metrics = metrics
+        self.with_loss = with_loss
+        self._loss_sum: torch.Tensor | None = None
+        self._samples = 0
+
+    def to(self, device: torch.device) -> "MetricSet":
+        for metric in self.metrics.values():
+            metric.to(device)
+        return self
+
+    def names(self) -> list[str]:
+        """The logged names, ``"loss"`` first (known before any data is seen)."""
+        names = ["loss"] if self.with_loss else []
+        for key, metric in self.metrics.items():
+            if isinstance(metric, Accuracy):
+                names += [key] if metric.names() == [metric.name] else [
+                    f"{key}_top{k}" for k in metric.topk]
+            elif isinstance(metric, torchmetrics.MetricCollection):
+                names += list(metric.keys(keep_base=False))
+            else:
+                names.append(key)
+        return names
+
+    def reset(self) -> None:
+        self._loss_sum = None
+        self._samples = 0
+        for metric in self.metrics.values():
+            metric.reset()
+
+    @torch.no_grad()
+    def update(self, loss: torch.Tensor | None, outputs: list[torch.Tensor],
+               labels: list[torch.Tensor], batch_size: int) -> None:
+        """Accumulate one batch; ``metric.update(*outputs, *labels)``."""
+        if loss is not None:
+            weighted = loss.detach().float() * batch_size
+            self._loss_sum = weighted if self._loss_sum is None else self._loss_sum + weighted
+        self._samples += batch_size
+        for metric in self.metrics.values():
+            metric.update(*[o.detach() for o in outputs], *labels)
+
+    def compute(self) -> dict[str, float]:
+        """Means over every sample since :meth:`reset`, reduced across processes."""
+        results: dict[str, float] = {}
+        if self.with_loss and self._loss_sum is not None:
+            totals = distributed.all_reduce_sum(torch.stack([
+                self._loss_sum.double(),
+                torch.tensor(float(self._samples), dtype=torch.float64, device=self._loss_sum.device),
+            ]))
+            results["loss"] = (totals[0] / totals[1].clamp(min=1)).item()
+        if self._samples == 0:
+            return results
+        for key, metric in self.metrics.items():
+            value = metric.compute()
+            if isinstance(value, dict):
+                for sub, sub_value in value.items():
+                    name = sub if not isinstance(metric, Accuracy) else key + sub[len(metric.name):]
+                    results[name] = _to_float(sub_value, name)
+            else:
+                results[key] = _to_float(value, key)
+        return results
+
+
+def _to_float(value: Any, name: str) -> float:
+    if torch.is_tensor(value):
+        if value.numel() != 1:
+            raise ValueError(
+                f"metric {name!r} computed a tensor of shape {tuple(value.shape)}; only "
+                "scalar metrics can be logged. Use average='micro' or 'macro' (not "
+                "average=None), or a MetricCollection of scalar metrics."
+            )
+        return float(value.item())
+    return float(value)
+
+

@@ -1,0 +1,402 @@
+"""``hapi.Model``: the public API. Checks arguments, builds loaders and callbacks, calls the loops.
+
+The loop bodies live in :mod:`hapi.loops`, one batch in :mod:`hapi.steps`,
+processes and devices in :mod:`hapi.distributed`, files in
+:mod:`hapi.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from callbacks import Callback, CallbackList, History, ModelCheckpoint, ProgBarLogger
+from hapi import checkpoint, distributed
+from hapi.data import BatchSplitter, batch_length, make_loader, num_batches
+from hapi.loops import Parts, evaluate_loop, fit_loop, predict_loop
+from hapi.metrics import MetricSet, normalise_metrics
+from hapi.steps import Stepper, check_amp
+from hapi.summary import summarize
+
+DEFAULT_BATCH_SIZE = 32  # Keras' default; Paddle's is 1, which is rarely what anyone wants.
+DEFAULT_LOG_FREQ = 10  # Paddle's default.
+
+
+def _count(value: Any, name: str) -> int | None:
+    """``inputs=``/``labels=``: a count, or a sequence (names, specs) whose length counts."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, Sequence)) or isinstance(value, str):
+        raise TypeError(
+            f"{name} must be the number of {name} per sample (an int) or a list of them "
+            f"(names or specs, one per {name[:-1]}); received {value!r}."
+        )
+    count = value if isinstance(value, int) else len(value)
+    if count < (1 if name == "inputs" else 0):
+        raise ValueError(f"{name} must count at least {1 if name == 'inputs' else 0}; received {value!r}.")
+    return count
+
+
+def _positive_int(value: Any, name: str, allow_none: bool = False) -> None:
+    if allow_none and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}; "
+                         f"received {value!r}.")
+
+
+def _check_verbose(verbose: Any) -> None:
+    if verbose not in (0, 1, 2):
+        raise ValueError(f"verbose must be 0 (silent), 1 (progress bar) or 2 (one line per "
+                         f"log_freq steps); received {verbose!r}.")
+
+
+def _as_batch(values: Any, name: str) -> list[torch.Tensor]:
+    """``train_batch``'s inputs/labels: a tensor/array or a list of them."""
+    import numpy as np
+
+    items = [] if values is None else (list(values) if isinstance(values, (list, tuple)) else [values])
+    tensors = []
+    for item in items:
+        if isinstance(item, np.ndarray):
+            item = torch.from_numpy(item)
+        if not torch.is_tensor(item):
+            raise TypeError(f"{name} must be tensors or NumPy arrays (or a list of them); "
+                            f"received {type(item).__name__}.")
+        tensors.append(item)
+    return tensors
+
+
+class Model:
+    """Wraps an ``nn.Module`` with prepare/fit/evaluate/predict.
+
+    Args:
+        network: the user's module. ``model.network`` always returns it,
+            never a distributed wrapper.
+        inputs: how many leading elements of each sample feed the network
+            (an int, or a list of names/specs whose length counts). Default:
+            every element but the last.
+        labels: how many elements after the inputs go to the loss. Default:
+            the last element.
+        device: where to train. ``None`` picks ``cuda:LOCAL_RANK`` when CUDA
+            is available, else the CPU.
+    """
+
+    def __init__(self, network: nn.Module, inputs: Any = None, labels: Any = None,
+                 device: str | torch.device | None = None) -> None:
+        if not isinstance(network, nn.Module):
+            raise TypeError(f"Model needs a torch.nn.Module; received {type(network).__name__}. "
+                            "Pass your network instance, e.g. Model(LeNet()).")
+        distributed.setup()
+        self.device = distributed.default_device(device)
+        self._network = network.to(self.device)
+        self._wrapped: nn.Module | None = None
+        self._splitter = BatchSplitter(self.device, _count(inputs, "inputs"), _count(labels, "labels"))
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._loss: Any = None
+        self._metrics: MetricSet | None = None
+        self._amp: str | None = None
+        self._stepper: Stepper | None = None
+        self._pending_optimizer_state: dict | None = None
+        self.stop_training = False
+        self.epoch = 0  # epochs completed in the current fit (restored by load)
+        self.step = 0  # optimizer steps taken, over the model's life (restored by load)
+
+    # -- public attributes ------------------------------------------------
+    @property
+    def network(self) -> nn.Module:
+        return self._network
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        return self._optimizer
+
+    def parameters(self) -> list[nn.Parameter]:
+        """The network's parameters (for building the optimizer)."""
+        return list(self._network.parameters())
+
+    # -- preparation --------------------------------------------------------
+    def prepare(self, optimizer: torch.optim.Optimizer | None = None, loss: Any = None,
+                metrics: Any = None, amp: str | None = None) -> None:
+        """Set what training and evaluation use.
+
+        Args:
+            optimizer: a ``torch.optim.Optimizer`` over ``model.parameters()``.
+            loss: a callable ``loss(*outputs, *labels)`` returning a scalar,
+                e.g. ``torch.nn.CrossEntropyLoss()``.
+            metrics: a ``torchmetrics.Metric``, a list of them, or a dict
+                name -> metric (see :func:`hapi.metrics.normalise_metrics`).
+            amp: ``None``, ``"bf16"`` (autocast to bfloat16) or ``"fp16"``
+                (float16 autocast with a gradient scaler).
+        """
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer; received "
+                            f"{type(optimizer).__name__}. Example: torch.optim.Adam("
+                            "model.parameters(), lr=1e-3).")
+        if isinstance(loss, type):
+            raise TypeError(f"loss is the class {loss.__name__}; pass an instance, e.g. "
+                            f"{loss.__name__}().")
+        if loss is not None and not callable(loss):
+            raise TypeError(f"loss must be callable as loss(outputs, labels); received "
+                            f"{type(loss).__name__}.")
+        named_metrics = normalise_metrics(metrics)
+        self._amp = check_amp(amp)
+        self._optimizer = optimizer
+        self._loss = loss.to(self.device) if isinstance(loss, nn.Module) else loss
+        self._metrics = MetricSet(named_metrics, with_loss=loss is not None).to(self.device)
+        self._stepper = None
+        if self._pending_optimizer_state is not None and optimizer is not None:
+            self._load_optimizer_state(self._pending_optimizer_state, "the loaded checkpoint")
+            self._pending_optimizer_state = None
+
+    def _parts(self, purpose: str) -> Parts:
+        if self._metrics is None:
+            raise RuntimeError(
+                f"{purpose}() needs a prepared model: call model.prepare(optimizer=..., "
+                f"loss=..., metrics=...) before model.{purpose}()."
+            )
+        if purpose in ("fit", "train_batch") and self._loss is None:
+            raise RuntimeError(f"{purpose}() needs a loss: call model.prepare(optimizer=..., "
+                               "loss=torch.nn.CrossEntropyLoss(), ...) first.")
+        if purpose in ("fit", "train_batch") and self._optimizer is None:
+            raise RuntimeError(f"{purpose}() needs an optimizer: call model.prepare(optimizer="
+                               "torch.optim.Adam(model.parameters()), loss=...) first.")
+        if self._stepper is None:
+            if self._wrapped is None:
+                self._wrapped = distributed.wrap(self._network, self.device)
+            self._stepper = Stepper(self._wrapped, self.device, self._loss, self._optimizer, self._amp)
+        return Parts(self._stepper, self._metrics, self._splitter)
+
+    def _prediction_parts(self) -> Parts:
+        if self._metrics is not None:
+            return self._parts("predict")
+        if self._wrapped is None:
+            self._wrapped = distributed.wrap(self._network, self.device)
+        return Parts(Stepper(self._wrapped, self.device), MetricSet({}, False), self._splitter)
+
+    def _callback_list(self, callbacks: Any, *, verbose: int, log_freq: int,
+                       save_dir: str | None = None, save_freq: int = 1) -> CallbackList:
+        if callbacks is None:
+            user: list = []
+        elif isinstance(callbacks, Callback):
+            user = [callbacks]
+        elif isinstance(callbacks, (list, tuple)):
+            user = list(callbacks)
+        else:
+            raise TypeError(f"callbacks must be a Callback or a list of them; received "
+                            f"{type(callbacks).__name__}.")
+        chosen = [] if any(isinstance(c, ProgBarLogger) for c in user) else [
+            ProgBarLogger(log_freq=log_freq, verbose=verbose)]
+        chosen += user
+        if save_dir is not None and not any(isinstance(c, ModelCheckpoint) for c in user):
+            chosen.append(ModelCheckpoint(save_dir, save_freq=save_freq))
+        if not any(isinstance(c, History) for c in user):
+            chosen.append(History())
+        cbks = CallbackList(chosen)
+        cbks.set_model(self)
+        return cbks
+
+    def _params(self, **values: Any) -> dict[str, Any]:
+        return {"rank": distributed.rank(), "world_size": distributed.world_size(),
+                "metrics": self._metrics.names() if self._metrics else [], **values}
+
+    # -- fit / evaluate / predict -----------------------------------------------
+    def fit(self, train_data: Any, eval_data: Any = None, batch_size: int = DEFAULT_BATCH_SIZE,
+            epochs: int = 1, eval_freq: int = 1, log_freq: int = DEFAULT_LOG_FREQ,
+            save_dir: str | None = None, save_freq: int = 1, verbose: int = 2,
+            drop_last: bool = False, shuffle: bool = True, num_workers: int = 0,
+            callbacks: Callback | list[Callback] | None = None, accumulate_grad_batches: int = 1,
+            num_iters: int | None = None) -> History:
+        """Train; returns the :class:`callbacks.History` of per-epoch figures.
+
+        ``batch_size`` is per process. ``eval_data`` is evaluated when
+        ``epoch % eval_freq == 0`` (0-based, as in Paddle). ``save_dir`` adds
+        a ``ModelCheckpoint(save_dir, save_freq)``. ``num_iters`` caps the
+        number of training batches in total (the epochs shrink to fit).
+        ``accumulate_grad_batches`` averages gradients over that many batches
+        before each optimizer step.
+        """
+        parts = self._parts("fit")
+        for name, value in (("epochs", epochs), ("eval_freq", eval_freq), ("log_freq", log_freq),
+                            ("save_freq", save_freq), ("accumulate_grad_batches", accumulate_grad_batches)):
+            _positive_int(value, name)
+        _positive_int(num_iters, "num_iters", allow_none=True)
+        _check_verbose(verbose)
+        train_loader = make_loader(train_data, role="train_data", batch_size=batch_size,
+                                   shuffle=shuffle, drop_last=drop_last, num_workers=num_workers)
+        eval_loader = None if eval_data is None else make_loader(
+            eval_data, role="eval_data", batch_size=batch_size, num_workers=num_workers)
+        steps = num_batches(train_loader)
+        if num_iters is not None and steps:
+            epochs = math.ceil(num_iters / steps)
+        cbks = self._callback_list(callbacks, verbose=verbose, log_freq=log_freq,
+                                   save_dir=save_dir, save_freq=save_freq)
+        cbks.set_params(self._params(epochs=epochs, steps=steps if num_iters is None else min(steps or num_iters, num_iters),
+                                     batch_size=getattr(train_loader, "batch_size", batch_size),
+                                     verbose=verbose, log_freq=log_freq))
+        self.stop_training = False
+        self.epoch = 0
+        fit_loop(self, parts, train_loader, eval_loader, cbks, epochs=epochs, eval_freq=eval_freq,
+                 log_freq=log_freq, accumulate_grad_batches=accumulate_grad_batches,
+                 num_iters=num_iters)
+        return next(c for c in cbks if isinstance(c, History))
+
+    def evaluate(self, eval_data: Any, batch_size: int = DEFAULT_BATCH_SIZE,
+                 log_freq: int = DEFAULT_LOG_FREQ, verbose: int = 2, num_workers: int = 0,
+                 callbacks: Callback | list[Callback] | None = None,
+                 num_iters: int | None = None) -> dict[str, float]:
+        """Figures over the whole of ``eval_data``: ``{"loss": float, <metric>: float}``."""
+        parts = self._parts("evaluate")
+        if not parts.metrics.names():
+            raise RuntimeError("evaluate() has nothing to compute: call model.prepare(loss=..., "
+                               "metrics=...) with a loss or at least one metric.")
+        _positive_int(log_freq, "log_freq")
+        _positive_int(num_iters, "num_iters", allow_none=True)
+        _check_verbose(verbose)
+        loader = make_loader(eval_data, role="eval_data", batch_size=batch_size, num_workers=num_workers)
+        cbks = self._callback_list(callbacks, verbose=verbose, log_freq=log_freq)
+        cbks.set_params(self._params(epochs=None, steps=num_batches(loader), batch_size=batch_size,
+                                     verbose=verbose, log_freq=log_freq))
+        return evaluate_loop(parts, loader, cbks, log_freq=log_freq, num_iters=num_iters)
+
+    def predict(self, test_data: Any, batch_size: int = DEFAULT_BATCH_SIZE, num_workers: int = 0,
+                stack_outputs: bool = False, verbose: int = 1,
+                callbacks: Callback | list[Callback] | None = None) -> list:
+        """The network's outputs over ``test_data``, in data-set order, on the CPU.
+
+        Returns one entry per network output: a list of per-batch tensors, or
+        one tensor with the batches concatenated when ``stack_outputs``.
+        Samples are split as in training and only the inputs are used, so a
+        data set with labels predicts as is.
+        """
+        parts = self._prediction_parts()
+        _check_verbose(verbose)
+        loader = make_loader(test_data, role="test_data", batch_size=batch_size, num_workers=num_workers)
+        cbks = self._callback_list(callbacks, verbose=verbose, log_freq=DEFAULT_LOG_FREQ)
+        cbks.set_params(self._params(epochs=None, steps=num_batches(loader), batch_size=batch_size,
+                                     verbose=verbose, log_freq=DEFAULT_LOG_FREQ))
+        outputs = predict_loop(parts, loader, cbks)
+        if stack_outputs:
+            return [torch.cat(batches) if batches and torch.is_tensor(batches[0]) else batches
+                    for batches in outputs]
+        return outputs
+
+    # -- one batch, Paddle style --------------------------------------------------
+    def train_batch(self, inputs: Any, labels: Any = None, update: bool = True) -> dict[str, float]:
+        """One training step; returns this batch's ``{"loss": ..., <metric>: ...}``.
+
+        With ``update=False`` gradients accumulate until a later call updates.
+        """
+        parts = self._parts("train_batch")
+        parts.stepper.network.train()
+        inputs_, labels_ = self._to_device(inputs, labels)
+        loss, outputs = parts.stepper.train(inputs_, labels_, update=update)
+        self.step += int(update)
+        return self._batch_figures(parts, loss, outputs, labels_)
+
+    def eval_batch(self, inputs: Any, labels: Any = None) -> dict[str, float]:
+        """Evaluate one batch; returns its ``{"loss": ..., <metric>: ...}``."""
+        parts = self._parts("eval_batch")
+        parts.stepper.network.eval()
+        inputs_, labels_ = self._to_device(inputs, labels)
+        loss, outputs = parts.stepper.evaluate(inputs_, labels_)
+        return self._batch_figures(parts, loss, outputs, labels_)
+
+    def predict_batch(self, inputs: Any) -> list[torch.Tensor]:
+        """The network's outputs for one batch of inputs, as CPU tensors."""
+        parts = self._prediction_parts()
+        parts.stepper.network.eval()
+        inputs_, _ = self._to_device(inputs, None)
+        return [o.cpu() for o in parts.stepper.predict(inputs_)]
+
+    def _to_device(self, inputs: Any, labels: Any) -> tuple[list, list]:
+        return ([t.to(self.device) for t in _as_batch(inputs, "inputs")],
+                [t.to(self.device) for t in _as_batch(labels, "labels")])
+
+    @staticmethod
+    def _batch_figures(parts: Parts, loss: torch.Tensor | None, outputs: list, labels: list) -> dict[str, float]:
+        """Figures of this batch alone (Paddle keeps running ones; one batch is clearer)."""
+        if not labels:
+            return {} if loss is None else {"loss": loss.item()}
+        parts.metrics.reset()
+        parts.metrics.update(loss, outputs, labels, batch_length(outputs, labels))
+        return parts.metrics.compute()
+
+    # -- files --------------------------------------------------------------------
+    def save(self, path: str | os.PathLike, training: bool = True) -> str:
+        """Write a checkpoint to ``path`` (+ ``.pt``) atomically; returns the file.
+
+        With ``training=True`` the file holds the network, optimizer, gradient
+        scaler, epoch/step counters and RNG states; with ``training=False``
+        only the network's weights. Every process must call it; only the main
+        process writes.
+        """
+        state: dict[str, Any] = {"format": checkpoint.FORMAT, "version": checkpoint.VERSION,
+                                 "network": self._network.state_dict()}
+        if training:
+            scaler = self._stepper.scaler if self._stepper is not None else None
+            state.update({
+                "optimizer": self._optimizer.state_dict() if self._optimizer is not None else None,
+                "scaler": scaler.state_dict() if scaler is not None else None,
+                "epoch": self.epoch,
+                "step": self.step,
+                "rng": checkpoint.rng_state(),
+            })
+        return checkpoint.save_state(path, state)
+
+    def load(self, path: str | os.PathLike, skip_mismatch: bool = False,
+             reset_optimizer: bool = False) -> None:
+        """Restore a checkpoint written by :meth:`save` (or a plain state_dict).
+
+        Args:
+            skip_mismatch: load only tensors whose names and shapes match,
+                warning about the rest, instead of raising.
+            reset_optimizer: keep the optimizer's current state.
+
+        Raises:
+            FileNotFoundError: no file at ``path`` / ``path.pt``.
+            hapi.checkpoint.CheckpointError: the file is damaged, carries code,
+                or belongs to another architecture (the error names the keys).
+        """
+        file, state = checkpoint.load_state(path)
+        weights, skipped = checkpoint.match_state_dict(self._network, state["network"], file, skip_mismatch)
+        self._network.load_state_dict(weights, strict=not skipped)
+        if skipped:
+            warnings.warn(f"Loaded {file!r} partially; skipped {len(skipped)} tensors whose name or "
+                          f"shape do not match this network: {skipped}.", stacklevel=2)
+        optimizer_state = state.get("optimizer")
+        if optimizer_state is not None and not reset_optimizer:
+            if skipped:
+                warnings.warn("The optimizer state in the checkpoint was not loaded because the "
+                              "network's weights did not match it.", stacklevel=2)
+            elif self._optimizer is None:
+                self._pending_optimizer_state = optimizer_state
+            else:
+                self._load_optimizer_state(optimizer_state, file)
+        if state.get("scaler") is not None and self._stepper is not None and self._stepper.scaler is not None:
+            self._stepper.scaler.load_state_dict(state["scaler"])
+        self.epoch = int(state.get("epoch", 0))
+        self.step = int(state.get("step", 0))
+
+    def _load_optimizer_state(self, optimizer_state: dict, source: str) -> None:
+        try:
+            self._optimizer.load_state_dict(optimizer_state)
+        except (ValueError, KeyError, RuntimeError) as error:
+            raise checkpoint.CheckpointError(
+                f"The optimizer state in {source} does not fit this model's optimizer "
+                f"({type(self._optimizer).__name__}): {error}. Pass reset_optimizer=True to "
+                "load only the network's weights."
+            ) from error
+
+    def summary(self, input_size: Any = None, dtype: torch.dtype | None = None) -> dict[str, int]:
+        """Print the layers and parameter counts; returns ``{"total_params", "trainable_params"}``.
+
+        ``input_size`` (a shape with the batch dimension, e.g. ``(1, 1, 28, 28)``,
+        or a list of shapes for several inputs) adds each layer's output shape.
+        """
+        return summarize(self._network, input_size, dtype, self.device)

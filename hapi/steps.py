@@ -1,0 +1,126 @@
+"""One batch: forward, loss, backward, accumulation, mixed precision, update.
+
+No callbacks and no host synchronisation happen here: a step returns device
+tensors and the loop decides when to read them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from hapi import distributed
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_amp(amp: Any) -> str | None:
+    if amp is None or amp in AMP_DTYPES:
+        return amp
+    raise ValueError(
+        f"amp must be None, 'bf16' or 'fp16'; received {amp!r}. 'bf16' runs on CPU and "
+        "recent GPUs without loss scaling; 'fp16' adds a gradient scaler."
+    )
+
+
+def as_list(value: Any) -> list:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+@dataclass
+class Stepper:
+    """What one step needs, built by ``Model`` (``network`` may be DDP-wrapped)."""
+
+    network: nn.Module
+    device: torch.device
+    loss_fn: Callable | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    amp: str | None = None
+    scaler: Any = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.amp == "fp16" and self.scaler is None:
+            self.scaler = torch.amp.GradScaler(self.device.type)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=AMP_DTYPES[self.amp])
+
+    def forward(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return as_list(self.network(*inputs))
+
+    def compute_loss(self, outputs: list[torch.Tensor], labels: list[torch.Tensor]) -> torch.Tensor:
+        """``loss_fn(*outputs, *labels)``; a list of losses is summed, as in Paddle."""
+        try:
+            loss = self.loss_fn(*outputs, *labels)
+        except (RuntimeError, ValueError, IndexError, TypeError) as error:
+            raise type(error)(
+                f"The loss {type(self.loss_fn).__name__} failed on outputs "
+                f"{_describe(outputs)} and labels {_describe(labels)}: {error}. Check that "
+                "the network's outputs and the data's labels have the shapes and dtypes this "
+                "loss expects (e.g. CrossEntropyLoss wants scores [N, C] and int64 class "
+                "indices [N]); Model(inputs=..., labels=...) sets how batches are split."
+            ) from error
+        if isinstance(loss, (list, tuple)):
+            loss = torch.stack([torch.as_tensor(part) for part in loss]).sum()
+        if not torch.is_tensor(loss) or loss.numel() != 1:
+            raise ValueError(
+                f"The loss must return a scalar tensor; {type(self.loss_fn).__name__} returned "
+                f"{_describe(as_list(loss))}. Use reduction='mean' (or 'sum')."
+            )
+        return loss.reshape(())
+
+    def train(self, inputs: list[torch.Tensor], labels: list[torch.Tensor], *,
+              loss_scale: float = 1.0, update: bool = True) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Forward and backward one batch; step the optimizer when ``update``.
+
+        ``loss_scale`` divides the loss over an accumulation group (1/k), so
+        that k accumulated batches of b equal one batch of k*b. Gradients are
+        all-reduced only on the step that updates.
+        """
+        with distributed.no_sync(self.network, skip_gradient_sync=not update):
+            with self.autocast():
+                outputs = self.forward(inputs)
+                loss = self.compute_loss(outputs, labels)
+            scaled = loss * loss_scale if loss_scale != 1.0 else loss
+            if self.scaler is not None:
+                scaled = self.scaler.scale(scaled)
+            scaled.backward()
+        if update:
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach(), [o.detach() for o in outputs]
+
+    @torch.no_grad()
+    def evaluate(self, inputs: list[torch.Tensor], labels: list[torch.Tensor]
+                 ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        with self.autocast():
+            outputs = self.forward(inputs)
+            loss = self.compute_loss(outputs, labels) if self.loss_fn is not None and labels else None
+        return loss, outputs
+
+    @torch.no_grad()
+    def predict(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        with self.autocast():
+            return self.forward(inputs)
+
+
+def _describe(tensors: list[Any]) -> str:
+    parts = []
+    for t in tensors:
+        if torch.is_tensor(t):
+            parts.append(f"{t.dtype}{list(t.shape)}".replace("torch.", ""))
+        else:
+            parts.append(type(t).__name__)
+    return "(" + ", ".join(parts) + ")"

@@ -1,0 +1,109 @@
+"""ModelCheckpoint: which files appear, with which weights, and on which ranks save() is called."""
+
+import os
+import warnings
+
+import pytest
+import torch
+
+from callbacks.checkpoint import ModelCheckpoint
+from stub import attach
+
+
+def fit(cb, model, val_losses, key="val_loss"):
+    cb.on_train_begin()
+    for epoch, value in enumerate(val_losses):
+        cb.on_epoch_begin(epoch)
+        with torch.no_grad():
+            model.network.weight.fill_(float(epoch))  # weights tell which epoch a file holds
+        logs = {"loss": 1.0} if value is None else {"loss": 1.0, key: value}
+        cb.on_epoch_end(epoch, logs)
+    cb.on_train_end()
+
+
+def weight_in(path):
+    return torch.load(path, weights_only=True)["weight"].flatten()[0].item()
+
+
+def test_periodic_best_and_final_files(tmp_path):
+    save_dir = str(tmp_path / "ckpt")
+    cb = ModelCheckpoint(save_dir, save_freq=2)
+    model = attach(cb)
+    fit(cb, model, [1.0, 0.8, 0.9, 0.7])
+    assert sorted(os.listdir(save_dir)) == ["0.pt", "2.pt", "best.pt", "final.pt"]
+    names = [os.path.relpath(p, save_dir) for p in model.saved]
+    assert names == ["0", "best", "best", "2", "best", "final"]
+    assert weight_in(os.path.join(save_dir, "0.pt")) == 0.0
+    assert weight_in(os.path.join(save_dir, "2.pt")) == 2.0
+    assert weight_in(os.path.join(save_dir, "best.pt")) == 3.0
+    assert weight_in(os.path.join(save_dir, "final.pt")) == 3.0
+
+
+def test_best_follows_the_monitor_and_mode(tmp_path):
+    save_dir = tmp_path / "ckpt"
+    cb = ModelCheckpoint(save_dir, monitor="val_acc", save_best_only=True)
+    model = attach(cb)
+    with pytest.warns(UserWarning, match="'val_acc'"):  # epoch 3 had no evaluation
+        fit(cb, model, [0.5, 0.9, 0.7, None], key="val_acc")
+    assert os.listdir(save_dir) == ["best.pt"]
+    assert weight_in(save_dir / "best.pt") == 1.0
+    assert [os.path.basename(p) for p in model.saved] == ["best", "best"]
+
+
+def test_save_best_only_with_min_mode(tmp_path):
+    cb = ModelCheckpoint(tmp_path, save_best_only=True, mode="min", monitor="val_error")
+    model = attach(cb)
+    fit(cb, model, [0.3, 0.2, 0.25], key="val_error")
+    assert os.listdir(tmp_path) == ["best.pt"]
+    assert weight_in(tmp_path / "best.pt") == 1.0
+
+
+def test_without_evaluation_no_best_and_no_warning(tmp_path):
+    cb = ModelCheckpoint(tmp_path / "ckpt")
+    model = attach(cb)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit(cb, model, [None, None])
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["0.pt", "1.pt", "final.pt"]
+
+
+def test_save_best_only_warns_when_the_monitor_is_missing(tmp_path):
+    cb = ModelCheckpoint(tmp_path / "ckpt", save_best_only=True)
+    model = attach(cb)
+    with pytest.warns(UserWarning, match=r"'val_loss'.*Available keys: \['loss'\]"):
+        fit(cb, model, [None, None])
+    assert model.saved == []
+
+
+def test_every_rank_calls_save_because_it_is_collective(tmp_path):
+    calls = {}
+    for rank in (0, 1):
+        cb = ModelCheckpoint(tmp_path / f"rank{rank}", save_freq=1)
+        model = attach(cb, rank=rank)
+        fit(cb, model, [1.0, 0.5])
+        calls[rank] = [os.path.basename(p) for p in model.saved]
+    assert calls[0] == calls[1] == ["0", "best", "1", "best", "final"]
+
+
+def test_verbose_reports_saves_on_main_only(tmp_path, capsys):
+    cb = ModelCheckpoint(tmp_path, verbose=1)
+    model = attach(cb)
+    fit(cb, model, [0.5])
+    out = capsys.readouterr().out
+    assert f"Epoch 1: saving model to {os.path.join(str(tmp_path), '0')}.pt" in out
+    assert "Epoch 1: val_loss improved from inf to 0.5, saving model to" in out
+    cb = ModelCheckpoint(tmp_path, verbose=1)
+    model = attach(cb, rank=1)
+    fit(cb, model, [0.5])
+    assert capsys.readouterr().out == ""
+
+
+def test_paddle_positional_order_is_a_type_error():
+    with pytest.raises(TypeError, match=r"first argument is save_dir.*received 1 .*ModelCheckpoint\(save_dir="):
+        ModelCheckpoint(1, "ckpt")
+
+
+@pytest.mark.parametrize("save_freq", [0, -1, 1.5, "2"])
+def test_save_freq_must_be_a_positive_int(save_freq, tmp_path):
+    with pytest.raises(ValueError, match=r"save_freq must be a positive int; received"):
+        ModelCheckpoint(tmp_path, save_freq=save_freq)

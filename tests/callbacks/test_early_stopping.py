@@ -1,0 +1,149 @@
+"""EarlyStopping, driven hook by hook with fake logs (Keras style)."""
+
+import warnings
+
+import pytest
+import torch
+
+from callbacks.early_stopping import EarlyStopping
+from stub import attach
+
+
+def run_epochs(cb, model, values, key="val_loss", weights=None):
+    """Feed one monitored value per epoch; return the epoch at which training stopped."""
+    cb.on_train_begin()
+    for epoch, value in enumerate(values):
+        cb.on_epoch_begin(epoch)
+        if weights is not None:
+            with torch.no_grad():
+                model.network.weight.fill_(weights[epoch])
+        cb.on_epoch_end(epoch, {"loss": 1.0, key: value})
+        if model.stop_training:
+            cb.on_train_end({"loss": 1.0, key: value})
+            return epoch
+    cb.on_train_end()
+    return None
+
+
+def test_flat_val_loss_with_patience_2_stops_after_the_third_epoch(capsys):
+    cb = EarlyStopping(patience=2)
+    model = attach(cb)
+    assert run_epochs(cb, model, [1.0] * 10) == 2
+    assert cb.stopped_epoch == 2
+    assert "Epoch 3: early stopping" in capsys.readouterr().out
+
+
+def test_patience_0_stops_at_the_first_epoch_without_improvement():
+    cb = EarlyStopping(patience=0)
+    model = attach(cb)
+    assert run_epochs(cb, model, [1.0, 0.9, 0.95, 0.5]) == 2
+
+
+def test_an_improvement_restarts_the_count():
+    cb = EarlyStopping(patience=2)
+    model = attach(cb)
+    # improvements at epochs 0, 1, 3; epochs 4 and 5 do not improve
+    assert run_epochs(cb, model, [1.0, 0.9, 0.95, 0.8, 0.85, 0.86, 0.1]) == 5
+    assert cb.best == 0.8 and cb.best_epoch == 3
+
+
+def test_min_delta_ignores_tiny_improvements():
+    cb = EarlyStopping(patience=1, min_delta=0.1)
+    model = attach(cb)
+    assert run_epochs(cb, model, [1.0, 0.95, 0.91, 0.5]) == 1
+
+
+def test_accuracy_is_maximised_in_auto_mode():
+    cb = EarlyStopping(monitor="val_acc", patience=1)
+    model = attach(cb)
+    assert run_epochs(cb, model, [0.5, 0.6, 0.7, 0.65, 0.9], key="val_acc") == 3
+
+
+def test_baseline_must_be_beaten_from_the_start():
+    cb = EarlyStopping(patience=2, baseline=0.5)
+    model = attach(cb)
+    assert run_epochs(cb, model, [0.6, 0.6, 0.6, 0.6]) == 1
+
+
+def test_restore_best_weights_loads_the_best_epoch_weights():
+    cb = EarlyStopping(patience=2, restore_best_weights=True, verbose=0)
+    model = attach(cb)
+    stopped = run_epochs(cb, model, [1.0, 0.5, 0.7, 0.8, 0.9], weights=[1.0, 2.0, 3.0, 4.0, 5.0])
+    assert stopped == 3
+    assert torch.equal(model.network.weight, torch.full_like(model.network.weight, 2.0))
+
+
+def test_best_weights_are_a_copy_not_a_view():
+    cb = EarlyStopping(patience=0, restore_best_weights=True, verbose=0)
+    model = attach(cb)
+    cb.on_train_begin()
+    with torch.no_grad():
+        model.network.weight.fill_(7.0)
+    cb.on_epoch_end(0, {"val_loss": 0.1})
+    with torch.no_grad():
+        model.network.weight.fill_(-1.0)  # an in-place optimizer update
+    cb.on_epoch_end(1, {"val_loss": 0.2})
+    assert model.stop_training
+    assert torch.equal(model.network.weight, torch.full_like(model.network.weight, 7.0))
+
+
+def test_without_restore_the_last_weights_stay():
+    cb = EarlyStopping(patience=1, verbose=0)
+    model = attach(cb)
+    assert run_epochs(cb, model, [0.5, 0.7], weights=[1.0, 2.0]) == 1
+    assert torch.equal(model.network.weight, torch.full_like(model.network.weight, 2.0))
+
+
+def test_missing_monitor_warns_and_never_stops():
+    cb = EarlyStopping(patience=0)
+    model = attach(cb)
+    with pytest.warns(UserWarning, match=r"'val_loss'.*Available keys: \['acc', 'loss'\]"):
+        cb.on_train_begin()
+        for epoch in range(3):
+            cb.on_epoch_end(epoch, {"loss": 1.0, "acc": 0.5})
+    assert not model.stop_training
+
+
+def test_on_train_begin_resets_the_state_for_a_second_fit():
+    cb = EarlyStopping(patience=1, verbose=0)
+    model = attach(cb)
+    assert run_epochs(cb, model, [0.5, 0.6]) == 1
+    model.stop_training = False
+    # the new fit starts from scratch: 0.9 is an improvement over +inf, not worse than 0.5
+    assert run_epochs(cb, model, [0.9, 0.8, 0.7]) is None
+    assert cb.stopped_epoch is None and cb.wait == 0
+
+
+def test_rank_1_stops_too_but_prints_nothing(capsys):
+    cb = EarlyStopping(patience=0, restore_best_weights=True)
+    model = attach(cb, rank=1)
+    assert run_epochs(cb, model, [0.5, 0.6], weights=[1.0, 2.0]) == 1
+    assert torch.equal(model.network.weight, torch.full_like(model.network.weight, 1.0))
+    assert capsys.readouterr().out == ""
+
+
+def test_verbose_0_prints_nothing(capsys):
+    cb = EarlyStopping(patience=0, verbose=0)
+    model = attach(cb)
+    assert run_epochs(cb, model, [0.5, 0.6]) == 1
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("patience", [-1, 1.5, "2", True])
+def test_patience_must_be_a_non_negative_int(patience):
+    with pytest.raises(ValueError, match=r"patience must be a non-negative int; received"):
+        EarlyStopping(patience=patience)
+
+
+def test_bad_mode_is_refused():
+    with pytest.raises(ValueError, match=r"received 'biggest'"):
+        EarlyStopping(mode="biggest")
+
+
+def test_no_warning_when_the_monitor_is_present():
+    cb = EarlyStopping(patience=0)
+    attach(cb)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cb.on_train_begin()
+        cb.on_epoch_end(0, {"val_loss": 1.0})
