@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
-import zipfile
+import re
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,9 @@ from hapi import distributed
 FORMAT = "torch-hapi"
 VERSION = 1
 SUFFIX = ".pt"
+
+# The global torch's weights-only unpickler refused, e.g. "GLOBAL posix.system".
+_GLOBAL = re.compile(r"GLOBAL [A-Za-z_]\w*(\.[A-Za-z_]\w*)+(\s|$)")
 
 
 class CheckpointError(RuntimeError):
@@ -94,26 +97,46 @@ def load_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        if "weights only" in str(error).lower() or "weights_only" in str(error):
-            raise CheckpointError(
-                f"Checkpoint {file!r} holds Python objects other than tensors and plain "
-                "values (it may carry code), so torch-hapi refuses to load it: files are "
-                "read with torch.load(weights_only=True) and never execute code. If you "
-                "wrote this file yourself and trust it, load it with "
-                "torch.load(path, weights_only=False) and pass the state dict to "
-                f"model.network.load_state_dict(). Details: {str(error).splitlines()[0]}"
-            ) from error
-        raise _damaged(file, error) from error
-    except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile, OSError) as error:
+        if not _carries_code(error):
+            raise _damaged(file, error) from error
+        raise CheckpointError(
+            f"Checkpoint {file!r} holds Python objects other than tensors and plain "
+            "values (it may carry code), so torch-hapi refuses to load it: files are "
+            "read with torch.load(weights_only=True) and never execute code. If you "
+            "wrote this file yourself and trust it, load it with "
+            "torch.load(path, weights_only=False) and pass the state dict to "
+            f"model.network.load_state_dict(). Details: {_detail(error)}"
+        ) from error
+    except PermissionError:
+        raise  # names the file; not a damaged checkpoint
+    except Exception as error:  # noqa: BLE001 -- a damaged file can fail anywhere in torch's reader
         raise _damaged(file, error) from error
     return file, _normalise(file, state)
+
+
+def _detail(error: BaseException) -> str:
+    """The unpickler's own message: torch wraps it in a generic ``weights_only`` preamble."""
+    inner = error.__context__ if isinstance(error.__context__, pickle.UnpicklingError) else error
+    lines = [line.strip() for line in str(inner).splitlines() if line.strip()]
+    telling = [line for line in lines if "GLOBAL" in line or "Unsupported" in line]
+    return (telling or lines or ["no detail"])[0]
+
+
+def _carries_code(error: pickle.UnpicklingError) -> bool:
+    """Whether torch refused a pickled global (a class or function), not unreadable bytes.
+
+    A corrupt file also fails inside the weights-only unpickler ("Unsupported
+    operand ..."); only a refused ``GLOBAL`` with a well-formed dotted name
+    (``posix.system``, ``mymodule.MyClass``) means the file asks to import code.
+    """
+    return _GLOBAL.search(f"{error}\n{error.__context__ or ''}") is not None
 
 
 def _damaged(file: str, error: BaseException) -> CheckpointError:
     size = os.path.getsize(file)
     return CheckpointError(
         f"Checkpoint {file!r} ({size} bytes) is truncated or corrupt and cannot be read "
-        f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'no detail'}). "
+        f"({type(error).__name__}: {_detail(error)}). "
         "It was probably cut off while being copied or written by another tool; torch-hapi "
         "itself writes checkpoints atomically. Use an earlier checkpoint or save it again."
     )

@@ -99,6 +99,7 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
     stepper.network.train()
     metrics.reset()
     done = 0
+    figures: dict[str, float] | None = None  # the last figures read, if read after the last batch
     for step, (batch, is_last) in enumerate(with_last(loader)):
         is_last = is_last or step + 1 == max_batches
         if notify_begin:
@@ -110,13 +111,11 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
         metrics.update(loss, outputs, labels, batch_size)
         model.step += int(update)
         done = step + 1
-        batch_logs: dict[str, float] = {"batch_size": batch_size}
-        if _figures_due(step, is_last, log_freq):
-            batch_logs.update(metrics.compute())
-        cbks.on_train_batch_end(step, batch_logs)
+        figures = metrics.compute() if _figures_due(step, is_last, log_freq) else None
+        cbks.on_train_batch_end(step, {"batch_size": batch_size, **(figures or {})})
         if is_last or model.stop_training:
             break
-    return metrics.compute(), done
+    return (figures if figures is not None else metrics.compute()), done
 
 
 def evaluate_loop(parts: Parts, loader: Iterable, cbks: CallbackList, *, log_freq: int,
@@ -127,6 +126,7 @@ def evaluate_loop(parts: Parts, loader: Iterable, cbks: CallbackList, *, log_fre
     cbks.on_eval_begin({"steps": _limit(num_batches(loader), num_iters), "metrics": metrics.names()})
     stepper.network.eval()
     metrics.reset()
+    figures: dict[str, float] | None = None
     for step, (batch, is_last) in enumerate(with_last(loader)):
         is_last = is_last or step + 1 == num_iters
         if notify_begin:
@@ -135,13 +135,11 @@ def evaluate_loop(parts: Parts, loader: Iterable, cbks: CallbackList, *, log_fre
         loss, outputs = stepper.evaluate(inputs, labels)
         batch_size = batch_length(inputs, labels)
         metrics.update(loss, outputs, labels, batch_size)
-        batch_logs: dict[str, float] = {"batch_size": batch_size}
-        if _figures_due(step, is_last, log_freq):
-            batch_logs.update(metrics.compute())
-        cbks.on_eval_batch_end(step, batch_logs)
+        figures = metrics.compute() if _figures_due(step, is_last, log_freq) else None
+        cbks.on_eval_batch_end(step, {"batch_size": batch_size, **(figures or {})})
         if is_last:
             break
-    results = metrics.compute()
+    results = figures if figures is not None else metrics.compute()
     cbks.on_eval_end(results)
     return results
 

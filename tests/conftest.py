@@ -1,0 +1,80 @@
+"""Shared fixtures: a tiny learnable problem and a network that fits it in a few steps."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+from torch import nn
+
+from callbacks import Callback
+
+
+class TinyNet(nn.Module):
+    """Two features -> three classes; small enough to train in milliseconds."""
+
+    def __init__(self, in_features: int = 4, classes: int = 3) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(in_features, 16)
+        self.out = nn.Linear(16, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.hidden(x)))
+
+
+def make_tiny_data(n: int = 96, in_features: int = 4, classes: int = 3, seed: int = 0):
+    """Separable data: the class is the index of the largest of the first `classes` features."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, in_features, generator=generator)
+    y = x[:, :classes].argmax(dim=1)
+    return x, y
+
+
+@pytest.fixture
+def tiny_data():
+    return make_tiny_data()
+
+
+@pytest.fixture
+def tiny_net():
+    torch.manual_seed(0)
+    return TinyNet()
+
+
+class Recorder(Callback):
+    """Records every hook call as (hook, argument, sorted logs keys)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def _record(self, hook, arg=None, logs=None):
+        self.calls.append((hook, arg, tuple(sorted(logs or {}))))
+
+    def on_train_begin(self, logs=None): self._record("on_train_begin", logs=logs)
+    def on_train_end(self, logs=None): self._record("on_train_end", logs=logs)
+    def on_epoch_begin(self, epoch, logs=None): self._record("on_epoch_begin", epoch, logs)
+    def on_epoch_end(self, epoch, logs=None): self._record("on_epoch_end", epoch, logs)
+    def on_train_batch_begin(self, step, logs=None): self._record("on_train_batch_begin", step, logs)
+    def on_train_batch_end(self, step, logs=None): self._record("on_train_batch_end", step, logs)
+    def on_eval_begin(self, logs=None): self._record("on_eval_begin", logs=logs)
+    def on_eval_end(self, logs=None): self._record("on_eval_end", logs=logs)
+    def on_eval_batch_begin(self, step, logs=None): self._record("on_eval_batch_begin", step, logs)
+    def on_eval_batch_end(self, step, logs=None): self._record("on_eval_batch_end", step, logs)
+    def on_predict_begin(self, logs=None): self._record("on_predict_begin", logs=logs)
+    def on_predict_end(self, logs=None): self._record("on_predict_end", logs=logs)
+    def on_predict_batch_begin(self, step, logs=None): self._record("on_predict_batch_begin", step, logs)
+    def on_predict_batch_end(self, step, logs=None): self._record("on_predict_batch_end", step, logs)
+
+
+@pytest.fixture
+def recorder():
+    return Recorder()
+
+
+@pytest.fixture
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
