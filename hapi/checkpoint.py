@@ -62,7 +62,7 @@ def save_state(path: str | os.PathLike, state: dict[str, Any]) -> str:
     """
     target = resolve_path(path)
     if distributed.is_main():
-        with atomic_write(target, "wb") as handle:
+        with open(target, "wb") as handle:
             torch.save(state, handle)
     distributed.barrier()
     return target

@@ -13,7 +13,8 @@ Read top to bottom, ``fit_loop`` is the whole of training::
     on_train_end
 
 Figures reach the host only every ``log_freq`` steps and at the end of a pass
-(:meth:`MetricSet.compute`); nothing here branches on the process rank.
+(:meth:`MetricSet.compute`); nothing here depends on which process runs it
+(that is :mod:`hapi.distributed`'s job).
 """
 
 from __future__ import annotations

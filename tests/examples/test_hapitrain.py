@@ -1,0 +1,58 @@
+"""The seeds' hapitrain example runs end to end: on small files always, on real data when present."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from idx_files import make_mnist_dir
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "hapitrain.py"
+REAL_DATA = pathlib.Path("/usr/share/datasets/fashion-mnist")
+
+
+def _run(args, cwd, timeout):
+    result = subprocess.run([sys.executable, str(EXAMPLE), *args], cwd=cwd, capture_output=True,
+                            text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_hapitrain_on_small_files(tmp_path):
+    data = make_mnist_dir(tmp_path / "data", n_train=256, n_test=64)
+    out = _run(["--data-root", str(data), "--output", str(tmp_path / "out")], tmp_path, 120)
+    lines = out.splitlines()
+    assert lines[0] == "Epoch 1/1"
+    assert lines[1].startswith("step 4/4 - loss: ") and " - acc_top1: " in lines[1] and " - acc_top2: " in lines[1]
+    assert "Eval begin..." in lines and "Eval samples: 64" in lines
+    results = json.loads(lines[-1])
+    assert set(results) == {"loss", "acc_top1", "acc_top2", "fit_seconds"}
+    assert {p.name for p in (tmp_path / "out" / "checkpoints").iterdir()} == {"0.pt", "final.pt"}
+
+    from visualdl import LogReader
+
+    records = list((tmp_path / "out" / "visualdl_log").glob("vdlrecords.*.log"))
+    assert len(records) == 1
+    tags = set(LogReader(file_path=str(records[0])).get_tags()["scalar"])
+    assert {"train/loss", "train/acc_top1", "train/acc_top2", "train/lr"} <= tags
+
+
+@pytest.mark.realdata
+def test_hapitrain_reaches_paddles_accuracy_on_real_fashion_mnist(tmp_path):
+    if not (REAL_DATA / "train-images-idx3-ubyte.gz").exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must install the real data: apt-get install -y dataset-fashion-mnist "
+                        f"(nothing in {REAL_DATA}).")
+        pytest.skip(f"real Fashion-MNIST not installed in {REAL_DATA} "
+                    "(apt-get install -y dataset-fashion-mnist)")
+    out = _run(["--output", str(tmp_path / "out")], tmp_path, 600)
+    results = json.loads(out.splitlines()[-1])
+    print(results)
+    assert results["acc_top1"] >= 0.80
+    assert results["acc_top2"] >= 0.90

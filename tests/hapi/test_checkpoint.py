@@ -1,0 +1,334 @@
+"""Model.save / Model.load and hapi.checkpoint: what is written, what comes back, and atomicity."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import hapi.checkpoint
+from conftest import TinyNet, make_tiny_data
+from hapi import Model
+
+
+def trained_model(seed: int = 0, epochs: int = 2) -> Model:
+    """A TinyNet trained with Adam for `epochs` epochs of 3 batches: epoch and step are non-zero."""
+    torch.manual_seed(seed)
+    model = Model(TinyNet(), device="cpu")
+    model.prepare(optimizer=torch.optim.Adam(model.parameters(), lr=0.01), loss=nn.CrossEntropyLoss())
+    model.fit(make_tiny_data(), batch_size=32, epochs=epochs, verbose=0, shuffle=False)
+    return model
+
+
+def fresh_model(seed: int = 1, prepare: bool = True) -> Model:
+    torch.manual_seed(seed)
+    model = Model(TinyNet(), device="cpu")
+    if prepare:
+        model.prepare(optimizer=torch.optim.Adam(model.parameters(), lr=0.01), loss=nn.CrossEntropyLoss())
+    return model
+
+
+def assert_same_weights(a: nn.Module, b: nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        assert torch.equal(sa[key], sb[key]), key
+
+
+def assert_same_optimizer_state(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> None:
+    sa, sb = a.state_dict()["state"], b.state_dict()["state"]
+    assert sa.keys() == sb.keys() and sa, "optimizer states differ in their parameters (or are empty)"
+    for index in sa:
+        for name in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(torch.as_tensor(sa[index][name]), torch.as_tensor(sb[index][name])), (index, name)
+
+
+# -- what save writes ---------------------------------------------------------------
+
+
+def test_save_adds_pt_suffix_and_creates_directories(tmp_path):
+    model = trained_model()
+    written = model.save(tmp_path / "ckpt" / "final")
+    assert written == str(tmp_path / "ckpt" / "final.pt")
+    assert os.listdir(tmp_path / "ckpt") == ["final.pt"]
+
+
+def test_save_keeps_a_pt_suffix(tmp_path):
+    model = trained_model()
+    written = model.save(tmp_path / "weights.pt")
+    assert written == str(tmp_path / "weights.pt")
+    assert os.listdir(tmp_path) == ["weights.pt"]
+
+
+def test_load_restores_weights_optimizer_epoch_and_step(tmp_path):
+    source = trained_model()
+    assert (source.epoch, source.step) == (2, 6)
+    source.save(tmp_path / "ckpt")
+
+    target = fresh_model()
+    with pytest.raises(AssertionError):
+        assert_same_weights(source.network, target.network)  # the test starts from different weights
+    target.load(tmp_path / "ckpt")
+
+    assert_same_weights(source.network, target.network)
+    assert_same_optimizer_state(source.optimizer, target.optimizer)
+    assert (target.epoch, target.step) == (source.epoch, source.step)
+    # Resuming is exact: one more identical step on both gives identical weights.
+    x, y = make_tiny_data(seed=5)
+    source.train_batch(x[:32], y[:32])
+    target.train_batch(x[:32], y[:32])
+    assert_same_weights(source.network, target.network)
+    assert target.step == source.step == 7
+
+
+def test_training_false_writes_weights_only(tmp_path):
+    source = trained_model()
+    file = source.save(tmp_path / "weights", training=False)
+    state = torch.load(file, weights_only=True)
+    assert "optimizer" not in state and "rng" not in state
+    assert_same_weights_dict(state["network"], source.network.state_dict())
+
+    target = fresh_model()
+    x, y = make_tiny_data(seed=5)
+    target.train_batch(x[:32], y[:32])
+    before = {k: v.clone() for k, v in target.optimizer.state_dict()["state"][0].items()}
+    target.load(file)
+    assert_same_weights(source.network, target.network)
+    after = target.optimizer.state_dict()["state"][0]
+    assert all(torch.equal(torch.as_tensor(before[k]), torch.as_tensor(after[k])) for k in before), \
+        "loading a weights-only file changed the optimizer state"
+
+
+def assert_same_weights_dict(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_plain_state_dict_file_loads(tmp_path):
+    torch.manual_seed(3)
+    net = TinyNet()
+    torch.save(net.state_dict(), tmp_path / "plain.pth")
+    model = fresh_model()
+    model.load(tmp_path / "plain.pth")
+    assert_same_weights(net, model.network)
+    assert (model.epoch, model.step) == (0, 0)
+
+
+# -- load before prepare, reset_optimizer ---------------------------------------------------
+
+
+def test_load_before_prepare_applies_optimizer_state_at_prepare(tmp_path):
+    source = trained_model()
+    source.save(tmp_path / "ckpt")
+    target = fresh_model(prepare=False)
+    target.load(tmp_path / "ckpt")
+    assert_same_weights(source.network, target.network)
+    target.prepare(optimizer=torch.optim.Adam(target.parameters(), lr=0.5), loss=nn.CrossEntropyLoss())
+    assert_same_optimizer_state(source.optimizer, target.optimizer)
+    assert target.optimizer.param_groups[0]["lr"] == 0.01  # the saved hyper-parameters too
+
+
+@pytest.mark.parametrize("order", ["load_then_prepare", "prepare_then_load"])
+def test_reset_optimizer_keeps_the_fresh_optimizer(tmp_path, order):
+    source = trained_model()
+    source.save(tmp_path / "ckpt")
+    target = fresh_model(prepare=False)
+
+    def prepare():
+        target.prepare(optimizer=torch.optim.Adam(target.parameters(), lr=0.5), loss=nn.CrossEntropyLoss())
+
+    if order == "load_then_prepare":
+        target.load(tmp_path / "ckpt", reset_optimizer=True)
+        prepare()
+    else:
+        prepare()
+        target.load(tmp_path / "ckpt", reset_optimizer=True)
+    assert_same_weights(source.network, target.network)
+    assert target.optimizer.state_dict()["state"] == {}
+    assert target.optimizer.param_groups[0]["lr"] == 0.5
+
+
+# -- skip_mismatch ----------------------------------------------------------------------------
+
+
+class WiderNet(TinyNet):
+    """Another architecture: 5 input features (hidden.weight reshaped) and an extra layer."""
+
+    def __init__(self) -> None:
+        super().__init__(in_features=5)
+        self.extra = nn.Linear(3, 3)
+
+
+def test_skip_mismatch_loads_matching_tensors_and_warns(tmp_path):
+    torch.manual_seed(7)
+    other = WiderNet()
+    Model(other, device="cpu").save(tmp_path / "other")
+    target = fresh_model()
+    hidden_before = target.network.hidden.weight.detach().clone()
+
+    with pytest.warns(UserWarning, match="skipped") as caught:
+        target.load(tmp_path / "other", skip_mismatch=True)
+
+    message = " ".join(str(w.message) for w in caught)
+    for key in ("hidden.weight", "extra.weight", "extra.bias"):
+        assert key in message
+    for key in ("hidden.bias", "out.weight", "out.bias"):
+        assert key not in message
+        assert torch.equal(target.network.state_dict()[key], other.state_dict()[key]), key
+    assert torch.equal(target.network.hidden.weight, hidden_before)
+
+
+# -- atomic writes -----------------------------------------------------------------------------
+
+
+def test_save_leaves_no_temporary_files(tmp_path):
+    model = trained_model()
+    for _ in range(3):
+        model.save(tmp_path / "ckpt")
+        model.save(tmp_path / "weights", training=False)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "weights.pt"]
+
+
+@pytest.fixture
+def umask():
+    """Sets the process umask for one test and restores it afterwards."""
+    previous = os.umask(0o022)
+    os.umask(previous)
+    yield lambda mask: os.umask(mask)
+    os.umask(previous)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o002])
+def test_saved_file_permissions_follow_umask(tmp_path, umask, mask):
+    umask(mask)
+    file = Model(TinyNet(), device="cpu").save(tmp_path / "ckpt")
+    with open(tmp_path / "reference", "wb"):
+        pass
+    mode = os.stat(file).st_mode & 0o777
+    assert mode == os.stat(tmp_path / "reference").st_mode & 0o777 == 0o666 & ~mask
+    assert mode != 0o600
+
+
+def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    first = trained_model(epochs=1)
+    first.save(tmp_path / "ckpt")
+    expected = {k: v.clone() for k, v in first.network.state_dict().items()}
+
+    def broken_save(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(hapi.checkpoint.torch, "save", broken_save)
+    second = trained_model(seed=4, epochs=2)
+    with pytest.raises(OSError, match="No space left"):
+        second.save(tmp_path / "ckpt")
+    monkeypatch.undo()
+
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert_same_weights_dict(state["network"], expected)
+    assert state["epoch"] == 1
+    restored = fresh_model()
+    restored.load(tmp_path / "ckpt")
+    assert_same_weights_dict(restored.network.state_dict(), expected)
+
+
+CHILD = textwrap.dedent("""
+    import sys
+    import torch
+    from torch import nn
+    from hapi import Model
+
+    path, progress = sys.argv[1], sys.argv[2]
+    net = nn.Linear(3600, 3600)  # about 52 MB of float32 weights
+    model = Model(net, device="cpu")
+    version = 0
+    with torch.no_grad():
+        while True:
+            version += 1
+            net.weight.fill_(version)
+            net.bias.fill_(version)
+            model.save(path, training=False)
+            with open(progress, "a") as handle:
+                handle.write(f"{version}\\n")
+""")
+
+
+def test_sigkill_during_save_leaves_a_whole_checkpoint(tmp_path):
+    ckpt_dir = tmp_path / "ckpt"
+    progress = tmp_path / "progress"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(ckpt_dir / "big"), str(progress)],
+                             stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not (progress.exists() and progress.read_text().strip()):
+            assert child.poll() is None, f"saver died: {child.stderr.read().decode()}"
+            assert time.monotonic() < deadline, "the first save never completed"
+            time.sleep(0.01)
+        delay = random.uniform(0.0, 0.6)  # one save of 52 MB takes a few tenths of a second
+        time.sleep(delay)
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stderr.close()
+
+    completed = int(progress.read_text().split()[-1])
+    state = torch.load(ckpt_dir / "big.pt", weights_only=True)
+    weight, bias = state["network"]["weight"], state["network"]["bias"]
+    version = weight[0, 0].item()
+    assert weight.shape == (3600, 3600)
+    assert torch.all(weight == version) and torch.all(bias == version), f"mixed versions (delay {delay:.3f}s)"
+    # The last save whose completion was recorded, or the next one if the kill hit between
+    # its rename and its progress line; never an older one.
+    assert version in (completed, completed + 1), (version, completed, delay)
+    leftovers = [name for name in os.listdir(ckpt_dir) if name != "big.pt"]
+    assert all(name.startswith(".") and name.endswith(".tmp") for name in leftovers), leftovers
+
+
+# -- random number generators --------------------------------------------------------------
+
+
+def draw() -> tuple:
+    return (torch.rand(5).tolist(), torch.randn(3).tolist(), np.random.rand(5).tolist(),
+            np.random.randn(3).tolist(), [random.random() for _ in range(5)], random.gauss(0, 1))
+
+
+@pytest.fixture
+def keep_rng():
+    """Leaves the global generators as this test found them."""
+    saved = hapi.checkpoint.rng_state()
+    yield
+    hapi.checkpoint.set_rng_state(saved)
+
+
+def test_rng_state_round_trips(keep_rng):
+    random.gauss(0, 1)  # leaves a cached Gaussian in `random`
+    np.random.randn()  # and one in NumPy (odd count)
+    state = hapi.checkpoint.rng_state()
+    first = draw()
+    second_without_restore = draw()
+    hapi.checkpoint.set_rng_state(state)
+    assert draw() == first
+    assert first != second_without_restore
+
+
+def test_rng_state_round_trips_through_a_saved_checkpoint(tmp_path, keep_rng):
+    np.random.randn()
+    file = trained_model().save(tmp_path / "ckpt")  # captures the generators now
+    first = draw()
+    draw()
+    state = torch.load(file, weights_only=True)
+    hapi.checkpoint.set_rng_state(state["rng"])
+    assert draw() == first

@@ -1,0 +1,35 @@
+"""The module map's rules (STYLE.md), checked on the source."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _sources(package: str):
+    return sorted((ROOT / package).glob("*.py"))
+
+
+def test_callbacks_never_import_hapi():
+    offenders = [p.name for p in _sources("callbacks")
+                 if re.search(r"^\s*(from|import)\s+hapi\b", p.read_text(), re.MULTILINE)]
+    assert offenders == []
+
+
+def test_only_the_distributed_module_and_the_launcher_touch_torch_distributed():
+    allowed = {"distributed.py", "launch.py"}
+    offenders = [p.name for p in _sources("hapi") + _sources("callbacks")
+                 if p.name not in allowed and "torch.distributed" in p.read_text()]
+    assert offenders == []
+
+
+def test_the_loop_never_mentions_a_rank():
+    assert "rank" not in (ROOT / "hapi" / "loops.py").read_text()
+
+
+def test_library_code_raises_instead_of_asserting():
+    offenders = [f"{p.parent.name}/{p.name}" for p in _sources("hapi") + _sources("callbacks")
+                 if re.search(r"^\s*assert\b", p.read_text(), re.MULTILINE)]
+    assert offenders == []
