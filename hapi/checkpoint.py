@@ -62,7 +62,7 @@ def save_state(path: str | os.PathLike, state: dict[str, Any]) -> str:
     """
     target = resolve_path(path)
     if distributed.is_main():
-        with open(target, "wb") as handle:
+        with atomic_write(target, "wb") as handle:
             torch.save(state, handle)
     distributed.barrier()
     return target

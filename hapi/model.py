@@ -20,7 +20,7 @@ from hapi import checkpoint, distributed
 from hapi.data import BatchSplitter, batch_length, make_loader, num_batches
 from hapi.loops import Parts, evaluate_loop, fit_loop, predict_loop
 from hapi.metrics import MetricSet, normalise_metrics
-from hapi.steps import Stepper, check_amp
+from hapi.steps import Stepper, check_amp, make_scaler
 from hapi.summary import summarize
 
 DEFAULT_BATCH_SIZE = 32  # Keras' default; Paddle's is 1, which is rarely what anyone wants.
@@ -101,8 +101,11 @@ class Model:
         self._loss: Any = None
         self._metrics: MetricSet | None = None
         self._amp: str | None = None
+        self._scaler: torch.amp.GradScaler | None = None
         self._stepper: Stepper | None = None
-        self._pending_optimizer_state: dict | None = None
+        # State loaded before prepare() gave the objects it belongs to.
+        self._pending_optimizer: tuple[dict, str | None] | None = None  # (state, optimizer class)
+        self._pending_scaler_state: dict | None = None
         self.stop_training = False
         self.epoch = 0  # epochs completed in the current fit (restored by load)
         self.step = 0  # optimizer steps taken, over the model's life (restored by load)
@@ -149,10 +152,14 @@ class Model:
         self._optimizer = optimizer
         self._loss = loss.to(self.device) if isinstance(loss, nn.Module) else loss
         self._metrics = MetricSet(named_metrics, with_loss=loss is not None).to(self.device)
+        self._scaler = make_scaler(self._amp, self.device)
         self._stepper = None
-        if self._pending_optimizer_state is not None and optimizer is not None:
-            self._load_optimizer_state(self._pending_optimizer_state, "the loaded checkpoint")
-            self._pending_optimizer_state = None
+        if self._pending_optimizer is not None and optimizer is not None:
+            self._load_optimizer_state(*self._pending_optimizer, source="the loaded checkpoint")
+            self._pending_optimizer = None
+        if self._pending_scaler_state is not None and self._scaler is not None:
+            self._scaler.load_state_dict(self._pending_scaler_state)
+            self._pending_scaler_state = None
 
     def _parts(self, purpose: str) -> Parts:
         if self._metrics is None:
@@ -169,7 +176,8 @@ class Model:
         if self._stepper is None:
             if self._wrapped is None:
                 self._wrapped = distributed.wrap(self._network, self.device)
-            self._stepper = Stepper(self._wrapped, self.device, self._loss, self._optimizer, self._amp)
+            self._stepper = Stepper(self._wrapped, self.device, self._loss, self._optimizer,
+                                    self._amp, self._scaler)
         return Parts(self._stepper, self._metrics, self._splitter)
 
     def _prediction_parts(self) -> Parts:
@@ -339,10 +347,13 @@ class Model:
         state: dict[str, Any] = {"format": checkpoint.FORMAT, "version": checkpoint.VERSION,
                                  "network": self._network.state_dict()}
         if training:
-            scaler = self._stepper.scaler if self._stepper is not None else None
+            optimizer_state, optimizer_type = (
+                (self._optimizer.state_dict(), type(self._optimizer).__name__)
+                if self._optimizer is not None else self._pending_optimizer or (None, None))
             state.update({
-                "optimizer": self._optimizer.state_dict() if self._optimizer is not None else None,
-                "scaler": scaler.state_dict() if scaler is not None else None,
+                "optimizer": optimizer_state,
+                "optimizer_type": optimizer_type,
+                "scaler": self._scaler.state_dict() if self._scaler is not None else self._pending_scaler_state,
                 "epoch": self.epoch,
                 "step": self.step,
                 "rng": checkpoint.rng_state(),
@@ -375,17 +386,31 @@ class Model:
                 warnings.warn("The optimizer state in the checkpoint was not loaded because the "
                               "network's weights did not match it.", stacklevel=2)
             elif self._optimizer is None:
-                self._pending_optimizer_state = optimizer_state
+                self._pending_optimizer = (optimizer_state, state.get("optimizer_type"))
             else:
-                self._load_optimizer_state(optimizer_state, file)
-        if state.get("scaler") is not None and self._stepper is not None and self._stepper.scaler is not None:
-            self._stepper.scaler.load_state_dict(state["scaler"])
+                self._load_optimizer_state(optimizer_state, state.get("optimizer_type"), source=file)
+        if state.get("scaler") is not None:
+            if self._scaler is not None:
+                self._scaler.load_state_dict(state["scaler"])
+            else:
+                self._pending_scaler_state = state["scaler"]
         self.epoch = int(state.get("epoch", 0))
         self.step = int(state.get("step", 0))
 
-    def _load_optimizer_state(self, optimizer_state: dict, source: str) -> None:
+    def _load_optimizer_state(self, optimizer_state: dict, saved_type: str | None, *,
+                              source: str) -> None:
+        current_type = type(self._optimizer).__name__
         try:
+            if saved_type is not None and saved_type != current_type:
+                raise ValueError(f"it was saved from a {saved_type} optimizer")
+            previous = self._optimizer.state_dict()
             self._optimizer.load_state_dict(optimizer_state)
+            # A state from another optimizer class loads without complaint and
+            # fails at the next step; its hyper-parameters give it away.
+            lacking = sorted(set(self._optimizer.defaults) - set(self._optimizer.param_groups[0]))
+            if lacking:
+                self._optimizer.load_state_dict(previous)
+                raise ValueError(f"it was saved from another optimizer (its settings lack {lacking})")
         except (ValueError, KeyError, RuntimeError) as error:
             raise checkpoint.CheckpointError(
                 f"The optimizer state in {source} does not fit this model's optimizer "

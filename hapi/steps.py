@@ -7,7 +7,7 @@ tensors and the loop decides when to read them.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -27,6 +27,11 @@ def check_amp(amp: Any) -> str | None:
     )
 
 
+def make_scaler(amp: str | None, device: torch.device) -> Any:
+    """fp16 needs loss scaling against gradient underflow; bf16 and fp32 do not."""
+    return torch.amp.GradScaler(device.type) if amp == "fp16" else None
+
+
 def as_list(value: Any) -> list:
     if isinstance(value, (list, tuple)):
         return list(value)
@@ -42,11 +47,7 @@ class Stepper:
     loss_fn: Callable | None = None
     optimizer: torch.optim.Optimizer | None = None
     amp: str | None = None
-    scaler: Any = field(default=None)
-
-    def __post_init__(self) -> None:
-        if self.amp == "fp16" and self.scaler is None:
-            self.scaler = torch.amp.GradScaler(self.device.type)
+    scaler: Any = None  # a torch.amp.GradScaler with amp="fp16" (see make_scaler)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.amp is None:

@@ -131,6 +131,20 @@ def test_load_corrupt_checkpoint(tmp_path, seed):
     assert "carry code" not in str(caught.value) and "weights_only=False" not in str(caught.value)
 
 
+
+@pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy"])
+def test_load_checkpoint_cut_anywhere(tmp_path, zip_format):
+    """Wherever a file is cut, the error is a CheckpointError naming it, never an IndexError from torch's reader."""
+    torch.save(TinyNet().state_dict(), tmp_path / "whole.pt", _use_new_zipfile_serialization=zip_format)
+    data = (tmp_path / "whole.pt").read_bytes()
+    model = ready_model()
+    file = tmp_path / "cut.pt"
+    for cut in range(0, len(data), max(1, len(data) // 150)):
+        file.write_bytes(data[:cut])
+        with pytest.raises(CheckpointError, match=re.escape(repr(str(file)))):
+            model.load(file)
+
+
 class RunsCode:
     """Unpickling this runs `touch <marker>`."""
 
@@ -181,6 +195,21 @@ def test_load_checkpoint_of_another_architecture(tmp_path):
     assert str(tmp_path / "wider.pt") in message
     assert all(torch.equal(before[k], v) for k, v in model.network.state_dict().items()), \
         "a refused load changed the weights"
+
+
+
+def test_load_optimizer_state_of_another_optimizer(tmp_path):
+    x, y = make_tiny_data()
+    source = ready_model()
+    source.train_batch(x, y)
+    source.save(tmp_path / "adam")
+    target = model_with(loss=nn.CrossEntropyLoss())
+    target.prepare(optimizer=torch.optim.SGD(target.parameters(), lr=0.1, momentum=0.9),
+                   loss=nn.CrossEntropyLoss())
+    with pytest.raises(CheckpointError, match=r"optimizer state in .*adam\.pt.*SGD.*reset_optimizer=True"):
+        target.load(tmp_path / "adam")
+    target.load(tmp_path / "adam", reset_optimizer=True)
+    target.train_batch(x, y)  # the SGD optimizer still works
 
 
 # -- data and fit() arguments ---------------------------------------------------------------------

@@ -44,6 +44,11 @@ def assert_same_weights(a: nn.Module, b: nn.Module) -> None:
         assert torch.equal(sa[key], sb[key]), key
 
 
+def assert_same_weights_dict(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def assert_same_optimizer_state(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> None:
     sa, sb = a.state_dict()["state"], b.state_dict()["state"]
     assert sa.keys() == sb.keys() and sa, "optimizer states differ in their parameters (or are empty)"
@@ -108,11 +113,6 @@ def test_training_false_writes_weights_only(tmp_path):
         "loading a weights-only file changed the optimizer state"
 
 
-def assert_same_weights_dict(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    assert all(torch.equal(a[k], b[k]) for k in a)
-
-
 def test_plain_state_dict_file_loads(tmp_path):
     torch.manual_seed(3)
     net = TinyNet()
@@ -155,6 +155,31 @@ def test_reset_optimizer_keeps_the_fresh_optimizer(tmp_path, order):
     assert_same_weights(source.network, target.network)
     assert target.optimizer.state_dict()["state"] == {}
     assert target.optimizer.param_groups[0]["lr"] == 0.5
+
+
+
+def test_load_restores_the_fp16_gradient_scaler(tmp_path):
+    x, y = make_tiny_data()
+
+    def amp_model(seed):
+        torch.manual_seed(seed)
+        model = Model(TinyNet(), device="cpu")
+        model.prepare(optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
+                      loss=nn.CrossEntropyLoss(), amp="fp16")
+        return model
+
+    source = amp_model(0)
+    for _ in range(3):
+        source.train_batch(x[:32], y[:32])
+    source.save(tmp_path / "source")
+    target = amp_model(1)
+    target.load(tmp_path / "source")
+    for model in (source, target):
+        model.train_batch(x[32:64], y[32:64])
+    saved = [torch.load(m.save(tmp_path / name), weights_only=True)["scaler"]
+             for m, name in ((source, "a"), (target, "b"))]
+    assert saved[0] is not None and saved[0]["_growth_tracker"] == 4
+    assert saved[1] == saved[0]
 
 
 # -- skip_mismatch ----------------------------------------------------------------------------
@@ -200,10 +225,10 @@ def test_save_leaves_no_temporary_files(tmp_path):
 
 @pytest.fixture
 def umask():
-    """Sets the process umask for one test and restores it afterwards."""
+    """A setter for the process umask; the umask the test found is restored afterwards."""
     previous = os.umask(0o022)
     os.umask(previous)
-    yield lambda mask: os.umask(mask)
+    yield os.umask
     os.umask(previous)
 
 
@@ -277,7 +302,7 @@ def test_sigkill_during_save_leaves_a_whole_checkpoint(tmp_path):
         delay = random.uniform(0.0, 0.6)  # one save of 52 MB takes a few tenths of a second
         time.sleep(delay)
         child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
+        assert child.wait(timeout=30) == -signal.SIGKILL, child.stderr.read().decode()
     finally:
         if child.poll() is None:
             child.kill()
@@ -332,3 +357,4 @@ def test_rng_state_round_trips_through_a_saved_checkpoint(tmp_path, keep_rng):
     state = torch.load(file, weights_only=True)
     hapi.checkpoint.set_rng_state(state["rng"])
     assert draw() == first
+
