@@ -65,7 +65,7 @@ def make_loader(data: Any, *, role: str, batch_size: int, shuffle: bool = False,
     if data is None:
         raise ValueError(f"{role} is None; pass {ACCEPTED}.")
     if isinstance(data, DataLoader):
-        return data
+        return distributed.reshard(data, training=role == "train_data", seed=seed)
     _check_positive_int(batch_size, "batch_size")
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"num_workers must be an integer >= 0; received {num_workers!r}.")
@@ -79,7 +79,6 @@ def make_loader(data: Any, *, role: str, batch_size: int, shuffle: bool = False,
     return DataLoader(
         dataset,
         batch_size=batch_size,
-        shuffle=shuffle if sampler is None else False,
         sampler=sampler,
         drop_last=drop_last,
         num_workers=num_workers,

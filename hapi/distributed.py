@@ -2,36 +2,75 @@
 
 The loop, the steps and the callbacks never test a rank: they call the
 functions here, each of which is a no-op (or the identity) on a single
-process. This module is the only one in ``hapi`` that may import
-``torch.distributed``.
+process. This is the only module of ``hapi`` (with the launcher) that imports
+``torch.distributed``; everything is PyTorch's own engine: the default
+process group (NCCL on CUDA, Gloo on CPU), ``DistributedDataParallel``,
+``DistributedSampler``, and the collectives.
 
-Today every function implements the world-size-1 case; multi-process support
-fills in these same functions without touching the loop.
+When does a run become distributed? When ``WORLD_SIZE`` > 1 in the
+environment (``torchrun``, :func:`hapi.spawn`, or any launcher setting the
+torch.distributed variables ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``), or when the user already created the
+default process group -- then it is reused, and left for the user to destroy.
+
+How long a dead rank can stall the others: under ``torchrun`` or
+:func:`hapi.spawn` the launcher kills the surviving workers as soon as one
+exits with an error (within about a second). Without a launcher watching, a
+collective waits for at most ``HAPI_DIST_TIMEOUT`` seconds (default 300)
+before it raises.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import datetime
 import os
 from typing import Any, Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
+
+_created_group = False  # True when hapi created the default group (and so destroys it)
+_DEFAULT_TIMEOUT_S = 300
+
+
+class DistributedSetupError(RuntimeError):
+    """The distributed environment is inconsistent or cannot be joined."""
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise DistributedSetupError(
+            f"The environment variable {name}={value!r} is not an integer. Launch with "
+            "torchrun or hapi.spawn, which set it, or fix the value."
+        ) from None
+
+
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized()
 
 
 def rank() -> int:
     """Global rank of this process (0 on a single process)."""
-    return 0
+    return dist.get_rank() if _active() else 0
 
 
 def local_rank() -> int:
     """Rank of this process on its machine; picks the CUDA device."""
-    return int(os.environ.get("LOCAL_RANK", "0"))
+    return _env_int("LOCAL_RANK", 0)
 
 
 def world_size() -> int:
     """Number of processes training together."""
-    return 1
+    return dist.get_world_size() if _active() else 1
 
 
 def is_main() -> bool:
@@ -39,8 +78,69 @@ def is_main() -> bool:
     return rank() == 0
 
 
+def backend_name() -> str:
+    """``HAPI_BACKEND`` if set, else NCCL with CUDA and Gloo without."""
+    requested = os.environ.get("HAPI_BACKEND", "").strip().lower()
+    if requested:
+        if requested not in ("nccl", "gloo"):
+            raise DistributedSetupError(
+                f"HAPI_BACKEND={requested!r} is not a backend torch-hapi uses; choose 'nccl' "
+                "(CUDA GPUs) or 'gloo' (CPU), or unset it to choose automatically."
+            )
+        if requested == "nccl" and not torch.cuda.is_available():
+            raise DistributedSetupError(
+                "HAPI_BACKEND=nccl asks for NCCL, which needs CUDA GPUs, but "
+                "torch.cuda.is_available() is False on this machine. Unset HAPI_BACKEND (Gloo "
+                "is chosen on CPU) or run on machines with GPUs."
+            )
+        return requested
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
 def setup() -> None:
-    """Join the process group when launched with several processes."""
+    """Join the default process group once, when launched with several processes.
+
+    Reuses a group the user created. A group created here is destroyed at
+    interpreter exit.
+    """
+    global _created_group
+    if _active() or _env_int("WORLD_SIZE", 1) <= 1:
+        return
+    missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise DistributedSetupError(
+            f"WORLD_SIZE={os.environ['WORLD_SIZE']} says this is one of several processes, but "
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set. Launch with "
+            "torchrun (e.g. torchrun --nproc_per_node=2 train.py) or hapi.spawn, or set all of "
+            "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT."
+        )
+    backend = backend_name()
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank() % torch.cuda.device_count())
+    timeout = datetime.timedelta(seconds=_env_int("HAPI_DIST_TIMEOUT", _DEFAULT_TIMEOUT_S))
+    try:
+        dist.init_process_group(backend=backend, timeout=timeout)
+    except Exception as error:  # torch raises several types (DistNetworkError, RuntimeError, ValueError)
+        address = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        hint = ("another program already listens on that port: pick a free one "
+                "(torchrun --master-port / --rdzv-endpoint, or MASTER_PORT)"
+                if "address already in use" in str(error).lower() or "EADDRINUSE" in str(error)
+                else "check that every process uses the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE, "
+                     "and that rank 0 is reachable")
+        raise DistributedSetupError(
+            f"Could not join the {backend} process group at {address} as rank "
+            f"{os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}: {error}. Likely cause: {hint}."
+        ) from error
+    _created_group = True
+    atexit.register(teardown)
+
+
+def teardown() -> None:
+    """Destroy the process group hapi created (a user's group is left alone)."""
+    global _created_group
+    if _created_group and _active():
+        dist.destroy_process_group()
+    _created_group = False
 
 
 def default_device(requested: str | torch.device | None = None) -> torch.device:
@@ -53,58 +153,173 @@ def default_device(requested: str | torch.device | None = None) -> torch.device:
 
 
 def wrap(network: nn.Module, device: torch.device) -> nn.Module:
-    """The module the steps run: ``network`` itself on a single process."""
-    return network
+    """The module training runs: DDP around ``network`` on several processes.
+
+    DDP broadcasts rank 0's weights at construction, so every rank starts
+    from the same model whatever its own initialisation.
+    """
+    if world_size() == 1 or not any(p.requires_grad for p in network.parameters()):
+        return network
+    device_ids = [device.index] if device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(network, device_ids=device_ids)
 
 
 def unwrap(network: nn.Module) -> nn.Module:
     """The user's module inside whatever :func:`wrap` returned."""
-    return getattr(network, "module", network) if network is not None else network
+    return network.module if isinstance(network, nn.parallel.DistributedDataParallel) else network
 
 
 @contextlib.contextmanager
 def no_sync(wrapped: nn.Module, skip_gradient_sync: bool) -> Iterator[None]:
-    """Skip the gradient all-reduce for accumulation steps (no-op here)."""
-    yield
+    """Skip DDP's gradient all-reduce on accumulation steps (they sync on the update)."""
+    if skip_gradient_sync and isinstance(wrapped, nn.parallel.DistributedDataParallel):
+        with wrapped.no_sync():
+            yield
+    else:
+        yield
 
 
-def train_sampler(dataset: Any, shuffle: bool, seed: int) -> Any:
-    """The sampler that gives this process its share of the training data.
+def shared_seed() -> int:
+    """A seed for this fit's shuffling, drawn on rank 0 and the same on every rank.
 
-    ``None`` lets the DataLoader use its own ``shuffle``.
+    Drawn from torch's global generator, so ``torch.manual_seed`` in the
+    script makes the data order reproducible.
     """
-    return None
+    seed = torch.randint(0, 2**31 - 1, (), dtype=torch.int64)
+    if world_size() > 1:
+        seed = _on_collective_device(seed)
+        dist.broadcast(seed, src=0)
+    return int(seed.item())
 
 
-def eval_sampler(dataset: Any) -> Any:
-    """Sampler for evaluation/prediction: every sample exactly once overall."""
-    return None
+def train_sampler(dataset: Any, shuffle: bool, seed: int) -> Sampler:
+    """This process's share of the training data, reshuffled per epoch by ``set_epoch``.
+
+    Every rank gets the same number of samples (the last few are repeated
+    to even the shards, as ``DistributedSampler`` does), so all ranks run the
+    same number of steps and DDP's collectives line up.
+    """
+    return DistributedSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle,
+                              seed=seed, drop_last=False)
+
+
+class ContiguousShardSampler(Sampler[int]):
+    """Rank r's contiguous slice of ``range(n)``: every sample exactly once overall.
+
+    Slices differ in size by at most one, and concatenating them in rank
+    order gives back the data-set order, which is how predictions are gathered.
+    """
+
+    def __init__(self, length: int, num_replicas: int, rank: int) -> None:
+        base, extra = divmod(length, num_replicas)
+        self.start = rank * base + min(rank, extra)
+        self.stop = self.start + base + (1 if rank < extra else 0)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.stop))
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+def eval_sampler(dataset: Any) -> Sampler | None:
+    """Sampler for evaluation/prediction: no sample twice, none left out."""
+    if world_size() == 1:
+        return None
+    return ContiguousShardSampler(len(dataset), world_size(), rank())
+
+
+def reshard(loader: DataLoader, training: bool, seed: int) -> DataLoader:
+    """A user's DataLoader, rebuilt so this process reads only its share.
+
+    Kept as given on one process, for iterable data sets (they shard
+    themselves), and when it already has a ``DistributedSampler`` (or a
+    batch sampler that knows epochs, like Paddle's DistributedBatchSampler).
+    Otherwise rebuilt with the same batch size, workers, collate function and
+    memory pinning, a training sampler seeded for all ranks, or a
+    contiguous evaluation shard.
+    """
+    if world_size() == 1 or isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        return loader
+    if isinstance(loader.sampler, DistributedSampler) or hasattr(loader.batch_sampler, "set_epoch"):
+        return loader
+    if loader.batch_size is None:
+        raise DistributedSetupError(
+            "This DataLoader has a custom batch_sampler, which torch-hapi cannot split across "
+            f"{world_size()} processes. Give it a sampler that knows the rank (e.g. "
+            "torch.utils.data.DistributedSampler), or pass the Dataset and batch_size to fit()."
+        )
+    shuffle = training and not isinstance(loader.sampler, torch.utils.data.SequentialSampler)
+    sampler = train_sampler(loader.dataset, shuffle, seed) if training else eval_sampler(loader.dataset)
+    return DataLoader(
+        loader.dataset, batch_size=loader.batch_size, sampler=sampler,
+        num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory, drop_last=loader.drop_last, timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers,
+        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
+    )
 
 
 def set_epoch(loader: Any, epoch: int) -> None:
-    """Tell a distributed sampler which epoch starts, so each epoch reshuffles."""
-    sampler = getattr(loader, "sampler", None)
-    if hasattr(sampler, "set_epoch"):
-        sampler.set_epoch(epoch)
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    if hasattr(batch_sampler, "set_epoch"):
-        batch_sampler.set_epoch(epoch)
+    """Tell the sampler which epoch starts, so each epoch reshuffles (all ranks alike)."""
+    for sampler in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+
+
+def _on_collective_device(tensor: torch.Tensor) -> torch.Tensor:
+    # NCCL reduces CUDA tensors only; Gloo takes CPU tensors.
+    if dist.get_backend() == "nccl":
+        return tensor.to(torch.device("cuda", torch.cuda.current_device()))
+    return tensor.cpu()
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum of ``tensor`` over processes (itself on one process)."""
-    return tensor
+    if world_size() == 1:
+        return tensor
+    reduced = _on_collective_device(tensor.clone())
+    dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+    return reduced.to(tensor.device)
 
 
 def any_true(flag: bool) -> bool:
     """True when ``flag`` is true on any process, so all ranks stop together."""
-    return bool(flag)
+    if world_size() == 1:
+        return bool(flag)
+    return bool(all_reduce_sum(torch.tensor(int(bool(flag)))).item())
 
 
 def barrier() -> None:
     """Wait for every process (no-op on one process)."""
+    if world_size() > 1:
+        dist.barrier()
 
 
 def gather_in_order(chunks: list[Any]) -> list[Any]:
-    """Every process's prediction batches, in data-set order."""
-    return chunks
+    """Every process's prediction batches, concatenated in rank (= data-set) order."""
+    if world_size() == 1:
+        return chunks
+    gathered: list[Any] = [None] * world_size()
+    dist.all_gather_object(gathered, chunks)
+    return [chunk for per_rank in gathered for chunk in per_rank]
+
+
+class SyncFlag:
+    """Tells torchmetrics when to gather states across ranks.
+
+    Given to each metric as ``distributed_available_fn``: running figures
+    read every ``log_freq`` steps stay local (ranks may have run different
+    numbers of evaluation batches, so a collective there could hang), while
+    the figures at the end of a pass are reduced over every process.
+    """
+
+    def __init__(self) -> None:
+        self.enabled = False
+
+    def __call__(self) -> bool:
+        return self.enabled and world_size() > 1
+
+    def __reduce__(self):  # metrics may be deep-copied or pickled; a flag needs no state
+        return (SyncFlag, ())
+

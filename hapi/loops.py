@@ -9,7 +9,8 @@ Read top to bottom, ``fit_loop`` is the whole of training::
         every eval_freq epochs (epoch % eval_freq == 0, as in Paddle):
             on_eval_begin / on_eval_batch_* / on_eval_end
         on_epoch_end(epoch, train figures + val_ figures)
-        stop when any process set model.stop_training, or num_iters is reached
+        stop when any process set model.stop_training (checked every log_freq
+        steps and at the epoch end), or num_iters is reached
     on_train_end
 
 Figures reach the host only every ``log_freq`` steps and at the end of a pass
@@ -112,9 +113,12 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
         metrics.update(loss, outputs, labels, batch_size)
         model.step += int(update)
         done = step + 1
-        figures = metrics.compute() if _figures_due(step, is_last, log_freq) else None
+        # Every process runs the same number of training steps, so figures read
+        # here can be reduced across processes, and a stop request agreed on.
+        due = _figures_due(step, is_last, log_freq)
+        figures = metrics.compute() if due else None
         cbks.on_train_batch_end(step, {"batch_size": batch_size, **(figures or {})})
-        if is_last or model.stop_training:
+        if is_last or (due and distributed.any_true(model.stop_training)):
             break
     return (figures if figures is not None else metrics.compute()), done
 
@@ -136,7 +140,9 @@ def evaluate_loop(parts: Parts, loader: Iterable, cbks: CallbackList, *, log_fre
         loss, outputs = stepper.evaluate(inputs, labels)
         batch_size = batch_length(inputs, labels)
         metrics.update(loss, outputs, labels, batch_size)
-        figures = metrics.compute() if _figures_due(step, is_last, log_freq) else None
+        # Shards may differ by a batch between processes: running figures stay
+        # local, and only the last batch's are reduced (each process has one).
+        figures = metrics.compute(sync=is_last) if _figures_due(step, is_last, log_freq) else None
         cbks.on_eval_batch_end(step, {"batch_size": batch_size, **(figures or {})})
         if is_last:
             break

@@ -11,6 +11,7 @@ the last batch's.
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any, Sequence
 
 import torch
@@ -138,6 +139,13 @@ class MetricSet:
         self.with_loss = with_loss
         self._loss_sum: torch.Tensor | None = None
         self._samples = 0
+        # torchmetrics gathers states across ranks whenever compute() runs in a
+        # process group; we decide when (see distributed.SyncFlag) and never
+        # want a cached, possibly local, value back.
+        self._sync = distributed.SyncFlag()
+        for metric in _leaves(metrics.values()):
+            metric.distributed_available_fn = self._sync
+            metric.compute_with_cache = False
 
     def to(self, device: torch.device) -> "MetricSet":
         for metric in self.metrics.values():
@@ -174,19 +182,32 @@ class MetricSet:
         for metric in self.metrics.values():
             metric.update(*[o.detach() for o in outputs], *labels)
 
-    def compute(self) -> dict[str, float]:
-        """Means over every sample since :meth:`reset`, reduced across processes."""
+    def compute(self, sync: bool = True) -> dict[str, float]:
+        """Means over every sample since :meth:`reset`.
+
+        With ``sync`` (a collective: every process must call it) the figures
+        cover every process's samples; without, only this process's.
+        """
+        loss_sum = self._loss_sum if self._loss_sum is not None else torch.zeros((), dtype=torch.float64)
+        totals = torch.stack([loss_sum.double().cpu(), torch.tensor(float(self._samples), dtype=torch.float64)])
+        if sync:
+            totals = distributed.all_reduce_sum(totals)
+        if totals[1] == 0:
+            return {}
         results: dict[str, float] = {}
-        if self.with_loss and self._loss_sum is not None:
-            totals = distributed.all_reduce_sum(torch.stack([
-                self._loss_sum.double(),
-                torch.tensor(float(self._samples), dtype=torch.float64, device=self._loss_sum.device),
-            ]))
-            results["loss"] = (totals[0] / totals[1].clamp(min=1)).item()
-        if self._samples == 0:
-            return results
-        for key, metric in self.metrics.items():
-            value = metric.compute()
+        if self.with_loss:
+            results["loss"] = (totals[0] / totals[1]).item()
+        self._sync.enabled = sync
+        try:
+            with warnings.catch_warnings():
+                # A rank whose shard was empty still joins the gather; torchmetrics
+                # warns that it computes before any update.
+                warnings.filterwarnings("ignore", message=".*before the ``update`` method.*")
+                values = {key: metric.compute() for key, metric in self.metrics.items()}
+        finally:
+            self._sync.enabled = False
+        for key, value in values.items():
+            metric = self.metrics[key]
             if isinstance(value, dict):
                 for sub, sub_value in value.items():
                     name = sub if not isinstance(metric, Accuracy) else key + sub[len(metric.name):]
@@ -194,6 +215,17 @@ class MetricSet:
             else:
                 results[key] = _to_float(value, key)
         return results
+
+
+def _leaves(metrics: Any) -> list[torchmetrics.Metric]:
+    """The Metric objects, looking inside MetricCollections."""
+    found = []
+    for metric in metrics:
+        if isinstance(metric, torchmetrics.MetricCollection):
+            found += _leaves(metric.values())
+        else:
+            found.append(metric)
+    return found
 
 
 def _to_float(value: Any, name: str) -> float:

@@ -236,7 +236,8 @@ class Model:
         _positive_int(num_iters, "num_iters", allow_none=True)
         _check_verbose(verbose)
         train_loader = make_loader(train_data, role="train_data", batch_size=batch_size,
-                                   shuffle=shuffle, drop_last=drop_last, num_workers=num_workers)
+                                   shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
+                                   seed=distributed.shared_seed())
         eval_loader = None if eval_data is None else make_loader(
             eval_data, role="eval_data", batch_size=batch_size, num_workers=num_workers)
         steps = num_batches(train_loader)

@@ -54,9 +54,6 @@ class Stepper:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=AMP_DTYPES[self.amp])
 
-    def forward(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        return as_list(self.network(*inputs))
-
     def compute_loss(self, outputs: list[torch.Tensor], labels: list[torch.Tensor]) -> torch.Tensor:
         """``loss_fn(*outputs, *labels)``; a list of losses is summed, as in Paddle."""
         try:
@@ -88,7 +85,7 @@ class Stepper:
         """
         with distributed.no_sync(self.network, skip_gradient_sync=not update):
             with self.autocast():
-                outputs = self.forward(inputs)
+                outputs = as_list(self.network(*inputs))
                 loss = self.compute_loss(outputs, labels)
             scaled = loss * loss_scale if loss_scale != 1.0 else loss
             if self.scaler is not None:
@@ -103,18 +100,20 @@ class Stepper:
             self.optimizer.zero_grad(set_to_none=True)
         return loss.detach(), [o.detach() for o in outputs]
 
+    # Evaluation and prediction run the plain module: DDP's forward would
+    # broadcast buffers, a collective that hangs when shards differ in length.
     @torch.no_grad()
     def evaluate(self, inputs: list[torch.Tensor], labels: list[torch.Tensor]
                  ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         with self.autocast():
-            outputs = self.forward(inputs)
+            outputs = as_list(distributed.unwrap(self.network)(*inputs))
             loss = self.compute_loss(outputs, labels) if self.loss_fn is not None and labels else None
         return loss, outputs
 
     @torch.no_grad()
     def predict(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         with self.autocast():
-            return self.forward(inputs)
+            return as_list(distributed.unwrap(self.network)(*inputs))
 
 
 def _describe(tensors: list[Any]) -> str:
