@@ -7,6 +7,7 @@ importing it costs about 0.4 s that a run without this callback should not pay.
 
 from __future__ import annotations
 
+import atexit
 import os
 from typing import Any
 
@@ -28,8 +29,11 @@ class VisualDL(Callback):
       index (0-based) during ``fit``, or the number of standalone
       ``evaluate`` calls so far (1-based) outside it.
 
-    The writer is closed at the end of training, and after a standalone
-    evaluation, so the file is complete when the call returns.
+    Everything goes to one record file per callback: the writer is flushed
+    (not closed) at the end of training and after a standalone evaluation, so
+    the file is complete when the call returns, and the same callback given
+    to a later ``evaluate`` adds its ``eval/*`` scalars to that file. It is
+    closed by :meth:`close` or at interpreter exit.
 
     Args:
         log_dir: directory for the ``vdlrecords.*.log`` files; created on the
@@ -57,13 +61,19 @@ class VisualDL(Callback):
             from visualdl import LogWriter  # lazy: importing visualdl costs ~0.4 s
 
             self._writer = LogWriter(logdir=self.log_dir)
+            atexit.register(self.close)
         for name, value in scalars.items():
             self._writer.add_scalar(tag=f"{prefix}/{name}", value=float(value), step=step)
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Close the record file; a later write opens a new one."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+    def _flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._training = True
@@ -89,8 +99,8 @@ class VisualDL(Callback):
             step = self.eval_count
         self._write("eval", dict(logs or {}), step)
         if not self._training:
-            self._close()
+            self._flush()
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self._training = False
-        self._close()
+        self._flush()

@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         Accuracy(topk=(1, 2)),
     )
 
+    # One VisualDL callback for both calls: train/* scalars from fit, eval/*
+    # from evaluate, in one record file.
+    visualdl = VisualDL(log_dir=os.path.join(args.output, "visualdl_log"))
     started = time.perf_counter()
     model.fit(
         train_dataset,
@@ -57,14 +60,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         batch_size=64,
         log_freq=400,
         num_iters=args.num_iters,
-        callbacks=[
-            VisualDL(log_dir=os.path.join(args.output, "visualdl_log")),
-            ModelCheckpoint(save_dir=os.path.join(args.output, "checkpoints")),
-        ],
+        callbacks=[visualdl, ModelCheckpoint(save_dir=os.path.join(args.output, "checkpoints"))],
     )
     fit_seconds = time.perf_counter() - started
 
-    results = model.evaluate(test_dataset, log_freq=100, batch_size=64)
+    results = model.evaluate(test_dataset, log_freq=100, batch_size=64, callbacks=[visualdl])
     results["fit_seconds"] = fit_seconds
     print(json.dumps({name: round(value, 4) for name, value in results.items()}))
     return results

@@ -40,7 +40,8 @@ def test_hapitrain_on_small_files(tmp_path):
     records = list((tmp_path / "out" / "visualdl_log").glob("vdlrecords.*.log"))
     assert len(records) == 1
     tags = set(LogReader(file_path=str(records[0])).get_tags()["scalar"])
-    assert {"train/loss", "train/acc_top1", "train/acc_top2", "train/lr"} <= tags
+    assert {"train/loss", "train/acc_top1", "train/acc_top2", "train/lr",
+            "eval/loss", "eval/acc_top1", "eval/acc_top2"} <= tags
 
 
 @pytest.mark.realdata

@@ -120,3 +120,16 @@ def test_csv_logger_and_checkpoints_after_fit(tmp_path):
     restored = _model()
     restored.load(tmp_path / "ckpt" / "final")
     assert restored.evaluate(DATA, verbose=0)["acc"] > 0.5
+
+
+def test_one_visualdl_callback_for_fit_and_evaluate_writes_one_file(tmp_path):
+    from visualdl import LogReader
+
+    model = _model()
+    board = VisualDL(tmp_path / "vdl")
+    model.fit(DATA, batch_size=10, epochs=1, verbose=0, callbacks=[board])
+    model.evaluate(DATA, verbose=0, callbacks=[board])
+    records = list((tmp_path / "vdl").glob("vdlrecords.*.log"))
+    assert len(records) == 1
+    tags = set(LogReader(file_path=str(records[0])).get_tags()["scalar"])
+    assert {"train/loss", "eval/loss", "eval/acc"} <= tags

@@ -1,0 +1,152 @@
+"""``hapi.spawn``: start a training function on several local processes.
+
+Paddle's ``paddle.distributed.spawn(train, args, nprocs, gpus)`` on torch's
+own elastic launcher (``torch.distributed.launcher.elastic_launch``, the
+engine behind ``torchrun``): every child gets the torch.distributed
+environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``), so a ``Model`` built inside ``fn`` trains distributed with
+no change. When a child raises, the launcher stops the others (even those
+waiting in a collective) and :func:`spawn` raises
+:class:`SpawnedProcessError` carrying the child's error and traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import uuid
+from typing import Any, Callable, Iterator, Sequence
+
+
+class SpawnedProcessError(RuntimeError):
+    """A process started by :func:`spawn` failed; the message holds its error."""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _visible_devices(gpus: str | Sequence[int] | None) -> str | None:
+    """``gpus`` as a ``CUDA_VISIBLE_DEVICES`` value ("4,5"), or None."""
+    if gpus is None:
+        return None
+    items = gpus.split(",") if isinstance(gpus, str) else list(gpus)
+    ids = [str(item).strip() for item in items if str(item).strip() != ""]
+    if not ids or not all(item.isdigit() for item in ids):
+        raise ValueError(f"gpus must list device numbers, e.g. gpus='4,5' or gpus=[4, 5]; received {gpus!r}.")
+    return ",".join(ids)
+
+
+def resolve_nprocs(nprocs: int, visible_devices: str | None) -> int:
+    """Paddle's rule: ``-1`` means one process per selected GPU, else per visible GPU, else per CPU."""
+    import torch
+
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or (nprocs < 1 and nprocs != -1):
+        raise ValueError(f"nprocs must be a positive integer or -1 (one per device); received {nprocs!r}.")
+    if nprocs != -1:
+        return nprocs
+    if visible_devices is not None:
+        return len(visible_devices.split(","))
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def _environment(updates: dict[str, str]) -> Iterator[None]:
+    """Children inherit the parent's environment: set it for the launch only."""
+    saved = {name: os.environ.get(name) for name in updates}
+    os.environ.update(updates)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = -1,
+          gpus: str | Sequence[int] | None = None, log_dir: str | None = None) -> dict[int, Any]:
+    """Run ``fn(*args)`` in ``nprocs`` local processes that train together.
+
+    Args:
+        fn: a module-level function (children import it, as with
+            ``multiprocessing``'s spawn start method; guard the call with
+            ``if __name__ == "__main__":``).
+        args: positional arguments for ``fn``.
+        nprocs: processes to start; ``-1`` starts one per GPU in ``gpus``,
+            else one per visible GPU, else one per CPU core.
+        gpus: device numbers to use, ``"4,5"`` or ``[4, 5]`` (Paddle's
+            ``gpus=``): children see only those (``CUDA_VISIBLE_DEVICES``) and
+            rank i uses the i-th.
+        log_dir: keep each process's output in ``<log_dir>/workerlog.<rank>``
+            (Paddle's ``launch --log_dir``); rank 0 still prints to the console.
+
+    Returns:
+        ``{rank: fn's return value}``.
+
+    Raises:
+        SpawnedProcessError: a child raised or died; the message carries the
+            first failure's error and traceback. The other children are
+            stopped first (within about a second), even inside a collective.
+    """
+    if not callable(fn):
+        raise TypeError(f"spawn needs a function to run; received {type(fn).__name__}.")
+    import torch
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    visible = _visible_devices(gpus)
+    if visible is not None and not torch.cuda.is_available():
+        raise RuntimeError(
+            f"spawn(gpus={gpus!r}) selects GPUs, but torch.cuda.is_available() is False on this "
+            "machine. Leave gpus=None to train on CPU processes."
+        )
+    count = resolve_nprocs(nprocs, visible)
+    run_id = f"hapi-{uuid.uuid4().hex[:8]}"
+    logs = DefaultLogsSpecs(log_dir=log_dir, redirects=Std.ALL, tee={0: Std.ALL}) if log_dir \
+        else DefaultLogsSpecs(log_dir=os.devnull)
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=count, run_id=run_id,
+        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        rdzv_configs={"timeout": 120}, max_restarts=0, monitor_interval=0.1,
+        start_method="spawn", logs_specs=logs, shutdown_timeout=5,
+    )
+    updates = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
+    try:
+        with _environment(updates):
+            results = elastic_launch(config, fn)(*args)
+    except ChildFailedError as error:
+        rank, failure = error.get_first_failure()
+        message = failure.message
+        if isinstance(message, dict):
+            message = message.get("message", message)
+        detail = str(message) if message and message != "<N/A>" else f"exit code {failure.exitcode}"
+        raise SpawnedProcessError(
+            f"Process {rank} of {count} started by hapi.spawn failed: {detail}"
+            + (f"\n(full output in {log_dir})" if log_dir else "")
+        ) from None
+    finally:
+        if log_dir:
+            _name_worker_logs(log_dir, run_id)
+    return results
+
+
+def _name_worker_logs(log_dir: str, run_id: str) -> None:
+    """Give the launcher's per-rank files Paddle's names, ``workerlog.<rank>``."""
+    base = os.path.join(log_dir, run_id)
+    for attempt in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        attempt_dir = os.path.join(base, attempt)
+        for rank in os.listdir(attempt_dir):
+            for stream in ("stdout.log", "stderr.log"):
+                source = os.path.join(attempt_dir, rank, stream)
+                if os.path.exists(source):
+                    with open(source, encoding="utf-8", errors="replace") as part, \
+                            open(os.path.join(log_dir, f"workerlog.{rank}"), "a", encoding="utf-8") as log:
+                        log.write(part.read())
