@@ -116,6 +116,13 @@ class ProgBarLogger(Callback):
             phase.bar.close()
 
     # -- training --------------------------------------------------------
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        world_size = self.params.get("world_size", 1)
+        if self._active and world_size > 1:
+            batch = self.params.get("batch_size")
+            print(f"Distributed training on {world_size} processes: batch_size {batch} per "
+                  f"process, global batch {batch * world_size if batch else '?'}", flush=True)
+
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if not self._active:
             return

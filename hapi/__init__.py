@@ -2,13 +2,15 @@
 
 ``Model`` wraps an ``nn.Module`` with prepare/fit/evaluate/predict;
 ``hapi.metrics`` holds Paddle's ``Accuracy`` on torchmetrics;
-``hapi.datasets`` reads MNIST-style IDX files.
+``hapi.datasets`` reads MNIST-style IDX files; ``spawn`` starts a training
+function on several local processes.
 """
 
 from hapi import metrics
+from hapi.launch import spawn
 from hapi.model import Model
 
-__all__ = ["Model", "metrics", "datasets"]
+__all__ = ["Model", "spawn", "metrics", "datasets"]
 __version__ = "0.1.0"
 
 

@@ -13,8 +13,11 @@ waiting in a collective) and :func:`spawn` raises
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import socket
+import tempfile
+import traceback
 import uuid
 from typing import Any, Callable, Iterator, Sequence
 
@@ -119,31 +122,53 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = -1,
         start_method="spawn", logs_specs=logs, shutdown_timeout=5,
     )
     updates = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
+    with tempfile.TemporaryDirectory(prefix="hapi-spawn-") as error_dir:
+        try:
+            with _environment(updates):
+                return elastic_launch(config, _run_child)(fn, args, error_dir)
+        except ChildFailedError as error:
+            raise SpawnedProcessError(_failure_report(error, error_dir, count, log_dir)) from None
+        finally:
+            if log_dir:
+                _name_worker_logs(log_dir, run_id)
+
+
+def _run_child(fn: Callable[..., Any], args: tuple, error_dir: str) -> Any:
+    """Runs in each child: keeps the traceback of an error for the parent to show."""
     try:
-        with _environment(updates):
-            results = elastic_launch(config, fn)(*args)
-    except ChildFailedError as error:
-        rank, failure = error.get_first_failure()
-        message = failure.message
-        if isinstance(message, dict):
-            message = message.get("message", message)
-        detail = str(message) if message and message != "<N/A>" else f"exit code {failure.exitcode}"
-        raise SpawnedProcessError(
-            f"Process {rank} of {count} started by hapi.spawn failed: {detail}"
-            + (f"\n(full output in {log_dir})" if log_dir else "")
-        ) from None
-    finally:
-        if log_dir:
-            _name_worker_logs(log_dir, run_id)
-    return results
+        return fn(*args)
+    except BaseException:
+        with open(os.path.join(error_dir, f"error.{os.environ.get('RANK', '0')}"), "w") as handle:
+            handle.write(traceback.format_exc())
+        raise
+
+
+def _failure_report(error: Any, error_dir: str, count: int, log_dir: str | None) -> str:
+    """The first child's own traceback, or what the launcher knows when it left none."""
+    # The first report written is the root cause; later ones are ranks that
+    # lost their peer ("Connection closed by peer") because of it.
+    reports = sorted((name for name in os.listdir(error_dir) if name.startswith("error.")),
+                     key=lambda name: os.stat(os.path.join(error_dir, name)).st_mtime_ns)
+    where = f" Each process's output is in {log_dir}." if log_dir else ""
+    if reports:
+        rank = reports[0].split(".", 1)[1]
+        with open(os.path.join(error_dir, reports[0])) as handle:
+            return (f"Process {rank} of {count} started by hapi.spawn raised an error; the other "
+                    f"processes were stopped.{where}\n{handle.read().rstrip()}")
+    rank, failure = error.get_first_failure()
+    return (
+        f"Process {rank} of {count} started by hapi.spawn died with exit code {failure.exitcode} "
+        f"before it could report an error (its output is above).{where} If it says the process "
+        "was started 'before the current process has finished its bootstrapping phase', call "
+        "hapi.spawn under `if __name__ == \"__main__\":`, since each child imports your script."
+    )
 
 
 def _name_worker_logs(log_dir: str, run_id: str) -> None:
     """Give the launcher's per-rank files Paddle's names, ``workerlog.<rank>``."""
-    base = os.path.join(log_dir, run_id)
-    for attempt in sorted(os.listdir(base)) if os.path.isdir(base) else []:
-        attempt_dir = os.path.join(base, attempt)
-        for rank in os.listdir(attempt_dir):
+    # The launcher writes <log_dir>/<run_id>_<suffix>/attempt_<n>/<local_rank>/{stdout,stderr}.log.
+    for attempt_dir in sorted(glob.glob(os.path.join(glob.escape(log_dir), f"{run_id}*", "attempt_*"))):
+        for rank in sorted(os.listdir(attempt_dir)):
             for stream in ("stdout.log", "stderr.log"):
                 source = os.path.join(attempt_dir, rank, stream)
                 if os.path.exists(source):

@@ -1,0 +1,50 @@
+"""Helpers to run tests/distributed/worker.py under torchrun and read what each rank wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import torch
+
+WORKER = pathlib.Path(__file__).resolve().parent / "distributed" / "worker.py"
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    # One thread per process: two processes share this machine's two cores.
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra})
+    return env
+
+
+def torchrun(args: list[str], timeout: float = 120, check: bool = True, **env: str):
+    command = [sys.executable, "-m", "torch.distributed.run", *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                            env=child_env(**env))
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(command)} failed ({result.returncode}):\n"
+                             f"{result.stdout[-4000:]}\n{result.stderr[-6000:]}")
+    return result
+
+
+def read_ranks(out: pathlib.Path, scenario: str, world_size: int) -> list[dict]:
+    return [json.loads((out / f"{scenario}.rank{r}.json").read_text()) for r in range(world_size)]
+
+
+def assert_close_lists(a, b, atol=1e-5):
+    torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=atol, rtol=0)
+
+
+def single_process_weights() -> list[float]:
+    """The worker's training on one process at twice the per-process batch (16)."""
+    sys.path.insert(0, str(WORKER.parent))
+    import worker  # noqa: PLC0415
+
+    x, y = worker.make_tiny_data(worker.TRAIN_SAMPLES)
+    model = worker.sgd_model()
+    model.fit((x, y), batch_size=16, epochs=2, shuffle=False, verbose=0)
+    return worker.flat_weights(model)

@@ -1,0 +1,52 @@
+"""The seeds' four spawn usages, run as a user would: `python spawn_script.py MODE OUT_DIR`.
+
+Each rank writes OUT_DIR/<mode>.rank<R>.json with what it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
+
+import hapi  # noqa: E402
+from conftest import TinyNet, make_tiny_data  # noqa: E402
+
+
+def train(out_dir: str = ".", tag: str = "plain") -> float:
+    torch.manual_seed(0)
+    model = hapi.Model(TinyNet())
+    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    print(f"rank {os.environ['RANK']} says hello")
+    history = model.fit(make_tiny_data(64), batch_size=8, epochs=1, verbose=0)
+    record = {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"]),
+              "loss": history.history["loss"][-1]}
+    (pathlib.Path(out_dir) / f"{tag}.rank{record['rank']}.json").write_text(json.dumps(record))
+    return record["loss"]
+
+
+def train_then_fail(out_dir: str) -> None:
+    model = hapi.Model(TinyNet())  # both ranks join the process group
+    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    if os.environ["RANK"] == "1":
+        raise ValueError("boom in a spawned child")
+    model.fit(make_tiny_data(64), batch_size=8, epochs=1, verbose=0)  # rank 0 waits for rank 1
+
+
+if __name__ == "__main__":
+    mode, out = sys.argv[1], sys.argv[2]
+    if mode == "usages":
+        os.chdir(out)
+        hapi.spawn(train)  # fn only: one process per CPU core here (2)
+        hapi.spawn(train, args=(out, "args"))  # with args
+        results = hapi.spawn(train, args=(out, "nprocs"), nprocs=2, log_dir=os.path.join(out, "logs"))
+        (pathlib.Path(out) / "returned.json").write_text(json.dumps({str(k): v for k, v in results.items()}))
+    elif mode == "fail":
+        hapi.spawn(train_then_fail, args=(out,), nprocs=2)

@@ -1,0 +1,58 @@
+"""hapi.spawn: the seeds' spawn usages, per-rank logs, and a failing child."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from dist_helpers import WORKER, child_env
+from hapi.launch import _visible_devices, resolve_nprocs, spawn
+
+SCRIPT = WORKER.parent / "spawn_script.py"
+
+
+def test_seed_usages_fn_only_args_nprocs_and_log_dir(tmp_path):
+    result = subprocess.run([sys.executable, str(SCRIPT), "usages", str(tmp_path)], capture_output=True,
+                            text=True, timeout=180, env=child_env())
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for tag in ("plain", "nprocs"):  # spawn(train): one process per CPU core (2 here); nprocs=2
+        records = [json.loads((tmp_path / f"{tag}.rank{r}.json").read_text()) for r in (0, 1)]
+        assert [(r["rank"], r["world_size"]) for r in records] == [(0, 2), (1, 2)]
+        assert records[0]["loss"] == records[1]["loss"]  # reduced across the two processes
+    returned = json.loads((tmp_path / "returned.json").read_text())
+    assert set(returned) == {"0", "1"}  # spawn returns {rank: fn's return value}
+    for rank in (0, 1):  # like `launch --log_dir`: one log per rank
+        assert f"rank {rank} says hello" in (tmp_path / "logs" / f"workerlog.{rank}").read_text()
+
+
+def test_a_failing_child_makes_spawn_raise_its_error_promptly(tmp_path):
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, str(SCRIPT), "fail", str(tmp_path)], capture_output=True,
+                            text=True, timeout=120, env=child_env())
+    elapsed = time.monotonic() - started
+    assert result.returncode != 0
+    assert "SpawnedProcessError: Process 1 of 2 started by hapi.spawn raised an error" in result.stderr
+    assert "ValueError: boom in a spawned child" in result.stderr
+    assert elapsed < 60  # rank 0 was waiting for rank 1 in a collective: stopped, not hung
+
+
+def test_nprocs_and_gpus_follow_paddle():
+    assert _visible_devices("4,5") == "4,5"
+    assert _visible_devices([4, 5]) == "4,5"
+    assert resolve_nprocs(-1, "4,5") == 2  # one process per selected GPU
+    assert resolve_nprocs(3, None) == 3
+    with pytest.raises(ValueError, match="gpus must list device numbers"):
+        _visible_devices("first,second")
+    with pytest.raises(ValueError, match="nprocs must be a positive integer or -1"):
+        resolve_nprocs(0, None)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine's error")
+def test_gpus_on_a_machine_without_cuda_is_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"gpus='4,5'.*torch.cuda.is_available\(\) is False"):
+        spawn(print, gpus="4,5")

@@ -1,0 +1,97 @@
+"""The same script on several processes (torchrun, Gloo on CPU): exact, not just running."""
+
+from __future__ import annotations
+
+import csv
+import time
+
+import pytest
+import torch
+
+from conftest import TinyNet, make_tiny_data
+from dist_helpers import WORKER, assert_close_lists, child_env, read_ranks, single_process_weights, torchrun
+from hapi.metrics import Accuracy
+from hapi import Model
+
+
+def test_two_processes_train_like_one_at_twice_the_batch(tmp_path):
+    result = torchrun(["--standalone", "--nproc_per_node=2", str(WORKER), "train", str(tmp_path)])
+    ranks = read_ranks(tmp_path, "train", 2)
+    expected = single_process_weights()
+    for rank in ranks:
+        # Dataset, a plain DataLoader (resharded), one with its own DistributedSampler,
+        # and gradient accumulation (batch 4 x 2): all equal one process at batch 16.
+        for key in ("dataset", "loader", "loader_with_sampler", "accumulate"):
+            assert_close_lists(rank[key], expected)
+        assert rank["network_type"] == "TinyNet"  # model.network is never the DDP wrapper
+    assert "Distributed training on 2 processes: batch_size 8 per process, global batch 16" in result.stdout
+    assert result.stdout.count("Epoch 1/2") == 1  # only rank 0 prints
+
+    # Shuffling: every epoch, the ranks read disjoint halves covering all samples, reshuffled.
+    epochs = [sorted(a + b) for a, b in zip(ranks[0]["shuffled_indices"], ranks[1]["shuffled_indices"])]
+    assert epochs == [list(range(64))] * 2
+    assert not set(ranks[0]["shuffled_indices"][0]) & set(ranks[1]["shuffled_indices"][0])
+    assert ranks[0]["shuffled_indices"][0] != ranks[0]["shuffled_indices"][1]
+    assert ranks[0]["shuffled_weights"] == ranks[1]["shuffled_weights"]
+    assert ranks[0]["shuffled_history"] == ranks[1]["shuffled_history"]  # figures reduced alike
+
+    # A stop request on rank 1 alone stops every rank; early stopping decides alike.
+    assert ranks[0]["stopped_epochs"] == ranks[1]["stopped_epochs"] == [0]
+    assert ranks[0]["early_stop_epochs"] == ranks[1]["early_stop_epochs"] == [0, 1]
+    assert ranks[0]["val_history"] == ranks[1]["val_history"]
+
+    # Only rank 0 wrote files: one VisualDL record, one CSV, plain checkpoints.
+    assert len(list((tmp_path / "vdl").glob("vdlrecords.*"))) == 1
+    assert [row["epoch"] for row in csv.DictReader(open(tmp_path / "log.csv"))] == ["0", "1"]
+    assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {"0.pt", "1.pt", "best.pt", "final.pt"}
+    state = torch.load(tmp_path / "final.pt", weights_only=True)
+    assert not any(key.startswith("module.") for key in state["network"])
+    single = Model(TinyNet())
+    single.load(tmp_path / "final")  # a DDP run's checkpoint loads into one process
+    assert_close_lists(torch.cat([p.detach().flatten() for p in single.parameters()]).tolist(),
+                       ranks[0]["saved_weights"], atol=0)
+
+
+def test_three_processes_evaluate_and_predict_exactly_like_one(tmp_path):
+    torchrun(["--standalone", "--nproc_per_node=3", str(WORKER), "eval", str(tmp_path)])
+    ranks = read_ranks(tmp_path, "eval", 3)
+    torch.manual_seed(0)
+    model = Model(TinyNet())
+    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.CrossEntropyLoss(), Accuracy())
+    x, y = make_tiny_data(1001)
+    expected = model.evaluate((x, y), batch_size=3, verbose=0)
+    predictions = model.predict((x, y), batch_size=3, stack_outputs=True, verbose=0)[0]
+    for rank in ranks:  # 1001 = 334 + 334 + 333 samples: no duplicate, none missing
+        assert rank["evaluate"]["acc"] == expected["acc"]
+        assert rank["evaluate"]["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+        assert_close_lists(rank["predict"], predictions.tolist(), atol=1e-6)
+        assert rank["predict_batches_rows"] == 1001
+
+
+def test_two_machines_with_a_c10d_rendezvous(tmp_path, free_port):
+    import subprocess
+    import sys
+
+    agents = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+             f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port}",
+             "--rdzv-id=hapi-test", str(WORKER), "train_small", str(tmp_path)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
+        for node in (0, 1)
+    ]
+    outputs = [agent.communicate(timeout=120)[0] for agent in agents]
+    assert [agent.returncode for agent in agents] == [0, 0], outputs
+    for rank in read_ranks(tmp_path, "train_small", 2):
+        for key in ("dataset", "loader", "loader_with_sampler", "accumulate"):
+            assert_close_lists(rank[key], single_process_weights())
+
+
+def test_a_rank_that_raises_stops_the_job_with_its_error(tmp_path):
+    started = time.monotonic()
+    result = torchrun(["--standalone", "--nproc_per_node=2", str(WORKER), "fail", str(tmp_path)],
+                      check=False, timeout=90)
+    elapsed = time.monotonic() - started
+    assert result.returncode != 0
+    assert "boom on rank 1 at step 2" in result.stdout + result.stderr
+    assert elapsed < 60  # rank 0, waiting in DDP's all-reduce, was stopped, not left hanging

@@ -1,0 +1,159 @@
+"""A training script run by the distributed tests under torchrun / hapi.spawn.
+
+Usage: python worker.py SCENARIO OUT_DIR. Each rank writes OUT_DIR/<scenario>.rank<R>.json;
+the tests compare those files with a single-process run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
+
+# The repository first, so that the folder tests/callbacks (no __init__.py)
+# cannot pass for the callbacks package; then tests/ for the shared fixtures.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
+
+from callbacks import Callback, CSVLogger, EarlyStopping, ModelCheckpoint, VisualDL  # noqa: E402
+from conftest import TinyNet, make_tiny_data  # noqa: E402
+from hapi import Model  # noqa: E402
+from hapi.metrics import Accuracy  # noqa: E402
+
+TRAIN_SAMPLES = 64
+EVAL_SAMPLES = 1001
+
+
+def sgd_model(lr: float = 0.1) -> Model:
+    torch.manual_seed(0)
+    model = Model(TinyNet())
+    model.prepare(torch.optim.SGD(model.parameters(), lr=lr), nn.CrossEntropyLoss(), Accuracy())
+    return model
+
+
+def flat_weights(model: Model) -> list[float]:
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+
+
+class IndexedData(Dataset):
+    """Records which sample indices this process reads."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+        self.seen: list[int] = []
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        self.seen.append(int(i))
+        return self.x[i], self.y[i]
+
+
+class EpochMarks(Callback):
+    def __init__(self, data: IndexedData):
+        super().__init__()
+        self.data, self.per_epoch = data, []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.per_epoch.append(list(self.data.seen))
+        self.data.seen.clear()
+
+
+class StopOnRank1(Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if self.params["rank"] == 1:
+            self.model.stop_training = True
+
+
+class FailOnRank1(Callback):
+    def on_train_batch_end(self, step, logs=None):
+        if self.params["rank"] == 1 and step == 2:
+            raise ValueError("boom on rank 1 at step 2")
+
+
+def train_equivalence() -> dict:
+    """Training results that must equal one process at the global batch size."""
+    x, y = make_tiny_data(TRAIN_SAMPLES)
+    results = {}
+    model = sgd_model()
+    model.fit((x, y), batch_size=8, epochs=2, shuffle=False, verbose=2, log_freq=2)
+    results["dataset"] = flat_weights(model)
+    results["network_type"] = type(model.network).__name__
+    model = sgd_model()
+    model.fit(DataLoader(TensorDataset(x, y), batch_size=8, shuffle=False), epochs=2, verbose=0)
+    results["loader"] = flat_weights(model)
+    model = sgd_model()
+    sampler = DistributedSampler(TensorDataset(x, y), shuffle=False)
+    model.fit(DataLoader(TensorDataset(x, y), batch_size=8, sampler=sampler), epochs=2, verbose=0)
+    results["loader_with_sampler"] = flat_weights(model)
+    model = sgd_model()
+    model.fit((x, y), batch_size=4, accumulate_grad_batches=2, epochs=2, shuffle=False, verbose=0)
+    results["accumulate"] = flat_weights(model)
+    return results
+
+
+def scenario_train(out: pathlib.Path) -> dict:
+    results = train_equivalence()
+    x, y = make_tiny_data(TRAIN_SAMPLES)
+
+    data = IndexedData(x, y)
+    marks = EpochMarks(data)
+    model = sgd_model()
+    history = model.fit(data, batch_size=8, epochs=2, shuffle=True, verbose=0, callbacks=[marks])
+    results["shuffled_indices"] = marks.per_epoch
+    results["shuffled_weights"] = flat_weights(model)
+    results["shuffled_history"] = history.history
+
+    history = sgd_model().fit((x, y), batch_size=8, epochs=5, verbose=0, callbacks=[StopOnRank1()])
+    results["stopped_epochs"] = history.epoch
+
+    model = sgd_model(lr=0.0)  # flat val_loss: early stopping must decide alike everywhere
+    history = model.fit((x, y), eval_data=(x[:21], y[:21]), batch_size=8, epochs=6, verbose=0,
+                        callbacks=[EarlyStopping(patience=1, verbose=0), VisualDL(out / "vdl"),
+                                   CSVLogger(out / "log.csv"), ModelCheckpoint(out / "ckpt")])
+    results["early_stop_epochs"] = history.epoch
+    results["val_history"] = history.history
+    model.save(out / "final")
+    results["saved_weights"] = flat_weights(model)
+    return results
+
+
+def scenario_train_small(out: pathlib.Path) -> dict:
+    return train_equivalence()
+
+
+def scenario_eval(out: pathlib.Path) -> dict:
+    x, y = make_tiny_data(EVAL_SAMPLES)
+    model = sgd_model()
+    logs = model.evaluate((x, y), batch_size=3, log_freq=5, verbose=0)
+    predictions = model.predict((x, y), batch_size=3, stack_outputs=True, verbose=0)[0]
+    batches = model.predict((x, y), batch_size=3, verbose=0)[0]
+    return {"evaluate": logs, "predict": predictions.tolist(),
+            "predict_batches_rows": sum(len(b) for b in batches)}
+
+
+def scenario_fail(out: pathlib.Path) -> dict:
+    x, y = make_tiny_data(TRAIN_SAMPLES * 4)
+    sgd_model().fit((x, y), batch_size=4, epochs=50, verbose=0, callbacks=[FailOnRank1()])
+    return {}
+
+
+SCENARIOS = {"train": scenario_train, "train_small": scenario_train_small,
+             "eval": scenario_eval, "fail": scenario_fail}
+
+
+def main(scenario: str, out_dir: str) -> None:
+    out = pathlib.Path(out_dir)
+    results = SCENARIOS[scenario](out)
+    rank = int(os.environ.get("RANK", "0"))
+    (out / f"{scenario}.rank{rank}.json").write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
