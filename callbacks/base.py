@@ -20,7 +20,8 @@ the same under any launcher and can be tested with a stub model:
   on_train_batch_begin          ``{}``
   on_train_batch_end            ``batch_size``; every ``log_freq`` steps and on
                                 the last step also ``loss`` and each metric
-                                (running means over the epoch so far)
+                                (running means over the epoch so far) and
+                                ``samples``, the number of samples they cover
   on_eval_begin                 ``steps``, ``metrics``
   on_eval_batch_end             as on_train_batch_end, for evaluation
   on_eval_end                   ``loss`` and each metric over the whole set
@@ -32,8 +33,11 @@ the same under any launcher and can be tested with a stub model:
   on_predict_end                ``{}``
   ===========================  ==============================================
 
-Figures are already reduced across processes, so every rank sees the same
-values and decides the same way. A callback gates its own side effects (files,
+Training figures, and the figures of a whole evaluation, are reduced across
+processes, so every rank sees the same values and decides the same way. The
+running figures in the middle of an evaluation are this process's own (shards
+may differ by a batch, so no collective is possible there); its last batch's
+figures, like ``on_eval_end``'s, cover every process. A callback gates its own side effects (files,
 printing) with :attr:`Callback.is_main`; it must never wrap ``model.save`` in
 that test, because saving is collective (every rank calls it, rank 0 writes).
 """

@@ -21,7 +21,7 @@ from typing import Any
 
 from callbacks.base import Callback
 
-_NOT_FIGURES = ("batch_size", "step")
+_NOT_FIGURES = ("batch_size", "samples", "step")
 
 
 def _format_value(value: Any) -> str:
@@ -97,6 +97,8 @@ class ProgBarLogger(Callback):
         logs = logs or {}
         phase.done = step + 1
         phase.samples += int(logs.get("batch_size", 0))
+        if "samples" in logs:  # the count the figures cover: every process's at the end
+            phase.samples = int(logs["samples"])
         figures = {k: v for k, v in logs.items() if k not in _NOT_FIGURES}
         if phase.bar is not None:
             phase.bar.update(phase.done - phase.bar.n)

@@ -14,7 +14,7 @@ from typing import Any
 from callbacks.base import Callback
 
 # Batch-log keys that describe the batch, not the model; never plotted.
-_NOT_SCALARS = ("batch_size", "step")
+_NOT_SCALARS = ("batch_size", "samples", "step")
 
 
 class VisualDL(Callback):

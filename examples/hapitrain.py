@@ -26,6 +26,7 @@ import torch
 from callbacks import ModelCheckpoint, VisualDL
 from hapi import Model
 from hapi.datasets import FashionMNIST
+from hapi.distributed import is_main
 from hapi.metrics import Accuracy
 from hapi.models import LeNet
 
@@ -66,7 +67,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     results = model.evaluate(test_dataset, log_freq=100, batch_size=64, callbacks=[visualdl])
     results["fit_seconds"] = fit_seconds
-    print(json.dumps({name: round(value, 4) for name, value in results.items()}))
+    if is_main():  # under torchrun every process runs this script; one report is enough
+        print(json.dumps({name: round(value, 4) for name, value in results.items()}))
     return results
 
 

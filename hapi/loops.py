@@ -51,6 +51,13 @@ def _figures_due(step: int, is_last: bool, log_freq: int) -> bool:
     return is_last or (step + 1) % log_freq == 0
 
 
+def _batch_logs(batch_size: int, figures: dict[str, float] | None, metrics: MetricSet) -> dict:
+    """``batch_size``; with figures, also ``samples``, the count they cover."""
+    if figures is None:
+        return {"batch_size": batch_size}
+    return {"batch_size": batch_size, "samples": metrics.counted, **figures}
+
+
 def _accumulation(step: int, is_last: bool, every: int, steps: int | None) -> tuple[bool, float]:
     """Whether this batch updates the weights, and its share of the group's loss.
 
@@ -117,7 +124,7 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
         # here can be reduced across processes, and a stop request agreed on.
         due = _figures_due(step, is_last, log_freq)
         figures = metrics.compute() if due else None
-        cbks.on_train_batch_end(step, {"batch_size": batch_size, **(figures or {})})
+        cbks.on_train_batch_end(step, _batch_logs(batch_size, figures, metrics))
         if is_last or (due and distributed.any_true(model.stop_training)):
             break
     return (figures if figures is not None else metrics.compute()), done
@@ -143,7 +150,7 @@ def evaluate_loop(parts: Parts, loader: Iterable, cbks: CallbackList, *, log_fre
         # Shards may differ by a batch between processes: running figures stay
         # local, and only the last batch's are reduced (each process has one).
         figures = metrics.compute(sync=is_last) if _figures_due(step, is_last, log_freq) else None
-        cbks.on_eval_batch_end(step, {"batch_size": batch_size, **(figures or {})})
+        cbks.on_eval_batch_end(step, _batch_logs(batch_size, figures, metrics))
         if is_last:
             break
     results = figures if figures is not None else metrics.compute()

@@ -139,6 +139,7 @@ class MetricSet:
         self.with_loss = with_loss
         self._loss_sum: torch.Tensor | None = None
         self._samples = 0
+        self.counted = 0  # samples the last compute() covered (all processes' with sync)
         # torchmetrics gathers states across ranks whenever compute() runs in a
         # process group; we decide when (see distributed.SyncFlag) and never
         # want a cached, possibly local, value back.
@@ -192,7 +193,8 @@ class MetricSet:
         totals = torch.stack([loss_sum.double().cpu(), torch.tensor(float(self._samples), dtype=torch.float64)])
         if sync:
             totals = distributed.all_reduce_sum(totals)
-        if totals[1] == 0:
+        self.counted = int(totals[1].item())
+        if self.counted == 0:
             return {}
         results: dict[str, float] = {}
         if self.with_loss:

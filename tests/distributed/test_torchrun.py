@@ -26,6 +26,8 @@ def test_two_processes_train_like_one_at_twice_the_batch(tmp_path):
         assert rank["network_type"] == "TinyNet"  # model.network is never the DDP wrapper
     assert "Distributed training on 2 processes: batch_size 8 per process, global batch 16" in result.stdout
     assert result.stdout.count("Epoch 1/2") == 1  # only rank 0 prints
+    assert "Eval samples: 21" in result.stdout  # 11 + 10: every process's samples, counted once
+    assert ranks[0]["evaluate_21"] == ranks[1]["evaluate_21"]
 
     # Shuffling: every epoch, the ranks read disjoint halves covering all samples, reshuffled.
     epochs = [sorted(a + b) for a, b in zip(ranks[0]["shuffled_indices"], ranks[1]["shuffled_indices"])]

@@ -121,6 +121,7 @@ def scenario_train(out: pathlib.Path) -> dict:
     results["val_history"] = history.history
     model.save(out / "final")
     results["saved_weights"] = flat_weights(model)
+    results["evaluate_21"] = model.evaluate((x[:21], y[:21]), batch_size=4, verbose=2)
     return results
 
 

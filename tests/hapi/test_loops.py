@@ -23,7 +23,7 @@ def test_fit_calls_hooks_in_keras_order_with_the_documented_logs(recorder):
     x, y = make_tiny_data(20)
     _model().fit((x, y), eval_data=(x[:10], y[:10]), batch_size=10, epochs=2, log_freq=1,
                  verbose=0, callbacks=[recorder])
-    batch = ("acc", "batch_size", "loss")
+    batch = ("acc", "batch_size", "loss", "samples")
     val = ("acc", "loss", "val_acc", "val_loss")
     epoch = [
         ("on_train_batch_begin", 0, ()),
@@ -64,7 +64,7 @@ def test_evaluate_and_predict_hooks(recorder):
         ("on_eval_batch_begin", 0, ()),
         ("on_eval_batch_end", 0, ("batch_size",)),
         ("on_eval_batch_begin", 1, ()),
-        ("on_eval_batch_end", 1, ("acc", "batch_size", "loss")),
+        ("on_eval_batch_end", 1, ("acc", "batch_size", "loss", "samples")),
         ("on_eval_end", None, FIGURES),
         ("on_predict_begin", None, ("steps",)),
         ("on_predict_batch_begin", 0, ()),
