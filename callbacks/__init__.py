@@ -5,7 +5,7 @@ its documented public API and the ``logs`` dicts (see ``callbacks.base``).
 """
 
 from callbacks.base import Callback, CallbackList
-from callbacks.checkpoint import ModelCheckpoint
+from callbacks.checkpoint import BackupAndRestore, ModelCheckpoint
 from callbacks.csv_logger import CSVLogger
 from callbacks.early_stopping import EarlyStopping
 from callbacks.history import History
@@ -15,6 +15,7 @@ from callbacks.progbar import ProgBarLogger
 from callbacks.visualdl import VisualDL
 
 __all__ = [
+    "BackupAndRestore",
     "Callback",
     "CallbackList",
     "CSVLogger",

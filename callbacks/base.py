@@ -85,6 +85,19 @@ class Callback:
         """True on the process that prints and writes files (rank 0)."""
         return self.params.get("rank", 0) == 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """What this callback must remember across a crash and resume.
+
+        Saved in every checkpoint written during ``fit`` and given back to
+        :meth:`load_state_dict` when ``BackupAndRestore`` resumes the run.
+        Values must be tensors, numbers, strings, lists or dicts of them (the
+        file is read with ``torch.load(weights_only=True)``).
+        """
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back what :meth:`state_dict` returned."""
+
     def on_train_begin(self, logs: dict | None = None) -> None: ...
 
     def on_train_end(self, logs: dict | None = None) -> None: ...

@@ -1,4 +1,4 @@
-"""ModelCheckpoint: periodic, best and final checkpoints during ``fit``.
+"""ModelCheckpoint (periodic, best and final checkpoints) and BackupAndRestore (resume after a crash).
 
 Paddle semantics for the file names (``<save_dir>/<epoch>.pt``,
 ``<save_dir>/final.pt``), plus Keras' "best so far" on a monitored figure
@@ -13,6 +13,7 @@ import os
 
 from tqdm import tqdm
 
+from callbacks.base import Callback
 from callbacks.monitor import MonitorCallback, require_int
 
 
@@ -82,3 +83,89 @@ class ModelCheckpoint(MonitorCallback):
     def on_train_end(self, logs: dict | None = None) -> None:
         if not self.save_best_only:
             self._save("final", None)
+
+
+class BackupAndRestore(Callback):
+    """Resume an interrupted ``fit`` exactly where it stopped, mid-epoch included.
+
+    Every ``save_freq`` (``"epoch"``, or a number of optimizer steps) the
+    whole training state goes to ``<backup_dir>/backup.pt`` -- weights,
+    optimizer, gradient scaler, LR scheduler (through ``LRScheduler``'s
+    state), RNG states (torch, CUDA, NumPy, Python), the data order and the
+    position in the epoch, the running figures, and every callback's state
+    (EarlyStopping's best and wait, ModelCheckpoint's best, ...). The file is
+    replaced atomically, so a crash while writing leaves the previous backup.
+
+    When the same script starts again (by hand, or when ``torchrun
+    --max-restarts`` restarts the workers), ``on_train_begin`` finds the
+    backup and ``fit`` continues from it: the final weights equal those of a
+    run never interrupted. The backup is deleted when training ends normally,
+    unless ``delete_checkpoint=False``.
+
+    Fit runs this callback's ``on_train_begin`` after every other callback's,
+    so what they reset there is then restored.
+
+    Args:
+        backup_dir: directory of the backup file.
+        save_freq: ``"epoch"`` (at each epoch end) or a positive int: every
+            that many optimizer steps (``model.step``), i.e. only after an
+            update, never between accumulated batches.
+        delete_checkpoint: remove the backup when training ends normally.
+    """
+
+    FILE_NAME = "backup"
+
+    def __init__(self, backup_dir: str | os.PathLike, save_freq: str | int = "epoch",
+                 delete_checkpoint: bool = True) -> None:
+        super().__init__()
+        if not isinstance(backup_dir, (str, os.PathLike)):
+            raise TypeError(
+                f"BackupAndRestore: backup_dir must be a directory path (str or os.PathLike); "
+                f"received {backup_dir!r} of type {type(backup_dir).__name__}."
+            )
+        if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int)
+                                     or save_freq < 1):
+            raise ValueError(f"BackupAndRestore: save_freq must be 'epoch' or a positive number of "
+                             f"optimizer steps; received {save_freq!r}.")
+        self.backup_dir = os.fspath(backup_dir)
+        self.save_freq = save_freq
+        self.delete_checkpoint = bool(delete_checkpoint)
+        self._last_step = 0
+
+    @property
+    def path(self) -> str:
+        """The backup as ``model.save``/``load`` name it (the file adds ``.pt``)."""
+        return os.path.join(self.backup_dir, self.FILE_NAME)
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        file = self.path + ".pt"
+        if os.path.exists(file):
+            try:
+                self.model.load(self.path, resume=True)
+            except (RuntimeError, ValueError) as error:
+                raise RuntimeError(
+                    f"BackupAndRestore could not resume from {file}: {error} To start training "
+                    f"from scratch instead, delete {file}."
+                ) from error
+            if self.is_main:
+                tqdm.write(f"BackupAndRestore: resuming from {file} at epoch {self.model.epoch + 1}, "
+                           f"batch {self.model.epoch_step} (optimizer step {self.model.step}).")
+        self._last_step = self.model.step
+
+    def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
+        if self.save_freq == "epoch" or self.model.step == self._last_step:
+            return  # no optimizer step since the last look: gradients may be mid-accumulation
+        self._last_step = self.model.step
+        if self.model.step % self.save_freq == 0:
+            self.model.save(self.path)  # collective: every rank calls it
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self.save_freq == "epoch":
+            self.model.save(self.path)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self.delete_checkpoint and self.is_main:
+            try:
+                os.remove(self.path + ".pt")
+            except FileNotFoundError:
+                pass

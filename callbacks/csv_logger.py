@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import os
+from typing import Any
 
 from callbacks.base import Callback
 from callbacks.files import atomic_write
@@ -46,6 +47,13 @@ class CSVLogger(Callback):
         self.append = bool(append)
         self.rows: list[dict[str, str]] = []
         self.keys: set[str] = set()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": [dict(row) for row in self.rows], "keys": sorted(self.keys)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rows = [dict(row) for row in state["rows"]]
+        self.keys = set(state["keys"])
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.rows = []

@@ -66,6 +66,16 @@ class EarlyStopping(MonitorCallback):
         self.best_epoch: int | None = None
         self.best_weights: dict[str, Any] | None = None
 
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "stopped_epoch": self.stopped_epoch,
+                "best_epoch": self.best_epoch, "best_weights": self.best_weights}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.stopped_epoch = state["stopped_epoch"]
+        self.best_epoch = state["best_epoch"]
+        self.best_weights = state["best_weights"]
+
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.wait = 0
         self.best = self.initial_best if self.baseline is None else self.baseline

@@ -20,6 +20,13 @@ class History(Callback):
         self.epoch: list[int] = []
         self.history: dict[str, list[float]] = {}
 
+    def state_dict(self) -> dict:
+        return {"epoch": list(self.epoch), "history": {k: list(v) for k, v in self.history.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = list(state["epoch"])
+        self.history = {k: list(v) for k, v in state["history"].items()}
+
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.epoch = []
         self.history = {}

@@ -51,9 +51,15 @@ class LRScheduler(Callback):
         self._last_step: int | None = None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        # A resumed run starts from the loaded model.step; only steps taken
-        # from here on move the schedule.
+        # Only optimizer steps taken from here on move the schedule.
         self._last_step = self.model.step
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scheduler": self.scheduler.state_dict(), "last_step": self._last_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self._last_step = state["last_step"]
 
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
         if not self.by_step:
@@ -121,6 +127,13 @@ class ReduceLROnPlateau(MonitorCallback):
         self.min_lr = float(min_lr)
         self.verbose = verbose
         self.cooldown_counter = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "cooldown_counter": self.cooldown_counter}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.cooldown_counter = int(state["cooldown_counter"])
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         if getattr(self.model, "optimizer", None) is None:

@@ -101,6 +101,12 @@ class MonitorCallback(Callback):
             return current < best - self.min_delta
         return current > best + self.min_delta
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "wait": self.wait}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.wait = float(state["best"]), int(state["wait"])
+
     def get_monitor_value(self, logs: dict | None, warn: bool = True) -> float | None:
         """Return ``logs[monitor]`` as a float, or None when it is missing.
 

@@ -75,6 +75,12 @@ class VisualDL(Callback):
         if self._writer is not None:
             self._writer.flush()
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"train_step": self.train_step, "eval_count": self.eval_count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.train_step, self.eval_count = int(state["train_step"]), int(state["eval_count"])
+
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._training = True
 

@@ -12,6 +12,7 @@ labels=)`` override the counts.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -71,15 +72,19 @@ def make_loader(data: Any, *, role: str, batch_size: int, shuffle: bool = False,
         raise ValueError(f"num_workers must be an integer >= 0; received {num_workers!r}.")
     dataset = as_dataset(data, role)
     if isinstance(dataset, IterableDataset):
-        return DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers)
+        return DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers,
+                          generator=torch.Generator())
     if len(dataset) == 0:
         raise ValueError(f"{role} is empty (0 samples); there is nothing to iterate over.")
     sampler = (distributed.train_sampler(dataset, shuffle, seed) if role == "train_data"
                else distributed.eval_sampler(dataset))
+    # Every loader gets its own generator: iterating data must not draw from
+    # torch's global one, which the model's dropout uses (see ResumableSampler).
     return DataLoader(
         dataset,
         batch_size=batch_size,
         sampler=sampler,
+        generator=sampler.loader_generator if role == "train_data" else torch.Generator(),
         drop_last=drop_last,
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
@@ -93,6 +98,22 @@ def num_batches(loader: Iterable) -> int | None:
         return len(loader)  # type: ignore[arg-type]
     except TypeError:
         return None
+
+
+def start_at(loader: Iterable, step: int) -> Iterable:
+    """The batches of one epoch from batch ``step`` on (a resumed epoch).
+
+    Through the sampler when torch-hapi built it, so skipped samples are not
+    even loaded; otherwise by reading and dropping the first ``step`` batches,
+    which is exact only when loading draws no random numbers.
+    """
+    if step == 0:
+        return loader
+    sampler = getattr(loader, "sampler", None)
+    if isinstance(sampler, distributed.ResumableSampler) and getattr(loader, "batch_size", None):
+        sampler.skip_next(step * loader.batch_size)
+        return loader
+    return itertools.islice(loader, step, None)
 
 
 def with_last(iterable: Iterable) -> Iterator[tuple[Any, bool]]:

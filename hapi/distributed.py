@@ -119,7 +119,7 @@ def setup() -> None:
         torch.cuda.set_device(local_rank() % torch.cuda.device_count())
     timeout = datetime.timedelta(seconds=_env_int("HAPI_DIST_TIMEOUT", _DEFAULT_TIMEOUT_S))
     try:
-        dist.init_process_group(backend=backend, timeout=timeout)
+        dist.init_process_group(backend=backend, timeout=timeout, **_restart_safe_store(timeout))
     except Exception as error:  # torch raises several types (DistNetworkError, RuntimeError, ValueError)
         address = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         hint = ("another program already listens on that port: pick a free one "
@@ -133,6 +133,24 @@ def setup() -> None:
         ) from error
     _created_group = True
     atexit.register(teardown)
+
+
+def _restart_safe_store(timeout: datetime.timedelta) -> dict[str, Any]:
+    """A store with one namespace per torchrun restart, when workers share the agent's.
+
+    After ``torchrun --max-restarts`` restarts its workers they join the same
+    store as the failed attempt, whose keys (each rank's Gloo address) are
+    still there: a new rank could read a dead rank's address and fail with
+    "Connection refused". Prefixing the keys with the restart count keeps each
+    attempt's rendezvous apart.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], _env_int("MASTER_PORT", 0),
+                          world_size=_env_int("WORLD_SIZE", 1), is_master=False, timeout=timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return {"store": dist.PrefixStore(f"hapi/attempt_{attempt}", store),
+            "rank": _env_int("RANK", 0), "world_size": _env_int("WORLD_SIZE", 1)}
 
 
 def teardown() -> None:
@@ -192,15 +210,47 @@ def shared_seed() -> int:
     return int(seed.item())
 
 
-def train_sampler(dataset: Any, shuffle: bool, seed: int) -> Sampler:
+class ResumableSampler(DistributedSampler):
+    """``DistributedSampler`` that can start its next epoch part-way through.
+
+    A run resumed mid-epoch must read the rest of that epoch in the same
+    order without loading the samples it already trained on (loading them
+    could draw random numbers in transforms and shift every later draw).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._skip = 0
+        # Given to the DataLoader: it draws its workers' base seed from this
+        # generator instead of torch's global one, so iterating the data never
+        # shifts the random numbers the model draws (dropout), and a resumed
+        # epoch gets the same worker seeds.
+        self.loader_generator = torch.Generator()
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.loader_generator.manual_seed(self.seed * 7919 + epoch)
+
+    def skip_next(self, samples: int) -> None:
+        """Leave out the first ``samples`` indices of the next iteration only."""
+        self._skip = samples
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())
+        skip, self._skip = self._skip, 0
+        return iter(indices[skip:])
+
+
+def train_sampler(dataset: Any, shuffle: bool, seed: int) -> ResumableSampler:
     """This process's share of the training data, reshuffled per epoch by ``set_epoch``.
 
     Every rank gets the same number of samples (the last few are repeated
     to even the shards, as ``DistributedSampler`` does), so all ranks run the
     same number of steps and DDP's collectives line up.
     """
-    return DistributedSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle,
-                              seed=seed, drop_last=False)
+    return ResumableSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle,
+                            seed=seed, drop_last=False)
 
 
 class ContiguousShardSampler(Sampler[int]):
@@ -253,11 +303,19 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> DataLoader:
     sampler = train_sampler(loader.dataset, shuffle, seed) if training else eval_sampler(loader.dataset)
     return DataLoader(
         loader.dataset, batch_size=loader.batch_size, sampler=sampler,
+        generator=sampler.loader_generator if training else torch.Generator(),
         num_workers=loader.num_workers, collate_fn=loader.collate_fn,
         pin_memory=loader.pin_memory, drop_last=loader.drop_last, timeout=loader.timeout,
         worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers,
         prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
     )
+
+
+def set_seed(loader: Any, seed: int) -> None:
+    """Make a sampler torch-hapi built shuffle with ``seed`` (a resumed run's)."""
+    if isinstance(getattr(loader, "sampler", None), ResumableSampler):
+        loader.sampler.seed = seed
+        loader.sampler.set_epoch(loader.sampler.epoch)
 
 
 def set_epoch(loader: Any, epoch: int) -> None:
@@ -294,6 +352,15 @@ def barrier() -> None:
     """Wait for every process (no-op on one process)."""
     if world_size() > 1:
         dist.barrier()
+
+
+def gather_objects(value: Any) -> list[Any]:
+    """``value`` from every process, indexed by rank (``[value]`` on one process)."""
+    if world_size() == 1:
+        return [value]
+    gathered: list[Any] = [None] * world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
 
 
 def gather_in_order(chunks: list[Any]) -> list[Any]:

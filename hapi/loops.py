@@ -27,7 +27,7 @@ import torch
 
 from callbacks import CallbackList
 from hapi import distributed
-from hapi.data import BatchSplitter, batch_length, num_batches, with_last
+from hapi.data import BatchSplitter, batch_length, num_batches, start_at, with_last
 from hapi.metrics import MetricSet
 from hapi.steps import Stepper
 
@@ -78,18 +78,20 @@ def fit_loop(model: Any, parts: Parts, train_loader: Iterable, eval_loader: Iter
              accumulate_grad_batches: int, num_iters: int | None) -> dict[str, float]:
     """Train ``epochs`` epochs (fewer when stopped); returns the last epoch's logs."""
     logs: dict[str, float] = {}
+    cbks.on_train_begin()  # a resume (BackupAndRestore) moves model.epoch / model.epoch_step here
     batches_left = num_iters
-    cbks.on_train_begin()
+    if num_iters is not None:
+        batches_left -= model.epoch * (num_batches(train_loader) or 0) + model.epoch_step
     for epoch in range(model.epoch, epochs):
         distributed.set_epoch(train_loader, epoch)
         cbks.on_epoch_begin(epoch)
         logs, batches_done = _train_epoch(model, parts, train_loader, cbks, log_freq=log_freq,
                                           accumulate=accumulate_grad_batches,
-                                          max_batches=batches_left)
+                                          max_batches=batches_left, first_step=model.epoch_step)
         if eval_loader is not None and epoch % eval_freq == 0:
             val_logs = evaluate_loop(parts, eval_loader, cbks, log_freq=log_freq, num_iters=None)
             logs.update({f"val_{name}": value for name, value in val_logs.items()})
-        model.epoch = epoch + 1
+        model.epoch, model.epoch_step = epoch + 1, 0
         cbks.on_epoch_end(epoch, logs)
         if batches_left is not None:
             batches_left -= batches_done
@@ -100,17 +102,20 @@ def fit_loop(model: Any, parts: Parts, train_loader: Iterable, eval_loader: Iter
 
 
 def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList, *,
-                 log_freq: int, accumulate: int, max_batches: int | None
+                 log_freq: int, accumulate: int, max_batches: int | None, first_step: int
                  ) -> tuple[dict[str, float], int]:
+    """One epoch from batch ``first_step`` (non-zero when resuming mid-epoch)."""
     stepper, metrics, splitter = parts.stepper, parts.metrics, parts.splitter
-    steps = _limit(num_batches(loader), max_batches)
+    stop_step = None if max_batches is None else first_step + max_batches
+    steps = _limit(num_batches(loader), stop_step)
     notify_begin = cbks.wants("on_train_batch_begin")
     stepper.network.train()
-    metrics.reset()
+    if first_step == 0:
+        metrics.reset()  # a resumed epoch keeps the running figures restored with it
     done = 0
     figures: dict[str, float] | None = None  # the last figures read, if read after the last batch
-    for step, (batch, is_last) in enumerate(with_last(loader)):
-        is_last = is_last or step + 1 == max_batches
+    for step, (batch, is_last) in enumerate(with_last(start_at(loader, first_step)), start=first_step):
+        is_last = is_last or step + 1 == stop_step
         if notify_begin:
             cbks.on_train_batch_begin(step)
         inputs, labels = splitter.split(batch)
@@ -119,7 +124,8 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
         batch_size = batch_length(inputs, labels)
         metrics.update(loss, outputs, labels, batch_size)
         model.step += int(update)
-        done = step + 1
+        model.epoch_step = step + 1
+        done = step + 1 - first_step
         # Every process runs the same number of training steps, so figures read
         # here can be reduced across processes, and a stop request agreed on.
         due = _figures_due(step, is_last, log_freq)

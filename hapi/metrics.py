@@ -166,6 +166,25 @@ class MetricSet:
                 names.append(key)
         return names
 
+    def state_dict(self) -> dict[str, Any]:
+        """The running sums of the pass in progress (for a resume mid-epoch)."""
+        def on_cpu(value: Any) -> Any:
+            return value.cpu() if torch.is_tensor(value) else [v.cpu() for v in value]
+
+        return {"loss_sum": None if self._loss_sum is None else self._loss_sum.cpu(), "samples": self._samples,
+                "metrics": [{name: on_cpu(value) for name, value in metric.metric_state.items()}
+                            for metric in _leaves(self.metrics.values())]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        device = next((t.device for m in _leaves(self.metrics.values()) for t in m.metric_state.values()
+                       if torch.is_tensor(t)), torch.device("cpu"))
+        self._loss_sum = None if state["loss_sum"] is None else state["loss_sum"].to(device)
+        self._samples = int(state["samples"])
+        for metric, saved in zip(_leaves(self.metrics.values()), state["metrics"]):
+            for name, value in saved.items():
+                setattr(metric, name, value.to(device) if torch.is_tensor(value)
+                        else [v.to(device) for v in value])
+
     def reset(self) -> None:
         self._loss_sum = None
         self._samples = 0

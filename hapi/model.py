@@ -10,12 +10,14 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 from torch import nn
 
-from callbacks import Callback, CallbackList, History, ModelCheckpoint, ProgBarLogger
+from callbacks import (BackupAndRestore, Callback, CallbackList, History, ModelCheckpoint,
+                       ProgBarLogger)
 from hapi import checkpoint, distributed
 from hapi.data import BatchSplitter, batch_length, make_loader, num_batches
 from hapi.loops import Parts, evaluate_loop, fit_loop, predict_loop
@@ -72,6 +74,15 @@ def _as_batch(values: Any, name: str) -> list[torch.Tensor]:
     return tensors
 
 
+@dataclass
+class _FitRun:
+    """The parts of a running fit that a backup saves and a resume restores."""
+
+    callbacks: CallbackList
+    train_loader: Any
+    data_seed: int
+
+
 class Model:
     """Wraps an ``nn.Module`` with prepare/fit/evaluate/predict.
 
@@ -108,7 +119,9 @@ class Model:
         self._pending_scaler_state: dict | None = None
         self.stop_training = False
         self.epoch = 0  # epochs completed in the current fit (restored by load)
+        self.epoch_step = 0  # batches done in the epoch in progress (restored by load)
         self.step = 0  # optimizer steps taken, over the model's life (restored by load)
+        self._fit_run: _FitRun | None = None  # what a resume needs, while fit() runs
 
     # -- public attributes ------------------------------------------------
     @property
@@ -205,6 +218,9 @@ class Model:
             chosen.append(ModelCheckpoint(save_dir, save_freq=save_freq))
         if not any(isinstance(c, History) for c in user):
             chosen.append(History())
+        # A resume restores the state other callbacks reset in on_train_begin,
+        # so BackupAndRestore's on_train_begin must come after theirs.
+        chosen.sort(key=lambda c: isinstance(c, BackupAndRestore))
         cbks = CallbackList(chosen)
         cbks.set_model(self)
         return cbks
@@ -235,9 +251,10 @@ class Model:
             _positive_int(value, name)
         _positive_int(num_iters, "num_iters", allow_none=True)
         _check_verbose(verbose)
+        data_seed = distributed.shared_seed()
         train_loader = make_loader(train_data, role="train_data", batch_size=batch_size,
                                    shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
-                                   seed=distributed.shared_seed())
+                                   seed=data_seed)
         eval_loader = None if eval_data is None else make_loader(
             eval_data, role="eval_data", batch_size=batch_size, num_workers=num_workers)
         steps = num_batches(train_loader)
@@ -249,10 +266,14 @@ class Model:
                                      batch_size=getattr(train_loader, "batch_size", batch_size),
                                      verbose=verbose, log_freq=log_freq))
         self.stop_training = False
-        self.epoch = 0
-        fit_loop(self, parts, train_loader, eval_loader, cbks, epochs=epochs, eval_freq=eval_freq,
-                 log_freq=log_freq, accumulate_grad_batches=accumulate_grad_batches,
-                 num_iters=num_iters)
+        self.epoch = self.epoch_step = 0
+        self._fit_run = _FitRun(cbks, train_loader, data_seed)
+        try:
+            fit_loop(self, parts, train_loader, eval_loader, cbks, epochs=epochs, eval_freq=eval_freq,
+                     log_freq=log_freq, accumulate_grad_batches=accumulate_grad_batches,
+                     num_iters=num_iters)
+        finally:
+            self._fit_run = None
         return next(c for c in cbks if isinstance(c, History))
 
     def evaluate(self, eval_data: Any, batch_size: int = DEFAULT_BATCH_SIZE,
@@ -356,19 +377,34 @@ class Model:
                 "optimizer_type": optimizer_type,
                 "scaler": self._scaler.state_dict() if self._scaler is not None else self._pending_scaler_state,
                 "epoch": self.epoch,
+                "epoch_step": self.epoch_step,
                 "step": self.step,
                 "rng": checkpoint.rng_state(),
             })
+            if self._fit_run is not None:
+                # Random streams and running sums differ between processes:
+                # keep each rank's, so each resumes its own.
+                state["fit"] = {
+                    "data_seed": self._fit_run.data_seed,
+                    "per_rank": distributed.gather_objects({
+                        "rng": state["rng"], "metrics": self._metrics.state_dict()}),
+                    "callbacks": [[type(c).__name__, c.state_dict()] for c in self._fit_run.callbacks],
+                }
         return checkpoint.save_state(path, state)
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False,
-             reset_optimizer: bool = False) -> None:
+             reset_optimizer: bool = False, resume: bool = False) -> None:
         """Restore a checkpoint written by :meth:`save` (or a plain state_dict).
 
         Args:
             skip_mismatch: load only tensors whose names and shapes match,
                 warning about the rest, instead of raising.
             reset_optimizer: keep the optimizer's current state.
+            resume: also restore what continuing an interrupted ``fit`` needs
+                -- RNG states, the data order and position in the epoch, the
+                running figures and every callback's state -- from a file
+                saved during ``fit``. Only from ``on_train_begin`` of a running
+                fit (``callbacks.BackupAndRestore`` does this).
 
         Raises:
             FileNotFoundError: no file at ``path`` / ``path.pt``.
@@ -376,6 +412,8 @@ class Model:
                 or belongs to another architecture (the error names the keys).
         """
         file, state = checkpoint.load_state(path)
+        if resume:
+            self._check_resumable(file, state)
         weights, skipped = checkpoint.match_state_dict(self._network, state["network"], file, skip_mismatch)
         self._network.load_state_dict(weights, strict=not skipped)
         if skipped:
@@ -396,7 +434,52 @@ class Model:
             else:
                 self._pending_scaler_state = state["scaler"]
         self.epoch = int(state.get("epoch", 0))
+        self.epoch_step = int(state.get("epoch_step", 0))
         self.step = int(state.get("step", 0))
+        if resume:
+            self._resume_fit(file, state)
+
+    def _check_resumable(self, file: str, state: dict) -> None:
+        if self._fit_run is None:
+            raise RuntimeError(
+                "load(..., resume=True) continues a fit in progress; call it from a callback's "
+                "on_train_begin (callbacks.BackupAndRestore does), or load without resume=True."
+            )
+        if "fit" not in state or "rng" not in state:
+            raise checkpoint.CheckpointError(
+                f"{file!r} was not saved during fit(), so it cannot resume one (it lacks the data "
+                "order, RNG and callback states). Load it without resume=True to start from its weights."
+            )
+
+    def _resume_fit(self, file: str, state: dict) -> None:
+        """Put the running fit back where the file left it."""
+        saved = state["fit"]
+        per_rank = saved["per_rank"]
+        if len(per_rank) == distributed.world_size():
+            own = per_rank[distributed.rank()]
+            checkpoint.set_rng_state(own["rng"])
+            self._metrics.load_state_dict(own["metrics"])
+        else:
+            warnings.warn(
+                f"Resuming from {file!r}, saved by {len(per_rank)} processes, on "
+                f"{distributed.world_size()}: the weights, optimizer and data position are restored, "
+                "but each process's random streams and the running figures of the interrupted "
+                "epoch start afresh, so results will differ slightly from an uninterrupted run.",
+                stacklevel=3)
+        self._fit_run.data_seed = saved["data_seed"]
+        distributed.set_seed(self._fit_run.train_loader, saved["data_seed"])
+        callbacks = list(self._fit_run.callbacks)
+        names = [name for name, _ in saved["callbacks"]]
+        if names != [type(c).__name__ for c in callbacks]:
+            warnings.warn(
+                f"Resuming from {file!r}: its callbacks {names} differ from this fit's "
+                f"{[type(c).__name__ for c in callbacks]}; callbacks are matched by class name "
+                "in order, and the others start afresh.", stacklevel=3)
+        pending = list(saved["callbacks"])
+        for callback in callbacks:
+            match = next((i for i, (name, _) in enumerate(pending) if name == type(callback).__name__), None)
+            if match is not None:
+                callback.load_state_dict(pending.pop(match)[1])
 
     def _load_optimizer_state(self, optimizer_state: dict, saved_type: str | None, *,
                               source: str) -> None:

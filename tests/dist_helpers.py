@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -21,10 +22,23 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def torchrun(args: list[str], timeout: float = 120, check: bool = True, **env: str):
+def run_bounded(command: list[str], timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run in a new session; on timeout kill the whole group, workers included."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        raise AssertionError(f"{' '.join(command)} did not finish in {timeout} s:\n"
+                             f"{stdout[-3000:]}\n{stderr[-5000:]}") from None
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def torchrun(args: list[str], timeout: float = 180, check: bool = True, **env: str):
     command = [sys.executable, "-m", "torch.distributed.run", *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                            env=child_env(**env))
+    result = run_bounded(command, timeout, child_env(**env))
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(command)} failed ({result.returncode}):\n"
                              f"{result.stdout[-4000:]}\n{result.stderr[-6000:]}")

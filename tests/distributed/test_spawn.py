@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 
 import pytest
 import torch
 
-from dist_helpers import WORKER, child_env
+from dist_helpers import WORKER, child_env, run_bounded
 from hapi.launch import _visible_devices, resolve_nprocs, spawn
 
 SCRIPT = WORKER.parent / "spawn_script.py"
 
 
 def test_seed_usages_fn_only_args_nprocs_and_log_dir(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPT), "usages", str(tmp_path)], capture_output=True,
-                            text=True, timeout=180, env=child_env())
+    result = run_bounded([sys.executable, str(SCRIPT), "usages", str(tmp_path)], 180, child_env())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for tag in ("plain", "nprocs"):  # spawn(train): one process per CPU core (2 here); nprocs=2
         records = [json.loads((tmp_path / f"{tag}.rank{r}.json").read_text()) for r in (0, 1)]
@@ -32,8 +30,7 @@ def test_seed_usages_fn_only_args_nprocs_and_log_dir(tmp_path):
 
 def test_a_failing_child_makes_spawn_raise_its_error_promptly(tmp_path):
     started = time.monotonic()
-    result = subprocess.run([sys.executable, str(SCRIPT), "fail", str(tmp_path)], capture_output=True,
-                            text=True, timeout=120, env=child_env())
+    result = run_bounded([sys.executable, str(SCRIPT), "fail", str(tmp_path)], 120, child_env())
     elapsed = time.monotonic() - started
     assert result.returncode != 0
     assert "SpawnedProcessError: Process 1 of 2 started by hapi.spawn raised an error" in result.stderr

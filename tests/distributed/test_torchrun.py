@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import csv
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -71,18 +75,21 @@ def test_three_processes_evaluate_and_predict_exactly_like_one(tmp_path):
 
 
 def test_two_machines_with_a_c10d_rendezvous(tmp_path, free_port):
-    import subprocess
-    import sys
-
     agents = [
         subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
              f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port}",
              "--rdzv-id=hapi-test", str(WORKER), "train_small", str(tmp_path)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
+            start_new_session=True)
         for node in (0, 1)
     ]
-    outputs = [agent.communicate(timeout=120)[0] for agent in agents]
+    try:
+        outputs = [agent.communicate(timeout=150)[0] for agent in agents]
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
     assert [agent.returncode for agent in agents] == [0, 0], outputs
     for rank in read_ranks(tmp_path, "train_small", 2):
         for key in ("dataset", "loader", "loader_with_sampler", "accumulate"):

@@ -1,0 +1,80 @@
+"""A training run that can be killed mid-epoch and resumed by BackupAndRestore.
+
+python resume_script.py OUT_DIR [KILL_AT_STEP]: with KILL_AT_STEP, the process with
+rank KILL_RANK (default 0) calls os._exit at that optimizer step, on the first attempt
+only (torchrun's TORCHELASTIC_RESTART_COUNT == 0). Each rank writes OUT_DIR/result.rank<R>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
+
+from callbacks import (BackupAndRestore, Callback, CSVLogger, EarlyStopping, LRScheduler,  # noqa: E402
+                       ModelCheckpoint)
+from conftest import make_tiny_data  # noqa: E402
+from hapi import Model  # noqa: E402
+from hapi.metrics import Accuracy  # noqa: E402
+
+
+class DropoutNet(nn.Module):
+    """Dropout makes the result depend on the RNG state, which a resume must restore."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+class KillAt(Callback):
+    def __init__(self, step: int, rank: int):
+        super().__init__()
+        self.step, self.rank = step, rank
+
+    def on_train_batch_end(self, step, logs=None):
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if first_attempt and self.params["rank"] == self.rank and self.model.step == self.step:
+            os._exit(17)  # no cleanup, no exception: like a kill
+
+
+def run(out: pathlib.Path, kill_at: int | None = None, kill_rank: int = 0) -> dict:
+    torch.manual_seed(0)
+    model = Model(DropoutNet())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model.prepare(optimizer, nn.CrossEntropyLoss(), Accuracy())
+    x, y = make_tiny_data(96)
+    stopper = EarlyStopping(monitor="val_loss", patience=10, verbose=0)
+    checkpoints = ModelCheckpoint(out / "ckpt", monitor="val_acc")
+    schedule = LRScheduler(torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.7), by_step=True)
+    callbacks = [stopper, checkpoints, schedule, CSVLogger(out / "log.csv"),
+                 BackupAndRestore(out / "backup", save_freq=3)]
+    if kill_at is not None:
+        callbacks.append(KillAt(kill_at, kill_rank))
+    history = model.fit((x, y), eval_data=(x[:30], y[:30]), batch_size=8, epochs=3, shuffle=True,
+                        accumulate_grad_batches=2, verbose=0, callbacks=callbacks)
+    return {
+        "weights": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist(),
+        "history": history.history,
+        "early_stopping": [stopper.best, stopper.wait],
+        "checkpoint_best": checkpoints.best,
+        "lr": optimizer.param_groups[0]["lr"],
+        "step": model.step,
+        "backup_left": (out / "backup" / "backup.pt").exists(),
+    }
+
+
+if __name__ == "__main__":
+    out_dir = pathlib.Path(sys.argv[1])
+    kill = int(sys.argv[2]) if len(sys.argv) > 2 else None
+    result = run(out_dir, kill, int(os.environ.get("KILL_RANK", "0")))
+    (out_dir / f"result.rank{os.environ.get('RANK', '0')}.json").write_text(json.dumps(result))

@@ -1,0 +1,109 @@
+"""BackupAndRestore: a run killed mid-epoch and started again ends exactly like one never interrupted."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from callbacks import BackupAndRestore
+from conftest import TinyNet, make_tiny_data
+from dist_helpers import WORKER, child_env, run_bounded, torchrun
+from hapi import Model
+
+SCRIPT = WORKER.parent / "resume_script.py"
+KILL_AT_STEP = 8  # the backup is every 3 optimizer steps: steps 7 and 8 are done twice
+
+
+def _run(out, *args, **env):
+    return run_bounded([sys.executable, str(SCRIPT), str(out), *map(str, args)], 120, child_env(**env))
+
+
+def _result(out, rank=0):
+    return json.loads((out / f"result.rank{rank}.json").read_text())
+
+
+def _assert_same_run(resumed, reference):
+    difference = (torch.tensor(resumed["weights"]) - torch.tensor(reference["weights"])).abs().max()
+    assert difference < 1e-6
+    for key in ("history", "early_stopping", "checkpoint_best", "lr", "step"):
+        assert resumed[key] == reference[key], key
+
+
+def test_one_process_killed_mid_epoch_resumes_exactly(tmp_path):
+    reference_dir, crash_dir = tmp_path / "reference", tmp_path / "crash"
+    reference_dir.mkdir(), crash_dir.mkdir()
+    assert _run(reference_dir).returncode == 0
+
+    killed = _run(crash_dir, KILL_AT_STEP)
+    assert killed.returncode == 17, killed.stderr[-3000:]  # os._exit in the middle of epoch 2
+    assert (crash_dir / "backup" / "backup.pt").exists()
+    assert not (crash_dir / f"result.rank0.json").exists()
+
+    resumed = _run(crash_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "BackupAndRestore: resuming from" in resumed.stdout
+    assert "batch 12 (optimizer step 6)" in resumed.stdout  # the last backup before the kill
+    _assert_same_run(_result(crash_dir), _result(reference_dir))
+    assert not _result(crash_dir)["backup_left"]  # removed once training ended
+
+
+def test_two_processes_restarted_by_torchrun_resume_exactly(tmp_path):
+    reference_dir, crash_dir = tmp_path / "reference", tmp_path / "crash"
+    reference_dir.mkdir(), crash_dir.mkdir()
+    torchrun(["--standalone", "--nproc_per_node=2", str(SCRIPT), str(reference_dir)])
+    result = torchrun(["--standalone", "--nproc_per_node=2", "--max-restarts=1", str(SCRIPT),
+                       str(crash_dir), str(KILL_AT_STEP)], KILL_RANK="1")
+    assert "BackupAndRestore: resuming from" in result.stdout + result.stderr
+    for rank in (0, 1):
+        _assert_same_run(_result(crash_dir, rank), _result(reference_dir, rank))
+
+
+def _prepared():
+    torch.manual_seed(0)
+    model = Model(TinyNet())
+    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    return model
+
+
+def test_backup_kept_on_request_and_a_finished_backup_resumes_nothing(tmp_path):
+    data = make_tiny_data(32)
+    _prepared().fit(data, batch_size=8, epochs=2, verbose=0,
+                    callbacks=[BackupAndRestore(tmp_path, delete_checkpoint=False)])
+    assert (tmp_path / "backup.pt").exists()
+    history = _prepared().fit(data, batch_size=8, epochs=2, verbose=0,
+                              callbacks=[BackupAndRestore(tmp_path)])
+    assert history.epoch == [0, 1]  # restored from the backup: both epochs already done
+    assert not (tmp_path / "backup.pt").exists()
+
+
+def test_a_damaged_backup_is_explained(tmp_path):
+    (tmp_path / "backup.pt").write_bytes(b"PK\x03\x04 not really a checkpoint")
+    with pytest.raises(RuntimeError, match=r"could not resume from .*backup\.pt.*truncated or corrupt.*"
+                                           r"delete .*backup\.pt"):
+        _prepared().fit(make_tiny_data(16), batch_size=8, verbose=0, callbacks=[BackupAndRestore(tmp_path)])
+
+
+def test_resume_needs_a_running_fit_and_a_file_saved_during_one(tmp_path):
+    model = _prepared()
+    model.save(tmp_path / "plain")
+    with pytest.raises(RuntimeError, match="resume=True.*on_train_begin"):
+        model.load(tmp_path / "plain", resume=True)
+
+    from callbacks import Callback
+
+    class ResumeFromPlain(Callback):
+        def on_train_begin(self, logs=None):
+            self.model.load(tmp_path / "plain", resume=True)
+
+    with pytest.raises(RuntimeError, match="was not saved during fit"):
+        model.fit(make_tiny_data(16), batch_size=8, verbose=0, callbacks=[ResumeFromPlain()])
+
+
+@pytest.mark.parametrize("save_freq", [0, -1, "step", 2.5, True])
+def test_bad_save_freq(save_freq, tmp_path):
+    with pytest.raises(ValueError, match="save_freq must be 'epoch' or a positive number"):
+        BackupAndRestore(tmp_path, save_freq=save_freq)
