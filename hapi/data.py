@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, default_collate
 
 from hapi import distributed
 
@@ -32,14 +32,33 @@ def _check_positive_int(value: Any, name: str) -> None:
         raise ValueError(f"{name} must be a positive integer; received {value!r}.")
 
 
-def _as_tensor(array: Any, position: int) -> torch.Tensor:
+def describe(values: Any) -> str:
+    """Shapes and dtypes for error messages: ``(float32[4, 3], int64[4])``."""
+    if torch.is_tensor(values) or isinstance(values, np.ndarray):
+        return f"{values.dtype}{list(values.shape)}".replace("torch.", "")
+    if isinstance(values, (list, tuple)):
+        kinds = {type(v).__name__ for v in values}
+        if values and not any(torch.is_tensor(v) or isinstance(v, (np.ndarray, list, tuple)) for v in values):
+            return f"{type(values).__name__} of {len(values)} {'/'.join(sorted(kinds))}"
+        return "(" + ", ".join(describe(v) for v in values) + ")"
+    return type(values).__name__
+
+
+def _as_tensor(array: Any, position: int, role: str) -> torch.Tensor:
     if torch.is_tensor(array):
         return array
     if isinstance(array, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(array))
+        try:
+            return torch.from_numpy(np.ascontiguousarray(array))
+        except TypeError as error:
+            raise TypeError(
+                f"Element {position} of {role} is a NumPy array of dtype {array.dtype} "
+                f"({array.dtype.type.__name__}), which a tensor cannot hold: {error}. Convert it "
+                "first, e.g. class names to int64 indices."
+            ) from error
     raise TypeError(
-        f"Element {position} of the data tuple is {type(array).__name__}; a tuple passed as "
-        f"data must hold tensors or NumPy arrays. Accepted data: {ACCEPTED}."
+        f"Element {position} of the tuple passed as {role} is {type(array).__name__}; it must "
+        f"hold tensors or NumPy arrays. Accepted data: {ACCEPTED}."
     )
 
 
@@ -49,7 +68,7 @@ def as_dataset(data: Any, role: str) -> Dataset:
         return data
     if isinstance(data, (tuple, list)) and data and all(
             torch.is_tensor(a) or isinstance(a, np.ndarray) for a in data):
-        tensors = [_as_tensor(a, i) for i, a in enumerate(data)]
+        tensors = [_as_tensor(a, i, role) for i, a in enumerate(data)]
         lengths = [len(t) for t in tensors]
         if len(set(lengths)) != 1:
             raise ValueError(
@@ -60,27 +79,89 @@ def as_dataset(data: Any, role: str) -> Dataset:
     raise TypeError(f"{role} must be {ACCEPTED}; received {type(data).__name__}.")
 
 
+class ExplainingCollate:
+    """``default_collate`` whose errors name the data argument and the samples.
+
+    A class (not a closure) so that DataLoader workers can pickle it.
+    """
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+
+    def __call__(self, samples: list[Any]) -> Any:
+        try:
+            return default_collate(samples)
+        except (RuntimeError, TypeError, ValueError) as error:
+            sizes = sorted({len(s) for s in samples if isinstance(s, (tuple, list))})
+            counts = f" with {', '.join(map(str, sizes))} elements" if len(sizes) > 1 else ""
+            shown = ", ".join(describe(s) for s in samples[:4])
+            raise type(error)(
+                f"Could not batch the samples of {self.role}{counts}: {error}. The first samples "
+                f"are {shown}{' ...' if len(samples) > 4 else ''}. Every sample must be a tuple of "
+                "the same length whose elements have the same shape (or pass a DataLoader with "
+                "your own collate_fn)."
+            ) from error
+
+
+class NonEmpty:
+    """Wraps a loader of unknown length: iterating it to the end without a batch raises."""
+
+    def __init__(self, loader: Iterable, role: str) -> None:
+        self.loader = loader
+        self.role = role
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        empty = True
+        for batch in self.loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError(f"{self.role} is empty: it yielded no batch, so there is nothing to "
+                             "iterate over. Check the data source (an IterableDataset that yields "
+                             "nothing, or a filter that drops everything).")
+
+
+def _checked(loader: Iterable, role: str, batch_size: int | None, drop_last: bool) -> Iterable:
+    batches = num_batches(loader)
+    if batches is None:
+        return NonEmpty(loader, role)
+    if batches == 0:
+        reason = (f" with batch_size={batch_size} and drop_last=True" if drop_last else "")
+        raise ValueError(f"{role} is empty: it gives no batch{reason}, so there is nothing to "
+                         "iterate over." + (" Lower batch_size or set drop_last=False." if drop_last else ""))
+    return loader
+
+
 def make_loader(data: Any, *, role: str, batch_size: int, shuffle: bool = False,
                 drop_last: bool = False, num_workers: int = 0, seed: int = 0) -> Iterable:
-    """The iterable of batches one pass over ``data`` uses on this process."""
+    """The iterable of batches one pass over ``data`` uses on this process.
+
+    Raises:
+        ValueError: the data gives no batch at all.
+    """
     if data is None:
         raise ValueError(f"{role} is None; pass {ACCEPTED}.")
     if isinstance(data, DataLoader):
-        return distributed.reshard(data, training=role == "train_data", seed=seed)
+        loader = distributed.reshard(data, training=role == "train_data", seed=seed)
+        return _checked(loader, role, data.batch_size, data.drop_last)
     _check_positive_int(batch_size, "batch_size")
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"num_workers must be an integer >= 0; received {num_workers!r}.")
     dataset = as_dataset(data, role)
     if isinstance(dataset, IterableDataset):
-        return DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers,
-                          generator=torch.Generator())
+        return NonEmpty(DataLoader(dataset, batch_size=batch_size, drop_last=drop_last,
+                                   num_workers=num_workers, collate_fn=ExplainingCollate(role),
+                                   generator=torch.Generator()), role)
     if len(dataset) == 0:
         raise ValueError(f"{role} is empty (0 samples); there is nothing to iterate over.")
     sampler = (distributed.train_sampler(dataset, shuffle, seed) if role == "train_data"
                else distributed.eval_sampler(dataset))
     # Every loader gets its own generator: iterating data must not draw from
     # torch's global one, which the model's dropout uses (see ResumableSampler).
-    return DataLoader(
+    loader = DataLoader(
         dataset,
         batch_size=batch_size,
         sampler=sampler,
@@ -89,7 +170,9 @@ def make_loader(data: Any, *, role: str, batch_size: int, shuffle: bool = False,
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=num_workers > 0,
+        collate_fn=ExplainingCollate(role),
     )
+    return _checked(loader, role, batch_size, drop_last)
 
 
 def num_batches(loader: Iterable) -> int | None:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from hapi import distributed
+from hapi.data import describe
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -54,6 +55,18 @@ class Stepper:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=AMP_DTYPES[self.amp])
 
+    def run_network(self, network: nn.Module, inputs: list[Any]) -> list[torch.Tensor]:
+        """``network(*inputs)``; its errors say which inputs it got."""
+        try:
+            return as_list(network(*inputs))
+        except (RuntimeError, ValueError, IndexError, TypeError) as error:
+            name = type(distributed.unwrap(network)).__name__
+            raise type(error)(
+                f"The network {name} failed on inputs {describe(inputs)}: {error}. Check that the "
+                "data's inputs have the shape and dtype the network expects (e.g. float32 for "
+                "Linear/Conv layers); Model(inputs=..., labels=...) sets how samples are split."
+            ) from error
+
     def compute_loss(self, outputs: list[torch.Tensor], labels: list[torch.Tensor]) -> torch.Tensor:
         """``loss_fn(*outputs, *labels)``; a list of losses is summed, as in Paddle."""
         try:
@@ -61,7 +74,7 @@ class Stepper:
         except (RuntimeError, ValueError, IndexError, TypeError) as error:
             raise type(error)(
                 f"The loss {type(self.loss_fn).__name__} failed on outputs "
-                f"{_describe(outputs)} and labels {_describe(labels)}: {error}. Check that "
+                f"{describe(outputs)} and labels {describe(labels)}: {error}. Check that "
                 "the network's outputs and the data's labels have the shapes and dtypes this "
                 "loss expects (e.g. CrossEntropyLoss wants scores [N, C] and int64 class "
                 "indices [N]); Model(inputs=..., labels=...) sets how batches are split."
@@ -71,7 +84,7 @@ class Stepper:
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise ValueError(
                 f"The loss must return a scalar tensor; {type(self.loss_fn).__name__} returned "
-                f"{_describe(as_list(loss))}. Use reduction='mean' (or 'sum')."
+                f"{describe(as_list(loss))}. Use reduction='mean' (or 'sum')."
             )
         return loss.reshape(())
 
@@ -85,7 +98,7 @@ class Stepper:
         """
         with distributed.no_sync(self.network, skip_gradient_sync=not update):
             with self.autocast():
-                outputs = as_list(self.network(*inputs))
+                outputs = self.run_network(self.network, inputs)
                 loss = self.compute_loss(outputs, labels)
             scaled = loss * loss_scale if loss_scale != 1.0 else loss
             if self.scaler is not None:
@@ -106,21 +119,11 @@ class Stepper:
     def evaluate(self, inputs: list[torch.Tensor], labels: list[torch.Tensor]
                  ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         with self.autocast():
-            outputs = as_list(distributed.unwrap(self.network)(*inputs))
+            outputs = self.run_network(distributed.unwrap(self.network), inputs)
             loss = self.compute_loss(outputs, labels) if self.loss_fn is not None and labels else None
         return loss, outputs
 
     @torch.no_grad()
     def predict(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         with self.autocast():
-            return as_list(distributed.unwrap(self.network)(*inputs))
-
-
-def _describe(tensors: list[Any]) -> str:
-    parts = []
-    for t in tensors:
-        if torch.is_tensor(t):
-            parts.append(f"{t.dtype}{list(t.shape)}".replace("torch.", ""))
-        else:
-            parts.append(type(t).__name__)
-    return "(" + ", ".join(parts) + ")"
+            return self.run_network(distributed.unwrap(self.network), inputs)
