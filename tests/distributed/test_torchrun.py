@@ -33,6 +33,11 @@ def test_two_processes_train_like_one_at_twice_the_batch(tmp_path):
     assert "Eval samples: 21" in result.stdout  # 11 + 10: every process's samples, counted once
     assert ranks[0]["evaluate_21"] == ranks[1]["evaluate_21"]
 
+    # The loss turns NaN on rank 1 only (its 3rd batch): figures are reduced, so
+    # TerminateOnNaN stops both ranks at the same step, and rank 0 says where.
+    assert ranks[0]["nan_stop"] == ranks[1]["nan_stop"] == {"epochs": [0], "step": 3}
+    assert "Epoch 1, step 3: loss is nan; stopping training (TerminateOnNaN)." in result.stdout
+
     # Shuffling: every epoch, the ranks read disjoint halves covering all samples, reshuffled.
     epochs = [sorted(a + b) for a, b in zip(ranks[0]["shuffled_indices"], ranks[1]["shuffled_indices"])]
     assert epochs == [list(range(64))] * 2

@@ -20,7 +20,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorData
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 
-from callbacks import Callback, CSVLogger, EarlyStopping, ModelCheckpoint, VisualDL  # noqa: E402
+from callbacks import (Callback, CSVLogger, EarlyStopping, ModelCheckpoint, TerminateOnNaN,  # noqa: E402
+                       VisualDL)
 from conftest import TinyNet, make_tiny_data  # noqa: E402
 from hapi import Model  # noqa: E402
 from hapi.metrics import Accuracy  # noqa: E402
@@ -69,6 +70,19 @@ class StopOnRank1(Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self.params["rank"] == 1:
             self.model.stop_training = True
+
+
+def nan_on_rank1_from_step(step: int):
+    """A loss that turns NaN on rank 1 only, from its `step`-th call."""
+    calls = {"n": 0}
+
+    def loss(output, label):
+        calls["n"] += 1
+        value = nn.functional.cross_entropy(output, label)
+        rank1 = os.environ.get("RANK") == "1"
+        return value * float("nan") if rank1 and calls["n"] >= step else value
+
+    return loss
 
 
 class FailOnRank1(Callback):
@@ -122,6 +136,13 @@ def scenario_train(out: pathlib.Path) -> dict:
     model.save(out / "final")
     results["saved_weights"] = flat_weights(model)
     results["evaluate_21"] = model.evaluate((x[:21], y[:21]), batch_size=4, verbose=2)
+
+    torch.manual_seed(0)
+    model = Model(TinyNet())
+    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nan_on_rank1_from_step(3))
+    history = model.fit((x, y), batch_size=8, epochs=3, log_freq=1, verbose=0,
+                        callbacks=[TerminateOnNaN()])
+    results["nan_stop"] = {"epochs": history.epoch, "step": model.step}
     return results
 
 
