@@ -157,11 +157,11 @@ class BackupAndRestore(Callback):
             return  # no optimizer step since the last look: gradients may be mid-accumulation
         self._last_step = self.model.step
         if self.model.step % self.save_freq == 0:
-            self.model.save(self.path)  # collective: every rank calls it
+            self.model.save(self.path, resumable=True)  # collective: every rank calls it
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self.save_freq == "epoch":
-            self.model.save(self.path)
+            self.model.save(self.path, resumable=True)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self.delete_checkpoint and self.is_main:

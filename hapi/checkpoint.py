@@ -61,10 +61,17 @@ def save_state(path: str | os.PathLike, state: dict[str, Any]) -> str:
     Returns the file written.
     """
     target = resolve_path(path)
+    failure: BaseException | None = None
     if distributed.is_main():
-        with atomic_write(target, "wb") as handle:
-            torch.save(state, handle)
-    distributed.barrier()
+        try:
+            with atomic_write(target, "wb") as handle:
+                torch.save(state, handle)
+        except Exception as error:  # disk full, permissions...: every rank must learn of it
+            failure = error
+    if distributed.any_true(failure is not None):  # also the barrier: all wait for the write
+        if failure is not None:
+            raise failure
+        raise CheckpointError(f"Rank 0 could not write the checkpoint {target!r}; see its error.")
     return target
 
 

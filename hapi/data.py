@@ -13,6 +13,7 @@ labels=)`` override the counts.
 from __future__ import annotations
 
 import itertools
+import warnings
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -128,6 +129,9 @@ def _checked(loader: Iterable, role: str, batch_size: int | None, drop_last: boo
     batches = num_batches(loader)
     if batches is None:
         return NonEmpty(loader, role)
+    dataset = getattr(loader, "dataset", None)
+    if batches == 0 and not drop_last and isinstance(dataset, Dataset) and len(dataset) > 0:
+        return loader  # data set smaller than the process count: this process's shard is empty
     if batches == 0:
         reason = (f" with batch_size={batch_size} and drop_last=True" if drop_last else "")
         raise ValueError(f"{role} is empty: it gives no batch{reason}, so there is nothing to "
@@ -152,6 +156,12 @@ def make_loader(data: Any, *, role: str, batch_size: int, shuffle: bool = False,
         raise ValueError(f"num_workers must be an integer >= 0; received {num_workers!r}.")
     dataset = as_dataset(data, role)
     if isinstance(dataset, IterableDataset):
+        if distributed.world_size() > 1:
+            warnings.warn(
+                f"{role} is an IterableDataset: torch-hapi cannot split a stream, so each of the "
+                f"{distributed.world_size()} processes reads all of it unless it shards itself by "
+                "rank (hapi.distributed.rank(), world_size()); every process must then yield the "
+                "same number of batches.", stacklevel=3)
         return NonEmpty(DataLoader(dataset, batch_size=batch_size, drop_last=drop_last,
                                    num_workers=num_workers, collate_fn=ExplainingCollate(role),
                                    generator=torch.Generator()), role)
@@ -169,7 +179,9 @@ def make_loader(data: Any, *, role: str, batch_size: int, shuffle: bool = False,
         drop_last=drop_last,
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
-        persistent_workers=num_workers > 0,
+        # Training workers start afresh each epoch: their seeds then depend only
+        # on the epoch, so a resumed run gets the same random transforms.
+        persistent_workers=num_workers > 0 and role != "train_data",
         collate_fn=ExplainingCollate(role),
     )
     return _checked(loader, role, batch_size, drop_last)

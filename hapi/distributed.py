@@ -291,7 +291,10 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> DataLoader:
     """
     if world_size() == 1 or isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return loader
-    if isinstance(loader.sampler, DistributedSampler) or hasattr(loader.batch_sampler, "set_epoch"):
+    # A DistributedSampler pads shards with repeated samples: fine for training,
+    # wrong for evaluation, which is always re-split without duplicates.
+    if training and (isinstance(loader.sampler, DistributedSampler)
+                     or hasattr(loader.batch_sampler, "set_epoch")):
         return loader
     if loader.batch_size is None:
         raise DistributedSetupError(
@@ -306,7 +309,8 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> DataLoader:
         generator=sampler.loader_generator if training else torch.Generator(),
         num_workers=loader.num_workers, collate_fn=loader.collate_fn,
         pin_memory=loader.pin_memory, drop_last=loader.drop_last, timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers,
+        worker_init_fn=loader.worker_init_fn,
+        persistent_workers=loader.persistent_workers and not training,
         prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
     )
 
@@ -363,13 +367,17 @@ def gather_objects(value: Any) -> list[Any]:
     return gathered
 
 
-def gather_in_order(chunks: list[Any]) -> list[Any]:
-    """Every process's prediction batches, concatenated in rank (= data-set) order."""
+def gather_in_order(per_output: list[list[Any]]) -> list[list[Any]]:
+    """Every process's prediction batches, per output, in rank (= data-set) order.
+
+    One collective, called by every process, also those whose shard was empty.
+    """
     if world_size() == 1:
-        return chunks
-    gathered: list[Any] = [None] * world_size()
-    dist.all_gather_object(gathered, chunks)
-    return [chunk for per_rank in gathered for chunk in per_rank]
+        return per_output
+    ranks = [outputs for outputs in gather_objects(per_output) if outputs]
+    if not ranks:
+        return []
+    return [[batch for outputs in ranks for batch in outputs[index]] for index in range(len(ranks[0]))]
 
 
 class SyncFlag:

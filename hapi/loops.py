@@ -78,6 +78,7 @@ def fit_loop(model: Any, parts: Parts, train_loader: Iterable, eval_loader: Iter
              accumulate_grad_batches: int, num_iters: int | None) -> dict[str, float]:
     """Train ``epochs`` epochs (fewer when stopped); returns the last epoch's logs."""
     logs: dict[str, float] = {}
+    parts.stepper.optimizer.zero_grad(set_to_none=True)  # nothing left from a stopped accumulation
     cbks.on_train_begin()  # a resume (BackupAndRestore) moves model.epoch / model.epoch_step here
     batches_left = num_iters
     if num_iters is not None:
@@ -182,4 +183,4 @@ def predict_loop(parts: Parts, loader: Iterable, cbks: CallbackList) -> list[lis
             store.append(output.cpu() if torch.is_tensor(output) else output)
         cbks.on_predict_batch_end(step, {"batch_size": batch_length(inputs, [])})
     cbks.on_predict_end()
-    return [distributed.gather_in_order(store) for store in per_output]
+    return distributed.gather_in_order(per_output)

@@ -229,12 +229,15 @@ class MetricSet:
             self._sync.enabled = False
         for key, value in values.items():
             metric = self.metrics[key]
-            if isinstance(value, dict):
-                for sub, sub_value in value.items():
-                    name = sub if not isinstance(metric, Accuracy) else key + sub[len(metric.name):]
-                    results[name] = _to_float(sub_value, name)
-            else:
-                results[key] = _to_float(value, key)
+            named = value.items() if isinstance(value, dict) else [(key, value)]
+            for sub, sub_value in named:
+                name = key + sub[len(metric.name):] if isinstance(metric, Accuracy) else sub
+                if name in results:
+                    raise ValueError(
+                        f"Two metrics log the name {name!r} (the second from metrics[{key!r}]); give "
+                        "them distinct names with a dict, or a prefix on the MetricCollection."
+                    )
+                results[name] = _to_float(sub_value, name)
         return results
 
 

@@ -355,16 +355,19 @@ class Model:
             return {} if loss is None else {"loss": loss.item()}
         parts.metrics.reset()
         parts.metrics.update(loss, outputs, labels, batch_length(outputs, labels))
-        return parts.metrics.compute()
+        return parts.metrics.compute(sync=False)  # this process's batch: no collective
 
     # -- files --------------------------------------------------------------------
-    def save(self, path: str | os.PathLike, training: bool = True) -> str:
+    def save(self, path: str | os.PathLike, training: bool = True, resumable: bool = False) -> str:
         """Write a checkpoint to ``path`` (+ ``.pt``) atomically; returns the file.
 
         With ``training=True`` the file holds the network, optimizer, gradient
         scaler, epoch/step counters and RNG states; with ``training=False``
-        only the network's weights. Every process must call it; only the main
-        process writes.
+        only the network's weights. ``resumable=True``, during ``fit``, adds
+        what ``load(..., resume=True)`` needs to continue that fit exactly
+        (each process's RNG states and running figures, the data order, every
+        callback's state); ``BackupAndRestore`` saves this way. Every process
+        must call it; only the main process writes.
         """
         state: dict[str, Any] = {"format": checkpoint.FORMAT, "version": checkpoint.VERSION,
                                  "network": self._network.state_dict()}
@@ -381,7 +384,7 @@ class Model:
                 "step": self.step,
                 "rng": checkpoint.rng_state(),
             })
-            if self._fit_run is not None:
+            if resumable and self._fit_run is not None:
                 # Random streams and running sums differ between processes:
                 # keep each rank's, so each resumes its own.
                 state["fit"] = {
@@ -460,11 +463,12 @@ class Model:
             checkpoint.set_rng_state(own["rng"])
             self._metrics.load_state_dict(own["metrics"])
         else:
+            self.epoch_step = 0  # another split of the data: redo the interrupted epoch whole
             warnings.warn(
                 f"Resuming from {file!r}, saved by {len(per_rank)} processes, on "
-                f"{distributed.world_size()}: the weights, optimizer and data position are restored, "
-                "but each process's random streams and the running figures of the interrupted "
-                "epoch start afresh, so results will differ slightly from an uninterrupted run.",
+                f"{distributed.world_size()}: the weights, optimizer and callbacks are restored, but "
+                "the data splits differently, so the interrupted epoch restarts from its first "
+                "batch with fresh random streams; results will differ from an uninterrupted run.",
                 stacklevel=3)
         self._fit_run.data_seed = saved["data_seed"]
         distributed.set_seed(self._fit_run.train_loader, saved["data_seed"])

@@ -72,11 +72,16 @@ def test_three_processes_evaluate_and_predict_exactly_like_one(tmp_path):
     x, y = make_tiny_data(1001)
     expected = model.evaluate((x, y), batch_size=3, verbose=0)
     predictions = model.predict((x, y), batch_size=3, stack_outputs=True, verbose=0)[0]
+    two = model.evaluate((x[:2], y[:2]), batch_size=3, verbose=0)
     for rank in ranks:  # 1001 = 334 + 334 + 333 samples: no duplicate, none missing
         assert rank["evaluate"]["acc"] == expected["acc"]
         assert rank["evaluate"]["loss"] == pytest.approx(expected["loss"], rel=1e-6)
         assert_close_lists(rank["predict"], predictions.tolist(), atol=1e-6)
         assert rank["predict_batches_rows"] == 1001
+        # 2 samples on 3 processes: rank 2's shard is empty, nothing hangs or fails.
+        assert rank["evaluate_2"]["loss"] == pytest.approx(two["loss"], rel=1e-6)
+        assert rank["evaluate_2"]["acc"] == two["acc"]
+        assert_close_lists(rank["predict_2"], predictions[:2].tolist(), atol=1e-6)
 
 
 def test_two_machines_with_a_c10d_rendezvous(tmp_path, free_port):
