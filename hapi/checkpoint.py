@@ -24,6 +24,7 @@ import os
 import pickle
 import random
 import re
+import warnings
 from typing import Any
 
 import numpy as np
@@ -230,3 +231,84 @@ def set_rng_state(state: dict[str, Any]) -> None:
     ))
     python = state["python"]
     random.setstate((python[0], tuple(python[1:-1]), python[-1]))
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, optimizer_state: dict,
+                         saved_type: str | None, source: str) -> None:
+    """Load a saved optimizer state, refusing one from another optimizer class."""
+    try:
+        if saved_type is not None and saved_type != type(optimizer).__name__:
+            raise ValueError(f"it was saved from a {saved_type} optimizer")
+        previous = optimizer.state_dict()
+        optimizer.load_state_dict(optimizer_state)
+        # A state from another optimizer class loads without complaint and
+        # fails at the next step; its hyper-parameters give it away.
+        lacking = sorted(set(optimizer.defaults) - set(optimizer.param_groups[0]))
+        if lacking:
+            optimizer.load_state_dict(previous)
+            raise ValueError(f"it was saved from another optimizer (its settings lack {lacking})")
+    except (ValueError, KeyError, RuntimeError) as error:
+        raise CheckpointError(
+            f"The optimizer state in {source} does not fit this model's optimizer "
+            f"({type(optimizer).__name__}): {error}. Pass reset_optimizer=True to load only the "
+            "network's weights."
+        ) from error
+
+
+def fit_state(data_seed: int, rng: dict[str, Any], metrics: Any, callbacks: Any) -> dict[str, Any]:
+    """What resuming a fit needs beyond the model (collective: every process calls it).
+
+    Random streams and running sums differ between processes, so each rank's
+    are kept and each resumes its own.
+    """
+    return {
+        "data_seed": data_seed,
+        "per_rank": distributed.gather_objects({"rng": rng, "metrics": metrics.state_dict()}),
+        "callbacks": [[type(c).__name__, c.state_dict()] for c in callbacks],
+    }
+
+
+def check_resumable(file: str, state: dict[str, Any], fitting: bool) -> None:
+    if not fitting:
+        raise RuntimeError(
+            "load(..., resume=True) continues a fit in progress; call it from a callback's "
+            "on_train_begin (callbacks.BackupAndRestore does), or load without resume=True."
+        )
+    if "fit" not in state:
+        raise CheckpointError(
+            f"{file!r} was not saved to resume a fit (save(..., resumable=True) during fit, as "
+            "BackupAndRestore does), so it lacks the data order, RNG and callback states. Load it "
+            "without resume=True to start from its weights."
+        )
+
+
+def restore_fit(saved: dict[str, Any], file: str, metrics: Any, callbacks: Any) -> bool:
+    """Give each process its random streams and running figures, and each callback its state.
+
+    Returns False when the file was written by another number of processes:
+    the per-process parts cannot be matched, and the caller restarts the
+    interrupted epoch.
+    """
+    own = distributed.own(saved["per_rank"])
+    if own is not None:
+        set_rng_state(own["rng"])
+        metrics.load_state_dict(own["metrics"])
+    else:
+        warnings.warn(
+            f"Resuming from {file!r}, saved by {len(saved['per_rank'])} processes, on "
+            f"{distributed.world_size()}: the weights, optimizer and callbacks are restored, but the "
+            "data splits differently, so the interrupted epoch restarts from its first batch with "
+            "fresh random streams; results will differ from an uninterrupted run.", stacklevel=4)
+    callbacks = list(callbacks)
+    names = [name for name, _ in saved["callbacks"]]
+    if names != [type(c).__name__ for c in callbacks]:
+        warnings.warn(
+            f"Resuming from {file!r}: its callbacks {names} differ from this fit's "
+            f"{[type(c).__name__ for c in callbacks]}; callbacks are matched by class name in "
+            "order, and the others start afresh.", stacklevel=4)
+    pending = list(saved["callbacks"])
+    for callback in callbacks:
+        match = next((i for i, (name, _) in enumerate(pending) if name == type(callback).__name__), None)
+        if match is not None:
+            callback.load_state_dict(pending.pop(match)[1])
+    return own is not None

@@ -28,9 +28,13 @@ ACCEPTED = (
 )
 
 
-def _check_positive_int(value: Any, name: str) -> None:
+def check_positive_int(value: Any, name: str, allow_none: bool = False) -> None:
+    """The one check of count-like arguments (batch_size, epochs, log_freq...)."""
+    if allow_none and value is None:
+        return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer; received {value!r}.")
+        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}; "
+                         f"received {value!r}.")
 
 
 def describe(values: Any) -> str:
@@ -151,7 +155,7 @@ def make_loader(data: Any, *, role: str, batch_size: int, shuffle: bool = False,
     if isinstance(data, DataLoader):
         loader = distributed.reshard(data, training=role == "train_data", seed=seed)
         return _checked(loader, role, data.batch_size, data.drop_last)
-    _check_positive_int(batch_size, "batch_size")
+    check_positive_int(batch_size, "batch_size")
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"num_workers must be an integer >= 0; received {num_workers!r}.")
     dataset = as_dataset(data, role)

@@ -367,6 +367,11 @@ def gather_objects(value: Any) -> list[Any]:
     return gathered
 
 
+def own(per_rank: list[Any]) -> Any:
+    """This process's entry of a per-rank list, or None if another world size wrote it."""
+    return per_rank[rank()] if len(per_rank) == world_size() else None
+
+
 def gather_in_order(per_output: list[list[Any]]) -> list[list[Any]]:
     """Every process's prediction batches, per output, in rank (= data-set) order.
 

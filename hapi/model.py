@@ -19,7 +19,7 @@ from torch import nn
 from callbacks import (BackupAndRestore, Callback, CallbackList, History, ModelCheckpoint,
                        ProgBarLogger)
 from hapi import checkpoint, distributed
-from hapi.data import BatchSplitter, batch_length, make_loader, num_batches
+from hapi.data import BatchSplitter, batch_length, check_positive_int, make_loader, num_batches
 from hapi.loops import Parts, evaluate_loop, fit_loop, predict_loop
 from hapi.metrics import MetricSet, normalise_metrics
 from hapi.steps import Stepper, check_amp, make_scaler
@@ -42,14 +42,6 @@ def _count(value: Any, name: str) -> int | None:
     if count < (1 if name == "inputs" else 0):
         raise ValueError(f"{name} must count at least {1 if name == 'inputs' else 0}; received {value!r}.")
     return count
-
-
-def _positive_int(value: Any, name: str, allow_none: bool = False) -> None:
-    if allow_none and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}; "
-                         f"received {value!r}.")
 
 
 def _check_verbose(verbose: Any) -> None:
@@ -248,8 +240,8 @@ class Model:
         parts = self._parts("fit")
         for name, value in (("epochs", epochs), ("eval_freq", eval_freq), ("log_freq", log_freq),
                             ("save_freq", save_freq), ("accumulate_grad_batches", accumulate_grad_batches)):
-            _positive_int(value, name)
-        _positive_int(num_iters, "num_iters", allow_none=True)
+            check_positive_int(value, name)
+        check_positive_int(num_iters, "num_iters", allow_none=True)
         _check_verbose(verbose)
         data_seed = distributed.shared_seed()
         train_loader = make_loader(train_data, role="train_data", batch_size=batch_size,
@@ -285,8 +277,8 @@ class Model:
         if not parts.metrics.names():
             raise RuntimeError("evaluate() has nothing to compute: call model.prepare(loss=..., "
                                "metrics=...) with a loss or at least one metric.")
-        _positive_int(log_freq, "log_freq")
-        _positive_int(num_iters, "num_iters", allow_none=True)
+        check_positive_int(log_freq, "log_freq")
+        check_positive_int(num_iters, "num_iters", allow_none=True)
         _check_verbose(verbose)
         loader = make_loader(eval_data, role="eval_data", batch_size=batch_size, num_workers=num_workers)
         cbks = self._callback_list(callbacks, verbose=verbose, log_freq=log_freq)
@@ -385,14 +377,8 @@ class Model:
                 "rng": checkpoint.rng_state(),
             })
             if resumable and self._fit_run is not None:
-                # Random streams and running sums differ between processes:
-                # keep each rank's, so each resumes its own.
-                state["fit"] = {
-                    "data_seed": self._fit_run.data_seed,
-                    "per_rank": distributed.gather_objects({
-                        "rng": state["rng"], "metrics": self._metrics.state_dict()}),
-                    "callbacks": [[type(c).__name__, c.state_dict()] for c in self._fit_run.callbacks],
-                }
+                state["fit"] = checkpoint.fit_state(self._fit_run.data_seed, state["rng"],
+                                                    self._metrics, self._fit_run.callbacks)
         return checkpoint.save_state(path, state)
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False,
@@ -416,7 +402,7 @@ class Model:
         """
         file, state = checkpoint.load_state(path)
         if resume:
-            self._check_resumable(file, state)
+            checkpoint.check_resumable(file, state, fitting=self._fit_run is not None)
         weights, skipped = checkpoint.match_state_dict(self._network, state["network"], file, skip_mismatch)
         self._network.load_state_dict(weights, strict=not skipped)
         if skipped:
@@ -442,69 +428,17 @@ class Model:
         if resume:
             self._resume_fit(file, state)
 
-    def _check_resumable(self, file: str, state: dict) -> None:
-        if self._fit_run is None:
-            raise RuntimeError(
-                "load(..., resume=True) continues a fit in progress; call it from a callback's "
-                "on_train_begin (callbacks.BackupAndRestore does), or load without resume=True."
-            )
-        if "fit" not in state or "rng" not in state:
-            raise checkpoint.CheckpointError(
-                f"{file!r} was not saved during fit(), so it cannot resume one (it lacks the data "
-                "order, RNG and callback states). Load it without resume=True to start from its weights."
-            )
-
     def _resume_fit(self, file: str, state: dict) -> None:
         """Put the running fit back where the file left it."""
-        saved = state["fit"]
-        per_rank = saved["per_rank"]
-        if len(per_rank) == distributed.world_size():
-            own = per_rank[distributed.rank()]
-            checkpoint.set_rng_state(own["rng"])
-            self._metrics.load_state_dict(own["metrics"])
-        else:
-            self.epoch_step = 0  # another split of the data: redo the interrupted epoch whole
-            warnings.warn(
-                f"Resuming from {file!r}, saved by {len(per_rank)} processes, on "
-                f"{distributed.world_size()}: the weights, optimizer and callbacks are restored, but "
-                "the data splits differently, so the interrupted epoch restarts from its first "
-                "batch with fresh random streams; results will differ from an uninterrupted run.",
-                stacklevel=3)
-        self._fit_run.data_seed = saved["data_seed"]
-        distributed.set_seed(self._fit_run.train_loader, saved["data_seed"])
-        callbacks = list(self._fit_run.callbacks)
-        names = [name for name, _ in saved["callbacks"]]
-        if names != [type(c).__name__ for c in callbacks]:
-            warnings.warn(
-                f"Resuming from {file!r}: its callbacks {names} differ from this fit's "
-                f"{[type(c).__name__ for c in callbacks]}; callbacks are matched by class name "
-                "in order, and the others start afresh.", stacklevel=3)
-        pending = list(saved["callbacks"])
-        for callback in callbacks:
-            match = next((i for i, (name, _) in enumerate(pending) if name == type(callback).__name__), None)
-            if match is not None:
-                callback.load_state_dict(pending.pop(match)[1])
+        run = self._fit_run
+        run.data_seed = state["fit"]["data_seed"]
+        distributed.set_seed(run.train_loader, run.data_seed)
+        if not checkpoint.restore_fit(state["fit"], file, self._metrics, run.callbacks):
+            self.epoch_step = 0  # the data splits differently: redo the interrupted epoch whole
 
     def _load_optimizer_state(self, optimizer_state: dict, saved_type: str | None, *,
                               source: str) -> None:
-        current_type = type(self._optimizer).__name__
-        try:
-            if saved_type is not None and saved_type != current_type:
-                raise ValueError(f"it was saved from a {saved_type} optimizer")
-            previous = self._optimizer.state_dict()
-            self._optimizer.load_state_dict(optimizer_state)
-            # A state from another optimizer class loads without complaint and
-            # fails at the next step; its hyper-parameters give it away.
-            lacking = sorted(set(self._optimizer.defaults) - set(self._optimizer.param_groups[0]))
-            if lacking:
-                self._optimizer.load_state_dict(previous)
-                raise ValueError(f"it was saved from another optimizer (its settings lack {lacking})")
-        except (ValueError, KeyError, RuntimeError) as error:
-            raise checkpoint.CheckpointError(
-                f"The optimizer state in {source} does not fit this model's optimizer "
-                f"({type(self._optimizer).__name__}): {error}. Pass reset_optimizer=True to "
-                "load only the network's weights."
-            ) from error
+        checkpoint.load_optimizer_state(self._optimizer, optimizer_state, saved_type, source)
 
     def summary(self, input_size: Any = None, dtype: torch.dtype | None = None) -> dict[str, int]:
         """Print the layers and parameter counts; returns ``{"total_params", "trainable_params"}``.

@@ -99,7 +99,7 @@ def test_resume_needs_a_running_fit_and_a_file_saved_during_one(tmp_path):
         def on_train_begin(self, logs=None):
             self.model.load(tmp_path / "plain", resume=True)
 
-    with pytest.raises(RuntimeError, match="was not saved during fit"):
+    with pytest.raises(RuntimeError, match="was not saved to resume a fit"):
         model.fit(make_tiny_data(16), batch_size=8, verbose=0, callbacks=[ResumeFromPlain()])
 
 
