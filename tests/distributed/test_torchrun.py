@@ -114,3 +114,10 @@ def test_a_rank_that_raises_stops_the_job_with_its_error(tmp_path):
     assert result.returncode != 0
     assert "boom on rank 1 at step 2" in result.stdout + result.stderr
     assert elapsed < 60  # rank 0, waiting in DDP's all-reduce, was stopped, not left hanging
+
+
+def test_a_process_group_the_user_created_is_reused_and_left_alone(tmp_path):
+    torchrun(["--standalone", "--nproc_per_node=2", str(WORKER), "user_group", str(tmp_path)])
+    for rank in read_ranks(tmp_path, "user_group", 2):
+        assert rank["same_group"] and rank["still_initialized"]
+        assert_close_lists(rank["weights"], single_process_weights())

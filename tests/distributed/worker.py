@@ -170,7 +170,26 @@ def scenario_fail(out: pathlib.Path) -> dict:
     return {}
 
 
+def scenario_user_group(out: pathlib.Path) -> dict:
+    """The user created the process group: hapi uses it and leaves it to the user."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    group = dist.group.WORLD
+    x, y = make_tiny_data(TRAIN_SAMPLES)
+    model = sgd_model()
+    model.fit((x, y), batch_size=8, epochs=2, shuffle=False, verbose=0)
+    from hapi import distributed
+
+    distributed.teardown()  # what hapi runs at exit: must not destroy the user's group
+    result = {"weights": flat_weights(model), "same_group": dist.group.WORLD is group,
+              "still_initialized": dist.is_initialized()}
+    dist.destroy_process_group()
+    return result
+
+
 SCENARIOS = {"train": scenario_train, "train_small": scenario_train_small,
+             "user_group": scenario_user_group,
              "eval": scenario_eval, "fail": scenario_fail}
 
 
