@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from collections.abc import Sequence
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -67,8 +68,50 @@ def _as_tensor(array: Any, position: int, role: str) -> torch.Tensor:
     )
 
 
+class Batch(Sequence):
+    """A batch made in one indexing operation, that still reads as a list of samples.
+
+    What ``__getitems__`` returns on the fast path. torch-hapi's collate takes
+    ``tensors`` as they are (no per-sample work); a plain ``DataLoader`` with
+    ``default_collate`` sees the list of samples torch's ``__getitems__``
+    convention promises, so the data set keeps working outside torch-hapi.
+    """
+
+    def __init__(self, *tensors: torch.Tensor) -> None:
+        self.tensors = tensors
+
+    def __len__(self) -> int:
+        return len(self.tensors[0])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        return tuple(t[index] for t in self.tensors)
+
+
+class TensorBatches(Dataset):
+    """Tensors of equal length as a data set that serves whole batches.
+
+    ``__getitems__`` indexes every tensor once per batch: no per-sample Python
+    work and no collate (the fast path for in-memory data).
+    """
+
+    def __init__(self, *tensors: torch.Tensor) -> None:
+        self.tensors = tensors
+
+    def __len__(self) -> int:
+        return len(self.tensors[0])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        return tuple(t[index] for t in self.tensors)
+
+    def __getitems__(self, indices: list[int]) -> Batch:
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return Batch(*(t[index] for t in self.tensors))
+
+
 def as_dataset(data: Any, role: str) -> Dataset:
-    """A Dataset for ``data`` (tuples of arrays become a ``TensorDataset``)."""
+    """A Dataset for ``data``; tensors and arrays become :class:`TensorBatches`."""
+    if type(data) is TensorDataset:
+        return TensorBatches(*data.tensors)
     if isinstance(data, Dataset):
         return data
     if isinstance(data, (tuple, list)) and data and all(
@@ -80,12 +123,16 @@ def as_dataset(data: Any, role: str) -> Dataset:
                 f"The arrays passed as {role} have different lengths {lengths}; every array "
                 "of the tuple must have one row per sample."
             )
-        return TensorDataset(*tensors)
+        return TensorBatches(*tensors)
     raise TypeError(f"{role} must be {ACCEPTED}; received {type(data).__name__}.")
 
 
 class ExplainingCollate:
     """``default_collate`` whose errors name the data argument and the samples.
+
+    A data set whose ``__getitems__`` returns a :class:`Batch` has made the
+    batch already: its tensors pass through untouched. Anything else (a list
+    of samples, torch's convention for ``__getitems__``) is collated as usual.
 
     A class (not a closure) so that DataLoader workers can pickle it.
     """
@@ -93,7 +140,9 @@ class ExplainingCollate:
     def __init__(self, role: str) -> None:
         self.role = role
 
-    def __call__(self, samples: list[Any]) -> Any:
+    def __call__(self, samples: Any) -> Any:
+        if isinstance(samples, Batch):
+            return samples.tensors  # the data set's __getitems__ made the batch itself
         try:
             return default_collate(samples)
         except (RuntimeError, TypeError, ValueError) as error:

@@ -33,7 +33,7 @@ import os
 import urllib.request
 import zlib
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -138,6 +138,22 @@ class _IDXDataset(Dataset):
         if self.transform is not None:
             image = self.transform(image)
         return image, self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        """A whole batch in one indexing operation: ``(images [B, 1, 28, 28], labels [B])``.
+
+        The DataLoader calls this with a batch's indices instead of
+        ``__getitem__`` per sample. The result is a :class:`hapi.data.Batch`:
+        torch-hapi uses its tensors as they are, while a plain DataLoader reads
+        it as the list of samples torch expects.
+        """
+        from hapi.data import Batch  # hapi.data imports torch.distributed; keep datasets light
+
+        index = torch.as_tensor(indices, dtype=torch.long)
+        images = self.images[index].unsqueeze(1).to(torch.float32).div_(255.0)
+        if self.transform is not None:
+            images = torch.stack([self.transform(image) for image in images])
+        return Batch(images, self.labels[index])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(mode={self.mode!r}, len={len(self)}, root={str(self.root)!r})"

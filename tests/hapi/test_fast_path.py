@@ -1,0 +1,89 @@
+"""The in-memory fast path: whole batches by index, the same batches as the per-sample path."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from hapi import distributed
+from hapi.data import Batch, ExplainingCollate, TensorBatches, make_loader
+from hapi.datasets import FashionMNIST
+from idx_files import make_mnist_dir
+
+
+class PerSample(Dataset):
+    """The same data without __getitems__: the DataLoader's per-sample path."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+        self.calls = 0
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        self.calls += 1
+        return self.dataset[index]
+
+
+def _epochs(loader, epochs=2):
+    batches = []
+    for epoch in range(epochs):
+        distributed.set_epoch(loader, epoch)
+        batches.append([tuple(t.clone() for t in batch) for batch in loader])
+    return batches
+
+
+def _assert_same(fast, slow):
+    assert len(fast) == len(slow)
+    for fast_epoch, slow_epoch in zip(fast, slow):
+        assert len(fast_epoch) == len(slow_epoch)
+        for a, b in zip(fast_epoch, slow_epoch):
+            assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_fashion_mnist_batches_equal_the_per_sample_path(tmp_path, monkeypatch):
+    data = FashionMNIST(root=str(make_mnist_dir(tmp_path, n_train=100, n_test=10)), mode="train")
+    slow_data = PerSample(data)
+    fast = _epochs(make_loader(data, role="train_data", batch_size=16, shuffle=True, seed=7))
+    slow = _epochs(make_loader(slow_data, role="train_data", batch_size=16, shuffle=True, seed=7))
+    _assert_same(fast, slow)
+    assert fast[0][0][0].shape == (16, 1, 28, 28) and fast[0][0][0].dtype == torch.float32
+    assert slow_data.calls == 200  # the per-sample path called __getitem__ for every sample
+
+    calls = []
+    monkeypatch.setattr(FashionMNIST, "__getitem__", lambda self, i: calls.append(i))
+    _epochs(make_loader(data, role="train_data", batch_size=16, shuffle=True, seed=7))
+    assert calls == []  # the fast path never goes sample by sample
+
+
+def test_tensors_and_tensor_datasets_take_the_fast_path():
+    x, y = torch.randn(50, 3), torch.randint(0, 3, (50,))
+    for data in ((x, y), TensorDataset(x, y)):
+        loader = make_loader(data, role="train_data", batch_size=8, shuffle=True, seed=3)
+        assert isinstance(loader.dataset, TensorBatches)
+        fast = _epochs(loader)
+        slow = _epochs(make_loader(PerSample(TensorDataset(x, y)), role="train_data", batch_size=8,
+                                   shuffle=True, seed=3))
+        _assert_same(fast, slow)
+
+
+def test_each_rank_gets_its_shard_as_whole_batches():
+    x = torch.arange(20).float().unsqueeze(1)
+    data = TensorBatches(x, torch.arange(20))
+    seen = []
+    for rank in (0, 1):
+        sampler = distributed.ResumableSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=5)
+        loader = DataLoader(data, batch_size=4, sampler=sampler, collate_fn=ExplainingCollate("train_data"))
+        seen.append([int(i) for _, labels in loader for i in labels])
+    assert sorted(seen[0] + seen[1]) == list(range(20)) and not set(seen[0]) & set(seen[1])
+
+
+def test_a_batch_still_reads_as_samples_for_a_plain_dataloader(tmp_path):
+    data = FashionMNIST(root=str(make_mnist_dir(tmp_path, n_train=20, n_test=4)), mode="test")
+    batch = data.__getitems__([0, 2])
+    assert isinstance(batch, Batch) and len(batch) == 2
+    image, label = batch[1]
+    assert torch.equal(image, data[2][0]) and label == data[2][1]
+    images, labels = next(iter(DataLoader(data, batch_size=4)))  # torch's default_collate
+    assert images.shape == (4, 1, 28, 28) and labels.shape == (4,)
