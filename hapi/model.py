@@ -104,6 +104,7 @@ class Model:
         self._loss: Any = None
         self._metrics: MetricSet | None = None
         self._amp: str | None = None
+        self._compile = False
         self._scaler: torch.amp.GradScaler | None = None
         self._stepper: Stepper | None = None
         # State loaded before prepare() gave the objects it belongs to.
@@ -130,7 +131,7 @@ class Model:
 
     # -- preparation --------------------------------------------------------
     def prepare(self, optimizer: torch.optim.Optimizer | None = None, loss: Any = None,
-                metrics: Any = None, amp: str | None = None) -> None:
+                metrics: Any = None, amp: str | None = None, compile: bool = False) -> None:
         """Set what training and evaluation use.
 
         Args:
@@ -141,6 +142,9 @@ class Model:
                 name -> metric (see :func:`hapi.metrics.normalise_metrics`).
             amp: ``None``, ``"bf16"`` (autocast to bfloat16) or ``"fp16"``
                 (float16 autocast with a gradient scaler).
+            compile: run the network through ``torch.compile`` (the first
+                steps pay the compilation); ``model.network`` stays your module
+                and checkpoints hold its plain state dict.
         """
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer; received "
@@ -154,6 +158,7 @@ class Model:
                             f"{type(loss).__name__}.")
         named_metrics = normalise_metrics(metrics)
         self._amp = check_amp(amp)
+        self._compile = bool(compile)
         self._optimizer = optimizer
         self._loss = loss.to(self.device) if isinstance(loss, nn.Module) else loss
         self._metrics = MetricSet(named_metrics, with_loss=loss is not None).to(self.device)
@@ -181,8 +186,11 @@ class Model:
         if self._stepper is None:
             if self._wrapped is None:
                 self._wrapped = distributed.wrap(self._network, self.device)
-            self._stepper = Stepper(self._wrapped, self.device, self._loss, self._optimizer,
-                                    self._amp, self._scaler)
+            train_network, eval_network = self._wrapped, distributed.unwrap(self._wrapped)
+            if self._compile:
+                train_network, eval_network = torch.compile(train_network), torch.compile(eval_network)
+            self._stepper = Stepper(train_network, self.device, self._loss, self._optimizer,
+                                    self._amp, self._scaler, eval_network)
         return Parts(self._stepper, self._metrics, self._splitter)
 
     def _prediction_parts(self) -> Parts:

@@ -49,6 +49,14 @@ class Stepper:
     optimizer: torch.optim.Optimizer | None = None
     amp: str | None = None
     scaler: Any = None  # a torch.amp.GradScaler with amp="fp16" (see make_scaler)
+    # Evaluation and prediction run the plain module (or its torch.compile'd
+    # twin): DDP's forward would broadcast buffers, a collective that hangs
+    # when shards differ in length.
+    eval_network: nn.Module | None = None
+
+    def __post_init__(self) -> None:
+        if self.eval_network is None:
+            self.eval_network = distributed.unwrap(self.network)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.amp is None:
@@ -60,7 +68,8 @@ class Stepper:
         try:
             return as_list(network(*inputs))
         except (RuntimeError, ValueError, IndexError, TypeError) as error:
-            name = type(distributed.unwrap(network)).__name__
+            plain = distributed.unwrap(getattr(network, "_orig_mod", network))  # through torch.compile
+            name = type(distributed.unwrap(plain)).__name__
             raise type(error)(
                 f"The network {name} failed on inputs {describe(inputs)}: {error}. Check that the "
                 "data's inputs have the shape and dtype the network expects (e.g. float32 for "
@@ -113,17 +122,15 @@ class Stepper:
             self.optimizer.zero_grad(set_to_none=True)
         return loss.detach(), [o.detach() for o in outputs]
 
-    # Evaluation and prediction run the plain module: DDP's forward would
-    # broadcast buffers, a collective that hangs when shards differ in length.
     @torch.no_grad()
     def evaluate(self, inputs: list[torch.Tensor], labels: list[torch.Tensor]
                  ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         with self.autocast():
-            outputs = self.run_network(distributed.unwrap(self.network), inputs)
+            outputs = self.run_network(self.eval_network, inputs)
             loss = self.compute_loss(outputs, labels) if self.loss_fn is not None and labels else None
         return loss, outputs
 
     @torch.no_grad()
     def predict(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         with self.autocast():
-            return self.run_network(distributed.unwrap(self.network), inputs)
+            return self.run_network(self.eval_network, inputs)

@@ -322,3 +322,18 @@ def test_early_stop_flag_stops_fit(tiny_data):
 
     history = prepared().fit(tiny_data, batch_size=32, epochs=10, verbose=0, callbacks=StopAfterTwo())
     assert history.epoch == [0, 1]
+
+
+def test_compile_trains_and_keeps_the_plain_module(tiny_data, tmp_path):
+    model = Model(TinyNet())
+    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), Accuracy(), compile=True)
+    history = model.fit(tiny_data, batch_size=32, epochs=2, verbose=0)
+    assert history.history["loss"][1] < history.history["loss"][0]
+    assert type(model.network) is TinyNet
+    model.save(tmp_path / "compiled")
+    plain = Model(TinyNet())
+    plain.prepare(torch.optim.SGD(plain.parameters(), lr=0.1), nn.CrossEntropyLoss(), Accuracy())
+    plain.load(tmp_path / "compiled")  # plain keys: loads into an uncompiled model
+    compiled_eval, plain_eval = model.evaluate(tiny_data, verbose=0), plain.evaluate(tiny_data, verbose=0)
+    assert compiled_eval["acc"] == plain_eval["acc"]
+    assert compiled_eval["loss"] == pytest.approx(plain_eval["loss"], rel=1e-5)

@@ -1,0 +1,102 @@
+"""Shared pieces of the benchmarks: the seeds' LeNet setup, real data, timing and tables.
+
+Every benchmark runs its contenders interleaved in one process (A, B, A, B, ...)
+and reports medians, so slow drifts of a noisy machine hit both alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from hapi.datasets import FashionMNIST
+from hapi.models import LeNet
+
+BATCH = 64
+
+
+def real_train_data(samples: int | None = 12_800) -> FashionMNIST:
+    """Real Fashion-MNIST (apt-get install dataset-fashion-mnist), cut to ``samples``."""
+    data = FashionMNIST(mode="train")
+    if samples is not None:
+        data.images, data.labels = data.images[:samples], data.labels[:samples]
+    return data
+
+
+class PerSampleView(Dataset):
+    """A torchvision-style view of the same data: ``__getitem__`` only, one sample at a time."""
+
+    def __init__(self, data: FashionMNIST) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int):
+        return self.data[index]
+
+
+def lenet_and_adam(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    network = LeNet()
+    return network, torch.optim.Adam(network.parameters(), lr=1e-3)
+
+
+def hand_loop(network: nn.Module, optimizer: torch.optim.Optimizer, loader) -> None:
+    """The plain PyTorch loop a user writes by hand (loss only)."""
+    loss_fn = nn.CrossEntropyLoss()
+    network.train()
+    for images, labels in loader:
+        loss = loss_fn(network(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+
+def timed(run: Callable[[], None]) -> float:
+    started = time.perf_counter()
+    run()
+    return time.perf_counter() - started
+
+
+def interleave(contenders: dict[str, Callable[[], None]], repeats: int) -> dict[str, list[float]]:
+    """Seconds per run of each contender, run in turns ``repeats`` times (after one warm-up round)."""
+    for run in contenders.values():
+        run()
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, run in contenders.items():
+            times[name].append(timed(run))
+    return times
+
+
+def table(times: dict[str, list[float]], baseline: str, title: str) -> str:
+    base = statistics.median(times[baseline])
+    lines = [f"## {title}", "", f"machine: {machine()}", "",
+             "| contender | median s | runs (s) | ratio to " + baseline + " |", "|---|---|---|---|"]
+    for name, values in times.items():
+        median = statistics.median(values)
+        runs = ", ".join(f"{v:.2f}" for v in values)
+        lines.append(f"| {name} | {median:.3f} | {runs} | {median / base:.3f} |")
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    return (f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads, Python {sys.version.split()[0]}")
+
+
+@contextlib.contextmanager
+def quiet_stdout():
+    """Progress output goes to /dev/null: we time the work of producing it, not the terminal."""
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        yield
