@@ -147,7 +147,7 @@ class _IDXDataset(Dataset):
         torch-hapi uses its tensors as they are, while a plain DataLoader reads
         it as the list of samples torch expects.
         """
-        from hapi.data import Batch  # hapi.data imports torch.distributed; keep datasets light
+        from hapi.data import Batch  # imported late: reading a data set needs no process machinery
 
         index = torch.as_tensor(indices, dtype=torch.long)
         images = self.images[index].unsqueeze(1).to(torch.float32).div_(255.0)

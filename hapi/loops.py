@@ -110,6 +110,7 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
     stop_step = None if max_batches is None else first_step + max_batches
     steps = _limit(num_batches(loader), stop_step)
     notify_begin = cbks.wants("on_train_batch_begin")
+    notify_end = cbks.wants("on_train_batch_end")
     stepper.network.train()
     if first_step == 0:
         metrics.reset()  # a resumed epoch keeps the running figures restored with it
@@ -129,9 +130,11 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
         done = step + 1 - first_step
         # Every process runs the same number of training steps, so figures read
         # here can be reduced across processes, and a stop request agreed on.
+        # Nobody listening (verbose=0, no batch callback): read them only at the end.
         due = _figures_due(step, is_last, log_freq)
-        figures = metrics.compute() if due else None
-        cbks.on_train_batch_end(step, _batch_logs(batch_size, figures, metrics))
+        figures = metrics.compute() if due and (notify_end or is_last) else None
+        if notify_end:
+            cbks.on_train_batch_end(step, _batch_logs(batch_size, figures, metrics))
         if is_last or (due and distributed.any_true(model.stop_training)):
             break
     return (figures if figures is not None else metrics.compute()), done

@@ -194,13 +194,14 @@ class MetricSet:
     @torch.no_grad()
     def update(self, loss: torch.Tensor | None, outputs: list[torch.Tensor],
                labels: list[torch.Tensor], batch_size: int) -> None:
-        """Accumulate one batch; ``metric.update(*outputs, *labels)``."""
+        """Accumulate one batch; ``metric.update(*outputs, *labels)`` (under no_grad)."""
         if loss is not None:
-            weighted = loss.detach().float() * batch_size
-            self._loss_sum = weighted if self._loss_sum is None else self._loss_sum + weighted
+            if self._loss_sum is None:
+                self._loss_sum = torch.zeros((), dtype=torch.float32, device=loss.device)
+            self._loss_sum.add_(loss, alpha=batch_size)  # one in-place op, on the device
         self._samples += batch_size
         for metric in self.metrics.values():
-            metric.update(*[o.detach() for o in outputs], *labels)
+            metric.update(*outputs, *labels)
 
     def compute(self, sync: bool = True) -> dict[str, float]:
         """Means over every sample since :meth:`reset`.

@@ -211,7 +211,8 @@ class Model:
         else:
             raise TypeError(f"callbacks must be a Callback or a list of them; received "
                             f"{type(callbacks).__name__}.")
-        chosen = [] if any(isinstance(c, ProgBarLogger) for c in user) else [
+        # verbose=0 adds no progress bar at all: no per-batch call for a silent display.
+        chosen = [] if verbose == 0 or any(isinstance(c, ProgBarLogger) for c in user) else [
             ProgBarLogger(log_freq=log_freq, verbose=verbose)]
         chosen += user
         if save_dir is not None and not any(isinstance(c, ModelCheckpoint) for c in user):

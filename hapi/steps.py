@@ -95,7 +95,7 @@ class Stepper:
                 f"The loss must return a scalar tensor; {type(self.loss_fn).__name__} returned "
                 f"{describe(as_list(loss))}. Use reduction='mean' (or 'sum')."
             )
-        return loss.reshape(())
+        return loss if loss.dim() == 0 else loss.reshape(())
 
     def train(self, inputs: list[torch.Tensor], labels: list[torch.Tensor], *,
               loss_scale: float = 1.0, update: bool = True) -> tuple[torch.Tensor, list[torch.Tensor]]:
