@@ -6,20 +6,15 @@ interleaved after a warm-up epoch (which pays torch.compile's compilation).
 
 from __future__ import annotations
 
-import argparse
 
 from torch import nn
 
-from common import BATCH, interleave, lenet_and_adam, real_train_data, table, timed
+from common import BATCH, interleave, lenet_and_adam, setup, table, timed
 from hapi import Model
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--samples", type=int, default=12_800)
-    args = parser.parse_args()
-    data = real_train_data(args.samples)
+    repeats, data = setup(3)
     models = {}
     compile_seconds = {}
     for name, options in {"default": {}, "amp='bf16'": {"amp": "bf16"}, "compile=True": {"compile": True}}.items():
@@ -30,7 +25,7 @@ def main() -> None:
         models[name] = model
     runs = {name: (lambda m=model: m.fit(data, batch_size=BATCH, epochs=1, verbose=0))
             for name, model in models.items()}
-    print(table(interleave(runs, args.repeats), "default",
+    print(table(interleave(runs, repeats), "default",
                 f"compile and bf16: one epoch, {len(data)} images, batch {BATCH}"))
     print("\nfirst 3 steps (includes compilation): "
           + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in compile_seconds.items()))

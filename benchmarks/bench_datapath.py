@@ -7,23 +7,17 @@ collate) of the same images. Target: ``Model.fit`` at most 0.80x the hand loop's
 
 from __future__ import annotations
 
-import argparse
 
 from torch import nn
 from torch.utils.data import DataLoader
 
-from common import (BATCH, PerSampleView, hand_loop, interleave, lenet_and_adam, real_train_data,
-                    table, timed)
+from common import BATCH, PerSampleView, hand_loop, interleave, lenet_and_adam, setup, table, timed
 from hapi import Model
 from hapi.data import make_loader
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--samples", type=int, default=12_800)
-    args = parser.parse_args()
-    data = real_train_data(args.samples)
+    repeats, data = setup()
     per_sample = PerSampleView(data)
 
     def hand():
@@ -37,7 +31,7 @@ def main() -> None:
         model.fit(data, batch_size=BATCH, epochs=1, verbose=0)
 
     times = interleave({"hand loop, per-sample view": hand, "Model.fit on hapi FashionMNIST": fit},
-                       args.repeats)
+                       repeats)
     print(table(times, "hand loop, per-sample view",
                 f"Data path: one epoch, {len(data)} images, batch {BATCH}"))
     loading = {
@@ -47,7 +41,7 @@ def main() -> None:
             data, role="train_data", batch_size=BATCH, shuffle=True)],
     }
     print()
-    print(table({name: [timed(run) for _ in range(args.repeats)] for name, run in loading.items()},
+    print(table({name: [timed(run) for _ in range(repeats)] for name, run in loading.items()},
                 "per-sample DataLoader, loading only", "Loading alone (no training)"))
 
 

@@ -9,7 +9,6 @@ progress output (Paddle-style lines, and the tqdm bar as on a terminal).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import unittest.mock
 
@@ -17,16 +16,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from common import BATCH, hand_loop, interleave, lenet_and_adam, quiet_stdout, real_train_data, table
+from common import BATCH, hand_loop, interleave, lenet_and_adam, quiet_stdout, setup, table
 from hapi import Model
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--samples", type=int, default=12_800)
-    args = parser.parse_args()
-    data = real_train_data(args.samples)
+    repeats, data = setup()
 
     def loader():
         return DataLoader(data, batch_size=BATCH, shuffle=True)
@@ -49,7 +44,7 @@ def main() -> None:
         "Model.fit verbose=0": fit(0),
         "Model.fit verbose=2 (lines)": fit(2),
         "Model.fit verbose=1 (tqdm bar)": fit(1, bar=True),
-    }, args.repeats)
+    }, repeats)
     print(table(times, "hand-written loop",
                 f"Framework cost: one epoch, {len(data)} images, batch {BATCH}, same DataLoader"))
 

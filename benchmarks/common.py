@@ -45,6 +45,17 @@ class PerSampleView(Dataset):
         return self.data[index]
 
 
+def setup(repeats: int = 5) -> tuple[int, FashionMNIST]:
+    """The benchmarks' command line (``--repeats``, ``--samples``) and their data."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--samples", type=int, default=12_800)
+    args = parser.parse_args()
+    return args.repeats, real_train_data(args.samples)
+
+
 def lenet_and_adam(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(seed)
     network = LeNet()
