@@ -87,21 +87,13 @@ class Batch(Sequence):
         return tuple(t[index] for t in self.tensors)
 
 
-class TensorBatches(Dataset):
+class TensorBatches(Batch, Dataset):
     """Tensors of equal length as a data set that serves whole batches.
 
     ``__getitems__`` indexes every tensor once per batch: no per-sample Python
-    work and no collate (the fast path for in-memory data).
+    work and no collate (the fast path for in-memory data). Length and
+    per-sample access are :class:`Batch`'s.
     """
-
-    def __init__(self, *tensors: torch.Tensor) -> None:
-        self.tensors = tensors
-
-    def __len__(self) -> int:
-        return len(self.tensors[0])
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
-        return tuple(t[index] for t in self.tensors)
 
     def __getitems__(self, indices: list[int]) -> Batch:
         index = torch.as_tensor(indices, dtype=torch.long)
