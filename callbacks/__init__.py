@@ -12,6 +12,7 @@ from callbacks.history import History
 from callbacks.lr import LRScheduler, ReduceLROnPlateau
 from callbacks.nan import TerminateOnNaN
 from callbacks.progbar import ProgBarLogger
+from callbacks.tensorboard import TensorBoard
 from callbacks.visualdl import VisualDL
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "ModelCheckpoint",
     "ProgBarLogger",
     "ReduceLROnPlateau",
+    "TensorBoard",
     "TerminateOnNaN",
     "VisualDL",
 ]

@@ -84,6 +84,19 @@ def test_standalone_evaluate_counts_evaluations_and_flushes_the_file(tmp_path):
     assert read_scalars(log_dir) == {"eval/loss": [(1, 0.25), (2, 0.5)]}
 
 
+def test_evaluate_after_fit_is_plotted_after_the_epochs_and_resumes_there(tmp_path):
+    cb = VisualDL(tmp_path / "runs")
+    model = attach(cb, log_freq=2)
+    fit_two_epochs(cb, model)  # evaluations at epochs 0 and 1
+    cb.on_eval_begin({"steps": 1, "metrics": ["loss"]})
+    cb.on_eval_end({"loss": 0.1})
+    assert [step for step, _ in read_scalars(tmp_path / "runs")["eval/loss"]] == [0, 1, 2]
+    restored = VisualDL(tmp_path / "other")
+    restored.load_state_dict(cb.state_dict())  # e.g. BackupAndRestore after a crash
+    assert restored.next_eval_step == 3 and restored.train_step == 8
+    cb.close()
+
+
 def test_rank_1_creates_no_file_or_directory(tmp_path):
     log_dir = tmp_path / "runs"
     cb = VisualDL(log_dir)

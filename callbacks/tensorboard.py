@@ -1,0 +1,67 @@
+"""TensorBoard: the VisualDL callback's curves, for the TensorBoard dashboard.
+
+For users whose runs already live in TensorBoard (``tensorboard --logdir``).
+The scalars, their tags and their steps are exactly VisualDL's, because both
+callbacks inherit the same bookkeeping (``callbacks.visualdl._ScalarLogger``);
+only the writer differs: ``torch.utils.tensorboard.SummaryWriter``.
+
+``tensorboard`` is an optional dependency (``pip install
+"torch-hapi[tensorboard]"``), so this module does not import it: ``import
+callbacks`` works without it. The constructor imports it, so that a missing
+package is reported when the callback is built, not an epoch into training.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from callbacks.visualdl import _ScalarLogger
+
+_INSTALL_HINT = 'pip install "torch-hapi[tensorboard]"'
+
+
+def _summary_writer_class() -> type:
+    """``torch.utils.tensorboard.SummaryWriter``, or an ImportError that says how to get it."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as error:
+        raise ImportError(
+            f"callbacks.TensorBoard writes through torch.utils.tensorboard, which needs the "
+            f"'tensorboard' package ({error}). Install it with: {_INSTALL_HINT}"
+        ) from error
+    return SummaryWriter
+
+
+class TensorBoard(_ScalarLogger):
+    """Writes scalars with ``torch.utils.tensorboard.SummaryWriter(log_dir=log_dir)``.
+
+    The same scalars, tags (``train/<name>``, ``train/lr``, ``eval/<name>``)
+    and steps as :class:`callbacks.VisualDL`, whose docstring lists them.
+
+    Only the main process writes; other ranks create no file or directory.
+    Everything goes to one ``events.out.tfevents.*`` file per callback: the
+    writer is flushed (not closed) at the end of training and after a
+    standalone evaluation, so the file is complete when the call returns, and
+    the same callback given to a later ``evaluate`` adds its ``eval/*``
+    scalars to that file. It is closed by :meth:`close` or at interpreter exit.
+
+    Args:
+        log_dir: directory for the event file; created on the first write by
+            the main process.
+
+    Raises:
+        TypeError: ``log_dir`` is not a path.
+        ImportError: the ``tensorboard`` package is missing; the message says
+            how to install it.
+    """
+
+    def __init__(self, log_dir: str | os.PathLike) -> None:
+        super().__init__(log_dir)
+        self._summary_writer = _summary_writer_class()
+
+    def _open_writer(self) -> Any:
+        return self._summary_writer(log_dir=self.log_dir)
+
+    def _add_scalar(self, tag: str, value: float, step: int) -> None:
+        self._writer.add_scalar(tag, value, global_step=step)

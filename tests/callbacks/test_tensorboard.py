@@ -1,0 +1,116 @@
+"""TensorBoard: the same scalars as VisualDL for the same run, read back from the event file."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+from visualdl import LogReader
+
+import callbacks
+from callbacks import TensorBoard, VisualDL
+from conftest import TinyNet, make_tiny_data
+from hapi import Model
+from hapi.metrics import Accuracy
+from stub import attach
+
+INSTALL_HINT = 'pip install "torch-hapi[tensorboard]"'
+
+
+def event_files(log_dir):
+    return sorted(f for f in os.listdir(log_dir) if f.startswith("events.out.tfevents."))
+
+
+def tensorboard_scalars(log_dir):
+    """{tag: [(step, value), ...]} in write order, as TensorBoard's own reader sees them."""
+    accumulator = EventAccumulator(str(log_dir))
+    accumulator.Reload()
+    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)]
+            for tag in accumulator.Tags()["scalars"]}
+
+
+def visualdl_scalars(log_dir):
+    """{tag: [(step, value), ...]} in write order from the one vdlrecords file."""
+    (record,) = [f for f in os.listdir(log_dir) if f.startswith("vdlrecords")]
+    reader = LogReader(file_path=os.path.join(log_dir, record))
+    return {tag: [(r.id, r.value) for r in reader.get_data("scalar", tag)]
+            for tag in reader.get_tags()["scalar"]}
+
+
+def test_fit_and_evaluate_write_visualdls_scalars_to_one_event_file(tmp_path):
+    torch.manual_seed(0)
+    model = Model(TinyNet())
+    model.prepare(torch.optim.SGD(model.parameters(), lr=0.05), nn.CrossEntropyLoss(),
+                  Accuracy(topk=(1, 2)))
+    data = make_tiny_data(60)  # batch_size=10: 6 steps per epoch; log_freq=4 logs steps 4 and 6
+    visualdl, board = VisualDL(tmp_path / "vdl"), TensorBoard(tmp_path / "tb")
+    try:
+        model.fit(data, eval_data=data, batch_size=10, epochs=2, log_freq=4, verbose=0,
+                  callbacks=[visualdl, board])
+        # Flushed, not closed, when fit returns: readable now, and evaluate appends to it.
+        (after_fit,) = event_files(tmp_path / "tb")
+        assert tensorboard_scalars(tmp_path / "tb")["eval/loss"][-1][0] == 1
+
+        model.evaluate(data, verbose=0, callbacks=[visualdl, board])
+        assert event_files(tmp_path / "tb") == [after_fit]
+        scalars = tensorboard_scalars(tmp_path / "tb")
+    finally:
+        board.close()
+        visualdl.close()
+
+    assert set(scalars) == {"train/loss", "train/acc_top1", "train/acc_top2", "train/lr",
+                            "eval/loss", "eval/acc_top1", "eval/acc_top2"}
+    assert scalars == visualdl_scalars(tmp_path / "vdl")  # same tags, steps and (float32) values
+    assert [step for step, _ in scalars["train/loss"]] == [4, 6, 10, 12]  # global batch numbers
+    assert [value for _, value in scalars["train/lr"]] == pytest.approx([0.05] * 4)
+    # epoch index during fit (0, 1), then the standalone evaluation after them (2)
+    assert [step for step, _ in scalars["eval/acc_top1"]] == [0, 1, 2]
+
+
+def test_rank_1_creates_no_file_or_directory(tmp_path):
+    board = TensorBoard(tmp_path / "tb")
+    attach(board, rank=1)
+    board.on_train_begin()
+    board.on_epoch_begin(0)
+    board.on_train_batch_end(0, {"batch_size": 8, "loss": 1.0, "acc": 0.5})
+    board.on_eval_end({"loss": 0.9})
+    board.on_epoch_end(0, {"loss": 1.0, "val_loss": 0.9})
+    board.on_train_end()
+    board.on_eval_end({"loss": 0.8})  # a standalone evaluate
+    board.close()
+    assert os.listdir(tmp_path) == []
+    assert board.train_step == 1  # counts still advance, so a resumed rank agrees with rank 0
+
+
+def test_missing_tensorboard_is_an_import_error_naming_the_extra(tmp_path, monkeypatch):
+    # sys.modules[name] = None makes `import name` fail; dropping torch.utils.tensorboard
+    # makes the constructor run torch's real `import tensorboard`, as on a bare install.
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    for name in [n for n in sys.modules if n.split(".")[:3] == ["torch", "utils", "tensorboard"]]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(ImportError, match=re.escape(INSTALL_HINT)):
+        TensorBoard(tmp_path / "tb")
+    assert os.listdir(tmp_path) == []
+
+
+def test_importing_callbacks_needs_no_tensorboard(monkeypatch):
+    # Any import of a None entry raises ImportError, so importing the package afresh
+    # proves that `import callbacks` neither needs tensorboard nor pays for loading it.
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    monkeypatch.delitem(sys.modules, "callbacks")
+    monkeypatch.delitem(sys.modules, "callbacks.tensorboard")
+    fresh = importlib.import_module("callbacks")
+    assert fresh is not callbacks and "TensorBoard" in fresh.__all__
+    assert fresh.TensorBoard is not TensorBoard  # defined anew, with tensorboard unavailable
+
+
+def test_log_dir_must_be_a_path():
+    with pytest.raises(TypeError, match=r"TensorBoard: log_dir must be a directory path .*received 5"):
+        TensorBoard(5)
