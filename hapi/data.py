@@ -96,8 +96,43 @@ class TensorBatches(Batch, Dataset):
     """
 
     def __getitems__(self, indices: list[int]) -> Batch:
-        index = torch.as_tensor(indices, dtype=torch.long)
+        index = torch.as_tensor(indices, dtype=torch.long, device=self.tensors[0].device)
         return Batch(*(t[index] for t in self.tensors))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+    def to(self, device: torch.device) -> "TensorBatches":
+        return TensorBatches(*(t.to(device) for t in self.tensors))
+
+
+# Share of the GPU's free memory an in-memory data set may take to be copied
+# there whole: the rest stays for the model, its activations and the optimizer.
+DEVICE_DATA_SHARE = 0.25
+
+
+def free_device_memory(device: torch.device) -> int:
+    """Bytes free on ``device`` for data; 0 where data is not worth moving (the CPU)."""
+    if device.type != "cuda":
+        return 0
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+def device_resident(dataset: Any, device: torch.device, free_bytes: int) -> Any:
+    """``dataset`` copied to ``device`` once, when it can be and fits; else ``dataset``.
+
+    A data set can be when it serves whole batches (``__getitems__``) and says
+    how big it is and how to move it (``nbytes``, ``to(device)``): tensors,
+    ``TensorDataset`` and hapi's data sets do. Its batches are then gathered on
+    the device, with no host-to-device copy per step. It fits when it takes at
+    most ``DEVICE_DATA_SHARE`` of the ``free_bytes`` left on the device.
+    """
+    movable = all(hasattr(dataset, name) for name in ("__getitems__", "nbytes", "to"))
+    if not movable or dataset.nbytes > DEVICE_DATA_SHARE * free_bytes:
+        return dataset
+    return dataset.to(device)
 
 
 def as_dataset(data: Any, role: str) -> Dataset:
@@ -185,8 +220,14 @@ def _checked(loader: Iterable, role: str, batch_size: int | None, drop_last: boo
 
 
 def make_loader(data: Any, *, role: str, batch_size: int, shuffle: bool = False,
-                drop_last: bool = False, num_workers: int = 0, seed: int = 0) -> Iterable:
+                drop_last: bool = False, num_workers: int = 0, seed: int = 0,
+                device: torch.device = torch.device("cpu")) -> Iterable:
     """The iterable of batches one pass over ``data`` uses on this process.
+
+    For a GPU ``device``: in-memory data that fits is copied there once and
+    batched there (see :func:`device_resident`; not with worker processes,
+    which cannot share GPU tensors); other data is loaded into pinned memory,
+    from which the step copies it without blocking.
 
     Raises:
         ValueError: the data gives no batch at all.
@@ -212,6 +253,10 @@ def make_loader(data: Any, *, role: str, batch_size: int, shuffle: bool = False,
                                    generator=torch.Generator()), role)
     if len(dataset) == 0:
         raise ValueError(f"{role} is empty (0 samples); there is nothing to iterate over.")
+    resident = (device_resident(dataset, device, free_device_memory(device))
+                if num_workers == 0 else dataset)
+    pin_memory = device.type == "cuda" and resident is dataset  # pinned only for host data
+    dataset = resident
     sampler = (distributed.train_sampler(dataset, shuffle, seed) if role == "train_data"
                else distributed.eval_sampler(dataset))
     # Every loader gets its own generator: iterating data must not draw from
@@ -223,7 +268,7 @@ def make_loader(data: Any, *, role: str, batch_size: int, shuffle: bool = False,
         generator=sampler.loader_generator if role == "train_data" else torch.Generator(),
         drop_last=drop_last,
         num_workers=num_workers,
-        pin_memory=torch.cuda.is_available(),
+        pin_memory=pin_memory,
         # Training workers start afresh each epoch: their seeds then depend only
         # on the epoch, so a resumed run gets the same random transforms.
         persistent_workers=num_workers > 0 and role != "train_data",

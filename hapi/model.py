@@ -255,9 +255,10 @@ class Model:
         data_seed = distributed.shared_seed()
         train_loader = make_loader(train_data, role="train_data", batch_size=batch_size,
                                    shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
-                                   seed=data_seed)
+                                   seed=data_seed, device=self.device)
         eval_loader = None if eval_data is None else make_loader(
-            eval_data, role="eval_data", batch_size=batch_size, num_workers=num_workers)
+            eval_data, role="eval_data", batch_size=batch_size, num_workers=num_workers,
+            device=self.device)
         steps = num_batches(train_loader)
         if num_iters is not None and steps:
             epochs = math.ceil(num_iters / steps)
@@ -289,7 +290,8 @@ class Model:
         check_positive_int(log_freq, "log_freq")
         check_positive_int(num_iters, "num_iters", allow_none=True)
         _check_verbose(verbose)
-        loader = make_loader(eval_data, role="eval_data", batch_size=batch_size, num_workers=num_workers)
+        loader = make_loader(eval_data, role="eval_data", batch_size=batch_size,
+                             num_workers=num_workers, device=self.device)
         cbks = self._callback_list(callbacks, verbose=verbose, log_freq=log_freq)
         cbks.set_params(self._params(epochs=None, steps=num_batches(loader), batch_size=batch_size,
                                      verbose=verbose, log_freq=log_freq))
@@ -307,7 +309,8 @@ class Model:
         """
         parts = self._prediction_parts()
         _check_verbose(verbose)
-        loader = make_loader(test_data, role="test_data", batch_size=batch_size, num_workers=num_workers)
+        loader = make_loader(test_data, role="test_data", batch_size=batch_size,
+                             num_workers=num_workers, device=self.device)
         cbks = self._callback_list(callbacks, verbose=verbose, log_freq=DEFAULT_LOG_FREQ)
         cbks.set_params(self._params(epochs=None, steps=num_batches(loader), batch_size=batch_size,
                                      verbose=verbose, log_freq=DEFAULT_LOG_FREQ))

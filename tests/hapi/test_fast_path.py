@@ -87,3 +87,50 @@ def test_a_batch_still_reads_as_samples_for_a_plain_dataloader(tmp_path):
     assert torch.equal(image, data[2][0]) and label == data[2][1]
     images, labels = next(iter(DataLoader(data, batch_size=4)))  # torch's default_collate
     assert images.shape == (4, 1, 28, 28) and labels.shape == (4,)
+
+
+def test_in_memory_data_that_fits_is_batched_on_the_device(monkeypatch):
+    # "meta" stands in for a GPU: a batch gathered there proves no per-step host copy.
+    from hapi import data as data_module
+
+    monkeypatch.setattr(data_module, "free_device_memory", lambda device: 10**9)
+    x, y = torch.randn(40, 3), torch.arange(40)
+    loader = make_loader((x, y), role="train_data", batch_size=8, shuffle=True,
+                         device=torch.device("meta"))
+    batches = list(loader)
+    assert len(batches) == 5
+    assert all(t.device.type == "meta" for batch in batches for t in batch)
+    assert loader.pin_memory is False  # device data is never pinned
+    assert x.device.type == "cpu"  # the user's tensors stay where they were
+
+
+def test_data_too_big_for_the_device_stays_on_the_host(monkeypatch):
+    from hapi import data as data_module
+
+    x, y = torch.randn(40, 3), torch.arange(40)
+    needed = 40 * 3 * 4 + 40 * 8
+    monkeypatch.setattr(data_module, "free_device_memory", lambda device: needed * 3)  # over 25%
+    batches = list(make_loader((x, y), role="eval_data", batch_size=8, device=torch.device("meta")))
+    assert all(t.device.type == "cpu" for batch in batches for t in batch)
+    monkeypatch.setattr(data_module, "free_device_memory", lambda device: needed * 4)  # exactly 25%
+    batches = list(make_loader((x, y), role="eval_data", batch_size=8, device=torch.device("meta")))
+    assert all(t.device.type == "meta" for batch in batches for t in batch)
+
+
+def test_worker_processes_and_per_sample_data_keep_host_loading(monkeypatch):
+    from hapi import data as data_module
+
+    monkeypatch.setattr(data_module, "free_device_memory", lambda device: 10**9)
+    x, y = torch.randn(16, 3), torch.arange(16)
+    per_sample = PerSample(TensorDataset(x, y))
+    batches = list(make_loader(per_sample, role="eval_data", batch_size=8, device=torch.device("meta")))
+    assert all(t.device.type == "cpu" for batch in batches for t in batch)
+    loader = make_loader((x, y), role="eval_data", batch_size=8, num_workers=1,
+                         device=torch.device("meta"))
+    assert all(t.device.type == "cpu" for batch in loader for t in batch)
+
+
+def test_the_cpu_never_gets_a_data_copy():
+    from hapi.data import free_device_memory
+
+    assert free_device_memory(torch.device("cpu")) == 0
