@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import Dataset
@@ -32,8 +33,32 @@ def real_train_data(samples: int | None = 12_800) -> FashionMNIST:
     return data
 
 
+class TorchvisionStyleView(Dataset):
+    """The same images served as torchvision's ``FashionMNIST`` + ``ToTensor()`` serve them.
+
+    What a hand-written loop gets from torchvision (not installable on this CPU
+    machine): per ``__getitem__``, the uint8 image becomes a PIL image, then
+    ``ToTensor`` copies it back to an array, makes a float tensor ``[1, 28, 28]``
+    in [0, 1], and the label is a Python ``int``; the DataLoader's default
+    collate then stacks 64 of them.
+    """
+
+    def __init__(self, data: FashionMNIST) -> None:
+        self.images, self.labels = data.images, data.labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        from PIL import Image  # Pillow comes with visualdl
+
+        picture = Image.fromarray(self.images[index].numpy(), mode="L")
+        pixels = torch.from_numpy(np.array(picture, copy=True)).view(28, 28, 1)
+        return pixels.permute(2, 0, 1).contiguous().to(torch.float32).div(255), int(self.labels[index])
+
+
 class PerSampleView(Dataset):
-    """A torchvision-style view of the same data: ``__getitem__`` only, one sample at a time."""
+    """hapi's own ``__getitem__``, one sample at a time (no PIL round trip)."""
 
     def __init__(self, data: FashionMNIST) -> None:
         self.data = data
