@@ -134,3 +134,17 @@ def test_the_cpu_never_gets_a_data_copy():
     from hapi.data import free_device_memory
 
     assert free_device_memory(torch.device("cpu")) == 0
+
+
+def test_hapi_data_sets_are_batched_on_the_device_and_left_in_place(tmp_path, monkeypatch):
+    from hapi import data as data_module
+
+    monkeypatch.setattr(data_module, "free_device_memory", lambda device: 10**9)
+    make_mnist_dir(tmp_path, n_train=20, n_test=4)
+    dataset = FashionMNIST(root=tmp_path, mode="train")
+    assert dataset.nbytes == 20 * 28 * 28 + 20 * 8
+    images, labels = next(iter(make_loader(dataset, role="train_data", batch_size=8,
+                                           device=torch.device("meta"))))
+    assert (images.device.type, images.dtype, tuple(images.shape)) == ("meta", torch.float32, (8, 1, 28, 28))
+    assert labels.device.type == "meta"
+    assert dataset.images.device.type == "cpu"  # the user's data set still reads from the host

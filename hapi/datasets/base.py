@@ -1,0 +1,194 @@
+"""What the data-set readers share: errors, where files are looked for, uint8 storage
+with float items and whole batches, downloads, and file reading."""
+
+from __future__ import annotations
+
+import copy
+import os
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_NUM_CLASSES = 10
+_MODES = ("train", "test")
+
+
+class DatasetError(RuntimeError):
+    """A data set file exists but cannot be used (corrupt, truncated, wrong format),
+    or a requested download failed.
+
+    Attributes:
+        path: the offending file (``None`` for a download that got nothing).
+    """
+
+    def __init__(self, message: str, path: str | os.PathLike | None = None):
+        super().__init__(message)
+        self.path = None if path is None else os.fspath(path)
+
+
+def default_data_dirs(name: str, system_dir: str | os.PathLike | None = None) -> list[Path]:
+    """The directories searched when ``root=None``, in order.
+
+    Built at call time from ``$HAPI_DATA_HOME`` and ``$HOME``, so changing
+    either takes effect at once.
+    """
+    dirs = []
+    data_home = os.environ.get("HAPI_DATA_HOME")
+    if data_home:
+        dirs.append(Path(data_home).expanduser() / name)
+    dirs.append(Path.home() / ".cache" / "hapi" / name)
+    if system_dir is not None:
+        dirs.append(Path(system_dir))
+    return dirs
+
+
+def _download_dir(name: str, root: str | os.PathLike | None) -> Path:
+    if root is not None:
+        return Path(root).expanduser()
+    data_home = os.environ.get("HAPI_DATA_HOME")
+    if data_home:
+        return Path(data_home).expanduser() / name
+    return Path.home() / ".cache" / "hapi" / name
+
+
+def _find_file(directory: Path, stem: str) -> Path | None:
+    for candidate in (directory / f"{stem}.gz", directory / stem):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+class _ImageDataset(Dataset):
+    """What every reader here shares: arguments, uint8 storage, float items, whole batches.
+
+    Subclasses set the class attributes and implement :meth:`_load`. Images
+    stay uint8 (a quarter of float32's memory) and become float only when
+    accessed, one item or one batch at a time.
+    """
+
+    name: str = ""
+    system_dir: str | None = None
+    mirrors: list[str] = []
+    download_timeout: float = 30.0
+    classes: list[str] = []
+
+    def __init__(
+        self,
+        root: str | os.PathLike | None = None,
+        mode: str = "train",
+        transform: Callable[[torch.Tensor], object] | None = None,
+        download: bool = False,
+    ):
+        if mode not in _MODES:
+            raise ValueError(f"{type(self).__name__}: mode must be 'train' or 'test'; received {mode!r}.")
+        self.mode = mode
+        self.transform = transform
+        images, labels, self.root = self._load(root, download)
+        self.images = torch.from_numpy(images)  # uint8, one row per sample
+        self.labels = torch.from_numpy(labels.astype(np.int64))  # int64 [N]
+
+    def _load(self, root, download: bool) -> tuple[np.ndarray, np.ndarray, Path]:
+        """Find (or fetch) and check the files: ``(uint8 images, labels, directory they came from)``."""
+        raise NotImplementedError
+
+    def _as_float(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 images ``[B, ...]`` as float32 ``[B, C, H, W]`` in ``[0, 1]``."""
+        return images.to(torch.float32).div_(255.0)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        image = self._as_float(self.images[index].unsqueeze(0))[0]
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        """A whole batch in one indexing operation: ``(images [B, C, H, W], labels [B])``.
+
+        The DataLoader calls this with a batch's indices instead of
+        ``__getitem__`` per sample. The result is a :class:`hapi.data.Batch`:
+        torch-hapi uses its tensors as they are, while a plain DataLoader reads
+        it as the list of samples torch expects.
+        """
+        from hapi.data import Batch  # imported late: reading a data set needs no process machinery
+
+        index = torch.as_tensor(indices, dtype=torch.long, device=self.images.device)
+        images = self._as_float(self.images[index])
+        if self.transform is not None:
+            images = torch.stack([self.transform(image) for image in images])
+        return Batch(images, self.labels[index])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the stored images and labels take (what a copy to a GPU would take)."""
+        return self.images.nbytes + self.labels.nbytes
+
+    def to(self, device: str | torch.device) -> "_ImageDataset":
+        """The same data set with its stored images and labels on ``device``.
+
+        torch-hapi calls this to batch in-memory data on the GPU with no copy
+        per step; the data set itself is left where it was.
+        """
+        moved = copy.copy(self)
+        moved.images, moved.labels = self.images.to(device), self.labels.to(device)
+        return moved
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(mode={self.mode!r}, len={len(self)}, root={str(self.root)!r})"
+
+    def _search_dirs(self, root) -> list[Path]:
+        if root is not None:
+            root = Path(root).expanduser()
+            return [root, root / self.name]
+        return default_data_dirs(self.name, self.system_dir)
+
+    def _hint(self, offer_download: bool = True) -> str:
+        raise NotImplementedError
+
+
+def _fetch(dataset: _ImageDataset, filename: str, target: Path, check: Callable[[bytes, Path], Any]) -> Any:
+    """Download ``filename`` from the first of ``dataset.mirrors`` that serves good bytes.
+
+    ``check(data, path)`` must raise :class:`DatasetError` on bad content, so
+    that a mirror answering with an error page never leaves a file behind;
+    good bytes are written atomically to ``target/filename``. Returns what
+    ``check`` returned, so the caller need not parse the file twice.
+    """
+    # Imported here so that reading local files never imports the callbacks package.
+    from callbacks.files import atomic_write
+
+    path = target / filename
+    urls, last_error = [], None
+    for base in dataset.mirrors:
+        url = base.rstrip("/") + "/" + filename
+        urls.append(url)
+        try:
+            with urllib.request.urlopen(url, timeout=dataset.download_timeout) as response:
+                data = response.read()
+            result = check(data, path)
+        except (OSError, DatasetError) as error:  # URLError, HTTPError, timeouts are OSErrors
+            last_error = error
+            continue
+        with atomic_write(path, "wb") as handle:
+            handle.write(data)
+        return result
+    tried = "\n".join(f"  {u}" for u in urls) or "  (no mirrors configured)"
+    raise DatasetError(
+        f"{type(dataset).__name__}: could not download {filename} into {target}. URLs tried:\n"
+        f"{tried}\nLast error: {last_error!r}\n{dataset._hint(offer_download=False)}",
+        path,
+    )
+
+
+def _read_bytes(path: Path, hint: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise DatasetError(f"{path}: cannot be read ({error}). {hint}", path) from error

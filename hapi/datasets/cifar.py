@@ -1,0 +1,236 @@
+"""CIFAR-10 from its binary release (tarball or extracted ``.bin`` files); see :mod:`hapi.datasets`."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+import zlib
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from hapi.datasets.base import (_GZIP_MAGIC, _NUM_CLASSES, DatasetError, _download_dir, _fetch,
+                                _ImageDataset, _read_bytes)
+
+_CIFAR_SIDE = 32
+_CIFAR_RECORD = 1 + 3 * _CIFAR_SIDE * _CIFAR_SIDE  # 3073: a label byte, then the red, green, blue planes
+_CIFAR_TARBALL = "cifar-10-binary.tar.gz"
+_CIFAR_DIR = "cifar-10-batches-bin"
+_CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
+_CIFAR_FILES = {
+    "train": tuple(f"data_batch_{i}.bin" for i in range(1, 6)),
+    "test": ("test_batch.bin",),
+}
+_CIFAR_OTHER_MEMBERS = ("batches.meta.txt", "readme.html")
+# Names from the Python (pickle) release, refused with directions to the binary one.
+_CIFAR_PYTHON_NAMES = ("cifar-10-python.tar.gz", "cifar-10-batches-py", "data_batch_1", "test_batch")
+
+
+class Cifar10(_ImageDataset):
+    """CIFAR-10: 50,000 training and 10,000 test 32x32 colour images, 10 classes.
+
+    Reads the *binary* release, ``cifar-10-binary.tar.gz``: either the tarball
+    itself (members are read straight from the archive, nothing is extracted
+    to disk) or the ``cifar-10-batches-bin`` directory extracted from it. The
+    Python release (``cifar-10-python.tar.gz``) is refused with directions to
+    the binary one: its batches are pickles, and unpickling a file runs
+    whatever code it holds.
+
+    Args:
+        root: a directory holding the ``.bin`` files, a ``cifar-10-batches-bin``
+            directory or ``cifar-10-binary.tar.gz`` (``root/cifar-10`` is searched
+            the same way), or the tarball's own path. ``None`` searches
+            ``$HAPI_DATA_HOME/cifar-10``, ``~/.cache/hapi/cifar-10`` and
+            ``/usr/share/datasets/cifar-10``. In each directory the extracted
+            files win over the tarball: they need no decompression.
+        mode: ``"train"`` (``data_batch_1.bin`` to ``data_batch_5.bin``, in that
+            order) or ``"test"`` (``test_batch.bin``).
+        transform: applied to each image, a float32 tensor ``[3, 32, 32]`` in ``[0, 1]``.
+        download: fetch ``cifar-10-binary.tar.gz`` (about 162 MiB) from :attr:`mirrors` into
+            ``root`` (or ``$HAPI_DATA_HOME/cifar-10``, else ``~/.cache/hapi/cifar-10``)
+            when no local copy is found. The tarball is kept as it is.
+
+    Items are ``(image, label)``: float32 ``[3, 32, 32]`` (channels red, green,
+    blue; values divided by 255, as for :class:`FashionMNIST`) and an int64 0-d
+    tensor. ``self.images`` is uint8 ``[N, 3, 32, 32]``, ``self.labels`` int64
+    ``[N]``. The batch sizes are not checked against the release's 10,000, so
+    a cut-down copy works too.
+
+    Raises:
+        ValueError: ``mode`` is not ``"train"`` or ``"test"``, or ``root`` is a single ``.bin`` file.
+        FileNotFoundError: no searched directory holds the files (and ``download=False``).
+        DatasetError: a file is corrupt, the extraction is incomplete, the Python
+            release was found instead, or a download failed.
+    """
+
+    name = "cifar-10"
+    system_dir = "/usr/share/datasets/cifar-10"
+    mirrors = ["https://www.cs.toronto.edu/~kriz/"]
+    classes = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+    def _load(self, root, download: bool) -> tuple[np.ndarray, np.ndarray, Path]:
+        names = _CIFAR_FILES[self.mode]
+        hint = self._hint()
+        location = self._locate(root, download)
+        if location is None:  # nothing local, download=True
+            target = _download_dir(self.name, root)
+            every = _CIFAR_FILES["train"] + _CIFAR_FILES["test"]  # the tarball serves both modes: check both
+            parsed = _fetch(self, _CIFAR_TARBALL, target,
+                            lambda data, path: _read_cifar_tarball(io.BytesIO(data), path, every, hint))
+            return (*_join_batches([parsed[n] for n in names]), target)
+        directory, tarball = location
+        if tarball is None:
+            batches = [_parse_cifar(_read_bytes(directory / n, hint), directory / n, hint) for n in names]
+        else:
+            try:
+                with open(tarball, "rb") as handle:
+                    parsed = _read_cifar_tarball(handle, tarball, names, hint)
+            except OSError as error:
+                raise DatasetError(f"{tarball}: cannot be read ({error}). {hint}", tarball) from error
+            batches = [parsed[n] for n in names]
+        return (*_join_batches(batches), directory)
+
+    def _locate(self, root, download: bool) -> tuple[Path, Path | None] | None:
+        """``(directory, None)`` for extracted files, ``(directory, tarball)``, or ``None`` to download."""
+        names = _CIFAR_FILES[self.mode]
+        if root is not None and Path(root).expanduser().is_file():
+            return self._root_file(Path(root).expanduser())
+        tried: list[Path] = []
+        python_release: list[Path] = []
+        for base in self._search_dirs(root):
+            for directory in (base, base / _CIFAR_DIR):
+                tried.append(directory)
+                present = [n for n in names if (directory / n).is_file()]
+                if present and len(present) < len(names):  # a broken extraction is an error, not a miss
+                    missing = [n for n in names if n not in present]
+                    raise DatasetError(
+                        f"{directory / missing[0]}: missing; {directory} has {', '.join(present)} but not "
+                        f"{', '.join(missing)}, so the extraction of {_CIFAR_TARBALL} is incomplete. "
+                        f"Extract the tarball again, or delete {directory}. {self._hint()}",
+                        directory / missing[0],
+                    )
+                if present:
+                    return directory, None
+                python_release += [directory / n for n in _CIFAR_PYTHON_NAMES if (directory / n).exists()]
+            tarball = base / _CIFAR_TARBALL
+            tried.append(tarball)
+            if tarball.is_file():
+                return base, tarball
+        if download:
+            return None
+        if python_release:
+            raise _python_release_error(", ".join(map(str, python_release)), python_release[0], self._hint())
+        listed = "\n".join(f"  {d}" for d in tried)
+        raise FileNotFoundError(
+            f"{type(self).__name__}(mode={self.mode!r}): found neither {', '.join(names)} "
+            f"nor {_CIFAR_TARBALL}. Tried:\n{listed}\n{self._hint()}"
+        )
+
+    def _root_file(self, path: Path) -> tuple[Path, Path]:
+        if path.name in _CIFAR_PYTHON_NAMES:
+            raise _python_release_error(str(path), path, self._hint())
+        if path.suffix == ".bin":
+            raise ValueError(
+                f"{type(self).__name__}: root={str(path)!r} is one batch file; pass the directory "
+                f"that holds all of them, {str(path.parent)!r}, or the {_CIFAR_TARBALL} tarball."
+            )
+        return path.parent, path  # any other file is read as the tarball, whatever its name
+
+    def _hint(self, offer_download: bool = True) -> str:
+        return (
+            f"To get the data: download the binary release {_CIFAR_URL} (not cifar-10-python.tar.gz) "
+            f"and put it, or the {_CIFAR_DIR} directory extracted from it, in $HAPI_DATA_HOME/{self.name}, "
+            f"~/.cache/hapi/{self.name} or a directory passed as root="
+            + (", or pass download=True." if offer_download else ".")
+        )
+
+
+# -- IDX parsing -------------------------------------------------------------------
+
+
+def _python_release_error(what: str, path: Path, hint: str) -> DatasetError:
+    return DatasetError(
+        f"{what}: this is the CIFAR-10 Python release, whose batches are pickles; torch-hapi does not "
+        f"unpickle data files (unpickling runs code from the file). It reads the binary release, "
+        f"{_CIFAR_TARBALL}. {hint}",
+        path,
+    )
+
+
+def _read_cifar_tarball(
+    handle: BinaryIO, path: Path, names: tuple[str, ...], hint: str
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Parse the batches ``names`` of a ``cifar-10-binary.tar.gz`` read from ``handle``.
+
+    One pass over the stream (tarfile's ``r|`` mode: a gzip'ed tar cannot seek
+    back cheaply), nothing written to disk, and read to the end so that gzip's
+    CRC check runs. Members outside the binary release's list are refused, so
+    a different archive (the Python release, CIFAR-100, a repackaged copy) is
+    reported rather than half-read.
+    """
+
+    def fail(what: str) -> DatasetError:
+        return DatasetError(f"{path}: {what}. Delete it and download it again. {hint}", path)
+
+    if handle.read(2) != _GZIP_MAGIC:
+        raise fail("not a gzip file, so not cifar-10-binary.tar.gz")
+    handle.seek(0)
+    wanted = {f"{_CIFAR_DIR}/{n}": n for n in names}
+    allowed = {_CIFAR_DIR} | {f"{_CIFAR_DIR}/{n}" for n in
+                              _CIFAR_FILES["train"] + _CIFAR_FILES["test"] + _CIFAR_OTHER_MEMBERS}
+    payloads: dict[str, bytes] = {}
+    try:
+        with gzip.GzipFile(fileobj=handle, mode="rb") as stream:
+            with tarfile.open(fileobj=stream, mode="r|") as archive:
+                for member in archive:
+                    member_name = member.name.removeprefix("./").rstrip("/")
+                    if member_name.split("/")[0] == "cifar-10-batches-py":
+                        raise _python_release_error(str(path), path, hint)
+                    if member_name not in allowed:
+                        raise fail(f"unexpected member {member.name!r}; the binary release holds only "
+                                   f"{_CIFAR_DIR}/ with the six .bin batches, batches.meta.txt and readme.html")
+                    if member_name not in wanted:
+                        continue
+                    if not member.isfile():
+                        raise fail(f"member {member_name} is not a regular file")
+                    if member_name in payloads:
+                        raise fail(f"member {member_name} appears twice")
+                    payloads[member_name] = archive.extractfile(member).read()
+            while stream.read(1 << 20):  # the rest of the stream: GzipFile checks CRC and length at its end
+                pass
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as error:
+        raise fail(f"damaged gzip or tar data ({type(error).__name__}: {str(error) or 'truncated'})") from error
+    missing = [m for m in wanted if m not in payloads]
+    if missing:
+        raise fail(f"member {', '.join(missing)} missing from the archive")
+    return {wanted[m]: _parse_cifar(payloads[m], path, hint, member=m) for m in wanted}
+
+
+def _parse_cifar(data: bytes, path: Path, hint: str, member: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Check one binary batch: ``(images uint8 [N, 3, 32, 32], labels uint8 [N])``, views of ``data``."""
+
+    def fail(what: str) -> DatasetError:
+        if member is None:
+            return DatasetError(f"{path}: {what}. Delete it and get good files. {hint}", path)
+        return DatasetError(f"{path} (member {member}): {what}. Delete {path.name} and download it again. "
+                            f"{hint}", path)
+
+    if not data:
+        raise fail(f"empty, expected records of {_CIFAR_RECORD} bytes")
+    if len(data) % _CIFAR_RECORD:
+        raise fail(f"length {len(data)} is not a multiple of {_CIFAR_RECORD} bytes per record "
+                   f"(1 label byte + {_CIFAR_RECORD - 1} pixel bytes): truncated, or not a CIFAR-10 binary batch")
+    records = np.frombuffer(data, dtype=np.uint8).reshape(-1, _CIFAR_RECORD)
+    labels = records[:, 0]
+    if int(labels.max()) >= _NUM_CLASSES:
+        bad = int(np.argmax(labels >= _NUM_CLASSES))
+        raise fail(f"record {bad} has label {int(labels[bad])} outside 0..{_NUM_CLASSES - 1}")
+    # Each record's pixels are the red, then green, then blue 32x32 plane, row-major: already [3, 32, 32].
+    return records[:, 1:].reshape(-1, 3, _CIFAR_SIDE, _CIFAR_SIDE), labels
+
+
+def _join_batches(batches: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    # One copy into fresh, writable, contiguous arrays (frombuffer views are read-only).
+    return np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])

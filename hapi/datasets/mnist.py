@@ -1,0 +1,174 @@
+"""MNIST and Fashion-MNIST from their IDX files (gzip'ed or raw); see :mod:`hapi.datasets`."""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hapi.datasets.base import (_GZIP_MAGIC, _NUM_CLASSES, DatasetError, _download_dir, _fetch,
+                                _find_file, _ImageDataset, _read_bytes)
+
+_IMAGE_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dimensions
+_LABEL_MAGIC = 2049  # 0x00000801: unsigned bytes, 1 dimension
+_SIDE = 28
+_STEMS = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+class _IDXDataset(_ImageDataset):
+    """Shared reader for MNIST-format data sets; subclasses set the class attributes."""
+
+    def _as_float(self, images: torch.Tensor) -> torch.Tensor:
+        return super()._as_float(images.unsqueeze(1))  # grey images are stored without a channel axis
+
+    def _load(self, root, download: bool) -> tuple[np.ndarray, np.ndarray, Path]:
+        image_path, label_path = self._locate(root, download)
+        images = _read_idx(image_path, _IMAGE_MAGIC, self._hint())  # uint8 [N, 28, 28]
+        labels = _read_idx(label_path, _LABEL_MAGIC, self._hint())
+        if len(images) != len(labels):
+            raise DatasetError(
+                f"{image_path} holds {len(images)} images but {label_path} holds {len(labels)} labels; "
+                f"the two files do not belong together. {self._hint()}",
+                label_path,
+            )
+        return images, labels, image_path.parent
+
+    # -- finding and fetching files -------------------------------------------------
+
+    def _locate(self, root, download: bool) -> tuple[Path, Path]:
+        stems = _STEMS[self.mode]
+        tried = self._search_dirs(root)
+        for directory in tried:
+            found = [_find_file(directory, stem) for stem in stems]
+            if all(found):
+                return found[0], found[1]
+        if download:
+            return self._download(_download_dir(self.name, root), stems)
+        listed = "\n".join(f"  {d}" for d in tried)
+        names = " and ".join(f"{s}.gz" for s in stems)
+        raise FileNotFoundError(
+            f"{type(self).__name__}(mode={self.mode!r}): no directory holds {names} "
+            f"(or the same names without .gz). Tried:\n{listed}\n{self._hint()}"
+        )
+
+    def _download(self, target: Path, stems) -> tuple[Path, Path]:
+        paths = []
+        for stem in stems:
+            path = _find_file(target, stem)
+            if path is None:
+                magic = _IMAGE_MAGIC if "images" in stem else _LABEL_MAGIC
+                path = target / f"{stem}.gz"
+                _fetch(self, path.name, target,
+                       lambda data, where, magic=magic: _parse_idx(data, where, magic, self._hint()))
+            paths.append(path)
+        return paths[0], paths[1]
+
+    def _hint(self, offer_download: bool = True) -> str:
+        files = ", ".join(f"{s}.gz" for pair in _STEMS.values() for s in pair)
+        return (
+            f"To get the data: put the four files ({files}) in $HAPI_DATA_HOME/{self.name}, "
+            f"~/.cache/hapi/{self.name} or a directory passed as root="
+            + (", or pass download=True." if offer_download else ".")
+        )
+
+
+class FashionMNIST(_IDXDataset):
+    """Fashion-MNIST (Zalando): 60,000 training and 10,000 test 28x28 grey images, 10 classes.
+
+    Args:
+        root: directory holding the IDX files (also searched: ``root/fashion-mnist``).
+            ``None`` searches ``$HAPI_DATA_HOME/fashion-mnist``,
+            ``~/.cache/hapi/fashion-mnist`` and ``/usr/share/datasets/fashion-mnist``
+            (``apt-get install dataset-fashion-mnist`` on Debian/Ubuntu).
+        mode: ``"train"`` or ``"test"``.
+        transform: applied to each image, a float32 tensor ``[1, 28, 28]`` in ``[0, 1]``.
+        download: fetch missing files from :attr:`mirrors` into ``root`` (or
+            ``$HAPI_DATA_HOME/fashion-mnist``, else ``~/.cache/hapi/fashion-mnist``).
+
+    Items are ``(image, label)``: float32 ``[1, 28, 28]`` and an int64 0-d tensor.
+
+    Raises:
+        ValueError: ``mode`` is not ``"train"`` or ``"test"``.
+        FileNotFoundError: no searched directory holds the files (and ``download=False``).
+        DatasetError: a file is corrupt, or a download failed.
+    """
+
+    name = "fashion-mnist"
+    system_dir = "/usr/share/datasets/fashion-mnist"
+    mirrors = [
+        "https://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+        "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+    ]
+    classes = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+               "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+
+    def _hint(self, offer_download: bool = True) -> str:
+        return (
+            "On Debian/Ubuntu, `apt-get install dataset-fashion-mnist` installs good files in "
+            "/usr/share/datasets/fashion-mnist. " + super()._hint(offer_download)
+        )
+
+
+class MNIST(_IDXDataset):
+    """MNIST handwritten digits: 60,000 training and 10,000 test 28x28 grey images.
+
+    Same arguments, items and errors as :class:`FashionMNIST`; the directory
+    name is ``mnist`` and the system directory ``/usr/share/datasets/mnist``.
+    """
+
+    name = "mnist"
+    system_dir = "/usr/share/datasets/mnist"
+    mirrors = [
+        "https://ossci-datasets.s3.amazonaws.com/mnist/",
+        "https://storage.googleapis.com/cvdf-datasets/mnist/",
+    ]
+    classes = [str(digit) for digit in range(10)]
+
+
+def _read_idx(path: Path, magic: int, hint: str) -> np.ndarray:
+    return _parse_idx(_read_bytes(path, hint), path, magic, hint)
+
+
+def _parse_idx(data: bytes, path: Path, magic: int, hint: str) -> np.ndarray:
+    """Decompress (when ``path`` ends in .gz) and check one IDX file; images -> [N, 28, 28], labels -> [N]."""
+
+    def fail(what: str) -> DatasetError:
+        return DatasetError(f"{path}: {what}. Delete it and get good files. {hint}", path)
+
+    if str(path).endswith(".gz"):
+        if data[:2] != _GZIP_MAGIC:
+            raise fail("not a gzip file although its name ends in .gz")
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as error:
+            raise fail(f"damaged gzip data ({type(error).__name__}: {str(error) or 'truncated'})") from error
+    is_images = magic == _IMAGE_MAGIC
+    header = 16 if is_images else 8
+    if len(data) < header:
+        raise fail(f"only {len(data)} bytes, shorter than the {header}-byte IDX header")
+    fields = np.frombuffer(data, dtype=">u4", count=header // 4)
+    if int(fields[0]) != magic:
+        kind = "image" if is_images else "label"
+        raise fail(f"magic number {int(fields[0])}, expected {magic} for an IDX {kind} file")
+    count = int(fields[1])
+    if is_images and (int(fields[2]), int(fields[3])) != (_SIDE, _SIDE):
+        raise fail(f"images are {int(fields[2])}x{int(fields[3])}, expected {_SIDE}x{_SIDE}")
+    expected = header + count * (_SIDE * _SIDE if is_images else 1)
+    if len(data) != expected:
+        raise fail(f"{len(data)} bytes after decompression, but its header ({count} items) implies {expected}")
+    array = np.frombuffer(data, dtype=np.uint8, offset=header)
+    if is_images:
+        return array.reshape(count, _SIDE, _SIDE).copy()  # copy: frombuffer arrays are read-only
+    if count and int(array.max()) >= _NUM_CLASSES:
+        bad = int(np.argmax(array >= _NUM_CLASSES))
+        raise fail(f"label {int(array[bad])} at index {bad}, expected labels 0..{_NUM_CLASSES - 1}")
+    return array
+
+
+# -- CIFAR-10 binary parsing -------------------------------------------------------
