@@ -6,7 +6,10 @@ twice: with one thread (the same share of the machine per process, which is what
 process-count speed-up compares) and with every core (what a single process can get
 from intra-op threads). Target on a 2-core machine: >= 1.6x.
 
-    python benchmarks/bench_scaling.py [--repeats 3] [--samples 12800]
+    python benchmarks/bench_scaling.py [--repeats 3] [--samples 12800] [--plain]
+
+``--plain`` also times a hand-written DDP loop (whole batches by index, Gloo) the
+same three ways, to tell torch-hapi's cost from DDP's.
 """
 
 from __future__ import annotations
@@ -22,30 +25,53 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def worker(samples: int) -> None:
+def worker(samples: int, contender: str) -> None:
     sys.path.insert(0, HERE)
     import torch
+    import torch.distributed as dist
     from torch import nn
+    from torch.utils.data import DataLoader, DistributedSampler
 
     from common import BATCH, lenet_and_adam, real_train_data
     from hapi import Model
 
     data = real_train_data(samples)
     network, optimizer = lenet_and_adam()
-    model = Model(network)
-    model.prepare(optimizer, nn.CrossEntropyLoss())
-    model.fit(data, batch_size=BATCH, epochs=1, verbose=0, num_iters=5)  # warm-up
+    if contender == "hapi":
+        model = Model(network)
+        model.prepare(optimizer, nn.CrossEntropyLoss())
+        model.fit(data, batch_size=BATCH, epochs=1, verbose=0, num_iters=5)  # warm-up
+        epoch = lambda: model.fit(data, batch_size=BATCH, epochs=1, verbose=0)
+    else:  # the hand-written DDP loop a user would write, for comparison
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world > 1:
+            dist.init_process_group("gloo")
+            network = nn.parallel.DistributedDataParallel(network)
+        sampler = DistributedSampler(data, num_replicas=world, rank=int(os.environ.get("RANK", "0")))
+        images, labels = data.images, data.labels
+        loss_fn = nn.CrossEntropyLoss()
+
+        def epoch():
+            order = torch.tensor(list(sampler))
+            for start in range(0, len(order), BATCH):  # whole batches by index, as hapi does
+                index = order[start:start + BATCH]
+                batch = images[index].unsqueeze(1).to(torch.float32).div_(255.0)
+                loss = loss_fn(network(batch), labels[index])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+        epoch()  # warm-up
     started = time.perf_counter()
-    model.fit(data, batch_size=BATCH, epochs=1, verbose=0)
+    epoch()
     seconds = time.perf_counter() - started
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({"seconds": seconds, "samples_per_s": len(data) / seconds,
                           "threads": torch.get_num_threads()}))
 
 
-def run(nproc: int, samples: int, threads: int) -> dict:
+def run(nproc: int, samples: int, threads: int, contender: str = "hapi") -> dict:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               os.path.abspath(__file__), "--worker", "--samples", str(samples)]
+               os.path.abspath(__file__), "--worker", contender, "--samples", str(samples)]
     result = subprocess.run(command, capture_output=True, text=True, check=True,
                             env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     return json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
@@ -55,25 +81,31 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--samples", type=int, default=12_800)
-    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--worker", choices=["hapi", "plain"])
+    parser.add_argument("--plain", action="store_true",
+                        help="also time a hand-written DDP loop the same ways")
     args = parser.parse_args()
     if args.worker:
-        return worker(args.samples)
+        return worker(args.samples, args.worker)
     cores = os.cpu_count() or 1
     setups = [(1, 1), (1, cores), (2, max(1, cores // 2))]  # (processes, threads each)
-    rates: dict[tuple[int, int], list[float]] = {setup: [] for setup in setups}
+    contenders = ["hapi", "plain"] if args.plain else ["hapi"]
+    rates: dict[tuple[str, int, int], list[float]] = {
+        (who, *setup): [] for who in contenders for setup in setups}
     for _ in range(args.repeats):
-        for nproc, threads in setups:
-            rates[(nproc, threads)].append(run(nproc, args.samples, threads)["samples_per_s"])
+        for who, nproc, threads in rates:
+            rates[(who, nproc, threads)].append(run(nproc, args.samples, threads, who)["samples_per_s"])
     print(f"## Scaling: one epoch of {args.samples} images, batch 64 per process\n")
-    print("| processes | threads each | median samples/s | runs | vs 1 process x 1 thread | "
-          f"vs 1 process x {cores} threads |\n|---|---|---|---|---|---|")
-    one, all_cores = statistics.median(rates[(1, 1)]), statistics.median(rates[(1, cores)])
-    for setup in setups:
-        median = statistics.median(rates[setup])
-        runs = ", ".join(f"{r:.0f}" for r in rates[setup])
-        print(f"| {setup[0]} | {setup[1]} | {median:.0f} | {runs} | {median / one:.2f}x | {median / all_cores:.2f}x |")
-
+    print("| loop | processes | threads each | median samples/s | runs | vs 1 process x 1 thread | "
+          f"vs 1 process x {cores} threads |\n|---|---|---|---|---|---|---|")
+    for who, nproc, threads in rates:
+        one = statistics.median(rates[(who, 1, 1)])
+        all_cores = statistics.median(rates[(who, 1, cores)])
+        median = statistics.median(rates[(who, nproc, threads)])
+        runs = ", ".join(f"{r:.0f}" for r in rates[(who, nproc, threads)])
+        name = "Model.fit" if who == "hapi" else "hand-written DDP"
+        print(f"| {name} | {nproc} | {threads} | {median:.0f} | {runs} | {median / one:.2f}x | "
+              f"{median / all_cores:.2f}x |")
 
 if __name__ == "__main__":
     main()

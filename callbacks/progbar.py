@@ -47,6 +47,9 @@ class _Phase:
         self.started = time.perf_counter()
         self.samples = 0
         self.done = 0
+        # Figures not printed yet (a shortened last epoch's final step, say):
+        # printed before the pass ends, so the last figures are always shown.
+        self.unprinted: dict | None = None
 
     def seconds_per_step(self) -> float:
         return (time.perf_counter() - self.started) / max(self.done, 1)
@@ -106,16 +109,30 @@ class ProgBarLogger(Callback):
                 phase.bar.set_postfix({k: _format_value(v) for k, v in figures.items()}, refresh=False)
             return
         last = phase.steps is not None and phase.done == phase.steps
-        if figures and (phase.done % self.log_freq == 0 or last or phase.steps is None):
-            total = f"/{phase.steps}" if phase.steps is not None else ""
-            parts = [f"step {phase.done}{total}"]
-            parts += [f"{name}: {_format_value(value)}" for name, value in figures.items()]
-            parts.append(_format_pace(phase.seconds_per_step()))
-            print(" - ".join(parts), flush=True)
+        if not figures:
+            return
+        phase.unprinted = figures
+        if phase.done % self.log_freq == 0 or last or phase.steps is None:
+            self._print_line(phase)
+
+    @staticmethod
+    def _print_line(phase: _Phase) -> None:
+        if phase.unprinted is None:
+            return
+        total = f"/{phase.steps}" if phase.steps is not None else ""
+        parts = [f"step {phase.done}{total}"]
+        parts += [f"{name}: {_format_value(value)}" for name, value in phase.unprinted.items()]
+        parts.append(_format_pace(phase.seconds_per_step()))
+        print(" - ".join(parts), flush=True)
+        phase.unprinted = None
 
     def _finish(self, phase: _Phase | None) -> None:
-        if phase is not None and phase.bar is not None:
+        if phase is None:
+            return
+        if phase.bar is not None:
             phase.bar.close()
+        else:
+            self._print_line(phase)  # the pass ended on a step between log_freq steps
 
     # -- training --------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -147,6 +164,8 @@ class ProgBarLogger(Callback):
             return
         if self._phase is not None and self._phase.bar is not None:
             self._phase.bar.refresh()
+        elif self._phase is not None:
+            self._print_line(self._phase)  # the epoch's last figures before "Eval begin..."
         self._outer = self._phase
         if not self._use_bar():
             print("Eval begin...", flush=True)

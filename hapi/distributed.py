@@ -293,26 +293,45 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> DataLoader:
         return loader
     # A DistributedSampler pads shards with repeated samples: fine for training,
     # wrong for evaluation, which is always re-split without duplicates.
-    if training and (isinstance(loader.sampler, DistributedSampler)
+    if training and (isinstance(_index_sampler(loader), DistributedSampler)
                      or hasattr(loader.batch_sampler, "set_epoch")):
         return loader
-    if loader.batch_size is None:
+    batch_size = loader_batch_size(loader)
+    if batch_size is None:
         raise DistributedSetupError(
-            "This DataLoader has a custom batch_sampler, which torch-hapi cannot split across "
-            f"{world_size()} processes. Give it a sampler that knows the rank (e.g. "
-            "torch.utils.data.DistributedSampler), or pass the Dataset and batch_size to fit()."
+            "This DataLoader has a custom batch_sampler without a batch_size, which torch-hapi "
+            f"cannot split across {world_size()} processes. Give it a sampler that knows the rank "
+            "(e.g. BatchSampler(DistributedSampler(dataset), batch_size, drop_last)), or pass the "
+            "Dataset and batch_size to fit()."
         )
-    shuffle = training and not isinstance(loader.sampler, torch.utils.data.SequentialSampler)
+    drop_last = loader.drop_last if loader.batch_size is not None else bool(
+        getattr(loader.batch_sampler, "drop_last", False))
+    shuffle = training and not isinstance(_index_sampler(loader), torch.utils.data.SequentialSampler)
     sampler = train_sampler(loader.dataset, shuffle, seed) if training else eval_sampler(loader.dataset)
     return DataLoader(
-        loader.dataset, batch_size=loader.batch_size, sampler=sampler,
+        loader.dataset, batch_size=batch_size, sampler=sampler,
         generator=sampler.loader_generator if training else torch.Generator(),
         num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory, drop_last=loader.drop_last, timeout=loader.timeout,
+        pin_memory=loader.pin_memory, drop_last=drop_last, timeout=loader.timeout,
         worker_init_fn=loader.worker_init_fn,
         persistent_workers=loader.persistent_workers and not training,
         prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
     )
+
+
+def _index_sampler(loader: DataLoader) -> Any:
+    """The sampler of sample indices: the loader's own, or the one inside its batch sampler."""
+    if loader.batch_size is None and hasattr(loader.batch_sampler, "sampler"):
+        return loader.batch_sampler.sampler
+    return loader.sampler
+
+
+def loader_batch_size(loader: Any) -> int | None:
+    """Samples per batch of a DataLoader, also when it was given a ``batch_sampler``."""
+    size = getattr(loader, "batch_size", None)
+    if size is None:
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return size if isinstance(size, int) else None
 
 
 def set_seed(loader: Any, seed: int) -> None:
@@ -324,7 +343,10 @@ def set_seed(loader: Any, seed: int) -> None:
 
 def set_epoch(loader: Any, epoch: int) -> None:
     """Tell the sampler which epoch starts, so each epoch reshuffles (all ranks alike)."""
-    for sampler in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    samplers = {id(s): s for s in (getattr(loader, "sampler", None), batch_sampler,
+                                   getattr(batch_sampler, "sampler", None))}
+    for sampler in samplers.values():  # e.g. BatchSampler(DistributedSampler(...)): the inner one
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
 

@@ -241,8 +241,10 @@ class Model:
 
         ``batch_size`` is per process. ``eval_data`` is evaluated when
         ``epoch % eval_freq == 0`` (0-based, as in Paddle). ``save_dir`` adds
-        a ``ModelCheckpoint(save_dir, save_freq)``. ``num_iters`` caps the
-        number of training batches in total (the epochs shrink to fit).
+        a ``ModelCheckpoint(save_dir, save_freq)``. ``num_iters`` is the
+        number of training batches in total: ``epochs`` becomes
+        ceil(num_iters / batches per epoch), as in Paddle, and the last
+        epoch stops early when needed.
         ``accumulate_grad_batches`` averages gradients over that many batches
         before each optimizer step.
         """
@@ -265,7 +267,7 @@ class Model:
         cbks = self._callback_list(callbacks, verbose=verbose, log_freq=log_freq,
                                    save_dir=save_dir, save_freq=save_freq)
         cbks.set_params(self._params(epochs=epochs, steps=steps if num_iters is None else min(steps or num_iters, num_iters),
-                                     batch_size=getattr(train_loader, "batch_size", batch_size),
+                                     batch_size=distributed.loader_batch_size(train_loader) or batch_size,
                                      verbose=verbose, log_freq=log_freq))
         self.stop_training = False
         self.epoch = self.epoch_step = 0
@@ -293,7 +295,8 @@ class Model:
         loader = make_loader(eval_data, role="eval_data", batch_size=batch_size,
                              num_workers=num_workers, device=self.device)
         cbks = self._callback_list(callbacks, verbose=verbose, log_freq=log_freq)
-        cbks.set_params(self._params(epochs=None, steps=num_batches(loader), batch_size=batch_size,
+        cbks.set_params(self._params(epochs=None, steps=num_batches(loader),
+                                     batch_size=distributed.loader_batch_size(loader) or batch_size,
                                      verbose=verbose, log_freq=log_freq))
         return evaluate_loop(parts, loader, cbks, log_freq=log_freq, num_iters=num_iters)
 
@@ -312,7 +315,8 @@ class Model:
         loader = make_loader(test_data, role="test_data", batch_size=batch_size,
                              num_workers=num_workers, device=self.device)
         cbks = self._callback_list(callbacks, verbose=verbose, log_freq=DEFAULT_LOG_FREQ)
-        cbks.set_params(self._params(epochs=None, steps=num_batches(loader), batch_size=batch_size,
+        cbks.set_params(self._params(epochs=None, steps=num_batches(loader),
+                                     batch_size=distributed.loader_batch_size(loader) or batch_size,
                                      verbose=verbose, log_freq=DEFAULT_LOG_FREQ))
         outputs = predict_loop(parts, loader, cbks)
         if stack_outputs:

@@ -36,6 +36,15 @@ def test_lines_in_paddles_form_every_log_freq_steps_and_the_last(capsys):
     assert lines[8:] == ["Eval samples: 100"]
 
 
+def test_an_epoch_cut_short_by_num_iters_still_shows_its_last_figures(capsys):
+    x, y = make_tiny_data(40)  # 4 steps per epoch; num_iters=5 leaves 1 step for epoch 2
+    _model().fit((x, y), eval_data=(x, y), batch_size=10, log_freq=4, num_iters=5, verbose=2)
+    lines = capsys.readouterr().out.splitlines()
+    second = lines.index("Epoch 2/2")
+    assert LINE.match(lines[second + 1]).group(1) == "1"  # its only step, before the evaluation
+    assert lines[second + 2] == "Eval begin..."
+
+
 def test_not_a_terminal_prints_lines_even_with_verbose_1(capsys):
     x, y = make_tiny_data(40)
     _model().fit((x, y), batch_size=10, log_freq=2, verbose=1)

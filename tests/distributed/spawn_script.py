@@ -27,7 +27,7 @@ def train(out_dir: str = ".", tag: str = "plain") -> float:
     print(f"rank {os.environ['RANK']} says hello")
     history = model.fit(make_tiny_data(64), batch_size=8, epochs=1, verbose=0)
     record = {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"]),
-              "loss": history.history["loss"][-1]}
+              "loss": history.history["loss"][-1], "threads": torch.get_num_threads()}
     (pathlib.Path(out_dir) / f"{tag}.rank{record['rank']}.json").write_text(json.dumps(record))
     return record["loss"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -16,12 +17,16 @@ SCRIPT = WORKER.parent / "spawn_script.py"
 
 
 def test_seed_usages_fn_only_args_nprocs_and_log_dir(tmp_path):
-    result = run_bounded([sys.executable, str(SCRIPT), "usages", str(tmp_path)], 180, child_env())
+    env = child_env()
+    del env["OMP_NUM_THREADS"]  # spawn shares the cores out itself
+    result = run_bounded([sys.executable, str(SCRIPT), "usages", str(tmp_path)], 180, env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for tag in ("plain", "nprocs"):  # spawn(train): one process per CPU core (2 here); nprocs=2
         records = [json.loads((tmp_path / f"{tag}.rank{r}.json").read_text()) for r in (0, 1)]
         assert [(r["rank"], r["world_size"]) for r in records] == [(0, 2), (1, 2)]
         assert records[0]["loss"] == records[1]["loss"]  # reduced across the two processes
+        # two processes never each take every core
+        assert [r["threads"] for r in records] == [max(1, (os.cpu_count() or 1) // 2)] * 2
     returned = json.loads((tmp_path / "returned.json").read_text())
     assert set(returned) == {"0", "1"}  # spawn returns {rank: fn's return value}
     for rank in (0, 1):  # like `launch --log_dir`: one log per rank

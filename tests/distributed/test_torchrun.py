@@ -25,7 +25,7 @@ def test_two_processes_train_like_one_at_twice_the_batch(tmp_path):
     for rank in ranks:
         # Dataset, a plain DataLoader (resharded), one with its own DistributedSampler,
         # and gradient accumulation (batch 4 x 2): all equal one process at batch 16.
-        for key in ("dataset", "loader", "loader_with_sampler", "accumulate"):
+        for key in ("dataset", "loader", "loader_with_sampler", "loader_with_batch_sampler", "accumulate"):
             assert_close_lists(rank[key], expected)
         assert rank["network_type"] == "TinyNet"  # model.network is never the DDP wrapper
     assert "Distributed training on 2 processes: batch_size 8 per process, global batch 16" in result.stdout
@@ -76,6 +76,8 @@ def test_three_processes_evaluate_and_predict_exactly_like_one(tmp_path):
     for rank in ranks:  # 1001 = 334 + 334 + 333 samples: no duplicate, none missing
         assert rank["evaluate"]["acc"] == expected["acc"]
         assert rank["evaluate"]["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+        assert rank["evaluate_batch_sampler"]["acc"] == expected["acc"]
+        assert rank["evaluate_batch_sampler"]["loss"] == pytest.approx(expected["loss"], rel=1e-6)
         assert_close_lists(rank["predict"], predictions.tolist(), atol=1e-6)
         assert rank["predict_batches_rows"] == 1001
         # 2 samples on 3 processes: rank 2's shard is empty, nothing hangs or fails.
@@ -102,7 +104,7 @@ def test_two_machines_with_a_c10d_rendezvous(tmp_path, free_port):
                 os.killpg(agent.pid, signal.SIGKILL)
     assert [agent.returncode for agent in agents] == [0, 0], outputs
     for rank in read_ranks(tmp_path, "train_small", 2):
-        for key in ("dataset", "loader", "loader_with_sampler", "accumulate"):
+        for key in ("dataset", "loader", "loader_with_sampler", "loader_with_batch_sampler", "accumulate"):
             assert_close_lists(rank[key], single_process_weights())
 
 

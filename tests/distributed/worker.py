@@ -13,7 +13,7 @@ import sys
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, TensorDataset
 
 # The repository first, so that the folder tests/callbacks (no __init__.py)
 # cannot pass for the callbacks package; then tests/ for the shared fixtures.
@@ -106,6 +106,10 @@ def train_equivalence() -> dict:
     sampler = DistributedSampler(TensorDataset(x, y), shuffle=False)
     model.fit(DataLoader(TensorDataset(x, y), batch_size=8, sampler=sampler), epochs=2, verbose=0)
     results["loader_with_sampler"] = flat_weights(model)
+    model = sgd_model()  # Paddle's DistributedBatchSampler idea, built from torch's parts
+    batches = BatchSampler(DistributedSampler(TensorDataset(x, y), shuffle=False), 8, drop_last=False)
+    model.fit(DataLoader(TensorDataset(x, y), batch_sampler=batches), epochs=2, verbose=0)
+    results["loader_with_batch_sampler"] = flat_weights(model)
     model = sgd_model()
     model.fit((x, y), batch_size=4, accumulate_grad_batches=2, epochs=2, shuffle=False, verbose=0)
     results["accumulate"] = flat_weights(model)
@@ -159,7 +163,10 @@ def scenario_eval(out: pathlib.Path) -> dict:
     # Fewer samples than processes: one shard is empty; every rank still gets the figures.
     tiny_logs = model.evaluate((x[:2], y[:2]), batch_size=3, verbose=0)
     tiny_predictions = model.predict((x[:2], y[:2]), batch_size=3, stack_outputs=True, verbose=0)[0]
-    return {"evaluate": logs, "predict": predictions.tolist(),
+    # An evaluation loader on a rank-aware batch sampler is re-split without its padding.
+    padded = BatchSampler(DistributedSampler(TensorDataset(x, y), shuffle=False), 3, drop_last=False)
+    batch_sampler_logs = model.evaluate(DataLoader(TensorDataset(x, y), batch_sampler=padded), verbose=0)
+    return {"evaluate": logs, "evaluate_batch_sampler": batch_sampler_logs, "predict": predictions.tolist(),
             "predict_batches_rows": sum(len(b) for b in batches),
             "evaluate_2": tiny_logs, "predict_2": tiny_predictions.tolist()}
 

@@ -84,6 +84,26 @@ def test_params_describe_the_run(recorder):
     }
 
 
+def test_a_loader_on_a_batch_sampler_reports_its_batch_size_and_reshuffles(recorder):
+    from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, TensorDataset
+
+    x, y = make_tiny_data(32)
+    seen = []
+
+    class Recording(DistributedSampler):
+        def __iter__(self):
+            order = list(super().__iter__())
+            seen.append(order)
+            return iter(order)
+
+    inner = Recording(TensorDataset(x, y), num_replicas=1, rank=0, shuffle=True)
+    loader = DataLoader(TensorDataset(x, y), batch_sampler=BatchSampler(inner, 8, drop_last=False))
+    _model().fit(loader, epochs=2, verbose=0, callbacks=[recorder])
+    assert recorder.params["batch_size"] == 8  # not None: read from the batch sampler
+    assert len(seen) == 2 and sorted(seen[0]) == sorted(seen[1]) == list(range(32))
+    assert seen[0] != seen[1]  # fit's set_epoch reached the sampler inside: a new order
+
+
 def test_a_callback_mutating_logs_does_not_affect_the_next(recorder):
     from callbacks import Callback
 
