@@ -33,6 +33,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
+from hapi import shared_memory
+
 _created_group = False  # True when hapi created the default group (and so destroys it)
 _DEFAULT_TIMEOUT_S = 300
 
@@ -179,7 +181,13 @@ def wrap(network: nn.Module, device: torch.device) -> nn.Module:
     if world_size() == 1 or not any(p.requires_grad for p in network.parameters()):
         return network
     device_ids = [device.index] if device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(network, device_ids=device_ids)
+    wrapped = nn.parallel.DistributedDataParallel(network, device_ids=device_ids)
+    trained = [p for p in network.parameters() if p.requires_grad]
+    if shared_memory.supported(trained):  # CPU processes on one machine: skip the loopback TCP
+        state = shared_memory.SharedMemoryAllReduce(
+            sum(p.numel() for p in trained), _env_int("HAPI_DIST_TIMEOUT", _DEFAULT_TIMEOUT_S))
+        wrapped.register_comm_hook(state, shared_memory.average_hook)
+    return wrapped
 
 
 def unwrap(network: nn.Module) -> nn.Module:

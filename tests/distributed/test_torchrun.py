@@ -28,6 +28,8 @@ def test_two_processes_train_like_one_at_twice_the_batch(tmp_path):
         for key in ("dataset", "loader", "loader_with_sampler", "loader_with_batch_sampler", "accumulate"):
             assert_close_lists(rank[key], expected)
         assert rank["network_type"] == "TinyNet"  # model.network is never the DDP wrapper
+        # CPU processes on one machine average gradients through shared memory, not TCP.
+        assert rank["comm_hooks"] == ["average_hook"]
     assert "Distributed training on 2 processes: batch_size 8 per process, global batch 16" in result.stdout
     assert result.stdout.count("Epoch 1/2") == 1  # only rank 0 prints
     assert "Eval samples: 21" in result.stdout  # 11 + 10: every process's samples, counted once
@@ -106,6 +108,7 @@ def test_two_machines_with_a_c10d_rendezvous(tmp_path, free_port):
     for rank in read_ranks(tmp_path, "train_small", 2):
         for key in ("dataset", "loader", "loader_with_sampler", "loader_with_batch_sampler", "accumulate"):
             assert_close_lists(rank[key], single_process_weights())
+        assert rank["comm_hooks"] == []  # processes on different "machines": Gloo's all-reduce
 
 
 def test_a_rank_that_raises_stops_the_job_with_its_error(tmp_path):

@@ -99,6 +99,7 @@ def train_equivalence() -> dict:
     model.fit((x, y), batch_size=8, epochs=2, shuffle=False, verbose=2, log_freq=2)
     results["dataset"] = flat_weights(model)
     results["network_type"] = type(model.network).__name__
+    results["comm_hooks"] = [hook.__name__ for hook, _ in model._wrapped._comm_hooks]
     model = sgd_model()
     model.fit(DataLoader(TensorDataset(x, y), batch_size=8, shuffle=False), epochs=2, verbose=0)
     results["loader"] = flat_weights(model)

@@ -1,0 +1,123 @@
+"""Gradient averaging through shared memory, for CPU processes on one machine.
+
+Why: on a CPU machine every process trains on its own cores, and DDP's
+Gloo all-reduce goes through TCP on the loopback. Measured on the project's
+2-core machine, one all-reduce of LeNet's 244 KB of gradients took about 2 ms
+(0.4 ms for 4 bytes): 12% of a step, paid every step. Processes on one
+machine can instead write their gradients into one shared buffer and add them
+up there, which costs a copy and a sum.
+
+How: a DDP communication hook (DDP's own extension point). Each process
+owns one row of a shared ``[2, world, n]`` buffer; per gradient bucket it
+copies its gradients into its row, publishes a sequence number, waits until
+every process has published the same number, and averages the rows in rank
+order -- the same sum in the same order on every process, so the weights stay
+identical everywhere. The two halves of the buffer alternate between calls:
+a process can only write a half again two calls later, after every process
+has published the call in between, i.e. finished reading it. The protocol
+relies on x86's store ordering (a published number is seen only after the
+data written before it), so it is used on x86-64 only.
+
+A process waiting for the others spins briefly, then yields its core, and
+gives up after the distributed timeout with an error naming the ranks that
+never arrived (a rank that died is normally stopped sooner by the launcher).
+
+:func:`hapi.distributed.wrap` installs it when every process is on this
+machine, the backend is Gloo, and every parameter is float32 on the CPU;
+``HAPI_SHM_ALLREDUCE=0`` keeps Gloo's all-reduce.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import platform
+import tempfile
+import time
+import uuid
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+_SPINS_BEFORE_YIELD = 2000
+
+
+def supported(parameters: list[torch.nn.Parameter]) -> bool:
+    """Whether the shared-memory hook can serve this group and these parameters."""
+    return (os.environ.get("HAPI_SHM_ALLREDUCE", "1") != "0"
+            and platform.machine().lower() in ("x86_64", "amd64")
+            and dist.get_backend() == "gloo"
+            and int(os.environ.get("LOCAL_WORLD_SIZE", "-1")) == dist.get_world_size()
+            and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in parameters))
+
+
+class SharedMemoryAllReduce:
+    """The state of the hook: the shared buffer, this process's row, the call count."""
+
+    def __init__(self, numel: int, timeout_s: float) -> None:
+        self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        self.timeout_s = timeout_s
+        data_bytes = 2 * self.world * numel * 4
+        size = data_bytes + 64 * self.world  # one 64-byte line per rank for its sequence number
+        # Rank 0 names and sizes the file; every rank maps it; rank 0 then
+        # unlinks it, so nothing is left behind even if a process dies.
+        name = [os.path.join(_shm_dir(), f"hapi-allreduce-{uuid.uuid4().hex}")]
+        dist.broadcast_object_list(name, src=0)
+        path = name[0]
+        if self.rank == 0:
+            with open(path, "wb") as handle:
+                handle.truncate(size)
+        dist.barrier()
+        descriptor = os.open(path, os.O_RDWR)
+        try:
+            self._mapping = mmap.mmap(descriptor, size)
+        finally:
+            os.close(descriptor)
+        dist.barrier()
+        if self.rank == 0:
+            os.unlink(path)
+        self.rows = torch.from_numpy(np.ndarray((2, self.world, numel), np.float32, buffer=self._mapping))
+        self.published = np.ndarray((self.world, 8), np.int64, buffer=self._mapping, offset=data_bytes)
+        self.calls = 0
+
+    def average(self, gradients: torch.Tensor) -> torch.Tensor:
+        """``gradients`` replaced, in place, by their mean over the processes."""
+        self.calls += 1
+        count = gradients.numel()
+        rows = self.rows[self.calls % 2]
+        rows[self.rank, :count].copy_(gradients.reshape(-1))
+        self.published[self.rank, 0] = self.calls
+        self._wait_for_everyone()
+        torch.sum(rows[:, :count], dim=0, out=gradients.view(-1)).div_(self.world)
+        return gradients
+
+    def _wait_for_everyone(self) -> None:
+        spins, deadline = 0, None
+        while (self.published[:, 0] < self.calls).any():
+            spins += 1
+            if spins < _SPINS_BEFORE_YIELD:
+                continue
+            os.sched_yield()  # more processes than cores: let the one we wait for run
+            if deadline is None:
+                deadline = time.monotonic() + self.timeout_s
+            elif time.monotonic() > deadline:
+                missing = [r for r in range(self.world) if self.published[r, 0] < self.calls]
+                raise RuntimeError(
+                    f"Rank {self.rank} waited {self.timeout_s:.0f} s for the gradients of rank(s) "
+                    f"{missing}, which never arrived: those processes stopped or hang. Check their "
+                    "output; HAPI_DIST_TIMEOUT sets this limit."
+                )
+
+
+def average_hook(state, bucket):  # no annotations: DDP checks them, and this module's are strings
+    """DDP communication hook: one bucket of gradients (a ``dist.GradBucket``), averaged
+    through the :class:`SharedMemoryAllReduce` in ``state``; returns a completed future."""
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(state.average(bucket.buffer()))
+    return future
+
+
+def _shm_dir() -> str:
+    """RAM-backed /dev/shm where there is one, else the temporary directory."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
