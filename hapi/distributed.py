@@ -184,9 +184,10 @@ def wrap(network: nn.Module, device: torch.device) -> nn.Module:
     wrapped = nn.parallel.DistributedDataParallel(network, device_ids=device_ids)
     trained = [p for p in network.parameters() if p.requires_grad]
     if shared_memory.supported(trained):  # CPU processes on one machine: skip the loopback TCP
-        state = shared_memory.SharedMemoryAllReduce(
+        state = shared_memory.SharedMemoryAllReduce.create(
             sum(p.numel() for p in trained), _env_int("HAPI_DIST_TIMEOUT", _DEFAULT_TIMEOUT_S))
-        wrapped.register_comm_hook(state, shared_memory.average_hook)
+        if state is not None:  # None everywhere when the RAM disk is too small
+            wrapped.register_comm_hook(state, shared_memory.average_hook)
     return wrapped
 
 

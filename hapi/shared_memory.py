@@ -18,6 +18,9 @@ has published the call in between, i.e. finished reading it. The protocol
 relies on x86's store ordering (a published number is seen only after the
 data written before it), so it is used on x86-64 only.
 
+The buffer's pages are reserved when it is made; where the RAM disk is too
+small for them, every process keeps Gloo's all-reduce.
+
 A process waiting for the others spins briefly, then yields its core, and
 gives up after the distributed timeout with an error naming the ranks that
 never arrived (a rank that died is normally stopped sooner by the launcher).
@@ -29,6 +32,7 @@ machine, the backend is Gloo, and every parameter is float32 on the CPU;
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import platform
@@ -53,33 +57,57 @@ def supported(parameters: list[torch.nn.Parameter]) -> bool:
 
 
 class SharedMemoryAllReduce:
-    """The state of the hook: the shared buffer, this process's row, the call count."""
+    """The state of the hook: the shared buffer, this process's row, the call count.
 
-    def __init__(self, numel: int, timeout_s: float) -> None:
+    Build it with :meth:`create`, a collective every process calls.
+    """
+
+    def __init__(self, path: str, numel: int, timeout_s: float) -> None:
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.timeout_s = timeout_s
         data_bytes = 2 * self.world * numel * 4
-        size = data_bytes + 64 * self.world  # one 64-byte line per rank for its sequence number
-        # Rank 0 names and sizes the file; every rank maps it; rank 0 then
-        # unlinks it, so nothing is left behind even if a process dies.
-        name = [os.path.join(_shm_dir(), f"hapi-allreduce-{uuid.uuid4().hex}")]
-        dist.broadcast_object_list(name, src=0)
-        path = name[0]
-        if self.rank == 0:
-            with open(path, "wb") as handle:
-                handle.truncate(size)
-        dist.barrier()
         descriptor = os.open(path, os.O_RDWR)
         try:
-            self._mapping = mmap.mmap(descriptor, size)
+            self._mapping = mmap.mmap(descriptor, _size(numel, self.world))
         finally:
             os.close(descriptor)
-        dist.barrier()
-        if self.rank == 0:
-            os.unlink(path)
         self.rows = torch.from_numpy(np.ndarray((2, self.world, numel), np.float32, buffer=self._mapping))
         self.published = np.ndarray((self.world, 8), np.int64, buffer=self._mapping, offset=data_bytes)
         self.calls = 0
+
+    @classmethod
+    def create(cls, numel: int, timeout_s: float) -> "SharedMemoryAllReduce | None":
+        """The state on every process, or ``None`` on every process when the memory is not there.
+
+        Rank 0 creates the file and reserves its pages (``posix_fallocate``):
+        a RAM disk that is too small (Docker gives containers 64 MB of
+        ``/dev/shm``) then fails here, and every process falls back to Gloo,
+        instead of a process being killed by SIGBUS when it first writes a
+        gradient. Once every process has mapped the file, rank 0 unlinks it,
+        so nothing is left behind even if a process dies.
+        """
+        path = ""
+        if dist.get_rank() == 0:
+            path = os.path.join(_shm_dir(), f"hapi-allreduce-{uuid.uuid4().hex}")
+            try:
+                descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                try:
+                    os.posix_fallocate(descriptor, 0, _size(numel, dist.get_world_size()))
+                finally:
+                    os.close(descriptor)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                path = ""
+        shared = [path]
+        dist.broadcast_object_list(shared, src=0)
+        if not shared[0]:
+            return None
+        state = cls(shared[0], numel, timeout_s)
+        dist.barrier()  # every process has mapped it
+        if dist.get_rank() == 0:
+            os.unlink(shared[0])
+        return state
 
     def average(self, gradients: torch.Tensor) -> torch.Tensor:
         """``gradients`` replaced, in place, by their mean over the processes."""
@@ -116,6 +144,12 @@ def average_hook(state, bucket):  # no annotations: DDP checks them, and this mo
     future: torch.futures.Future = torch.futures.Future()
     future.set_result(state.average(bucket.buffer()))
     return future
+
+
+def _size(numel: int, world: int) -> int:
+    """Bytes of the shared file: two halves of one float32 row per process, then one
+    64-byte line per process for its published call number."""
+    return 2 * world * numel * 4 + 64 * world
 
 
 def _shm_dir() -> str:

@@ -13,7 +13,7 @@ from hapi.shared_memory import SharedMemoryAllReduce
 
 def _two_rank_state(timeout_s: float) -> SharedMemoryAllReduce:
     """Rank 0 of two, on private memory: what the constructor builds, minus the process group."""
-    state = SharedMemoryAllReduce.__new__(SharedMemoryAllReduce)
+    state = SharedMemoryAllReduce.__new__(SharedMemoryAllReduce)  # skips mapping a file
     state.world, state.rank, state.timeout_s, state.calls = 2, 0, timeout_s, 0
     state._mapping = mmap.mmap(-1, 2 * 2 * 4 * 4 + 64 * 2)
     state.rows = torch.from_numpy(np.ndarray((2, 2, 4), np.float32, buffer=state._mapping))

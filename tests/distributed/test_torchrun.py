@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -86,6 +87,16 @@ def test_three_processes_evaluate_and_predict_exactly_like_one(tmp_path):
         assert rank["evaluate_2"]["loss"] == pytest.approx(two["loss"], rel=1e-6)
         assert rank["evaluate_2"]["acc"] == two["acc"]
         assert_close_lists(rank["predict_2"], predictions[:2].tolist(), atol=1e-6)
+
+
+def test_too_little_shared_memory_falls_back_to_gloo_on_every_rank(tmp_path):
+    torchrun(["--standalone", "--nproc_per_node=2", str(WORKER), "train_small", str(tmp_path)],
+             WORKER_SHM_FULL="1")
+    for rank in read_ranks(tmp_path, "train_small", 2):
+        assert rank["comm_hooks"] == []  # rank 0 could not reserve the buffer: nobody uses it
+        for key in ("dataset", "loader", "accumulate"):
+            assert_close_lists(rank[key], single_process_weights())
+    assert not list(pathlib.Path("/dev/shm").glob("hapi-allreduce-*"))  # nothing left behind
 
 
 def test_two_machines_with_a_c10d_rendezvous(tmp_path, free_port):
