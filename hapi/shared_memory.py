@@ -103,11 +103,15 @@ class SharedMemoryAllReduce:
         dist.broadcast_object_list(shared, src=0)
         if not shared[0]:
             return None
-        state = cls(shared[0], numel, timeout_s)
-        dist.barrier()  # every process has mapped it
+        try:
+            state: SharedMemoryAllReduce | None = cls(shared[0], numel, timeout_s)
+        except OSError:  # not the machine rank 0 is on, after all (a wrong LOCAL_WORLD_SIZE)
+            state = None
+        failures = torch.tensor([0 if state is not None else 1])
+        dist.all_reduce(failures)  # every process has tried to map it: all use it, or none
         if dist.get_rank() == 0:
             os.unlink(shared[0])
-        return state
+        return state if int(failures) == 0 else None
 
     def average(self, gradients: torch.Tensor) -> torch.Tensor:
         """``gradients`` replaced, in place, by their mean over the processes."""
