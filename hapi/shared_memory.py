@@ -25,9 +25,11 @@ A process waiting for the others spins briefly, then yields its core, and
 gives up after the distributed timeout with an error naming the ranks that
 never arrived (a rank that died is normally stopped sooner by the launcher).
 
-:func:`hapi.distributed.wrap` installs it when every process is on this
-machine, the backend is Gloo, and every parameter is float32 on the CPU;
-``HAPI_SHM_ALLREDUCE=0`` keeps Gloo's all-reduce.
+:func:`hapi.distributed.wrap` installs it (and does the collective part:
+rank 0 reserves the file, every process maps it, all agree) when every
+process is on this machine, the backend is Gloo, and every parameter is
+float32 on the CPU; ``HAPI_SHM_ALLREDUCE=0`` keeps Gloo's all-reduce. This
+module itself never talks to the other processes except through the buffer.
 """
 
 from __future__ import annotations
@@ -42,76 +44,58 @@ import uuid
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 _SPINS_BEFORE_YIELD = 2000
 
 
-def supported(parameters: list[torch.nn.Parameter]) -> bool:
-    """Whether the shared-memory hook can serve this group and these parameters."""
+def usable_for(parameters: list[torch.nn.Parameter]) -> bool:
+    """Whether the hook can average these parameters' gradients on this machine
+    (the process group's side -- Gloo, all processes on this machine -- is
+    :mod:`hapi.distributed`'s to check)."""
     return (os.environ.get("HAPI_SHM_ALLREDUCE", "1") != "0"
             and platform.machine().lower() in ("x86_64", "amd64")
-            and dist.get_backend() == "gloo"
-            and int(os.environ.get("LOCAL_WORLD_SIZE", "-1")) == dist.get_world_size()
             and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in parameters))
 
 
-class SharedMemoryAllReduce:
-    """The state of the hook: the shared buffer, this process's row, the call count.
+def reserve(numel: int, world: int) -> str | None:
+    """A new shared file for ``world`` processes' ``numel`` gradients, its pages reserved.
 
-    Build it with :meth:`create`, a collective every process calls.
+    ``posix_fallocate`` makes a RAM disk that is too small (Docker gives
+    containers 64 MB of ``/dev/shm``) fail here, with ``None``, instead of a
+    process being killed by SIGBUS when it first writes a gradient.
     """
-
-    def __init__(self, path: str, numel: int, timeout_s: float) -> None:
-        self.world, self.rank = dist.get_world_size(), dist.get_rank()
-        self.timeout_s = timeout_s
-        data_bytes = 2 * self.world * numel * 4
-        descriptor = os.open(path, os.O_RDWR)
+    path = os.path.join(_shm_dir(), f"hapi-allreduce-{uuid.uuid4().hex}")
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            self._mapping = mmap.mmap(descriptor, _size(numel, self.world))
+            os.posix_fallocate(descriptor, 0, _size(numel, world))
         finally:
             os.close(descriptor)
-        self.rows = torch.from_numpy(np.ndarray((2, self.world, numel), np.float32, buffer=self._mapping))
-        self.published = np.ndarray((self.world, 8), np.int64, buffer=self._mapping, offset=data_bytes)
-        self.calls = 0
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return None
+    return path
 
-    @classmethod
-    def create(cls, numel: int, timeout_s: float) -> "SharedMemoryAllReduce | None":
-        """The state on every process, or ``None`` on every process when the memory is not there.
 
-        Rank 0 creates the file and reserves its pages (``posix_fallocate``):
-        a RAM disk that is too small (Docker gives containers 64 MB of
-        ``/dev/shm``) then fails here, and every process falls back to Gloo,
-        instead of a process being killed by SIGBUS when it first writes a
-        gradient. Once every process has mapped the file, rank 0 unlinks it,
-        so nothing is left behind even if a process dies.
-        """
-        path = ""
-        if dist.get_rank() == 0:
-            path = os.path.join(_shm_dir(), f"hapi-allreduce-{uuid.uuid4().hex}")
-            try:
-                descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-                try:
-                    os.posix_fallocate(descriptor, 0, _size(numel, dist.get_world_size()))
-                finally:
-                    os.close(descriptor)
-            except OSError:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-                path = ""
-        shared = [path]
-        dist.broadcast_object_list(shared, src=0)
-        if not shared[0]:
-            return None
+class SharedMemoryAllReduce:
+    """The state of the hook: the mapped buffer, this process's row, the call count.
+
+    Every process maps the file :func:`reserve` made (``OSError`` where it
+    cannot, e.g. on another machine); once all have, the file can be unlinked.
+    """
+
+    def __init__(self, path: str, numel: int, rank: int, world: int, timeout_s: float) -> None:
+        self.world, self.rank, self.timeout_s = world, rank, timeout_s
+        descriptor = os.open(path, os.O_RDWR)
         try:
-            state: SharedMemoryAllReduce | None = cls(shared[0], numel, timeout_s)
-        except OSError:  # not the machine rank 0 is on, after all (a wrong LOCAL_WORLD_SIZE)
-            state = None
-        failures = torch.tensor([0 if state is not None else 1])
-        dist.all_reduce(failures)  # every process has tried to map it: all use it, or none
-        if dist.get_rank() == 0:
-            os.unlink(shared[0])
-        return state if int(failures) == 0 else None
+            self._mapping = mmap.mmap(descriptor, _size(numel, world))
+        finally:
+            os.close(descriptor)
+        data_bytes = 2 * world * numel * 4
+        self.rows = torch.from_numpy(np.ndarray((2, world, numel), np.float32, buffer=self._mapping))
+        self.published = np.ndarray((world, 8), np.int64, buffer=self._mapping, offset=data_bytes)
+        self.calls = 0
 
     def average(self, gradients: torch.Tensor) -> torch.Tensor:
         """``gradients`` replaced, in place, by their mean over the processes."""
