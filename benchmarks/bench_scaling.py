@@ -30,7 +30,7 @@ def worker(samples: int, contender: str) -> None:
     import torch
     import torch.distributed as dist
     from torch import nn
-    from torch.utils.data import DataLoader, DistributedSampler
+    from torch.utils.data import DistributedSampler
 
     from common import BATCH, lenet_and_adam, real_train_data
     from hapi import Model

@@ -119,7 +119,7 @@ def table(times: dict[str, list[float]], baseline: str, title: str) -> str:
     """Medians and their ratio; also the best runs' ratio, which a noisy machine disturbs least."""
     base, base_best = statistics.median(times[baseline]), min(times[baseline])
     lines = [f"## {title}", "", f"machine: {machine()}", "",
-             f"| contender | median s | runs (s) | ratio of medians | ratio of best runs |",
+             "| contender | median s | runs (s) | ratio of medians | ratio of best runs |",
              "|---|---|---|---|---|"]
     for name, values in times.items():
         median = statistics.median(values)
