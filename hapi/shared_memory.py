@@ -92,9 +92,9 @@ class SharedMemoryAllReduce:
             self._mapping = mmap.mmap(descriptor, _size(numel, world))
         finally:
             os.close(descriptor)
-        data_bytes = 2 * world * numel * 4
         self.rows = torch.from_numpy(np.ndarray((2, world, numel), np.float32, buffer=self._mapping))
-        self.published = np.ndarray((world, 8), np.int64, buffer=self._mapping, offset=data_bytes)
+        self.published = np.ndarray((world, 8), np.int64, buffer=self._mapping,
+                                    offset=_rows_bytes(numel, world))
         self.calls = 0
 
     def average(self, gradients: torch.Tensor) -> torch.Tensor:
@@ -134,10 +134,15 @@ def average_hook(state, bucket):  # no annotations: DDP checks them, and this mo
     return future
 
 
+def _rows_bytes(numel: int, world: int) -> int:
+    """Bytes of the gradient rows: two halves of one float32 row per process."""
+    return 2 * world * numel * 4
+
+
 def _size(numel: int, world: int) -> int:
-    """Bytes of the shared file: two halves of one float32 row per process, then one
-    64-byte line per process for its published call number."""
-    return 2 * world * numel * 4 + 64 * world
+    """Bytes of the shared file: the rows, then one 64-byte line per process for its
+    published call number."""
+    return _rows_bytes(numel, world) + 64 * world
 
 
 def _shm_dir() -> str:
