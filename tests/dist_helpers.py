@@ -22,10 +22,11 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_bounded(command: list[str], timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess:
+def run_bounded(command: list[str], timeout: float, env: dict[str, str],
+                cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
     """Run in a new session; on timeout kill the whole group, workers included."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=env, start_new_session=True)
+                               env=env, start_new_session=True, cwd=cwd)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -1,0 +1,61 @@
+"""Every script in benchmarks/ runs as the README tells users to run it, and prints its table.
+
+Timings are never asserted (this machine's speed varies by +-15%); what a user
+would notice is a benchmark that crashes or prints no figures. The scripts read
+Fashion-MNIST through ``HAPI_DATA_HOME``, here small IDX files written by the
+test, and run one round on a few hundred images.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import sys
+
+import pytest
+
+from dist_helpers import child_env, run_bounded
+from idx_files import make_mnist_dir
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+NUMBER = r"[0-9][0-9,.]*"
+
+# script, its arguments, and the rows its table must have (row name -> what follows it)
+CASES = {
+    "bench_framework.py": (["--repeats", "1", "--samples", "256"],
+                           ["hand-written loop", "Model.fit verbose=0", "Model.fit verbose=2 (lines)",
+                            "Model.fit verbose=1 (tqdm bar)"]),
+    "bench_datapath.py": (["--repeats", "1", "--samples", "256"],
+                          ["hand loop, torchvision-style view", "hand loop, hapi per-sample __getitem__",
+                           "Model.fit on hapi FashionMNIST", "hapi loader, loading only"]),
+    "bench_memory.py": (["--samples", "256"],
+                        ["hand-written loop", "Model.fit (with Accuracy top-1/2)"]),
+    "bench_compile_amp.py": (["--repeats", "1", "--samples", "128"],
+                             ["default", "amp='bf16'", "compile=True"]),
+    "bench_scaling.py": (["--repeats", "2", "--samples", "512", "--plain"],
+                         ["Model.fit | 1 | 1", "Model.fit | 1 | 2", "Model.fit | 2 | 1",
+                          "hand-written loop | 1 | 1", "hand-written loop (DDP, Gloo) | 2 | 1",
+                          "two hand-written loops, no communication | 2 | 1"]),
+}
+
+
+@pytest.fixture(scope="module")
+def data_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("data_home")
+    make_mnist_dir(home / "fashion-mnist", n_train=512, n_test=64)
+    return home
+
+
+@pytest.mark.parametrize("script", sorted(CASES))
+def test_benchmark_prints_its_table(script, data_home):
+    arguments, rows = CASES[script]
+    # Run from benchmarks/, as the README says; each script finds common.py beside it.
+    result = run_bounded([sys.executable, str(BENCHMARKS / script), *arguments], timeout=240,
+                         env=child_env(HAPI_DATA_HOME=str(data_home)), cwd=BENCHMARKS)
+    assert result.returncode == 0, f"{script} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    table_lines = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    for row in rows:
+        matching = [line for line in table_lines if line.startswith(f"| {row} |")]
+        assert matching, f"{script} printed no row {row!r}:\n{result.stdout}"
+        figures = matching[0][len(f"| {row} |"):]
+        assert re.search(NUMBER, figures), f"{script}'s row {row!r} has no figures: {matching[0]}"
