@@ -9,8 +9,9 @@ Read top to bottom, ``fit_loop`` is the whole of training::
         every eval_freq epochs (epoch % eval_freq == 0, as in Paddle):
             on_eval_begin / on_eval_batch_* / on_eval_end
         on_epoch_end(epoch, train figures + val_ figures)
-        stop when any process set model.stop_training (checked every log_freq
-        steps and at the epoch end), or num_iters is reached
+        stop when any process set model.stop_training (checked at the epoch end,
+        and every log_freq steps when a batch callback could set it), or num_iters
+        is reached
     on_train_end
 
 Figures reach the host only every ``log_freq`` steps and at the end of a pass
@@ -111,6 +112,12 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
     steps = _limit(num_batches(loader), stop_step)
     notify_begin = cbks.wants("on_train_batch_begin")
     notify_end = cbks.wants("on_train_batch_end")
+    # Two collectives run mid-epoch only for batch callbacks: reading the figures
+    # (for on_train_batch_end) and agreeing on a stop request (only a batch
+    # callback can make one mid-epoch). Every process must run them alike, also
+    # when a script gives a batch callback to rank 0 only.
+    read_figures = distributed.any_true(notify_end)
+    check_stop = distributed.any_true(notify_begin or notify_end)
     stepper.network.train()
     if first_step == 0:
         metrics.reset()  # a resumed epoch keeps the running figures restored with it
@@ -130,12 +137,12 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
         done = step + 1 - first_step
         # Every process runs the same number of training steps, so figures read
         # here can be reduced across processes, and a stop request agreed on.
-        # Nobody listening (verbose=0, no batch callback): read them only at the end.
+        # Nobody listening (verbose=0, no batch callback): both wait for the end.
         due = _figures_due(step, is_last, log_freq)
-        figures = metrics.compute() if due and (notify_end or is_last) else None
+        figures = metrics.compute() if due and (read_figures or is_last) else None
         if notify_end:
             cbks.on_train_batch_end(step, _batch_logs(batch_size, figures, metrics))
-        if is_last or (due and distributed.any_true(model.stop_training)):
+        if is_last or (due and check_stop and distributed.any_true(model.stop_training)):
             break
     return (figures if figures is not None else metrics.compute()), done
 

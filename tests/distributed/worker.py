@@ -85,6 +85,18 @@ def nan_on_rank1_from_step(step: int):
     return loss
 
 
+class StopAtStep(Callback):
+    """A batch callback that asks to stop at ``step`` of the first epoch."""
+
+    def __init__(self, step: int):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, step, logs=None):
+        if step == self.step:
+            self.model.stop_training = True
+
+
 class FailOnRank1(Callback):
     def on_train_batch_end(self, step, logs=None):
         if self.params["rank"] == 1 and step == 2:
@@ -131,6 +143,14 @@ def scenario_train(out: pathlib.Path) -> dict:
 
     history = sgd_model().fit((x, y), batch_size=8, epochs=5, verbose=0, callbacks=[StopOnRank1()])
     results["stopped_epochs"] = history.epoch
+
+    # A batch callback given to rank 0 only: the other rank still joins the
+    # figure reads and the stop check it causes, so nobody hangs and all stop at once.
+    model = sgd_model()
+    rank0_only = [StopAtStep(1)] if os.environ.get("RANK") == "0" else []
+    history = model.fit((x, y), batch_size=8, epochs=3, log_freq=2, verbose=0, callbacks=rank0_only)
+    results["rank0_callback_stop"] = {"epochs": history.epoch, "step": model.step,
+                                      "loss": history.history["loss"]}
 
     model = sgd_model(lr=0.0)  # flat val_loss: early stopping must decide alike everywhere
     history = model.fit((x, y), eval_data=(x[:21], y[:21]), batch_size=8, epochs=6, verbose=0,
