@@ -115,7 +115,7 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
     # Two collectives run mid-epoch only for batch callbacks: reading the figures
     # (for on_train_batch_end) and agreeing on a stop request (only a batch
     # callback can make one mid-epoch). Every process must run them alike, also
-    # when a script gives a batch callback to rank 0 only.
+    # when a script gives a batch callback to one process only.
     read_figures = distributed.any_true(notify_end)
     check_stop = distributed.any_true(notify_begin or notify_end)
     stepper.network.train()
