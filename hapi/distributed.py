@@ -80,8 +80,14 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def backend_name() -> str:
-    """``HAPI_BACKEND`` if set, else NCCL with CUDA and Gloo without."""
+def backend_name(device: str | torch.device | None = None) -> str:
+    """``HAPI_BACKEND`` if set, else NCCL for CUDA and Gloo for anything else.
+
+    ``device`` is the one the user asked the Model for (``None``: the default,
+    CUDA where there is one): a CPU model on a GPU machine needs Gloo, since
+    NCCL reduces CUDA tensors only.
+    """
+    on_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
     requested = os.environ.get("HAPI_BACKEND", "").strip().lower()
     if requested:
         if requested not in ("nccl", "gloo"):
@@ -95,13 +101,20 @@ def backend_name() -> str:
                 "torch.cuda.is_available() is False on this machine. Unset HAPI_BACKEND (Gloo "
                 "is chosen on CPU) or run on machines with GPUs."
             )
+        if requested == "nccl" and not on_cuda:
+            raise DistributedSetupError(
+                f"HAPI_BACKEND=nccl asks for NCCL, which reduces CUDA tensors only, but the Model "
+                f"was given device={str(device)!r}. Unset HAPI_BACKEND (Gloo is chosen for CPU "
+                "models) or give the Model a CUDA device."
+            )
         return requested
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    return "nccl" if on_cuda else "gloo"
 
 
-def setup() -> None:
+def setup(device: str | torch.device | None = None) -> None:
     """Join the default process group once, when launched with several processes.
 
+    ``device`` is the Model's requested device (see :func:`backend_name`).
     Reuses a group the user created. A group created here is destroyed at
     interpreter exit.
     """
@@ -116,7 +129,7 @@ def setup() -> None:
             "torchrun (e.g. torchrun --nproc_per_node=2 train.py) or hapi.spawn, or set all of "
             "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT."
         )
-    backend = backend_name()
+    backend = backend_name(device)
     if backend == "nccl":
         torch.cuda.set_device(local_rank() % torch.cuda.device_count())
     timeout = datetime.timedelta(seconds=_env_int("HAPI_DIST_TIMEOUT", _DEFAULT_TIMEOUT_S))

@@ -95,7 +95,7 @@ class Model:
         if not isinstance(network, nn.Module):
             raise TypeError(f"Model needs a torch.nn.Module; received {type(network).__name__}. "
                             "Pass your network instance, e.g. Model(LeNet()).")
-        distributed.setup()
+        distributed.setup(device)
         self.device = distributed.default_device(device)
         self._network = network.to(self.device)
         self._wrapped: nn.Module | None = None

@@ -54,7 +54,7 @@ def test_nprocs_and_gpus_follow_paddle():
         resolve_nprocs(0, None)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine's error")
-def test_gpus_on_a_machine_without_cuda_is_a_clear_error():
+def test_gpus_on_a_machine_without_cuda_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only machine
     with pytest.raises(RuntimeError, match=r"gpus='4,5'.*torch.cuda.is_available\(\) is False"):
         spawn(print, gpus="4,5")
