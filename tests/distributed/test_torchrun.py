@@ -71,7 +71,7 @@ def test_two_processes_train_like_one_at_twice_the_batch(tmp_path):
                        ranks[0]["saved_weights"], atol=0)
 
 
-def test_three_processes_evaluate_and_predict_exactly_like_one(tmp_path):
+def test_three_processes_evaluate_predict_and_train_exactly_like_one(tmp_path):
     torchrun(["--standalone", "--nproc_per_node=3", str(WORKER), "eval", str(tmp_path)])
     ranks = read_ranks(tmp_path, "eval", 3)
     torch.manual_seed(0)
@@ -92,6 +92,17 @@ def test_three_processes_evaluate_and_predict_exactly_like_one(tmp_path):
         assert rank["evaluate_2"]["loss"] == pytest.approx(two["loss"], rel=1e-6)
         assert rank["evaluate_2"]["acc"] == two["acc"]
         assert_close_lists(rank["predict_2"], predictions[:2].tolist(), atol=1e-6)
+    # Three processes at batch 8 train like one at 24 (rank r reads samples r, r+3, ...,
+    # so each step's three batches are the single process's batch), with the shared-memory
+    # average, on more processes than cores.
+    torch.manual_seed(0)
+    single = Model(TinyNet())
+    single.prepare(torch.optim.SGD(single.parameters(), lr=0.1), torch.nn.CrossEntropyLoss(), Accuracy())
+    single.fit((x[:48], y[:48]), batch_size=24, epochs=2, shuffle=False, verbose=0)
+    expected_weights = torch.cat([p.detach().flatten() for p in single.parameters()]).tolist()
+    for rank in ranks:
+        assert rank["comm_hooks"] == ["average_hook"]
+        assert_close_lists(rank["trained_48"], expected_weights)
 
 
 def test_too_little_shared_memory_falls_back_to_gloo_on_every_rank(tmp_path):

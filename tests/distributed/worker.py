@@ -187,9 +187,15 @@ def scenario_eval(out: pathlib.Path) -> dict:
     # An evaluation loader on a rank-aware batch sampler is re-split without its padding.
     padded = BatchSampler(DistributedSampler(TensorDataset(x, y), shuffle=False), 3, drop_last=False)
     batch_sampler_logs = model.evaluate(DataLoader(TensorDataset(x, y), batch_sampler=padded), verbose=0)
+    # Training on three processes (more than this machine's cores): 48 samples at 8 per
+    # process must equal one process at 24, through the shared-memory average.
+    trained = sgd_model()
+    trained.fit((x[:48], y[:48]), batch_size=8, epochs=2, shuffle=False, verbose=0)
     return {"evaluate": logs, "evaluate_batch_sampler": batch_sampler_logs, "predict": predictions.tolist(),
             "predict_batches_rows": sum(len(b) for b in batches),
-            "evaluate_2": tiny_logs, "predict_2": tiny_predictions.tolist()}
+            "evaluate_2": tiny_logs, "predict_2": tiny_predictions.tolist(),
+            "trained_48": flat_weights(trained),
+            "comm_hooks": [hook.__name__ for hook, _ in trained._wrapped._comm_hooks]}
 
 
 def scenario_fail(out: pathlib.Path) -> dict:
