@@ -138,15 +138,19 @@ class BackupAndRestore(Callback):
         return os.path.join(self.backup_dir, self.FILE_NAME)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        # Every process asks, and gets rank 0's backup: only rank 0 writes it, so
+        # on machines without a shared file system the others never see the file.
         file = self.path + ".pt"
-        if os.path.exists(file):
-            try:
-                self.model.load(self.path, resume=True)
-            except (RuntimeError, ValueError) as error:
-                raise RuntimeError(
-                    f"BackupAndRestore could not resume from {file}: {error} To start training "
-                    f"from scratch instead, delete {file}."
-                ) from error
+        try:
+            self.model.load(self.path, resume=True)
+        except FileNotFoundError:
+            pass  # no backup: a first run starts from scratch
+        except (RuntimeError, ValueError) as error:
+            raise RuntimeError(
+                f"BackupAndRestore could not resume from {file}: {error} To start training "
+                f"from scratch instead, delete {file}."
+            ) from error
+        else:
             if self.is_main:
                 tqdm.write(f"BackupAndRestore: resuming from {file} at epoch {self.model.epoch + 1}, "
                            f"batch {self.model.epoch_step} (optimizer step {self.model.step}).")

@@ -20,6 +20,7 @@ loads too, as network weights.
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import random
@@ -102,8 +103,41 @@ def load_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
             is not a checkpoint at all.
     """
     file = _existing_file(path)
+    return file, _parse(file, file)
+
+
+def load_main_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
+    """Rank 0's checkpoint at ``path``, on every process (a collective).
+
+    Only rank 0 writes checkpoints, so only its file is sure to exist: on
+    machines that share no file system the others never see it. Rank 0 reads
+    the bytes and sends them; every process parses them the same safe way.
+
+    Raises:
+        FileNotFoundError: on every process, when rank 0 has no such file.
+        CheckpointError: as :func:`load_state`, on every process.
+    """
+    file, payload, failure = resolve_path(path), None, None
+    if distributed.is_main():
+        try:
+            file = _existing_file(path)
+            with open(file, "rb") as handle:
+                payload = handle.read()
+        except OSError as error:  # missing, or unreadable: the others must not wait for it
+            failure = error
+    payload = distributed.broadcast_bytes(payload)
+    if failure is not None:
+        raise failure
+    if payload is None:
+        raise FileNotFoundError(f"Rank 0 has no readable checkpoint at {file!r} (only rank 0 "
+                                "writes checkpoints); see its error if it has one.")
+    return file, _parse(io.BytesIO(payload), file)
+
+
+def _parse(source: str | io.BytesIO, file: str) -> dict[str, Any]:
+    """``torch.load(weights_only=True)`` of ``source`` (the file, or its bytes), its errors explained."""
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        state = torch.load(source, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         if not _carries_code(error):
             raise _damaged(file, error) from error
@@ -119,7 +153,7 @@ def load_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
         raise  # names the file; not a damaged checkpoint
     except Exception as error:  # noqa: BLE001 -- a damaged file can fail anywhere in torch's reader
         raise _damaged(file, error) from error
-    return file, _normalise(file, state)
+    return _normalise(file, state)
 
 
 def _detail(error: BaseException) -> str:
@@ -268,12 +302,15 @@ def fit_state(data_seed: int, rng: dict[str, Any], metrics: Any, callbacks: Any)
     }
 
 
-def check_resumable(file: str, state: dict[str, Any], fitting: bool) -> None:
+def check_fitting(fitting: bool) -> None:
     if not fitting:
         raise RuntimeError(
             "load(..., resume=True) continues a fit in progress; call it from a callback's "
             "on_train_begin (callbacks.BackupAndRestore does), or load without resume=True."
         )
+
+
+def check_resumable(file: str, state: dict[str, Any]) -> None:
     if "fit" not in state:
         raise CheckpointError(
             f"{file!r} was not saved to resume a fit (save(..., resumable=True) during fit, as "

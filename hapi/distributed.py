@@ -403,6 +403,34 @@ def _on_collective_device(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.cpu()
 
 
+_BROADCAST_PIECE_BYTES = 64 * 2**20
+
+
+def broadcast_bytes(payload: bytes | None) -> bytes | None:
+    """Rank 0's ``payload`` on every process (``None`` everywhere when rank 0 gives none).
+
+    Sent in 64 MiB pieces, so a big checkpoint never needs a second whole copy
+    of itself on the collective device (GPU memory, under NCCL).
+    """
+    if world_size() == 1:
+        return payload
+    size = torch.tensor(len(payload) if is_main() and payload is not None else -1, dtype=torch.int64)
+    size = _on_collective_device(size)
+    dist.broadcast(size, src=0)
+    total = int(size.item())
+    if total < 0:
+        return None
+    received = bytearray(payload if is_main() else total)
+    for start in range(0, total, _BROADCAST_PIECE_BYTES):
+        piece = torch.frombuffer(received, dtype=torch.uint8, offset=start,
+                                 count=min(_BROADCAST_PIECE_BYTES, total - start))
+        on_device = _on_collective_device(piece)
+        dist.broadcast(on_device, src=0)
+        if not is_main() and on_device is not piece:
+            piece.copy_(on_device)
+    return bytes(received)
+
+
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum of ``tensor`` over processes (itself on one process)."""
     if world_size() == 1:

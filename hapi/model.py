@@ -409,16 +409,22 @@ class Model:
                 -- RNG states, the data order and position in the epoch, the
                 running figures and every callback's state -- from a file
                 saved during ``fit``. Only from ``on_train_begin`` of a running
-                fit (``callbacks.BackupAndRestore`` does this).
+                fit (``callbacks.BackupAndRestore`` does this), on every
+                process: each gets rank 0's file, which on machines without a
+                shared file system only rank 0 can see.
 
         Raises:
-            FileNotFoundError: no file at ``path`` / ``path.pt``.
+            FileNotFoundError: no file at ``path`` / ``path.pt`` (with
+                ``resume``: on rank 0, and then on every process).
             hapi.checkpoint.CheckpointError: the file is damaged, carries code,
                 or belongs to another architecture (the error names the keys).
         """
-        file, state = checkpoint.load_state(path)
         if resume:
-            checkpoint.check_resumable(file, state, fitting=self._fit_run is not None)
+            checkpoint.check_fitting(fitting=self._fit_run is not None)  # before the collective
+            file, state = checkpoint.load_main_state(path)
+            checkpoint.check_resumable(file, state)
+        else:
+            file, state = checkpoint.load_state(path)
         weights, skipped = checkpoint.match_state_dict(self._network, state["network"], file, skip_mismatch)
         self._network.load_state_dict(weights, strict=not skipped)
         if skipped:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 
 import pytest
@@ -60,6 +63,36 @@ def test_two_processes_restarted_by_torchrun_resume_exactly(tmp_path):
     assert "BackupAndRestore: resuming from" in result.stdout + result.stderr
     for rank in (0, 1):
         _assert_same_run(_result(crash_dir, rank), _result(reference_dir, rank))
+
+
+def test_two_machines_without_a_shared_file_system_resume_from_rank_0s_backup(tmp_path, free_port):
+    """Each "machine" (a torchrun agent) runs in its own directory, so the backup rank 0
+    writes is invisible to rank 1: after rank 1 dies, both resume from rank 0's file."""
+    reference_dir = tmp_path / "reference"
+    reference_dir.mkdir()
+    torchrun(["--standalone", "--nproc_per_node=2", str(SCRIPT), str(reference_dir)])
+    machines = [tmp_path / "machine0", tmp_path / "machine1"]
+    agents = []
+    for node, directory in enumerate(machines):
+        directory.mkdir()
+        agents.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+             f"--node-rank={node}", "--max-restarts=1", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint=127.0.0.1:{free_port}", "--rdzv-id=hapi-no-shared-fs",
+             str(SCRIPT), str(directory), str(KILL_AT_STEP)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=child_env(KILL_RANK="1"), start_new_session=True))
+    try:
+        outputs = [agent.communicate(timeout=180)[0] for agent in agents]
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+    assert [agent.returncode for agent in agents] == [0, 0], outputs
+    assert "BackupAndRestore: resuming from" in outputs[0]
+    assert not (machines[1] / "backup").exists()  # rank 1 never saw a backup file
+    for rank, directory in enumerate(machines):
+        _assert_same_run(_result(directory, rank), _result(reference_dir, rank))
 
 
 def _prepared():
