@@ -103,6 +103,8 @@ def test_three_processes_evaluate_predict_and_train_exactly_like_one(tmp_path):
     for rank in ranks:
         assert rank["comm_hooks"] == ["average_hook"]
         assert_close_lists(rank["trained_48"], expected_weights)
+        assert rank["broadcast"] == list(range(100))  # rank 0's bytes, everywhere
+        assert rank["broadcast_nothing"] is None  # rank 0 had none: nobody has any
 
 
 def test_too_little_shared_memory_falls_back_to_gloo_on_every_rank(tmp_path):

@@ -191,10 +191,18 @@ def scenario_eval(out: pathlib.Path) -> dict:
     # process must equal one process at 24, through the shared-memory average.
     trained = sgd_model()
     trained.fit((x[:48], y[:48]), batch_size=8, epochs=2, shuffle=False, verbose=0)
+    # Rank 0's bytes reach everyone (as a backup does), here in 15 pieces, the last short.
+    from hapi import distributed
+
+    distributed._BROADCAST_PIECE_BYTES = 7
+    main = os.environ.get("RANK") == "0"
+    broadcast = distributed.broadcast_bytes(bytes(range(100)) if main else None)
+    nothing = distributed.broadcast_bytes(None if main else b"ignored")
     return {"evaluate": logs, "evaluate_batch_sampler": batch_sampler_logs, "predict": predictions.tolist(),
             "predict_batches_rows": sum(len(b) for b in batches),
             "evaluate_2": tiny_logs, "predict_2": tiny_predictions.tolist(),
             "trained_48": flat_weights(trained),
+            "broadcast": list(broadcast), "broadcast_nothing": nothing,
             "comm_hooks": [hook.__name__ for hook, _ in trained._wrapped._comm_hooks]}
 
 
