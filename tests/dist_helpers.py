@@ -63,3 +63,27 @@ def single_process_weights() -> list[float]:
     model = worker.sgd_model()
     model.fit((x, y), batch_size=16, epochs=2, shuffle=False, verbose=0)
     return worker.flat_weights(model)
+
+
+def two_machines(port: int, rdzv_id: str, script_args: list[list[str]], options: tuple[str, ...] = (),
+                 timeout: float = 180, **env: str) -> list[str]:
+    """Two torchrun agents, one process each, meeting through a c10d rendezvous on
+    127.0.0.1 as two machines would; node N runs ``script_args[N]``. Returns their
+    outputs once both have exited with 0."""
+    agents = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+             f"--node-rank={node}", *options, "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+             f"--rdzv-id={rdzv_id}", *arguments],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(**env),
+            start_new_session=True)
+        for node, arguments in enumerate(script_args)
+    ]
+    try:
+        outputs = [agent.communicate(timeout=timeout)[0] for agent in agents]
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+    assert [agent.returncode for agent in agents] == [0, 0], outputs
+    return outputs

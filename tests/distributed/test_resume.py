@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 
 import pytest
@@ -14,7 +11,7 @@ from torch import nn
 
 from callbacks import BackupAndRestore
 from conftest import TinyNet, make_tiny_data
-from dist_helpers import WORKER, child_env, run_bounded, torchrun
+from dist_helpers import WORKER, child_env, run_bounded, torchrun, two_machines
 from hapi import Model
 
 SCRIPT = WORKER.parent / "resume_script.py"
@@ -44,7 +41,7 @@ def test_one_process_killed_mid_epoch_resumes_exactly(tmp_path):
     killed = _run(crash_dir, KILL_AT_STEP)
     assert killed.returncode == 17, killed.stderr[-3000:]  # os._exit in the middle of epoch 2
     assert (crash_dir / "backup" / "backup.pt").exists()
-    assert not (crash_dir / f"result.rank0.json").exists()
+    assert not (crash_dir / "result.rank0.json").exists()
 
     resumed = _run(crash_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -72,23 +69,11 @@ def test_two_machines_without_a_shared_file_system_resume_from_rank_0s_backup(tm
     reference_dir.mkdir()
     torchrun(["--standalone", "--nproc_per_node=2", str(SCRIPT), str(reference_dir)])
     machines = [tmp_path / "machine0", tmp_path / "machine1"]
-    agents = []
-    for node, directory in enumerate(machines):
+    for directory in machines:
         directory.mkdir()
-        agents.append(subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-             f"--node-rank={node}", "--max-restarts=1", "--rdzv-backend=c10d",
-             f"--rdzv-endpoint=127.0.0.1:{free_port}", "--rdzv-id=hapi-no-shared-fs",
-             str(SCRIPT), str(directory), str(KILL_AT_STEP)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=child_env(KILL_RANK="1"), start_new_session=True))
-    try:
-        outputs = [agent.communicate(timeout=180)[0] for agent in agents]
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                os.killpg(agent.pid, signal.SIGKILL)
-    assert [agent.returncode for agent in agents] == [0, 0], outputs
+    outputs = two_machines(free_port, "hapi-no-shared-fs",
+                           [[str(SCRIPT), str(directory), str(KILL_AT_STEP)] for directory in machines],
+                           options=("--max-restarts=1",), KILL_RANK="1")
     assert "BackupAndRestore: resuming from" in outputs[0]
     assert not (machines[1] / "backup").exists()  # rank 1 never saw a backup file
     for rank, directory in enumerate(machines):

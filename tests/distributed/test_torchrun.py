@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import csv
-import os
 import pathlib
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
 from conftest import TinyNet, make_tiny_data
-from dist_helpers import WORKER, assert_close_lists, child_env, read_ranks, single_process_weights, torchrun
+from dist_helpers import WORKER, assert_close_lists, read_ranks, single_process_weights, torchrun, two_machines
 from hapi.metrics import Accuracy
 from hapi import Model
 
@@ -119,22 +115,7 @@ def test_too_little_shared_memory_falls_back_to_gloo_on_every_rank(tmp_path):
 
 
 def test_two_machines_with_a_c10d_rendezvous(tmp_path, free_port):
-    agents = [
-        subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-             f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port}",
-             "--rdzv-id=hapi-test", str(WORKER), "train_small", str(tmp_path)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
-            start_new_session=True)
-        for node in (0, 1)
-    ]
-    try:
-        outputs = [agent.communicate(timeout=150)[0] for agent in agents]
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                os.killpg(agent.pid, signal.SIGKILL)
-    assert [agent.returncode for agent in agents] == [0, 0], outputs
+    two_machines(free_port, "hapi-test", [[str(WORKER), "train_small", str(tmp_path)]] * 2, timeout=150)
     for rank in read_ranks(tmp_path, "train_small", 2):
         for key in ("dataset", "loader", "loader_with_sampler", "loader_with_batch_sampler", "accumulate"):
             assert_close_lists(rank[key], single_process_weights())
