@@ -138,8 +138,8 @@ class BackupAndRestore(Callback):
         return os.path.join(self.backup_dir, self.FILE_NAME)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        # Every process asks, and gets rank 0's backup: only rank 0 writes it, so
-        # on machines without a shared file system the others never see the file.
+        # Every process asks, and gets the latest backup on any machine: only rank 0
+        # writes it, and a restart may have moved rank 0 to a machine without one.
         file = self.path + ".pt"
         try:
             self.model.load(self.path, resume=True)
@@ -168,7 +168,9 @@ class BackupAndRestore(Callback):
             self.model.save(self.path, resumable=True)
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        if self.delete_checkpoint and self.is_main:
+        # Every process deletes its machine's copy: one left by a rank 0 that a restart
+        # moved elsewhere would otherwise "resume" the next, unrelated run.
+        if self.delete_checkpoint:
             try:
                 os.remove(self.path + ".pt")
             except FileNotFoundError:

@@ -106,32 +106,48 @@ def load_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     return file, _parse(file, file)
 
 
-def load_main_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
-    """Rank 0's checkpoint at ``path``, on every process (a collective).
+def load_freshest_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
+    """The copy of ``path`` furthest into training among all machines, on every process.
 
-    Only rank 0 writes checkpoints, so only its file is sure to exist: on
-    machines that share no file system the others never see it. Rank 0 reads
-    the bytes and sends them; every process parses them the same safe way.
+    A collective. Only rank 0 writes checkpoints, and when torchrun restarts a
+    job the ranks may land on other machines: without a shared file system
+    the latest backup may then lie on any machine, and an older one on
+    another. One process per machine (local rank 0) reads its copy; the copy
+    with the most optimizer steps (then epochs, then batches) is sent to
+    every process, the lowest rank's on a tie, and each parses it the same
+    safe way.
 
     Raises:
-        FileNotFoundError: on every process, when rank 0 has no such file.
-        CheckpointError: as :func:`load_state`, on every process.
+        FileNotFoundError: on every process, when no machine has the file.
+        CheckpointError, OSError: on every process, when a machine's copy
+            cannot be read (that machine raises the error itself).
     """
-    file, payload, failure = resolve_path(path), None, None
-    if distributed.is_main():
+    file, payload, state, failure = resolve_path(path), None, None, None
+    if distributed.local_rank() == 0:
         try:
             file = _existing_file(path)
             with open(file, "rb") as handle:
                 payload = handle.read()
-        except OSError as error:  # missing, or unreadable: the others must not wait for it
+            state = _parse(io.BytesIO(payload), file)
+        except FileNotFoundError:
+            pass  # this machine has none: another may
+        except (OSError, CheckpointError) as error:  # unreadable or damaged: every rank must learn of it
             failure = error
-    payload = distributed.broadcast_bytes(payload)
+    progress = None if state is None else tuple(state.get(key, 0) for key in ("step", "epoch", "epoch_step"))
+    per_rank = distributed.gather_objects((progress, failure is not None))
     if failure is not None:
         raise failure
-    if payload is None:
-        raise FileNotFoundError(f"Rank 0 has no readable checkpoint at {file!r} (only rank 0 "
-                                "writes checkpoints); see its error if it has one.")
-    return file, _parse(io.BytesIO(payload), file)
+    failed = [rank for rank, (_, broken) in enumerate(per_rank) if broken]
+    if failed:
+        raise CheckpointError(f"Rank {failed[0]} could not read its copy of {file!r}; see its error.")
+    copies = [(progress, -rank) for rank, (progress, _) in enumerate(per_rank) if progress is not None]
+    if not copies:
+        raise FileNotFoundError(f"No process found a checkpoint at {file!r} on its machine.")
+    source = -max(copies)[1]
+    received = distributed.broadcast_bytes(payload if distributed.rank() == source else None, source)
+    if distributed.rank() == source:
+        return file, state
+    return file, _parse(io.BytesIO(received), file)
 
 
 def _parse(source: str | io.BytesIO, file: str) -> dict[str, Any]:

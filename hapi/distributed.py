@@ -26,6 +26,9 @@ import atexit
 import contextlib
 import datetime
 import os
+import socket
+import time
+import uuid
 from typing import Any, Iterator
 
 import torch
@@ -151,21 +154,81 @@ def setup(device: str | torch.device | None = None) -> None:
 
 
 def _restart_safe_store(timeout: datetime.timedelta) -> dict[str, Any]:
-    """A store with one namespace per torchrun restart, when workers share the agent's.
+    """A store no earlier torchrun attempt has written to, when workers share the agent's.
 
-    After ``torchrun --max-restarts`` restarts its workers they join the same
-    store as the failed attempt, whose keys (each rank's Gloo address) are
-    still there: a new rank could read a dead rank's address and fail with
-    "Connection refused". Prefixing the keys with the restart count keeps each
-    attempt's rendezvous apart.
+    Under ``torchrun`` (c10d rendezvous) the workers' ``MASTER_PORT`` is a
+    store the agents keep for the whole job, so after ``--max-restarts``
+    restarts the workers it still holds the failed attempt's keys, each dead
+    rank's Gloo address among them: a new rank could read one and fail with
+    "Connection refused". ``TORCHELASTIC_RESTART_COUNT`` cannot name the
+    attempt, because each agent counts its own restarts -- on several
+    machines, a node restarted only because another node failed keeps its
+    count (pytorch/pytorch#135712), and its workers would wait in another
+    namespace until the timeout. So rank 0 hosts a fresh store for this
+    attempt and publishes its address with a random token; the others
+    connect only to a live store holding that token, which a stale
+    publication (a dead rank 0, or its port reused) never does.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], _env_int("MASTER_PORT", 0),
-                          world_size=_env_int("WORLD_SIZE", 1), is_master=False, timeout=timeout)
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return {"store": dist.PrefixStore(f"hapi/attempt_{attempt}", store),
-            "rank": _env_int("RANK", 0), "world_size": _env_int("WORLD_SIZE", 1)}
+    agent_host, agent_port = os.environ["MASTER_ADDR"], _env_int("MASTER_PORT", 0)
+    this_rank, processes = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)  # the group is not made yet
+    agent_store = dist.TCPStore(agent_host, agent_port, world_size=processes, is_master=False,
+                                timeout=timeout)
+    if this_rank == 0:
+        store = _publish_new_store(agent_store, _address_seen_from(agent_host, agent_port), processes, timeout)
+    else:
+        store = _join_published_store(agent_store, processes, timeout)
+    return {"store": store, "rank": this_rank, "world_size": processes}
+
+
+_PUBLISHED_KEY = "hapi/process_group_store"
+_TOKEN_KEY = "hapi/token"
+
+
+def _publish_new_store(agent_store: dist.Store, host: str, processes: int,
+                       timeout: datetime.timedelta) -> dist.Store:
+    """Rank 0: a store on a free port, its address and token published in ``agent_store``."""
+    store = dist.TCPStore(host, 0, world_size=processes, is_master=True, timeout=timeout,
+                          wait_for_workers=False)
+    token = uuid.uuid4().hex
+    store.set(_TOKEN_KEY, token)
+    agent_store.set(_PUBLISHED_KEY, f"{host} {store.port} {token}")
+    return store
+
+
+def _address_seen_from(host: str, port: int) -> str:
+    """This machine's address on the route to ``host`` (what the other machines can reach).
+
+    A UDP ``connect`` picks the route and sends nothing.
+    """
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect(address)
+        return probe.getsockname()[0]
+
+
+def _join_published_store(agent_store: dist.Store, processes: int,
+                          timeout: datetime.timedelta) -> dist.Store:
+    """Rank 0's store for this attempt, once its publication is this attempt's."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    probe_timeout = datetime.timedelta(seconds=2)
+    while True:
+        host, port, token = agent_store.get(_PUBLISHED_KEY).decode().split()
+        try:
+            store = dist.TCPStore(host, int(port), world_size=processes, is_master=False,
+                                  timeout=probe_timeout)
+            if store.get(_TOKEN_KEY).decode() == token:
+                store.set_timeout(timeout)
+                return store
+        except (RuntimeError, ValueError):  # torch's store errors (DistNetworkError, ...) are RuntimeErrors
+            pass  # an earlier attempt's publication: its rank 0 is gone
+        if time.monotonic() > deadline:
+            raise DistributedSetupError(
+                f"Rank 0 did not publish a reachable store within {timeout.total_seconds():.0f} s "
+                f"(last published: {host}:{port}). Check that this machine can reach rank 0's "
+                "machine on any port, or raise HAPI_DIST_TIMEOUT.")
+        time.sleep(0.2)
 
 
 def teardown() -> None:
@@ -406,27 +469,28 @@ def _on_collective_device(tensor: torch.Tensor) -> torch.Tensor:
 _BROADCAST_PIECE_BYTES = 64 * 2**20
 
 
-def broadcast_bytes(payload: bytes | None) -> bytes | None:
-    """Rank 0's ``payload`` on every process (``None`` everywhere when rank 0 gives none).
+def broadcast_bytes(payload: bytes | None, source: int = 0) -> bytes | None:
+    """Rank ``source``'s ``payload`` on every process (``None`` everywhere when it gives none).
 
     Sent in 64 MiB pieces, so a big checkpoint never needs a second whole copy
     of itself on the collective device (GPU memory, under NCCL).
     """
     if world_size() == 1:
         return payload
-    size = torch.tensor(len(payload) if is_main() and payload is not None else -1, dtype=torch.int64)
+    sending = rank() == source
+    size = torch.tensor(len(payload) if sending and payload is not None else -1, dtype=torch.int64)
     size = _on_collective_device(size)
-    dist.broadcast(size, src=0)
+    dist.broadcast(size, src=source)
     total = int(size.item())
     if total < 0:
         return None
-    received = bytearray(payload if is_main() else total)
+    received = bytearray(payload if sending else total)
     for start in range(0, total, _BROADCAST_PIECE_BYTES):
         piece = torch.frombuffer(received, dtype=torch.uint8, offset=start,
                                  count=min(_BROADCAST_PIECE_BYTES, total - start))
         on_device = _on_collective_device(piece)
-        dist.broadcast(on_device, src=0)
-        if not is_main() and on_device is not piece:
+        dist.broadcast(on_device, src=source)
+        if not sending and on_device is not piece:
             piece.copy_(on_device)
     return bytes(received)
 

@@ -410,18 +410,19 @@ class Model:
                 running figures and every callback's state -- from a file
                 saved during ``fit``. Only from ``on_train_begin`` of a running
                 fit (``callbacks.BackupAndRestore`` does this), on every
-                process: each gets rank 0's file, which on machines without a
-                shared file system only rank 0 can see.
+                process: each gets the copy furthest into training among the
+                machines, so no shared file system is needed, even when a
+                restart gives rank 0 to another machine.
 
         Raises:
             FileNotFoundError: no file at ``path`` / ``path.pt`` (with
-                ``resume``: on rank 0, and then on every process).
+                ``resume``: on no machine; raised on every process).
             hapi.checkpoint.CheckpointError: the file is damaged, carries code,
                 or belongs to another architecture (the error names the keys).
         """
         if resume:
             checkpoint.check_fitting(fitting=self._fit_run is not None)  # before the collective
-            file, state = checkpoint.load_main_state(path)
+            file, state = checkpoint.load_freshest_state(path)
             checkpoint.check_resumable(file, state)
         else:
             file, state = checkpoint.load_state(path)

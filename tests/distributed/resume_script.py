@@ -1,8 +1,11 @@
 """A training run that can be killed mid-epoch and resumed by BackupAndRestore.
 
 python resume_script.py OUT_DIR [KILL_AT_STEP]: with KILL_AT_STEP, the process with
-rank KILL_RANK (default 0) calls os._exit at that optimizer step, on the first attempt
-only (torchrun's TORCHELASTIC_RESTART_COUNT == 0). Each rank writes OUT_DIR/result.rank<R>.json.
+rank KILL_RANK (default 0) calls os._exit at that optimizer step, once per job: it first
+creates the file KILL_MARKER (default OUT_DIR/killed), and no process kills itself once
+it exists. (torchrun's TORCHELASTIC_RESTART_COUNT cannot tell: an agent restarted by
+another node's failure keeps its count, and the ranks may move between machines.)
+Each rank writes OUT_DIR/result.rank<R>.json.
 """
 
 from __future__ import annotations
@@ -37,13 +40,13 @@ class DropoutNet(nn.Module):
 
 
 class KillAt(Callback):
-    def __init__(self, step: int, rank: int):
+    def __init__(self, step: int, rank: int, marker: pathlib.Path):
         super().__init__()
-        self.step, self.rank = step, rank
+        self.step, self.rank, self.marker = step, rank, marker
 
     def on_train_batch_end(self, step, logs=None):
-        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-        if first_attempt and self.params["rank"] == self.rank and self.model.step == self.step:
+        if self.params["rank"] == self.rank and self.model.step == self.step and not self.marker.exists():
+            self.marker.touch()
             os._exit(17)  # no cleanup, no exception: like a kill
 
 
@@ -59,7 +62,8 @@ def run(out: pathlib.Path, kill_at: int | None = None, kill_rank: int = 0) -> di
     callbacks = [stopper, checkpoints, schedule, CSVLogger(out / "log.csv"),
                  BackupAndRestore(out / "backup", save_freq=3)]
     if kill_at is not None:
-        callbacks.append(KillAt(kill_at, kill_rank))
+        marker = pathlib.Path(os.environ.get("KILL_MARKER", out / "killed"))
+        callbacks.append(KillAt(kill_at, kill_rank, marker))
     history = model.fit((x, y), eval_data=(x[:30], y[:30]), batch_size=8, epochs=3, shuffle=True,
                         accumulate_grad_batches=2, verbose=0, callbacks=callbacks)
     return {

@@ -62,9 +62,11 @@ def test_two_processes_restarted_by_torchrun_resume_exactly(tmp_path):
         _assert_same_run(_result(crash_dir, rank), _result(reference_dir, rank))
 
 
-def test_two_machines_without_a_shared_file_system_resume_from_rank_0s_backup(tmp_path, free_port):
-    """Each "machine" (a torchrun agent) runs in its own directory, so the backup rank 0
-    writes is invisible to rank 1: after rank 1 dies, both resume from rank 0's file."""
+def test_two_machines_without_a_shared_file_system_resume_from_the_latest_backup(tmp_path, free_port):
+    """Each "machine" (a torchrun agent) runs in its own directory, so a backup is seen
+    only where rank 0 wrote it. After rank 1 dies, the agents meet again and may swap
+    ranks (the healthy node restarts for free, the other spends its restart): both must
+    resume from the latest backup, wherever it lies, and end as if never interrupted."""
     reference_dir = tmp_path / "reference"
     reference_dir.mkdir()
     torchrun(["--standalone", "--nproc_per_node=2", str(SCRIPT), str(reference_dir)])
@@ -73,11 +75,17 @@ def test_two_machines_without_a_shared_file_system_resume_from_rank_0s_backup(tm
         directory.mkdir()
     outputs = two_machines(free_port, "hapi-no-shared-fs",
                            [[str(SCRIPT), str(directory), str(KILL_AT_STEP)] for directory in machines],
-                           options=("--max-restarts=1",), KILL_RANK="1")
-    assert "BackupAndRestore: resuming from" in outputs[0]
-    assert not (machines[1] / "backup").exists()  # rank 1 never saw a backup file
-    for rank, directory in enumerate(machines):
-        _assert_same_run(_result(directory, rank), _result(reference_dir, rank))
+                           options=("--max-restarts=1",), KILL_RANK="1", KILL_MARKER=str(tmp_path / "killed"))
+    assert (tmp_path / "killed").exists()  # rank 1 did die mid-epoch
+    assert "BackupAndRestore: resuming from" in "".join(outputs)
+    results = {}
+    for directory in machines:
+        (written,) = directory.glob("result.rank*.json")  # one process per machine
+        results[int(written.stem.removeprefix("result.rank"))] = json.loads(written.read_text())
+    for rank in (0, 1):
+        _assert_same_run(results[rank], _result(reference_dir, rank))
+    for directory in machines:  # training ended: no machine keeps a backup to "resume" later
+        assert not (directory / "backup" / "backup.pt").exists()
 
 
 def _prepared():

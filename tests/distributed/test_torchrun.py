@@ -101,6 +101,14 @@ def test_three_processes_evaluate_predict_and_train_exactly_like_one(tmp_path):
         assert_close_lists(rank["trained_48"], expected_weights)
         assert rank["broadcast"] == list(range(100))  # rank 0's bytes, everywhere
         assert rank["broadcast_nothing"] is None  # rank 0 had none: nobody has any
+        assert rank["broadcast_from_2"] == "from 2"
+        # A resume's backup, each rank's folder standing for a machine of its own: the copy
+        # furthest into training reaches everyone, wherever it lies; a damaged one stops all.
+        assert "No process found a checkpoint" in rank["freshest"]["none"]
+        assert rank["freshest"]["latest"] == [6, 1]
+    assert "truncated or corrupt" in ranks[2]["freshest"]["damaged"]
+    for rank in ranks[:2]:  # every process stops, not only the one whose copy is damaged
+        assert "Rank 2 could not read its copy" in rank["freshest"]["damaged"]
 
 
 def test_too_little_shared_memory_falls_back_to_gloo_on_every_rank(tmp_path):

@@ -198,12 +198,46 @@ def scenario_eval(out: pathlib.Path) -> dict:
     main = os.environ.get("RANK") == "0"
     broadcast = distributed.broadcast_bytes(bytes(range(100)) if main else None)
     nothing = distributed.broadcast_bytes(None if main else b"ignored")
-    return {"evaluate": logs, "evaluate_batch_sampler": batch_sampler_logs, "predict": predictions.tolist(),
+    from_rank_2 = distributed.broadcast_bytes(b"from 2" if os.environ.get("RANK") == "2" else None, 2)
+    return {"freshest": _freshest_copies(out),
+            "broadcast_from_2": from_rank_2.decode(), "evaluate": logs, "evaluate_batch_sampler": batch_sampler_logs, "predict": predictions.tolist(),
             "predict_batches_rows": sum(len(b) for b in batches),
             "evaluate_2": tiny_logs, "predict_2": tiny_predictions.tolist(),
             "trained_48": flat_weights(trained),
             "broadcast": list(broadcast), "broadcast_nothing": nothing,
             "comm_hooks": [hook.__name__ for hook, _ in trained._wrapped._comm_hooks]}
+
+
+def _freshest_copies(out: pathlib.Path) -> dict:
+    """What load_freshest_state gives when each rank's folder stands for a machine of its own."""
+    from hapi import checkpoint, distributed
+
+    rank = distributed.rank()
+    folder = out / f"machine{rank}"
+    folder.mkdir()
+    os.environ["LOCAL_RANK"] = "0"  # every rank plays local rank 0 of its machine
+    results = {}
+    try:
+        try:
+            checkpoint.load_freshest_state(folder / "backup")
+        except FileNotFoundError as error:
+            results["none"] = str(error)
+        # Rank 0 (now on a machine that never held it) has none; rank 1 has the latest.
+        step = {1: 6, 2: 3}.get(rank)
+        if step is not None:
+            torch.save({"format": checkpoint.FORMAT, "network": {}, "step": step, "epoch": 1,
+                        "epoch_step": step, "from_rank": rank}, folder / "backup.pt")
+        _, state = checkpoint.load_freshest_state(folder / "backup")
+        results["latest"] = [state["step"], state["from_rank"]]
+        if rank == 2:
+            (folder / "backup.pt").write_bytes(b"not a checkpoint")
+        try:
+            checkpoint.load_freshest_state(folder / "backup")
+        except checkpoint.CheckpointError as error:
+            results["damaged"] = str(error)
+    finally:
+        os.environ["LOCAL_RANK"] = str(rank)
+    return results
 
 
 def scenario_fail(out: pathlib.Path) -> dict:
