@@ -144,10 +144,9 @@ def load_freshest_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     if not copies:
         raise FileNotFoundError(f"No process found a checkpoint at {file!r} on its machine.")
     source = -max(copies)[1]
-    received = distributed.broadcast_bytes(payload if distributed.rank() == source else None, source)
-    if distributed.rank() == source:
-        return file, state
-    return file, _parse(io.BytesIO(received), file)
+    sending = distributed.rank() == source
+    received = distributed.broadcast_bytes(payload if sending else None, source)
+    return file, (state if sending else _parse(io.BytesIO(received), file))
 
 
 def _parse(source: str | io.BytesIO, file: str) -> dict[str, Any]:

@@ -8,7 +8,6 @@ meeting run in one process, against every kind of stale publication.
 from __future__ import annotations
 
 import datetime
-import socket
 import threading
 import time
 
@@ -19,16 +18,10 @@ from hapi import distributed
 TIMEOUT = datetime.timedelta(seconds=60)
 
 
-def _dead_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def test_other_ranks_wait_past_stale_publications_for_this_attempts_rank_0():
+def test_other_ranks_wait_past_stale_publications_for_this_attempts_rank_0(free_port):
     agent = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    # An earlier attempt's rank 0 published a store that died with it...
-    agent.set(distributed._PUBLISHED_KEY, f"127.0.0.1 {_dead_port()} earlier-token")
+    # An earlier attempt's rank 0 published a store that died with it (nothing listens there)...
+    agent.set(distributed._PUBLISHED_KEY, f"127.0.0.1 {free_port} earlier-token")
     joined: list = []
     joiner = threading.Thread(target=lambda: joined.append(distributed._join_published_store(agent, 2, TIMEOUT)))
     joiner.start()

@@ -199,12 +199,12 @@ def scenario_eval(out: pathlib.Path) -> dict:
     broadcast = distributed.broadcast_bytes(bytes(range(100)) if main else None)
     nothing = distributed.broadcast_bytes(None if main else b"ignored")
     from_rank_2 = distributed.broadcast_bytes(b"from 2" if os.environ.get("RANK") == "2" else None, 2)
-    return {"freshest": _freshest_copies(out),
-            "broadcast_from_2": from_rank_2.decode(), "evaluate": logs, "evaluate_batch_sampler": batch_sampler_logs, "predict": predictions.tolist(),
+    return {"evaluate": logs, "evaluate_batch_sampler": batch_sampler_logs, "predict": predictions.tolist(),
             "predict_batches_rows": sum(len(b) for b in batches),
             "evaluate_2": tiny_logs, "predict_2": tiny_predictions.tolist(),
             "trained_48": flat_weights(trained),
             "broadcast": list(broadcast), "broadcast_nothing": nothing,
+            "broadcast_from_2": from_rank_2.decode(), "freshest": _freshest_copies(out),
             "comm_hooks": [hook.__name__ for hook, _ in trained._wrapped._comm_hooks]}
 
 
