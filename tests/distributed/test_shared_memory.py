@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from hapi.shared_memory import SharedMemoryAllReduce, reserve
+from hapi.distributed.shared_memory import SharedMemoryAllReduce, reserve
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def test_a_rank_that_never_arrives_is_named_after_the_timeout(rank_0_of_2):
 
 
 def test_no_room_for_the_buffer_leaves_no_file(monkeypatch, tmp_path):
-    from hapi import shared_memory
+    from hapi.distributed import shared_memory
 
     monkeypatch.setattr(shared_memory, "_shm_dir", lambda: str(tmp_path))
     monkeypatch.setattr(os, "posix_fallocate", lambda *args: (_ for _ in ()).throw(OSError(28, "full")))

@@ -193,8 +193,9 @@ def scenario_eval(out: pathlib.Path) -> dict:
     trained.fit((x[:48], y[:48]), batch_size=8, epochs=2, shuffle=False, verbose=0)
     # Rank 0's bytes reach everyone (as a backup does), here in 15 pieces, the last short.
     from hapi import distributed
+    from hapi.distributed import collectives
 
-    distributed._BROADCAST_PIECE_BYTES = 7
+    collectives._BROADCAST_PIECE_BYTES = 7
     main = os.environ.get("RANK") == "0"
     broadcast = distributed.broadcast_bytes(bytes(range(100)) if main else None)
     nothing = distributed.broadcast_bytes(None if main else b"ignored")

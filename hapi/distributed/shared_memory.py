@@ -25,7 +25,7 @@ A process waiting for the others spins briefly, then yields its core, and
 gives up after the distributed timeout with an error naming the ranks that
 never arrived (a rank that died is normally stopped sooner by the launcher).
 
-:func:`hapi.distributed.wrap` installs it (and does the collective part:
+:func:`hapi.distributed.ddp.wrap` installs it (and does the collective part:
 rank 0 reserves the file, every process maps it, all agree) when every
 process is on this machine, the backend is Gloo, and every parameter is
 float32 on the CPU; ``HAPI_SHM_ALLREDUCE=0`` keeps Gloo's all-reduce. This

@@ -1,0 +1,40 @@
+"""Everything torch-hapi knows about processes, ranks and devices.
+
+The loop, the steps and the callbacks never test a rank: they call the
+functions here, each of which is a no-op (or the identity) on a single
+process. This is the only module of ``hapi`` (with the launcher) that imports
+``torch.distributed``; everything is PyTorch's own engine: the default
+process group (NCCL on CUDA, Gloo on CPU), ``DistributedDataParallel``,
+``DistributedSampler``, and the collectives.
+
+When does a run become distributed? When ``WORLD_SIZE`` > 1 in the
+environment (``torchrun``, :func:`hapi.spawn`, or any launcher setting the
+torch.distributed variables ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``), or when the user already created the
+default process group -- then it is reused, and left for the user to destroy.
+
+How long a dead rank can stall the others: under ``torchrun`` or
+:func:`hapi.spawn` the launcher kills the surviving workers as soon as one
+exits with an error (within about a second). Without a launcher watching, a
+collective waits for at most ``HAPI_DIST_TIMEOUT`` seconds (default 300)
+before it raises.
+"""
+
+from hapi.distributed.collectives import (SyncFlag, all_reduce_sum, any_true, barrier,
+                                          broadcast_bytes, gather_in_order, gather_objects, own,
+                                          shared_seed)
+from hapi.distributed.ddp import no_sync, unwrap, wrap
+from hapi.distributed.env import DistributedSetupError
+from hapi.distributed.group import (backend_name, default_device, is_main, local_rank, rank,
+                                    setup, teardown, world_size)
+from hapi.distributed.samplers import (ContiguousShardSampler, ResumableSampler, eval_sampler,
+                                       loader_batch_size, reshard, set_epoch, set_seed,
+                                       train_sampler)
+
+__all__ = [
+    "ContiguousShardSampler", "DistributedSetupError", "ResumableSampler", "SyncFlag",
+    "all_reduce_sum", "any_true", "backend_name", "barrier", "broadcast_bytes", "default_device",
+    "eval_sampler", "gather_in_order", "gather_objects", "is_main", "loader_batch_size",
+    "local_rank", "no_sync", "own", "rank", "reshard", "set_epoch", "set_seed", "setup",
+    "shared_seed", "teardown", "train_sampler", "unwrap", "world_size", "wrap",
+]

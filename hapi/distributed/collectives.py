@@ -1,0 +1,128 @@
+"""Collectives: each is the identity (or a no-op) on a single process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hapi.distributed.group import rank, world_size
+
+
+def shared_seed() -> int:
+    """A seed for this fit's shuffling, drawn on rank 0 and the same on every rank.
+
+    Drawn from torch's global generator, so ``torch.manual_seed`` in the
+    script makes the data order reproducible.
+    """
+    seed = torch.randint(0, 2**31 - 1, (), dtype=torch.int64)
+    if world_size() > 1:
+        seed = _on_collective_device(seed)
+        dist.broadcast(seed, src=0)
+    return int(seed.item())
+
+
+def _on_collective_device(tensor: torch.Tensor) -> torch.Tensor:
+    # NCCL reduces CUDA tensors only; Gloo takes CPU tensors.
+    if dist.get_backend() == "nccl":
+        return tensor.to(torch.device("cuda", torch.cuda.current_device()))
+    return tensor.cpu()
+
+
+_BROADCAST_PIECE_BYTES = 64 * 2**20
+
+
+def broadcast_bytes(payload: bytes | None, source: int = 0) -> bytes | None:
+    """Rank ``source``'s ``payload`` on every process (``None`` everywhere when it gives none).
+
+    Sent in 64 MiB pieces, so a big checkpoint never needs a second whole copy
+    of itself on the collective device (GPU memory, under NCCL).
+    """
+    if world_size() == 1:
+        return payload
+    sending = rank() == source
+    size = torch.tensor(len(payload) if sending and payload is not None else -1, dtype=torch.int64)
+    size = _on_collective_device(size)
+    dist.broadcast(size, src=source)
+    total = int(size.item())
+    if total < 0:
+        return None
+    received = bytearray(payload if sending else total)
+    for start in range(0, total, _BROADCAST_PIECE_BYTES):
+        piece = torch.frombuffer(received, dtype=torch.uint8, offset=start,
+                                 count=min(_BROADCAST_PIECE_BYTES, total - start))
+        on_device = _on_collective_device(piece)
+        dist.broadcast(on_device, src=source)
+        if not sending and on_device is not piece:
+            piece.copy_(on_device)
+    return bytes(received)
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum of ``tensor`` over processes (itself on one process)."""
+    if world_size() == 1:
+        return tensor
+    reduced = _on_collective_device(tensor.clone())
+    dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+    return reduced.to(tensor.device)
+
+
+def any_true(flag: bool) -> bool:
+    """True when ``flag`` is true on any process, so all ranks stop together."""
+    if world_size() == 1:
+        return bool(flag)
+    return bool(all_reduce_sum(torch.tensor(int(bool(flag)))).item())
+
+
+def barrier() -> None:
+    """Wait for every process (no-op on one process)."""
+    if world_size() > 1:
+        dist.barrier()
+
+
+def gather_objects(value: Any) -> list[Any]:
+    """``value`` from every process, indexed by rank (``[value]`` on one process)."""
+    if world_size() == 1:
+        return [value]
+    gathered: list[Any] = [None] * world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def own(per_rank: list[Any]) -> Any:
+    """This process's entry of a per-rank list, or None if another world size wrote it."""
+    return per_rank[rank()] if len(per_rank) == world_size() else None
+
+
+def gather_in_order(per_output: list[list[Any]]) -> list[list[Any]]:
+    """Every process's prediction batches, per output, in rank (= data-set) order.
+
+    One collective, called by every process, also those whose shard was empty.
+    """
+    if world_size() == 1:
+        return per_output
+    ranks = [outputs for outputs in gather_objects(per_output) if outputs]
+    if not ranks:
+        return []
+    return [[batch for outputs in ranks for batch in outputs[index]] for index in range(len(ranks[0]))]
+
+
+class SyncFlag:
+    """Tells torchmetrics when to gather states across ranks.
+
+    Given to each metric as ``distributed_available_fn``: running figures
+    read every ``log_freq`` steps stay local (ranks may have run different
+    numbers of evaluation batches, so a collective there could hang), while
+    the figures at the end of a pass are reduced over every process.
+    """
+
+    def __init__(self) -> None:
+        self.enabled = False
+
+    def __call__(self) -> bool:
+        return self.enabled and world_size() > 1
+
+    def __reduce__(self):  # metrics may be deep-copied or pickled; a flag needs no state
+        return (SyncFlag, ())
+

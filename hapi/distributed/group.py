@@ -1,0 +1,127 @@
+"""The default process group: joining it, leaving it, and this process's place in it."""
+
+from __future__ import annotations
+
+import atexit
+import os
+
+import torch
+import torch.distributed as dist
+
+from hapi.distributed.env import DistributedSetupError, env_int, timeout
+from hapi.distributed.store import restart_safe_store
+
+_created_group = False  # True when hapi created the default group (and so destroys it)
+
+
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    """Global rank of this process (0 on a single process)."""
+    return dist.get_rank() if _active() else 0
+
+
+def local_rank() -> int:
+    """Rank of this process on its machine; picks the CUDA device."""
+    return env_int("LOCAL_RANK", 0)
+
+
+def world_size() -> int:
+    """Number of processes training together."""
+    return dist.get_world_size() if _active() else 1
+
+
+def is_main() -> bool:
+    """True on the one process that prints and writes files."""
+    return rank() == 0
+
+
+def backend_name(device: str | torch.device | None = None) -> str:
+    """``HAPI_BACKEND`` if set, else NCCL for CUDA and Gloo for anything else.
+
+    ``device`` is the one the user asked the Model for (``None``: the default,
+    CUDA where there is one): a CPU model on a GPU machine needs Gloo, since
+    NCCL reduces CUDA tensors only.
+    """
+    on_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+    requested = os.environ.get("HAPI_BACKEND", "").strip().lower()
+    if requested:
+        if requested not in ("nccl", "gloo"):
+            raise DistributedSetupError(
+                f"HAPI_BACKEND={requested!r} is not a backend torch-hapi uses; choose 'nccl' "
+                "(CUDA GPUs) or 'gloo' (CPU), or unset it to choose automatically."
+            )
+        if requested == "nccl" and not torch.cuda.is_available():
+            raise DistributedSetupError(
+                "HAPI_BACKEND=nccl asks for NCCL, which needs CUDA GPUs, but "
+                "torch.cuda.is_available() is False on this machine. Unset HAPI_BACKEND (Gloo "
+                "is chosen on CPU) or run on machines with GPUs."
+            )
+        if requested == "nccl" and not on_cuda:
+            raise DistributedSetupError(
+                f"HAPI_BACKEND=nccl asks for NCCL, which reduces CUDA tensors only, but the Model "
+                f"was given device={str(device)!r}. Unset HAPI_BACKEND (Gloo is chosen for CPU "
+                "models) or give the Model a CUDA device."
+            )
+        return requested
+    return "nccl" if on_cuda else "gloo"
+
+
+def setup(device: str | torch.device | None = None) -> None:
+    """Join the default process group once, when launched with several processes.
+
+    ``device`` is the Model's requested device (see :func:`backend_name`).
+    Reuses a group the user created. A group created here is destroyed at
+    interpreter exit.
+    """
+    global _created_group
+    if _active() or env_int("WORLD_SIZE", 1) <= 1:
+        return
+    missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise DistributedSetupError(
+            f"WORLD_SIZE={os.environ['WORLD_SIZE']} says this is one of several processes, but "
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set. Launch with "
+            "torchrun (e.g. torchrun --nproc_per_node=2 train.py) or hapi.spawn, or set all of "
+            "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT."
+        )
+    backend = backend_name(device)
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank() % torch.cuda.device_count())
+    limit = timeout()
+    try:
+        dist.init_process_group(backend=backend, timeout=limit, **restart_safe_store(limit))
+    except Exception as error:  # torch raises several types (DistNetworkError, RuntimeError, ValueError)
+        address = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        hint = ("another program already listens on that port: pick a free one "
+                "(torchrun --master-port / --rdzv-endpoint, or MASTER_PORT)"
+                if "address already in use" in str(error).lower() or "EADDRINUSE" in str(error)
+                else "check that every process uses the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE, "
+                     "and that rank 0 is reachable")
+        raise DistributedSetupError(
+            f"Could not join the {backend} process group at {address} as rank "
+            f"{os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}: {error}. Likely cause: {hint}."
+        ) from error
+    _created_group = True
+    atexit.register(teardown)
+
+
+def teardown() -> None:
+    """Destroy the process group hapi created (a user's group is left alone)."""
+    global _created_group
+    if _created_group and _active():
+        dist.destroy_process_group()
+    _created_group = False
+
+
+def default_device(requested: str | torch.device | None = None) -> torch.device:
+    """``cuda:LOCAL_RANK`` when CUDA is available, else CPU, unless requested."""
+    if requested is not None:
+        return torch.device(requested)
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank() % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
