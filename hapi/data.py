@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, default_collate
 
 from hapi import distributed
+from hapi.seeded_loader import SeededLoader, may_draw_random_numbers
 
 ACCEPTED = (
     "a torch.utils.data.Dataset, an IterableDataset, a DataLoader, or a tuple of "
@@ -94,6 +95,8 @@ class TensorBatches(Batch, Dataset):
     work and no collate (the fast path for in-memory data). Length and
     per-sample access are :class:`Batch`'s.
     """
+
+    draws_random_numbers = False  # loading is indexing: no per-batch seeds needed
 
     def __getitems__(self, indices: list[int]) -> Batch:
         index = torch.as_tensor(indices, dtype=torch.long, device=self.tensors[0].device)
@@ -235,8 +238,7 @@ def make_loader(data: Any, *, role: str, batch_size: int, shuffle: bool = False,
     if data is None:
         raise ValueError(f"{role} is None; pass {ACCEPTED}.")
     if isinstance(data, DataLoader):
-        loader = distributed.reshard(data, training=role == "train_data", seed=seed)
-        return _checked(loader, role, data.batch_size, data.drop_last)
+        return _checked(_resharded(data, role, seed), role, data.batch_size, data.drop_last)
     check_positive_int(batch_size, "batch_size")
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"num_workers must be an integer >= 0; received {num_workers!r}.")
@@ -257,24 +259,50 @@ def make_loader(data: Any, *, role: str, batch_size: int, shuffle: bool = False,
                 if num_workers == 0 else dataset)
     pin_memory = device.type == "cuda" and resident is dataset  # pinned only for host data
     dataset = resident
-    sampler = (distributed.train_sampler(dataset, shuffle, seed) if role == "train_data"
-               else distributed.eval_sampler(dataset))
-    # Every loader gets its own generator: iterating data must not draw from
-    # torch's global one, which the model's dropout uses (see ResumableSampler).
-    loader = DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        generator=sampler.loader_generator if role == "train_data" else torch.Generator(),
-        drop_last=drop_last,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        # Training workers start afresh each epoch: their seeds then depend only
-        # on the epoch, so a resumed run gets the same random transforms.
-        persistent_workers=num_workers > 0 and role != "train_data",
-        collate_fn=ExplainingCollate(role),
-    )
+    training = role == "train_data"
+    sampler = distributed.train_sampler(dataset, shuffle, seed) if training else distributed.eval_sampler(dataset)
+    loader = _loader(dataset, training=training, seed=seed, batch_size=batch_size, sampler=sampler,
+                     drop_last=drop_last, num_workers=num_workers, pin_memory=pin_memory,
+                     persistent_workers=num_workers > 0 and not training,
+                     collate_fn=ExplainingCollate(role))
     return _checked(loader, role, batch_size, drop_last)
+
+
+def _loader(dataset: Any, *, training: bool, seed: int, **options: Any) -> DataLoader:
+    """The DataLoader of one role; a training one seeds each batch's loading when it may draw.
+
+    Every loader gets its own generator: iterating data must not draw from
+    torch's global one, which the model's dropout uses. Training workers start
+    afresh each epoch (not persistent), and each training batch that may draw
+    random numbers loads under its own seed (:mod:`hapi.seeded_loader`), so a
+    resumed run gets the same random transforms.
+    """
+    picker = options.get("sampler") or options.get("batch_sampler")
+    generator = getattr(picker, "loader_generator", None) if training else None
+    options["generator"] = generator or torch.Generator()
+    if training and may_draw_random_numbers(dataset):
+        return SeededLoader(dataset, seed=seed, rank=distributed.rank(), **options)
+    return DataLoader(dataset, **options)
+
+
+def _resharded(loader: DataLoader, role: str, seed: int) -> DataLoader:
+    """A user's DataLoader, rebuilt with this process's share when there are several.
+
+    Kept as given on one process (and where :func:`hapi.distributed.reshard`
+    says so); otherwise rebuilt with the same workers, collate function,
+    memory pinning and timeouts, and the sampler that keeps its meaning.
+    """
+    training = role == "train_data"
+    share = distributed.reshard(loader, training=training, seed=seed)
+    if share is None:
+        return loader
+    return _loader(
+        loader.dataset, training=training, seed=seed, **share,
+        num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+        persistent_workers=loader.persistent_workers and not training,
+        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
+    )
 
 
 def num_batches(loader: Iterable) -> int | None:
@@ -294,9 +322,9 @@ def start_at(loader: Iterable, step: int) -> Iterable:
     """
     if step == 0:
         return loader
-    sampler = getattr(loader, "sampler", None)
-    if isinstance(sampler, distributed.ResumableSampler) and getattr(loader, "batch_size", None):
-        sampler.skip_next(step * loader.batch_size)
+    if distributed.skip_batches(loader, step):
+        if isinstance(loader, SeededLoader):
+            loader.start_at(step)  # the batches keep the seeds of their positions
         return loader
     return itertools.islice(loader, step, None)
 

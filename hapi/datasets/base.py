@@ -103,6 +103,11 @@ class _ImageDataset(Dataset):
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def draws_random_numbers(self) -> bool:
+        """Only a transform can draw (see :mod:`hapi.seeded_loader`); the images are fixed."""
+        return self.transform is not None
+
     def __getitem__(self, index):
         image = self._as_float(self.images[index].unsqueeze(0))[0]
         if self.transform is not None:

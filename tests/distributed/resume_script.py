@@ -1,6 +1,9 @@
 """A training run that can be killed mid-epoch and resumed by BackupAndRestore.
 
-python resume_script.py OUT_DIR [KILL_AT_STEP]: with KILL_AT_STEP, the process with
+python resume_script.py OUT_DIR [KILL_AT_STEP]: with AUGMENT_WORKERS=N in the environment,
+the training samples get random noise from torch, NumPy and Python in __getitem__,
+loaded by N worker processes (0: in the main process); BACKUP_EVERY sets the backup's
+save_freq in optimizer steps (default 3). With KILL_AT_STEP, the process with
 rank KILL_RANK (default 0) calls os._exit at that optimizer step, once per job: it first
 creates the file KILL_MARKER (default OUT_DIR/killed), and no process kills itself once
 it exists. (torchrun's TORCHELASTIC_RESTART_COUNT cannot tell: an agent restarted by
@@ -13,7 +16,10 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import random
 import sys
+
+import numpy as np
 
 import torch
 from torch import nn
@@ -39,6 +45,20 @@ class DropoutNet(nn.Module):
         return self.body(x)
 
 
+class NoisySamples(torch.utils.data.Dataset):
+    """Augmentation drawing from all three global generators, as transforms do."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, index):
+        noise = 0.1 * torch.randn(4) + float(np.random.normal(0, 0.1)) + random.uniform(-0.1, 0.1)
+        return self.x[index] + noise, self.y[index]
+
+
 class KillAt(Callback):
     def __init__(self, step: int, rank: int, marker: pathlib.Path):
         super().__init__()
@@ -60,12 +80,15 @@ def run(out: pathlib.Path, kill_at: int | None = None, kill_rank: int = 0) -> di
     checkpoints = ModelCheckpoint(out / "ckpt", monitor="val_acc")
     schedule = LRScheduler(torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.7), by_step=True)
     callbacks = [stopper, checkpoints, schedule, CSVLogger(out / "log.csv"),
-                 BackupAndRestore(out / "backup", save_freq=3)]
+                 BackupAndRestore(out / "backup", save_freq=int(os.environ.get("BACKUP_EVERY", "3")))]
     if kill_at is not None:
         marker = pathlib.Path(os.environ.get("KILL_MARKER", out / "killed"))
         callbacks.append(KillAt(kill_at, kill_rank, marker))
-    history = model.fit((x, y), eval_data=(x[:30], y[:30]), batch_size=8, epochs=3, shuffle=True,
-                        accumulate_grad_batches=2, verbose=0, callbacks=callbacks)
+    workers = os.environ.get("AUGMENT_WORKERS")
+    train = (x, y) if workers is None else NoisySamples(x, y)
+    history = model.fit(train, eval_data=(x[:30], y[:30]), batch_size=8, epochs=3, shuffle=True,
+                        accumulate_grad_batches=2, verbose=0, callbacks=callbacks,
+                        num_workers=int(workers or 0))
     return {
         "weights": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist(),
         "history": history.history,

@@ -16,6 +16,7 @@ from hapi import Model
 
 SCRIPT = WORKER.parent / "resume_script.py"
 KILL_AT_STEP = 8  # the backup is every 3 optimizer steps: steps 7 and 8 are done twice
+MID_EPOCH_KILL = 10  # the last backup before it, at step 9, lies mid-epoch (batch 6 of 12)
 
 
 def _run(out, *args, **env):
@@ -58,6 +59,36 @@ def test_two_processes_restarted_by_torchrun_resume_exactly(tmp_path):
     result = torchrun(["--standalone", "--nproc_per_node=2", "--max-restarts=1", str(SCRIPT),
                        str(crash_dir), str(KILL_AT_STEP)], KILL_RANK="1")
     assert "BackupAndRestore: resuming from" in result.stdout + result.stderr
+    for rank in (0, 1):
+        _assert_same_run(_result(crash_dir, rank), _result(reference_dir, rank))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_random_augmentation_resumes_exactly_on_one_process(tmp_path, workers):
+    """__getitem__ draws noise from torch, NumPy and Python: each batch's draws depend only
+    on (seed, epoch, batch position), not on the look-ahead fetch before a backup nor on
+    which worker loads the batch after a restart."""
+    reference_dir, crash_dir = tmp_path / "reference", tmp_path / "crash"
+    reference_dir.mkdir(), crash_dir.mkdir()
+    assert _run(reference_dir, AUGMENT_WORKERS=str(workers)).returncode == 0
+    assert _run(crash_dir, MID_EPOCH_KILL, AUGMENT_WORKERS=str(workers)).returncode == 17
+    resumed = _run(crash_dir, AUGMENT_WORKERS=str(workers))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "at epoch 2, batch 6 (optimizer step 9)" in resumed.stdout
+    _assert_same_run(_result(crash_dir), _result(reference_dir))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_random_augmentation_resumes_exactly_on_two_processes(tmp_path, workers):
+    """Each rank reads 6 batches (3 optimizer steps) an epoch: a backup every 2 steps puts
+    the one at step 4 mid-epoch, and rank 1 dies at step 5."""
+    reference_dir, crash_dir = tmp_path / "reference", tmp_path / "crash"
+    reference_dir.mkdir(), crash_dir.mkdir()
+    settings = {"AUGMENT_WORKERS": str(workers), "BACKUP_EVERY": "2"}
+    torchrun(["--standalone", "--nproc_per_node=2", str(SCRIPT), str(reference_dir)], **settings)
+    result = torchrun(["--standalone", "--nproc_per_node=2", "--max-restarts=1", str(SCRIPT),
+                       str(crash_dir), "5"], KILL_RANK="1", **settings)
+    assert "at epoch 2, batch 2 (optimizer step 4)" in result.stdout + result.stderr
     for rank in (0, 1):
         _assert_same_run(_result(crash_dir, rank), _result(reference_dir, rank))
 
