@@ -27,12 +27,12 @@ from hapi.distributed.ddp import no_sync, unwrap, wrap
 from hapi.distributed.env import DistributedSetupError
 from hapi.distributed.group import (backend_name, default_device, is_main, local_rank, rank,
                                     setup, teardown, world_size)
-from hapi.distributed.samplers import (ContiguousShardSampler, ResumableSampler, eval_sampler,
-                                       loader_batch_size, reshard, set_epoch, set_seed,
-                                       train_sampler)
+from hapi.distributed.samplers import (BatchSamplerShard, ContiguousShardSampler, ResumableSampler,
+                                       SamplerShard, eval_sampler, loader_batch_size, reshard,
+                                       resumable, set_epoch, set_seed, skip_batches, train_sampler)
 
 __all__ = [
-    "ContiguousShardSampler", "DistributedSetupError", "ResumableSampler", "SyncFlag",
+    "BatchSamplerShard", "ContiguousShardSampler", "SamplerShard", "resumable", "skip_batches", "DistributedSetupError", "ResumableSampler", "SyncFlag",
     "all_reduce_sum", "any_true", "backend_name", "barrier", "broadcast_bytes", "default_device",
     "eval_sampler", "gather_in_order", "gather_objects", "is_main", "loader_batch_size",
     "local_rank", "no_sync", "own", "rank", "reshard", "set_epoch", "set_seed", "setup",

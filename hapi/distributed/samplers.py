@@ -1,7 +1,8 @@
 """Which samples each process reads: training shards, evaluation shards, resharded loaders.
 
 No collective call here: every process computes its own share from the
-same seed, rank and world size.
+same seed, rank and world size (and, for a user's sampler, the same stream
+drawn under the same seed).
 """
 
 from __future__ import annotations
@@ -9,10 +10,12 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, Sampler
+from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, RandomSampler, Sampler,
+                              SequentialSampler)
 
 from hapi.distributed.env import DistributedSetupError
 from hapi.distributed.group import rank, world_size
+from hapi.rng import mix, seeded_streams
 
 
 class ResumableSampler(DistributedSampler):
@@ -84,23 +87,38 @@ def eval_sampler(dataset: Any) -> Sampler | None:
     return ContiguousShardSampler(len(dataset), world_size(), rank())
 
 
-def reshard(loader: DataLoader, training: bool, seed: int) -> DataLoader:
-    """A user's DataLoader, rebuilt so this process reads only its share.
+def reshard(loader: DataLoader, training: bool, seed: int) -> dict[str, Any] | None:
+    """How to rebuild a user's DataLoader so this process reads only its share.
 
-    Kept as given on one process, for iterable data sets (they shard
-    themselves), and when it already has a ``DistributedSampler`` (or a
-    batch sampler that knows epochs, like Paddle's DistributedBatchSampler).
-    Otherwise rebuilt with the same batch size, workers, collate function and
-    memory pinning, a training sampler seeded for all ranks, or a
-    contiguous evaluation shard.
+    ``None`` keeps the loader as given: on one process, for iterable data
+    sets (they shard themselves), and for training when it already knows
+    the rank (a ``DistributedSampler``, or a batch sampler that knows epochs,
+    like Paddle's DistributedBatchSampler). Otherwise the DataLoader keyword
+    arguments that pick this process's share, which keeps the meaning of the
+    user's sampler:
+
+    * torch's plain orders (``SequentialSampler``, ``RandomSampler`` without
+      replacement) become a seeded shard of the whole data set, for
+      evaluation a contiguous one (no sample twice, none left out);
+    * any other sampler (``SubsetRandomSampler``, ``WeightedRandomSampler``,
+      the user's own) is kept, and the indices it yields are split across
+      the processes (:class:`SamplerShard`);
+    * a batch sampler of the user's own (not torch's ``BatchSampler``) is
+      kept whole, and its batches are split (:class:`BatchSamplerShard`).
+
+    Raises:
+        DistributedSetupError: the sampler cannot be split (no length).
     """
     if world_size() == 1 or isinstance(loader.dataset, torch.utils.data.IterableDataset):
-        return loader
-    # A DistributedSampler pads shards with repeated samples: fine for training,
-    # wrong for evaluation, which is always re-split without duplicates.
-    if training and (isinstance(_index_sampler(loader), DistributedSampler)
-                     or hasattr(loader.batch_sampler, "set_epoch")):
-        return loader
+        return None
+    batches = loader.batch_sampler  # None when the user turned automatic batching off
+    inner = _index_sampler(loader)
+    rank_aware = isinstance(inner, DistributedSampler) or hasattr(batches, "set_epoch")
+    if training and rank_aware:
+        return None
+    if (loader.batch_size is None and batches is not None and not isinstance(batches, BatchSampler)
+            and not rank_aware):
+        return {"batch_sampler": BatchSamplerShard(batches, world_size(), rank(), seed, training)}
     batch_size = loader_batch_size(loader)
     if batch_size is None:
         raise DistributedSetupError(
@@ -110,18 +128,120 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> DataLoader:
             "Dataset and batch_size to fit()."
         )
     drop_last = loader.drop_last if loader.batch_size is not None else bool(
-        getattr(loader.batch_sampler, "drop_last", False))
-    shuffle = training and not isinstance(_index_sampler(loader), torch.utils.data.SequentialSampler)
-    sampler = train_sampler(loader.dataset, shuffle, seed) if training else eval_sampler(loader.dataset)
-    return DataLoader(
-        loader.dataset, batch_size=batch_size, sampler=sampler,
-        generator=sampler.loader_generator if training else torch.Generator(),
-        num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory, drop_last=drop_last, timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        persistent_workers=loader.persistent_workers and not training,
-        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
-    )
+        getattr(batches, "drop_last", False))
+    if rank_aware or _plain_order(inner):
+        shuffle = training and isinstance(inner, RandomSampler)
+        sampler = train_sampler(loader.dataset, shuffle, seed) if training else eval_sampler(loader.dataset)
+    else:
+        sampler = SamplerShard(inner, world_size(), rank(), seed, training)
+    return {"sampler": sampler, "batch_size": batch_size, "drop_last": drop_last}
+
+
+def _plain_order(sampler: Any) -> bool:
+    """torch's default orders, which a seeded shard of the whole data set reproduces."""
+    if type(sampler) is SequentialSampler:
+        return True
+    return (type(sampler) is RandomSampler and not sampler.replacement
+            and sampler._num_samples is None)
+
+
+def _length(sampler: Any, what: str) -> int:
+    try:
+        return len(sampler)
+    except TypeError:
+        raise DistributedSetupError(
+            f"The DataLoader's {what} {type(sampler).__name__} has no length, so torch-hapi cannot "
+            f"split what it yields across {world_size()} processes (it may never end). Give it a "
+            "__len__, or give the DataLoader a sampler that knows the rank (e.g. "
+            "DistributedSampler) and keep the same number of batches on every process."
+        ) from None
+
+
+class _StreamShard:
+    """This process's share of what a user's (batch) sampler yields each epoch.
+
+    Every process draws the sampler's whole stream with the same random
+    streams (seeded by the fit's seed and the epoch, see
+    :func:`hapi.rng.seeded_streams`), so all draw the same stream and the
+    shares never overlap. Training shares are strided (process r takes items
+    r, r+N, ...: together the N processes' k-th batches are the stream's k-th
+    N*b items, as one process at batch N*b reads them), padded by repeating
+    the stream's first items so every process runs as many steps. Evaluation
+    shares are contiguous and unpadded: no item twice, and predictions
+    gathered in rank order come back in stream order.
+    """
+
+    def __init__(self, source: Any, num_replicas: int, rank: int, seed: int, training: bool,
+                 what: str) -> None:
+        self.source, self.what = source, what
+        self.num_replicas, self.rank, self.seed, self.training = num_replicas, rank, seed, training
+        self.epoch = 0
+        self._skip = 0
+        _length(source, what)  # fails now, not at the first epoch
+        self.loader_generator = torch.Generator()  # see ResumableSampler
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.loader_generator.manual_seed(mix(self.seed, epoch))
+        if hasattr(self.source, "set_epoch"):
+            self.source.set_epoch(epoch)
+
+    def skip_next(self, items: int) -> None:
+        """Leave out the first ``items`` of the next iteration only (a resumed epoch)."""
+        self._skip = items
+
+    def _share(self, stream: list) -> list:
+        total = len(stream)
+        if self.training:
+            padded = -(-total // self.num_replicas) * self.num_replicas
+            stream = stream + [stream[i % total] for i in range(padded - total)] if total else stream
+            return stream[self.rank::self.num_replicas]
+        shard = ContiguousShardSampler(total, self.num_replicas, self.rank)
+        return stream[shard.start:shard.stop]
+
+    def __iter__(self) -> Iterator[Any]:
+        with seeded_streams(mix(self.seed, self.epoch, 0x5A3)):
+            stream = list(self.source)
+        expected = _length(self.source, self.what)
+        if len(stream) != expected:
+            raise DistributedSetupError(
+                f"The DataLoader's {self.what} {type(self.source).__name__} says it has {expected} "
+                f"items (__len__) but yielded {len(stream)}; torch-hapi splits its items across "
+                f"{self.num_replicas} processes by that length. Make __len__ match what __iter__ yields."
+            )
+        share = self._share(stream)
+        skip, self._skip = self._skip, 0
+        return iter(share[skip:])
+
+    def __len__(self) -> int:
+        total = _length(self.source, self.what)
+        if self.training:
+            return -(-total // self.num_replicas)
+        return len(ContiguousShardSampler(total, self.num_replicas, self.rank))
+
+
+class SamplerShard(_StreamShard, Sampler[int]):
+    """This process's share of the indices a user's sampler yields (see :class:`_StreamShard`).
+
+    A ``SubsetRandomSampler(train_idx)`` then trains only on ``train_idx``
+    and a ``WeightedRandomSampler`` keeps its weights, on any number of
+    processes.
+    """
+
+    def __init__(self, sampler: Sampler, num_replicas: int, rank: int, seed: int,
+                 training: bool) -> None:
+        super().__init__(sampler, num_replicas, rank, seed, training, "sampler")
+
+
+class BatchSamplerShard(_StreamShard, Sampler[list]):
+    """This process's share of the batches a user's batch sampler yields (see :class:`_StreamShard`)."""
+
+    def __init__(self, batch_sampler: Any, num_replicas: int, rank: int, seed: int,
+                 training: bool) -> None:
+        super().__init__(batch_sampler, num_replicas, rank, seed, training, "batch_sampler")
+        self.batch_size = getattr(batch_sampler, "batch_size", None)
+        self.drop_last = getattr(batch_sampler, "drop_last", False)
 
 
 def _index_sampler(loader: DataLoader) -> Any:
@@ -139,11 +259,39 @@ def loader_batch_size(loader: Any) -> int | None:
     return size if isinstance(size, int) else None
 
 
+def resumable(loader: Any) -> Any:
+    """The sampler torch-hapi built for ``loader`` that can skip into an epoch, or ``None``."""
+    for sampler in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
+        if isinstance(sampler, (ResumableSampler, _StreamShard)):
+            return sampler
+    return None
+
+
+def skip_batches(loader: Any, batches: int) -> bool:
+    """Make the next iteration of ``loader`` start at batch ``batches`` through its sampler.
+
+    Skipped samples are then not even loaded. False when torch-hapi did not
+    build the sampler (the caller reads and drops the batches instead).
+    """
+    sampler = resumable(loader)
+    if isinstance(sampler, BatchSamplerShard):
+        sampler.skip_next(batches)
+        return True
+    batch_size = getattr(loader, "batch_size", None)
+    if sampler is None or not batch_size:
+        return False
+    sampler.skip_next(batches * batch_size)
+    return True
+
+
 def set_seed(loader: Any, seed: int) -> None:
-    """Make a sampler torch-hapi built shuffle with ``seed`` (a resumed run's)."""
-    if isinstance(getattr(loader, "sampler", None), ResumableSampler):
-        loader.sampler.seed = seed
-        loader.sampler.set_epoch(loader.sampler.epoch)
+    """Make the samplers and batch seeds torch-hapi built use ``seed`` (a resumed run's)."""
+    sampler = resumable(loader)
+    if sampler is not None:
+        sampler.seed = seed
+        sampler.set_epoch(sampler.epoch)
+    if hasattr(loader, "set_seed"):
+        loader.set_seed(seed)
 
 
 def set_epoch(loader: Any, epoch: int) -> None:
@@ -154,5 +302,7 @@ def set_epoch(loader: Any, epoch: int) -> None:
     for sampler in samplers.values():  # e.g. BatchSampler(DistributedSampler(...)): the inner one
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
+    if hasattr(loader, "set_epoch"):  # a loader that seeds each batch (hapi.data.SeededLoader)
+        loader.set_epoch(epoch)
 
 
