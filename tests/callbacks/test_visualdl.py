@@ -138,3 +138,32 @@ def test_visualdl_is_imported_only_on_the_first_write(tmp_path, monkeypatch):
 def test_log_dir_must_be_a_path():
     with pytest.raises(TypeError, match=r"log_dir must be a directory path .*received 5"):
         VisualDL(5)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_of_two_processes_only_rank_0_opens_a_writer(tmp_path, monkeypatch, rank):
+    # Record files are named after the second they are opened in, so "one file" alone
+    # cannot tell whether rank 1 also wrote: count the writers each rank builds.
+    import visualdl
+
+    opened = []
+
+    class CountingLogWriter(visualdl.LogWriter):
+        def __init__(self, *args, **kwargs):
+            opened.append(kwargs.get("logdir"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(visualdl, "LogWriter", CountingLogWriter)
+    log_dir = tmp_path / "runs"
+    cb = VisualDL(log_dir)
+    model = attach(cb, rank=rank, world_size=2, log_freq=2)
+    fit_two_epochs(cb, model)
+    cb.on_eval_begin({"steps": 1, "metrics": ["loss"]})  # then a standalone evaluate
+    cb.on_eval_end({"loss": 0.1})
+    cb.close()
+    if rank == 0:
+        assert opened == [str(log_dir)]
+        assert read_scalars(log_dir)["eval/loss"] == [(0, 1.0), (1, 0.5), (2, pytest.approx(0.1))]
+    else:
+        assert opened == []
+        assert os.listdir(tmp_path) == []
