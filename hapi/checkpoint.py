@@ -20,6 +20,7 @@ loads too, as network weights.
 
 from __future__ import annotations
 
+import collections
 import io
 import os
 import pickle
@@ -66,8 +67,9 @@ def save_state(path: str | os.PathLike, state: dict[str, Any]) -> str:
     failure: BaseException | None = None
     if distributed.is_main():
         try:
+            payload = serialise(state, target)
             with atomic_write(target, "wb") as handle:
-                torch.save(state, handle)
+                handle.write(payload)
         except Exception as error:  # disk full, permissions...: every rank must learn of it
             failure = error
     if distributed.any_true(failure is not None):  # also the barrier: all wait for the write
@@ -75,6 +77,76 @@ def save_state(path: str | os.PathLike, state: dict[str, Any]) -> str:
             raise failure
         raise CheckpointError(f"Rank 0 could not write the checkpoint {target!r}; see its error.")
     return target
+
+
+def serialise(state: dict[str, Any], target: str) -> memoryview:
+    """The bytes of ``state`` as a checkpoint that loads back with ``weights_only=True``.
+
+    NumPy scalars (``lr=0.1 * np.sqrt(4)`` is common in scaling recipes) pickle
+    as NumPy objects, which the safe loader refuses: they are stored as the
+    Python numbers they are. Anything else the safe loader would refuse makes
+    the save fail now, naming the entry, instead of a backup that is found
+    useless only after a crash.
+
+    Raises:
+        CheckpointError: an entry of ``state`` is not a tensor or plain value.
+    """
+    plain = _plain(state)
+    buffer = io.BytesIO()
+    try:
+        torch.save(plain, buffer)  # an object pickle cannot even write fails here
+        buffer.seek(0)
+        torch.load(buffer, map_location="cpu", weights_only=True)
+    except (pickle.PicklingError, pickle.UnpicklingError, AttributeError, TypeError) as error:
+        offender = _first_unsafe(plain, "checkpoint")
+        if offender is None and not isinstance(error, pickle.UnpicklingError):
+            raise
+        where = f"{offender[0]} is a {offender[1]}" if offender else f"an entry: {_detail(error)}"
+        raise CheckpointError(
+            f"Not saving {target!r}: {where}, which torch.load(weights_only=True) refuses, so "
+            "the file could never be loaded again. Checkpoints hold tensors and plain Python "
+            "values (numbers, strings, lists, dicts): store that entry as one (e.g. float(x), "
+            "x.tolist(), or a tensor), or leave it out of the state_dict() that holds it."
+        ) from error
+    return buffer.getbuffer()
+
+
+_PLAIN_LEAVES = (torch.Tensor, str, bytes, int, float, complex, bool, type(None), torch.dtype,
+                 torch.device, torch.Size)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with NumPy scalars and arrays turned into Python numbers and tensors."""
+    if isinstance(value, np.generic):  # before the numbers: np.float64 is a float subclass
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, dict):
+        converted = type(value)() if type(value) in (dict, collections.OrderedDict) else {}
+        converted.update((key, _plain(item)) for key, item in value.items())
+        return converted
+    if type(value) in (list, tuple):
+        return type(value)(_plain(item) for item in value)
+    return value
+
+
+def _first_unsafe(value: Any, path: str) -> tuple[str, str] | None:
+    """Where the first entry the safe loader would refuse lies, and its type."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _first_unsafe(item, f"{path}[{key!r}]")
+            if found:
+                return found
+        return None if type(value) in (dict, collections.OrderedDict) else (path, type(value).__name__)
+    if type(value) in (list, tuple):
+        for index, item in enumerate(value):
+            found = _first_unsafe(item, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    if type(value) in _PLAIN_LEAVES or isinstance(value, torch.Tensor):
+        return None
+    return path, f"{type(value).__module__}.{type(value).__qualname__}"
 
 
 def _existing_file(path: str | os.PathLike) -> str:

@@ -358,3 +358,73 @@ def test_rng_state_round_trips_through_a_saved_checkpoint(tmp_path, keep_rng):
     hapi.checkpoint.set_rng_state(state["rng"])
     assert draw() == first
 
+
+
+# -- every file torch-hapi writes, it reads back --------------------------------------
+
+
+class Settings:
+    """A user's class: pickle writes it, the safe loader refuses it."""
+
+
+def numpy_scaled_model(seed: int = 0) -> Model:
+    """The scaling recipe lr = base * sqrt(world): NumPy scalars in the optimizer's settings."""
+    torch.manual_seed(seed)
+    model = Model(TinyNet(), device="cpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05 * np.sqrt(4), momentum=np.float32(0.9))
+    model.prepare(optimizer=optimizer, loss=nn.CrossEntropyLoss())
+    return model
+
+
+def test_numpy_scalars_in_the_optimizer_save_as_numbers_and_load_back(tmp_path):
+    model = numpy_scaled_model()
+    model.fit(make_tiny_data(), batch_size=32, verbose=0)
+    file = model.save(tmp_path / "scaled")
+    torch.load(file, weights_only=True)  # the safe loader accepts it
+    restored = numpy_scaled_model(seed=3)
+    restored.load(tmp_path / "scaled")
+    assert_same_weights(restored.network, model.network)
+    group = restored.optimizer.param_groups[0]
+    assert group["lr"] == pytest.approx(0.1) and type(group["lr"]) is float
+    assert group["momentum"] == pytest.approx(0.9) and type(group["momentum"]) is float
+
+
+def test_a_backup_with_numpy_scalars_resumes(tmp_path):
+    from callbacks import BackupAndRestore, Callback
+
+    class Crash(Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1:
+                raise KeyboardInterrupt  # the run dies after its first epoch's backup
+
+    data = make_tiny_data()
+    with pytest.raises(KeyboardInterrupt):
+        numpy_scaled_model().fit(data, batch_size=32, epochs=2, verbose=0,
+                                 callbacks=[BackupAndRestore(tmp_path), Crash()])
+    class Epochs(Callback):
+        begun: list = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.begun.append(epoch)
+
+    resumed = numpy_scaled_model()
+    resumed.fit(data, batch_size=32, epochs=2, verbose=0, callbacks=[Epochs(), BackupAndRestore(tmp_path)])
+    assert Epochs.begun == [1]  # epoch 0 came from the backup
+    reference = numpy_scaled_model()
+    reference.fit(data, batch_size=32, epochs=2, verbose=0)
+    assert_same_weights(resumed.network, reference.network)
+
+
+def test_a_state_the_safe_loader_would_refuse_is_not_saved(tmp_path):
+    first = trained_model(epochs=1)
+    first.save(tmp_path / "ckpt")
+    before = (tmp_path / "ckpt.pt").read_bytes()
+
+    second = trained_model(seed=4)
+    second.optimizer.param_groups[0]["schedule"] = Settings()  # a user's object in the settings
+    with pytest.raises(hapi.checkpoint.CheckpointError,
+                       match=r"Not saving .*ckpt\.pt.*\['optimizer'\]\['param_groups'\]\[0\]\['schedule'\] "
+                             r"is a .*Settings, which torch\.load\(weights_only=True\) refuses"):
+        second.save(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt.pt").read_bytes() == before  # the previous file is untouched
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
