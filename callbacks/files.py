@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from typing import IO, Iterator
 
 
@@ -33,10 +33,22 @@ def _fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def _create_temporary(directory: str, name: str) -> tuple[int, str]:
+    """A new file beside the target, created with mode 0o666 less the umask, as open() does.
+
+    Asking the kernel for that mode at creation (instead of ``mkstemp``'s 0600
+    and a ``chmod`` computed from ``os.umask``, which must briefly set the
+    umask to read it) keeps the process umask untouched: another thread
+    creating a file at that moment would get loose permissions.
+    """
+    for _ in range(100):
+        candidate = os.path.join(directory, f".{name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                           0o666), candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"Could not create a temporary file beside {name!r} in {directory!r}.")
 
 
 @contextlib.contextmanager
@@ -51,12 +63,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp_path = tempfile.mkstemp(
-        dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp"
-    )
+    fd, tmp_path = _create_temporary(directory, os.path.basename(path))
     try:
-        # mkstemp creates the file 0600; give it the permissions open() would.
-        os.chmod(tmp_path, 0o666 & ~_current_umask())
         with os.fdopen(fd, mode, **({"encoding": "utf-8", "newline": ""} if mode == "w" else {})) as handle:
             yield handle
             handle.flush()

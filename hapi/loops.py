@@ -91,6 +91,7 @@ def fit_loop(model: Any, parts: Parts, train_loader: Iterable, eval_loader: Iter
                                           accumulate=accumulate_grad_batches,
                                           max_batches=batches_left, first_step=model.epoch_step)
         if eval_loader is not None and epoch % eval_freq == 0:
+            distributed.sync_from_main(parts.stepper.eval_network)  # one model's statistics everywhere
             val_logs = evaluate_loop(parts, eval_loader, cbks, log_freq=log_freq, num_iters=None)
             logs.update({f"val_{name}": value for name, value in val_logs.items()})
         model.epoch, model.epoch_step = epoch + 1, 0

@@ -183,10 +183,14 @@ class Model:
         if purpose in ("fit", "train_batch") and self._optimizer is None:
             raise RuntimeError(f"{purpose}() needs an optimizer: call model.prepare(optimizer="
                                "torch.optim.Adam(model.parameters()), loss=...) first.")
+        if purpose in ("fit", "train_batch") and self._wrapped is None:
+            # DDP (and the gradient average it reserves) only once training needs it:
+            # evaluate/predict-only runs never build it.
+            self._wrapped = distributed.wrap(self._network, self.device)
+            self._stepper = None
         if self._stepper is None:
-            if self._wrapped is None:
-                self._wrapped = distributed.wrap(self._network, self.device)
-            train_network, eval_network = self._wrapped, distributed.unwrap(self._wrapped)
+            train_network = self._network if self._wrapped is None else self._wrapped
+            eval_network = self._network
             if self._compile:
                 train_network, eval_network = torch.compile(train_network), torch.compile(eval_network)
             self._stepper = Stepper(train_network, self.device, self._loss, self._optimizer,
@@ -196,9 +200,12 @@ class Model:
     def _prediction_parts(self) -> Parts:
         if self._metrics is not None:
             return self._parts("predict")
-        if self._wrapped is None:
-            self._wrapped = distributed.wrap(self._network, self.device)
-        return Parts(Stepper(self._wrapped, self.device), MetricSet({}, False), self._splitter)
+        return Parts(Stepper(self._network, self.device), MetricSet({}, False), self._splitter)
+
+    def _same_model_everywhere(self) -> None:
+        """Before evaluating or predicting: every process scores rank 0's model (see
+        :func:`hapi.distributed.sync_from_main`); weights too if DDP never aligned them."""
+        distributed.sync_from_main(self._network, parameters=self._wrapped is None)
 
     def _callback_list(self, callbacks: Any, *, verbose: int, log_freq: int,
                        save_dir: str | None = None, save_freq: int = 1) -> CallbackList:
@@ -298,6 +305,7 @@ class Model:
         cbks.set_params(self._params(epochs=None, steps=num_batches(loader),
                                      batch_size=distributed.loader_batch_size(loader) or batch_size,
                                      verbose=verbose, log_freq=log_freq))
+        self._same_model_everywhere()
         return evaluate_loop(parts, loader, cbks, log_freq=log_freq, num_iters=num_iters)
 
     def predict(self, test_data: Any, batch_size: int = DEFAULT_BATCH_SIZE, num_workers: int = 0,
@@ -318,6 +326,7 @@ class Model:
         cbks.set_params(self._params(epochs=None, steps=num_batches(loader),
                                      batch_size=distributed.loader_batch_size(loader) or batch_size,
                                      verbose=verbose, log_freq=DEFAULT_LOG_FREQ))
+        self._same_model_everywhere()
         outputs = predict_loop(parts, loader, cbks)
         if stack_outputs:
             return [torch.cat(batches) if batches and torch.is_tensor(batches[0]) else batches
@@ -377,6 +386,7 @@ class Model:
         callback's state); ``BackupAndRestore`` saves this way. Every process
         must call it; only the main process writes.
         """
+        distributed.sync_from_main(self._network)  # what is written is what every process evaluates
         state: dict[str, Any] = {"format": checkpoint.FORMAT, "version": checkpoint.VERSION,
                                  "network": self._network.state_dict()}
         if training:

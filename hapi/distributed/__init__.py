@@ -22,7 +22,7 @@ before it raises.
 
 from hapi.distributed.collectives import (SyncFlag, all_reduce_sum, any_true, barrier,
                                           broadcast_bytes, gather_in_order, gather_objects, own,
-                                          shared_seed)
+                                          shared_seed, sync_from_main)
 from hapi.distributed.ddp import no_sync, unwrap, wrap
 from hapi.distributed.env import DistributedSetupError
 from hapi.distributed.group import (backend_name, default_device, is_main, local_rank, rank,
@@ -36,5 +36,5 @@ __all__ = [
     "all_reduce_sum", "any_true", "backend_name", "barrier", "broadcast_bytes", "default_device",
     "eval_sampler", "gather_in_order", "gather_objects", "is_main", "loader_batch_size",
     "local_rank", "no_sync", "own", "rank", "reshard", "set_epoch", "set_seed", "setup",
-    "shared_seed", "teardown", "train_sampler", "unwrap", "world_size", "wrap",
+    "shared_seed", "sync_from_main", "teardown", "train_sampler", "unwrap", "world_size", "wrap",
 ]

@@ -126,3 +126,32 @@ class SyncFlag:
     def __reduce__(self):  # metrics may be deep-copied or pickled; a flag needs no state
         return (SyncFlag, ())
 
+
+
+def sync_from_main(module: Any, parameters: bool = False) -> None:
+    """Give every process rank 0's buffers (and, with ``parameters``, its weights).
+
+    DDP broadcasts buffers (BatchNorm's running statistics) from rank 0 only
+    at the start of each training forward, so after the last training step
+    every process holds the statistics of its own last batch. Evaluating each
+    shard with other statistics, or saving rank 0's while evaluating another's,
+    would not be one model's figures; so before any evaluation, prediction or
+    save every process takes rank 0's, as DDP would at its next forward. A
+    model that never trained under DDP (evaluate/predict only) takes rank 0's
+    weights too, which DDP would otherwise have broadcast when wrapping it.
+    Tensors are sent one flat tensor per dtype and device.
+    """
+    if world_size() == 1:
+        return
+    tensors = list(module.buffers()) + (list(module.parameters()) if parameters else [])
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
+    with torch.no_grad():
+        for members in groups.values():
+            flat = _on_collective_device(torch.cat([t.detach().reshape(-1) for t in members]))
+            dist.broadcast(flat, src=0)
+            offset = 0
+            for tensor in members:
+                tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
+                offset += tensor.numel()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -105,15 +107,52 @@ def setup(device: str | torch.device | None = None) -> None:
             f"{os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}: {error}. Likely cause: {hint}."
         ) from error
     _created_group = True
+    sys.excepthook = _note_uncaught_exception(sys.excepthook)
     atexit.register(teardown)
 
 
 def teardown() -> None:
-    """Destroy the process group hapi created (a user's group is left alone)."""
+    """Leave the process group hapi created, together (a user's group is left alone).
+
+    Destroying a Gloo group while another process still talks to it races
+    with Gloo's own threads: a run that trained to the end could die at exit
+    with "terminate called without an active exception" (SIGABRT), and
+    torchrun then reports the job FAILED. So the processes first agree that
+    all are leaving (a barrier bounded by ``HAPI_DIST_TIMEOUT``), then
+    destroy. A process dying of an uncaught exception skips the barrier: the
+    others may be blocked in a collective it will never join, and the
+    launcher must learn of the failure at once.
+    """
     global _created_group
     if _created_group and _active():
+        if not _dying_of_an_exception:
+            _leave_together()
         dist.destroy_process_group()
     _created_group = False
+
+
+def _leave_together() -> None:
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=timeout())
+        else:
+            dist.barrier()
+    except Exception:  # noqa: BLE001 -- a peer that died or never came: destroy anyway
+        pass
+
+
+_dying_of_an_exception = False
+
+
+def _note_uncaught_exception(excepthook: Any) -> Any:
+    """``sys.excepthook`` that first notes the process is dying of an exception."""
+
+    def hook(*args: Any) -> None:
+        global _dying_of_an_exception
+        _dying_of_an_exception = True
+        excepthook(*args)
+
+    return hook
 
 
 def default_device(requested: str | torch.device | None = None) -> torch.device:

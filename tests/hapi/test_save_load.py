@@ -243,6 +243,21 @@ def test_saved_file_permissions_follow_umask(tmp_path, umask, mask):
     assert mode != 0o600
 
 
+def test_saving_never_touches_the_process_umask(tmp_path, monkeypatch):
+    # Setting the umask, even briefly, loosens the permissions of any file another
+    # thread creates at that moment: the writer must ask for its mode instead.
+    calls = []
+    real_umask = os.umask
+    monkeypatch.setattr(os, "umask", lambda mask: calls.append(mask) or real_umask(mask))
+    Model(TinyNet(), device="cpu").save(tmp_path / "ckpt")
+    from callbacks.files import atomic_write
+
+    with atomic_write(tmp_path / "log.csv", "w") as handle:
+        handle.write("epoch\n0\n")
+    assert calls == []
+    assert (tmp_path / "log.csv").read_text() == "epoch\n0\n"
+
+
 def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
     first = trained_model(epochs=1)
     first.save(tmp_path / "ckpt")
