@@ -120,9 +120,15 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> dict[str, Any] | N
             and not rank_aware):
         return {"batch_sampler": BatchSamplerShard(batches, world_size(), rank(), seed, training)}
     batch_size = loader_batch_size(loader)
+    if batches is None:
+        raise DistributedSetupError(
+            "This DataLoader was built with batch_size=None (no automatic batching), so its items "
+            f"are whole batches that torch-hapi cannot split across {world_size()} processes. Give "
+            "it a batch_size, or a batch_sampler (torch-hapi then deals its batches out whole)."
+        )
     if batch_size is None:
         raise DistributedSetupError(
-            "This DataLoader has a custom batch_sampler without a batch_size, which torch-hapi "
+            "This DataLoader has a rank-aware batch_sampler without a batch_size, which torch-hapi "
             f"cannot split across {world_size()} processes. Give it a sampler that knows the rank "
             "(e.g. BatchSampler(DistributedSampler(dataset), batch_size, drop_last)), or pass the "
             "Dataset and batch_size to fit()."
