@@ -11,9 +11,9 @@ sees other augmentations than the run it replaces.
 Here each batch's loading draws from streams seeded by (fit seed, epoch,
 batch position, rank) alone (:func:`hapi.rng.seeded_streams`): the batch
 sampler tags each batch's indices with its seed, and the data set wrapper
-seeds torch's, Python's and NumPy's generators with it around the fetch, in
-the main process (handing the model's streams back afterwards) or in a
-worker. The same batch therefore gets the same random numbers in a resumed
+seeds torch's, Python's and NumPy's generators with it before the fetch, in
+the main process (handing torch's stream back to the model afterwards) or in
+a worker. The same batch therefore gets the same random numbers in a resumed
 run, whatever the number of workers.
 
 Used only for training loaders torch-hapi builds over data sets that may
@@ -79,8 +79,8 @@ class SeededDataset(Dataset):
         seed = getattr(indices, "seed", None)
         if seed is None:
             return self._fetch(indices)
-        # A worker draws only for loading; the main process gives the model its streams back.
-        with seeded_streams(seed, restore=get_worker_info() is None):
+        # A worker draws only for loading; the main process gives the model its torch stream back.
+        with seeded_streams(seed, hand_back_torch=get_worker_info() is None):
             return self._fetch(indices)
 
     def _fetch(self, indices: list) -> Any:
