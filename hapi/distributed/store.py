@@ -1,10 +1,14 @@
-"""A process-group store that no earlier torchrun attempt has written to."""
+"""A process-group store that no earlier torchrun attempt has written to, at an address the others reach."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import datetime
+import ipaddress
 import os
 import socket
+import sys
 import time
 import uuid
 from typing import Any
@@ -29,15 +33,23 @@ def restart_safe_store(timeout: datetime.timedelta) -> dict[str, Any]:
     attempt and publishes its address with a random token; the others
     connect only to a live store holding that token, which a stale
     publication (a dead rank 0, or its port reused) never does.
+
+    When the processes span machines, Gloo is also told which interface to
+    listen on where its own choice would be loopback (see
+    :func:`_bind_gloo_where_others_reach`).
     """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return {}
     agent_host, agent_port = os.environ["MASTER_ADDR"], env_int("MASTER_PORT", 0)
     this_rank, processes = env_int("RANK", 0), env_int("WORLD_SIZE", 1)  # the group is not made yet
+    spans_machines = env_int("LOCAL_WORLD_SIZE", processes) < processes
+    if spans_machines:
+        _bind_gloo_where_others_reach(agent_host, agent_port)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
     agent_store = dist.TCPStore(agent_host, agent_port, world_size=processes, is_master=False,
                                 timeout=timeout)
     if this_rank == 0:
-        store = _publish_new_store(agent_store, _address_seen_from(agent_host, agent_port), processes, timeout)
+        hosts = _addresses_others_reach(agent_host, agent_port, spans_machines)
+        store = _publish_new_store(agent_store, hosts, processes, timeout)
     else:
         store = _join_published_store(agent_store, processes, timeout)
     return {"store": store, "rank": this_rank, "world_size": processes}
@@ -47,15 +59,39 @@ _PUBLISHED_KEY = "hapi/process_group_store"
 _TOKEN_KEY = "hapi/token"
 
 
-def _publish_new_store(agent_store: dist.Store, host: str, processes: int,
+def _publish_new_store(agent_store: dist.Store, hosts: list[str], processes: int,
                        timeout: datetime.timedelta) -> dist.Store:
-    """Rank 0: a store on a free port, its address and token published in ``agent_store``."""
-    store = dist.TCPStore(host, 0, world_size=processes, is_master=True, timeout=timeout,
+    """Rank 0: a store on a free port; its addresses, port and token published in ``agent_store``.
+
+    The store listens on every address of this machine, so each of ``hosts`` reaches it.
+    """
+    store = dist.TCPStore(hosts[0], 0, world_size=processes, is_master=True, timeout=timeout,
                           wait_for_workers=False)
     token = uuid.uuid4().hex
     store.set(_TOKEN_KEY, token)
-    agent_store.set(_PUBLISHED_KEY, f"{host} {store.port} {token}")
+    agent_store.set(_PUBLISHED_KEY, f"{','.join(hosts)} {store.port} {token}")
     return store
+
+
+def _addresses_others_reach(agent_host: str, agent_port: int, spans_machines: bool) -> list[str]:
+    """This machine's addresses where the other processes can reach it, best first.
+
+    The address on the route to the agents' store is the answer unless it is
+    a loopback address: ``MASTER_ADDR`` then names this very machine, and
+    that name resolves to loopback here (Debian and Ubuntu write ``127.0.1.1
+    <hostname>`` in /etc/hosts), while another machine resolves it to a real
+    address -- and would read a loopback address as itself. So when the
+    processes span machines, a loopback address gives way to all of this
+    machine's other addresses (the joiners try each; the token tells them
+    rank 0's store). A machine with loopback alone cannot be reached from
+    another one: all the processes are on it, and loopback serves.
+    """
+    seen = _address_seen_from(agent_host, agent_port)
+    if not spans_machines or not _is_loopback(seen):
+        return [seen]
+    others = [address for _, address in _machine_addresses() if not _is_loopback(address)]
+    others.sort(key=lambda address: ipaddress.ip_address(address).version)  # IPv4 first, else in interface order
+    return list(dict.fromkeys(others)) or [seen]
 
 
 def _address_seen_from(host: str, port: int) -> str:
@@ -71,24 +107,113 @@ def _address_seen_from(host: str, port: int) -> str:
 
 def _join_published_store(agent_store: dist.Store, processes: int,
                           timeout: datetime.timedelta) -> dist.Store:
-    """Rank 0's store for this attempt, once its publication is this attempt's."""
+    """Rank 0's store for this attempt, once its publication is this attempt's.
+
+    The publication may name several addresses of rank 0's machine: the
+    first one where a store answers with the published token is rank 0's.
+    """
     deadline = time.monotonic() + timeout.total_seconds()
     probe_timeout = datetime.timedelta(seconds=2)
     while True:
-        host, port, token = agent_store.get(_PUBLISHED_KEY).decode().split()
-        try:
-            store = dist.TCPStore(host, int(port), world_size=processes, is_master=False,
-                                  timeout=probe_timeout)
-            if store.get(_TOKEN_KEY).decode() == token:
-                store.set_timeout(timeout)
-                return store
-        except (RuntimeError, ValueError):  # torch's store errors (DistNetworkError, ...) are RuntimeErrors
-            pass  # an earlier attempt's publication: its rank 0 is gone
+        hosts, port, token = agent_store.get(_PUBLISHED_KEY).decode().split()
+        for host in hosts.split(","):
+            try:
+                store = dist.TCPStore(host, int(port), world_size=processes, is_master=False,
+                                      timeout=probe_timeout)
+                if store.get(_TOKEN_KEY).decode() == token:
+                    store.set_timeout(timeout)
+                    return store
+            except (RuntimeError, ValueError):  # torch's store errors (DistNetworkError, ...) are RuntimeErrors
+                pass  # an earlier attempt's publication (its rank 0 is gone), or an address not reached from here
         if time.monotonic() > deadline:
             raise DistributedSetupError(
                 f"Rank 0 did not publish a reachable store within {timeout.total_seconds():.0f} s "
-                f"(last published: {host}:{port}). Check that this machine can reach rank 0's "
-                "machine on any port, or raise HAPI_DIST_TIMEOUT.")
+                f"(last published: port {port} at {hosts.replace(',', ', ')}). Check that this machine "
+                "can reach rank 0's machine on any port, or raise HAPI_DIST_TIMEOUT.")
         time.sleep(0.2)
 
 
+def _bind_gloo_where_others_reach(agent_host: str, agent_port: int) -> None:
+    """Set ``GLOO_SOCKET_IFNAME`` when Gloo would listen on loopback, unreachable from other machines.
+
+    Unless told an interface, Gloo listens on the address this machine's
+    name resolves to -- ``127.0.1.1`` on Debian and Ubuntu -- and publishes
+    it to the other ranks, which then connect to themselves. The interface
+    chosen holds the first address of :func:`_addresses_others_reach`. A
+    ``GLOO_SOCKET_IFNAME`` the user set is kept.
+    """
+    if os.environ.get("GLOO_SOCKET_IFNAME") or not _name_resolves_to_loopback(socket.gethostname()):
+        return
+    try:
+        address = _addresses_others_reach(agent_host, agent_port, spans_machines=True)[0]
+    except OSError:  # MASTER_ADDR does not resolve: joining the store will say so
+        return
+    interface = {found: name for name, found in _machine_addresses()}.get(address)
+    if interface is not None and not _is_loopback(address):
+        os.environ["GLOO_SOCKET_IFNAME"] = interface
+
+
+def _name_resolves_to_loopback(name: str) -> bool:
+    """True when ``name``'s first address is loopback, or when it resolves to nothing.
+
+    Gloo's own choice, for the machine's name: that address, or loopback.
+    """
+    try:
+        return _is_loopback(socket.getaddrinfo(name, None)[0][4][0])
+    except (OSError, IndexError):
+        return True
+
+
+def _is_loopback(address: str) -> bool:
+    return ipaddress.ip_address(address.split("%")[0]).is_loopback
+
+
+class _InterfaceAddress(ctypes.Structure):
+    """The leading fields of C's ``struct ifaddrs`` (only read, never allocated here)."""
+
+
+_InterfaceAddress._fields_ = [("next", ctypes.POINTER(_InterfaceAddress)), ("name", ctypes.c_char_p),
+                              ("flags", ctypes.c_uint), ("address", ctypes.c_void_p)]
+_IFF_UP = 0x1
+
+
+def _machine_addresses() -> list[tuple[str, str]]:
+    """``(interface, address)`` for each IPv4 and IPv6 address of this machine's interfaces that are up.
+
+    IPv6 link-local addresses are left out: they mean nothing without an
+    interface name. Read with the C library's ``getifaddrs``; where there is
+    none (Windows), the addresses this machine's name resolves to.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        getifaddrs, freeifaddrs = libc.getifaddrs, libc.freeifaddrs
+    except (OSError, AttributeError, TypeError):
+        return [("", info[4][0]) for info in socket.getaddrinfo(socket.gethostname(), None)]
+    head = ctypes.POINTER(_InterfaceAddress)()
+    if getifaddrs(ctypes.byref(head)) != 0:
+        return []
+    found = []
+    try:
+        entry = head
+        while entry:
+            if entry.contents.address and entry.contents.flags & _IFF_UP:
+                address = _sockaddr_text(entry.contents.address)
+                if address and not (":" in address and ipaddress.ip_address(address).is_link_local):
+                    found.append((entry.contents.name.decode(), address))
+            entry = entry.contents.next
+    finally:
+        freeifaddrs(head)
+    return found
+
+
+def _sockaddr_text(sockaddr: int) -> str | None:
+    """The address in the IPv4 or IPv6 ``struct sockaddr`` at ``sockaddr`` (``None`` for other families)."""
+    if sys.platform.startswith("linux"):
+        family = ctypes.c_ushort.from_address(sockaddr).value
+    else:  # the BSDs and macOS: a length byte, then a one-byte family
+        family = ctypes.c_ubyte.from_address(sockaddr + 1).value
+    if family == socket.AF_INET:
+        return socket.inet_ntop(socket.AF_INET, ctypes.string_at(sockaddr + 4, 4))
+    if family == socket.AF_INET6:
+        return socket.inet_ntop(socket.AF_INET6, ctypes.string_at(sockaddr + 8, 16))
+    return None
