@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hapi.distributed.env import DistributedSetupError, env_int, timeout
+from hapi.distributed.env import DistributedSetupError, env_int, from_slurm, timeout
 from hapi.distributed.store import restart_safe_store
 
 _created_group = False  # True when hapi created the default group (and so destroys it)
@@ -79,7 +79,10 @@ def setup(device: str | torch.device | None = None) -> None:
     interpreter exit.
     """
     global _created_group
-    if _active() or env_int("WORLD_SIZE", 1) <= 1:
+    if _active():
+        return
+    from_slurm()  # srun: the torch.distributed variables from Slurm's
+    if env_int("WORLD_SIZE", 1) <= 1:
         return
     missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
     if missing:
