@@ -146,6 +146,9 @@ def _run_child(fn: Callable[..., Any], args: tuple, error_dir: str) -> Any:
     try:
         return fn(*args)
     except BaseException:
+        from hapi import distributed
+
+        distributed.note_failure()  # multiprocessing catches it: sys.excepthook never sees it
         with open(os.path.join(error_dir, f"error.{os.environ.get('RANK', '0')}"), "w") as handle:
             handle.write(traceback.format_exc())
         raise

@@ -283,6 +283,9 @@ class Model:
             fit_loop(self, parts, train_loader, eval_loader, cbks, epochs=epochs, eval_freq=eval_freq,
                      log_freq=log_freq, accumulate_grad_batches=accumulate_grad_batches,
                      num_iters=num_iters)
+        except BaseException:
+            distributed.note_failure()  # the others may wait in a collective: don't wait for them at exit
+            raise
         finally:
             self._fit_run = None
         return next(c for c in cbks if isinstance(c, History))
@@ -403,8 +406,10 @@ class Model:
                 "rng": checkpoint.rng_state(),
             })
             if resumable and self._fit_run is not None:
-                state["fit"] = checkpoint.fit_state(self._fit_run.data_seed, state["rng"],
-                                                    self._metrics, self._fit_run.callbacks)
+                run = self._fit_run
+                state["fit"] = checkpoint.fit_state(
+                    run.data_seed, distributed.consumed_items(run.train_loader, self.epoch_step),
+                    state["rng"], self._metrics, run.callbacks)
         return checkpoint.save_state(path, state)
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False,
@@ -467,7 +472,12 @@ class Model:
         run.data_seed = state["fit"]["data_seed"]
         distributed.set_seed(run.train_loader, run.data_seed)
         if not checkpoint.restore_fit(state["fit"], file, self._metrics, run.callbacks):
-            self.epoch_step = 0  # the data splits differently: redo the interrupted epoch whole
+            # Another number of processes: the rest of the epoch's order, split anew
+            # (or, where torch-hapi did not build the sampler, the whole epoch again).
+            done = state["fit"].get("epoch_items")
+            if done is not None and self.epoch_step:
+                distributed.resume_at(run.train_loader, self.epoch, done)
+            self.epoch_step = 0
 
     def _load_optimizer_state(self, optimizer_state: dict, saved_type: str | None, *,
                               source: str) -> None:

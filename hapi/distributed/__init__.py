@@ -25,16 +25,18 @@ from hapi.distributed.collectives import (SyncFlag, all_reduce_sum, any_true, ba
                                           shared_seed, sync_from_main)
 from hapi.distributed.ddp import no_sync, unwrap, wrap
 from hapi.distributed.env import DistributedSetupError
-from hapi.distributed.group import (backend_name, default_device, is_main, local_rank, rank,
-                                    setup, teardown, world_size)
+from hapi.distributed.group import (backend_name, default_device, is_main, local_rank,
+                                    note_failure, rank, setup, teardown, world_size)
 from hapi.distributed.samplers import (BatchSamplerShard, ContiguousShardSampler, ResumableSampler,
-                                       SamplerShard, eval_sampler, loader_batch_size, reshard,
-                                       resumable, set_epoch, set_seed, skip_batches, train_sampler)
+                                       SamplerShard, consumed_items, eval_sampler, loader_batch_size,
+                                       reshard, resume_at, resumable, set_epoch, set_seed, skip_batches,
+                                       skip_items, train_sampler)
 
 __all__ = [
-    "BatchSamplerShard", "ContiguousShardSampler", "SamplerShard", "resumable", "skip_batches", "DistributedSetupError", "ResumableSampler", "SyncFlag",
+    "BatchSamplerShard", "ContiguousShardSampler", "SamplerShard", "resumable", "skip_batches",
+    "consumed_items", "resume_at", "skip_items", "DistributedSetupError", "ResumableSampler", "SyncFlag",
     "all_reduce_sum", "any_true", "backend_name", "barrier", "broadcast_bytes", "default_device",
     "eval_sampler", "gather_in_order", "gather_objects", "is_main", "loader_batch_size",
-    "local_rank", "no_sync", "own", "rank", "reshard", "set_epoch", "set_seed", "setup",
+    "local_rank", "no_sync", "note_failure", "own", "rank", "reshard", "set_epoch", "set_seed", "setup",
     "shared_seed", "sync_from_main", "teardown", "train_sampler", "unwrap", "world_size", "wrap",
 ]

@@ -124,7 +124,7 @@ def teardown() -> None:
     all are leaving (a barrier bounded by ``HAPI_DIST_TIMEOUT``), then
     destroy. A process dying of an uncaught exception skips the barrier: the
     others may be blocked in a collective it will never join, and the
-    launcher must learn of the failure at once.
+    launcher must learn of the failure at once (see :func:`note_failure`).
     """
     global _created_group
     if _created_group and _active():
@@ -147,12 +147,22 @@ def _leave_together() -> None:
 _dying_of_an_exception = False
 
 
+def note_failure() -> None:
+    """This process is failing: at exit, leave the group without waiting for the others.
+
+    Called for an exception that escapes ``fit``/``evaluate``/``predict`` or a
+    :func:`hapi.spawn` child, and for any uncaught exception (``sys.excepthook``):
+    the other processes may be blocked in a collective this one will never join.
+    """
+    global _dying_of_an_exception
+    _dying_of_an_exception = True
+
+
 def _note_uncaught_exception(excepthook: Any) -> Any:
     """``sys.excepthook`` that first notes the process is dying of an exception."""
 
     def hook(*args: Any) -> None:
-        global _dying_of_an_exception
-        _dying_of_an_exception = True
+        note_failure()
         excepthook(*args)
 
     return hook
