@@ -376,14 +376,18 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, optimizer_state: dict
         ) from error
 
 
-def fit_state(data_seed: int, rng: dict[str, Any], metrics: Any, callbacks: Any) -> dict[str, Any]:
+def fit_state(data_seed: int, epoch_items: int | None, rng: dict[str, Any], metrics: Any,
+              callbacks: Any) -> dict[str, Any]:
     """What resuming a fit needs beyond the model (collective: every process calls it).
 
     Random streams and running sums differ between processes, so each rank's
-    are kept and each resumes its own.
+    are kept and each resumes its own. ``epoch_items`` is how far the epoch
+    went into its global order of samples, which a resume on another number
+    of processes continues from.
     """
     return {
         "data_seed": data_seed,
+        "epoch_items": epoch_items,
         "per_rank": distributed.gather_objects({"rng": rng, "metrics": metrics.state_dict()}),
         "callbacks": [[type(c).__name__, c.state_dict()] for c in callbacks],
     }
@@ -417,6 +421,13 @@ def restore_fit(saved: dict[str, Any], file: str, metrics: Any, callbacks: Any) 
     if own is not None:
         set_rng_state(own["rng"])
         metrics.load_state_dict(own["metrics"])
+    elif saved.get("epoch_items") is not None:
+        warnings.warn(
+            f"Resuming from {file!r}, saved by {len(saved['per_rank'])} processes, on "
+            f"{distributed.world_size()}: the weights, optimizer and callbacks are restored, and the "
+            "rest of the interrupted epoch is split across the processes there are now (each "
+            "remaining sample trained once); random streams and that epoch's running figures start "
+            "afresh, so results differ from an uninterrupted run.", stacklevel=4)
     else:
         warnings.warn(
             f"Resuming from {file!r}, saved by {len(saved['per_rank'])} processes, on "

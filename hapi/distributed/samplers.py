@@ -18,17 +18,37 @@ from hapi.distributed.group import rank, world_size
 from hapi.rng import mix, seeded_streams
 
 
-class ResumableSampler(DistributedSampler):
-    """``DistributedSampler`` that can start its next epoch part-way through.
+def strided_share(rest: list, whole: list, num_replicas: int, rank: int) -> list:
+    """Process ``rank``'s items of ``rest``: items rank, rank+N, ... once ``rest`` is padded
+    with ``whole``'s first items to a multiple of N (so every process gets as many).
 
-    A run resumed mid-epoch must read the rest of that epoch in the same
-    order without loading the samples it already trained on (loading them
-    could draw random numbers in transforms and shift every later draw).
+    Together the N processes' k-th batches of b are then ``rest``'s k-th N*b items,
+    as one process at batch N*b reads them; and whatever N, the processes together
+    read each item of ``rest`` once (plus the padding).
+    """
+    padding = -len(rest) % num_replicas
+    if padding and whole:
+        rest = rest + [whole[i % len(whole)] for i in range(padding)]
+    return rest[rank::num_replicas]
+
+
+class ResumableSampler(DistributedSampler):
+    """``DistributedSampler`` that can start its next epoch part-way through the epoch's order.
+
+    The position is counted in samples of the epoch's global order (the
+    permutation every process draws alike), not in one process's batches:
+    after k steps of N processes at batch b, the first k*N*b samples of that
+    order are done, whatever N. A run resumed mid-epoch, on the same number
+    of processes or another, reads the rest of that order -- each remaining
+    sample once -- without loading the samples already trained on (loading
+    them could draw random numbers in transforms). Unskipped, it yields what
+    ``DistributedSampler(drop_last=False)`` yields.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._skip = 0
+        self.resumed_at = 0  # items of this epoch's order done before this run (see resume_at)
         # Given to the DataLoader: it draws its workers' base seed from this
         # generator instead of torch's global one, so iterating the data never
         # shifts the random numbers the model draws (dropout), and a resumed
@@ -37,17 +57,29 @@ class ResumableSampler(DistributedSampler):
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
+        if epoch != getattr(self, "epoch", None):
+            self.resumed_at = 0
         super().set_epoch(epoch)
         self.loader_generator.manual_seed(self.seed * 7919 + epoch)
 
-    def skip_next(self, samples: int) -> None:
-        """Leave out the first ``samples`` indices of the next iteration only."""
-        self._skip = samples
+    def skip_next(self, items: int) -> None:
+        """Leave out the first ``items`` samples of the epoch's global order, next iteration only."""
+        self._skip = items
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.dataset)))
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)  # DistributedSampler's own draw
+        return torch.randperm(len(self.dataset), generator=generator).tolist()
 
     def __iter__(self) -> Iterator[int]:
-        indices = list(super().__iter__())
+        order = self._order()
         skip, self._skip = self._skip, 0
-        return iter(indices[skip:])
+        return iter(strided_share(order[skip:], order, self.num_replicas, self.rank))
+
+    def __len__(self) -> int:
+        return -(-max(len(self.dataset) - self._skip, 0) // self.num_replicas)
 
 
 def train_sampler(dataset: Any, shuffle: bool, seed: int) -> ResumableSampler:
@@ -181,29 +213,30 @@ class _StreamShard:
                  what: str) -> None:
         self.source, self.what = source, what
         self.num_replicas, self.rank, self.seed, self.training = num_replicas, rank, seed, training
-        self.epoch = 0
+        self.epoch = -1
         self._skip = 0
+        self.resumed_at = 0  # items of this epoch's stream done before this run (see resume_at)
         _length(source, what)  # fails now, not at the first epoch
         self.loader_generator = torch.Generator()  # see ResumableSampler
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.resumed_at = 0
         self.epoch = epoch
         self.loader_generator.manual_seed(mix(self.seed, epoch))
         if hasattr(self.source, "set_epoch"):
             self.source.set_epoch(epoch)
 
     def skip_next(self, items: int) -> None:
-        """Leave out the first ``items`` of the next iteration only (a resumed epoch)."""
+        """Leave out the first ``items`` of the epoch's whole stream, next iteration only
+        (a resumed epoch; see :class:`ResumableSampler`)."""
         self._skip = items
 
     def _share(self, stream: list) -> list:
-        total = len(stream)
         if self.training:
-            padded = -(-total // self.num_replicas) * self.num_replicas
-            stream = stream + [stream[i % total] for i in range(padded - total)] if total else stream
-            return stream[self.rank::self.num_replicas]
-        shard = ContiguousShardSampler(total, self.num_replicas, self.rank)
+            return strided_share(stream[self._skip:], stream, self.num_replicas, self.rank)
+        shard = ContiguousShardSampler(len(stream), self.num_replicas, self.rank)
         return stream[shard.start:shard.stop]
 
     def __iter__(self) -> Iterator[Any]:
@@ -217,13 +250,13 @@ class _StreamShard:
                 f"{self.num_replicas} processes by that length. Make __len__ match what __iter__ yields."
             )
         share = self._share(stream)
-        skip, self._skip = self._skip, 0
-        return iter(share[skip:])
+        self._skip = 0
+        return iter(share)
 
     def __len__(self) -> int:
         total = _length(self.source, self.what)
         if self.training:
-            return -(-total // self.num_replicas)
+            return -(-max(total - self._skip, 0) // self.num_replicas)
         return len(ContiguousShardSampler(total, self.num_replicas, self.rank))
 
 
@@ -273,21 +306,59 @@ def resumable(loader: Any) -> Any:
     return None
 
 
-def skip_batches(loader: Any, batches: int) -> bool:
-    """Make the next iteration of ``loader`` start at batch ``batches`` through its sampler.
+def _items_per_batch(loader: Any, sampler: Any) -> int | None:
+    """Items of the epoch's whole stream that one step of every process reads."""
+    if isinstance(sampler, BatchSamplerShard):
+        return world_size()  # whole batches are the stream's items
+    batch_size = getattr(loader, "batch_size", None)
+    return batch_size * world_size() if batch_size else None
 
-    Skipped samples are then not even loaded. False when torch-hapi did not
-    build the sampler (the caller reads and drops the batches instead).
+
+def consumed_items(loader: Any, batches: int) -> int | None:
+    """How far into the epoch's whole stream this run is after ``batches`` steps of every
+    process (``None`` when torch-hapi did not build the sampler)."""
+    sampler = resumable(loader)
+    per_batch = None if sampler is None else _items_per_batch(loader, sampler)
+    return None if per_batch is None else sampler.resumed_at + batches * per_batch
+
+
+def resume_at(loader: Any, epoch: int, items: int) -> bool:
+    """Continue ``epoch`` ``items`` into its whole stream, on however many processes there are now.
+
+    A resume on another number of processes: the batches done so far were
+    another world's, so this run counts its steps of the epoch from 0, and
+    :func:`consumed_items` adds ``items``. False when torch-hapi did not build
+    the sampler (the caller redoes the epoch).
+    """
+    set_epoch(loader, epoch)
+    if not skip_items(loader, items):
+        return False
+    resumable(loader).resumed_at = items
+    return True
+
+
+def skip_items(loader: Any, items: int) -> bool:
+    """Make the next iteration of ``loader`` start ``items`` into the epoch's whole stream.
+
+    The rest of the epoch is then split across the current processes, whatever
+    their number; skipped samples are not even loaded. False when torch-hapi did
+    not build the sampler.
     """
     sampler = resumable(loader)
-    if isinstance(sampler, BatchSamplerShard):
-        sampler.skip_next(batches)
-        return True
-    batch_size = getattr(loader, "batch_size", None)
-    if sampler is None or not batch_size:
+    if sampler is None or _items_per_batch(loader, sampler) is None:
         return False
-    sampler.skip_next(batches * batch_size)
+    sampler.skip_next(items)
     return True
+
+
+def skip_batches(loader: Any, batches: int) -> bool:
+    """Make the next iteration of ``loader`` start at batch ``batches`` of this epoch.
+
+    False when torch-hapi did not build the sampler (the caller reads and
+    drops the batches instead).
+    """
+    items = consumed_items(loader, batches)
+    return items is not None and skip_items(loader, items)
 
 
 def set_seed(loader: Any, seed: int) -> None:

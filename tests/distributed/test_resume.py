@@ -14,6 +14,8 @@ from conftest import TinyNet, make_tiny_data
 from dist_helpers import WORKER, child_env, run_bounded, torchrun, two_machines
 from hapi import Model
 
+sys.path.insert(0, str(WORKER.parent))
+
 SCRIPT = WORKER.parent / "resume_script.py"
 KILL_AT_STEP = 8  # the backup is every 3 optimizer steps: steps 7 and 8 are done twice
 MID_EPOCH_KILL = 10  # the last backup before it, at step 9, lies mid-epoch (batch 6 of 12)
@@ -21,6 +23,12 @@ MID_EPOCH_KILL = 10  # the last backup before it, at step 9, lies mid-epoch (bat
 
 def _run(out, *args, **env):
     return run_bounded([sys.executable, str(SCRIPT), str(out), *map(str, args)], 120, child_env(**env))
+
+
+def _run_script(script, out, *args, **env):
+    result = run_bounded([sys.executable, str(script), str(out), *map(str, args)], 120, child_env(**env))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
 
 
 def _result(out, rank=0):
@@ -164,3 +172,24 @@ def test_resume_needs_a_running_fit_and_a_file_saved_during_one(tmp_path):
 def test_bad_save_freq(save_freq, tmp_path):
     with pytest.raises(ValueError, match="save_freq must be 'epoch' or a positive number"):
         BackupAndRestore(tmp_path, save_freq=save_freq)
+
+
+def test_a_job_that_loses_a_process_trains_the_rest_of_the_epoch_once(tmp_path):
+    """2 processes, rank 1 killed mid-epoch 2 (after the backup at its batch 2), then the
+    job goes on as 1 process: the interrupted epoch's samples are each trained once."""
+    import elastic_script as es
+
+    script = WORKER.parent / "elastic_script.py"
+    killed = torchrun(["--standalone", "--nproc_per_node=2", str(script), str(tmp_path), "9"], check=False)
+    assert killed.returncode != 0
+    resumed = _run_script(script, tmp_path)
+    assert "at epoch 2, batch 0 (optimizer step 8)" in resumed.stdout  # batches counted anew on 1
+    assert "split across the processes there are now" in resumed.stderr
+    trained = []
+    for rank in (0, 1):  # the two processes' first 2 batches of epoch 1, before the backup
+        reads = [int(i) for e, i in (line.split() for line in open(tmp_path / f"reads.2.rank{rank}.txt")) if e == "1"]
+        trained += reads[:2 * es.BATCH]
+    trained += [int(i) for e, i in (line.split() for line in open(tmp_path / "reads.1.rank0.txt")) if e == "1"]
+    assert sorted(trained) == list(range(es.SAMPLES))  # none repeated, none skipped
+    later = [int(i) for e, i in (line.split() for line in open(tmp_path / "reads.1.rank0.txt")) if e == "2"]
+    assert sorted(later) == list(range(es.SAMPLES))  # the next epoch is whole, on one process
