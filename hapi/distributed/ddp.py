@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import os
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -29,32 +28,105 @@ def wrap(network: nn.Module, device: torch.device) -> nn.Module:
     return wrapped
 
 
-def _average_through_shared_memory(wrapped: nn.Module, trained: list[nn.Parameter]) -> None:
+def _average_through_shared_memory(wrapped: nn.Module, trained: list[nn.Parameter]) -> str | None:
     """CPU processes on one machine: gradients averaged in shared memory, not over TCP.
 
-    See :mod:`hapi.shared_memory`. All processes take the same decision: rank
-    0 reserves the buffer (or finds no room), every process maps it (or
-    cannot), and the hook is installed only when all succeeded.
+    See :mod:`hapi.distributed.shared_memory`. Every step is a collective
+    that every process calls, in the same order, whatever its own verdict, so
+    all take the same decision and none is left waiting: every process's
+    verdict, machine (hostname, boot id) and process id are gathered; when all
+    can, rank 0 reserves the buffer (or finds no room), every process maps it
+    and checks it is rank 0's, and then that it sees every other process's
+    writes. The hook is installed only when all of this succeeded everywhere.
+    An unexpected error on any rank is raised on every rank. One machine is
+    proven (same hostname and boot id, then the shared writes), not assumed
+    from ``LOCAL_WORLD_SIZE``; a launcher's ``LOCAL_WORLD_SIZE`` other than the
+    world size still keeps Gloo (it says the processes are on several nodes).
+
+    Returns ``None`` when the hook is installed, else why every process keeps
+    Gloo's all-reduce.
     """
-    on_one_machine = env_int("LOCAL_WORLD_SIZE", -1) == world_size()
-    if not (dist.get_backend() == "gloo" and on_one_machine and shared_memory.usable_for(trained)):
-        return
-    numel = sum(p.numel() for p in trained)
-    shared = [shared_memory.reserve(numel, world_size()) if rank() == 0 else None]
-    dist.broadcast_object_list(shared, src=0)
-    if shared[0] is None:  # no room in /dev/shm: everyone keeps Gloo
-        return
+    if dist.get_backend() != "gloo":  # the same on every rank
+        return f"the backend is {dist.get_backend()}, not gloo"
+    facts = _everyone(lambda: _local_facts(wrapped.module, trained))
+    reason = _why_not(facts)
+    if reason is not None:
+        return reason
+    numel, world = facts[0]["numel"], world_size()
+    reservation = _everyone(lambda: shared_memory.reserve(numel, world) if rank() == 0 else None)[0]
+    if reservation is None:
+        return f"rank 0 found no memory for the {numel * 8 * world} bytes of the buffer"
+    peers = [(fact["pid"], fact["start"]) for fact in facts]
+    mapped: list[shared_memory.SharedMemoryAllReduce] = []
+
+    def attach() -> str | None:
+        try:
+            mapped.append(shared_memory.SharedMemoryAllReduce(reservation, rank(), peers,
+                                                              timeout().total_seconds()))
+        except OSError as error:  # not rank 0's memory after all: another machine or namespace
+            return str(error)
+        return None
+
     try:
-        state = shared_memory.SharedMemoryAllReduce(
-            shared[0], numel, rank(), world_size(), timeout().total_seconds())
-    except OSError:  # not rank 0's machine after all (a LOCAL_WORLD_SIZE set by hand)
-        state = None
-    failures = torch.tensor([int(state is None)])
-    dist.all_reduce(failures)  # every process has tried to map it
-    if rank() == 0:
-        os.unlink(shared[0])  # mapped where it is needed: nothing is left behind, even after a crash
-    if int(failures) == 0:
-        wrapped.register_comm_hook(state, shared_memory.average_hook)
+        refusals = _everyone(attach)  # returns once every process has tried to map it
+    finally:
+        if rank() == 0:
+            shared_memory.release(reservation)
+    refused = [f"rank {r} could not map rank 0's buffer: {why}" for r, why in enumerate(refusals) if why]
+    if not refused:
+        unseen = [r for r, seen in enumerate(_everyone(lambda: mapped[0].everyone_attached())) if not seen]
+        if unseen:
+            refused = [f"rank(s) {unseen} do not see every process's writes in the buffer"]
+    if refused:
+        for state in mapped:
+            state.close()
+        return "; ".join(refused)
+    wrapped.register_comm_hook(mapped[0], shared_memory.average_hook)
+    return None
+
+
+def _local_facts(network: nn.Module, trained: list[nn.Parameter]) -> dict[str, Any]:
+    """What every process needs to know of this one to decide together."""
+    reason = shared_memory.reason_not_to_use(network, trained)
+    local_world = env_int("LOCAL_WORLD_SIZE", -1)  # set by launchers; -1 where they were not used
+    if reason is None and local_world not in (-1, world_size()):
+        reason = (f"LOCAL_WORLD_SIZE={local_world} says the {world_size()} processes are not all "
+                  "on one machine")
+    host, boot_id = shared_memory.machine_identity()
+    pid, start = shared_memory.process_identity()
+    return {"reason": reason, "host": host, "boot_id": boot_id, "pid": pid, "start": start,
+            "numel": sum(p.numel() for p in trained)}
+
+
+def _why_not(facts: list[dict[str, Any]]) -> str | None:
+    """Why the processes that reported ``facts`` (one per rank) cannot share a buffer, or ``None``."""
+    reasons = [f"rank {r}: {fact['reason']}" for r, fact in enumerate(facts) if fact["reason"]]
+    machines = {(fact["host"], fact["boot_id"]) for fact in facts}
+    if len(machines) > 1 or any(not boot_id for _, boot_id in machines):
+        reasons.append(f"the processes are not all on one machine (hostname, boot id: {sorted(machines)})")
+    if len({fact["numel"] for fact in facts}) > 1:
+        reasons.append(f"the processes train different numbers of elements: {[f['numel'] for f in facts]}")
+    return "; ".join(reasons) or None
+
+
+def _everyone(compute: Callable[[], Any]) -> list[Any]:
+    """Every rank's ``compute()`` (picklable), in rank order. An exception on any rank is
+    raised on every rank, so no rank is left waiting for a collective the failed one skips."""
+    try:
+        mine, failure = compute(), None
+    except Exception as error:  # noqa: BLE001 -- whatever it is, the other ranks must learn of it
+        mine, failure = None, error
+    gathered: list[Any] = [None] * world_size()
+    message = None if failure is None else f"{type(failure).__name__}: {failure}"
+    dist.all_gather_object(gathered, (mine, message))
+    failed = [(r, text) for r, (_, text) in enumerate(gathered) if text is not None]
+    if failed:
+        raise RuntimeError(
+            f"Setting up the shared-memory gradient average failed on rank {failed[0][0]}: "
+            f"{failed[0][1]}. Every process stops rather than wait for it. Set HAPI_SHM_ALLREDUCE=0 "
+            "to average gradients with Gloo's all-reduce, and report the error."
+        ) from failure
+    return [value for value, _ in gathered]
 
 
 def unwrap(network: nn.Module) -> nn.Module:

@@ -9,121 +9,285 @@ up there, which costs a copy and a sum.
 
 How: a DDP communication hook (DDP's own extension point). Each process
 owns one row of a shared ``[2, world, n]`` buffer; per gradient bucket it
-copies its gradients into its row, publishes a sequence number, waits until
-every process has published the same number, and averages the rows in rank
-order -- the same sum in the same order on every process, so the weights stay
-identical everywhere. The two halves of the buffer alternate between calls:
-a process can only write a half again two calls later, after every process
-has published the call in between, i.e. finished reading it. The protocol
-relies on x86's store ordering (a published number is seen only after the
-data written before it), so it is used on x86-64 only.
+copies its gradients into its row, publishes the bucket's element count and a
+sequence number, waits until every process has published the same number,
+checks that every count equals its own (a process whose buckets differ would
+otherwise be averaged with stale memory: it raises instead), and adds the
+rows up one after the other in rank order, then divides -- the same sum in the
+same order on every process, so the weights stay bitwise identical everywhere.
+The two halves of the buffer alternate between calls: a process can only write
+a half again two calls later, after every process has published the call in
+between, i.e. finished reading it. The protocol relies on x86's store
+ordering (a published number is seen only after the data written before it),
+so it is used on Linux on x86-64 only.
 
-The buffer's pages are reserved when it is made; where the RAM disk is too
-small for them, every process keeps Gloo's all-reduce.
+The buffer: rank 0 makes it with ``memfd_create``, an anonymous file that has
+no name in any directory, so nothing can outlive the processes, even after a
+crash; the others open it through ``/proc/<rank 0's pid>/fd/<fd>`` while rank
+0 still holds it, and rank 0 closes its descriptor once every process has
+mapped it. Its pages are reserved when it is made (``posix_fallocate``): where
+there is no memory for them, every process keeps Gloo's all-reduce rather than
+being killed by SIGBUS at its first gradient. Each process checks that it
+mapped the very buffer rank 0 made (its name, its size, and a random token
+rank 0 wrote in it), writes its process id into its own line, and then checks
+that it sees every other process's id there: they share the memory, not just
+a name. Layout: one 64-byte header line (the token), one 64-byte line per
+process (published call, pid, element count per half: no two processes ever
+write the same cache line), then the rows, all 64-byte aligned.
 
-A process waiting for the others spins briefly, then yields its core, and
-gives up after the distributed timeout with an error naming the ranks that
-never arrived (a rank that died is normally stopped sooner by the launcher).
+A process waiting for the others spins briefly, then yields its core (more
+processes than cores), and every half second of that it checks that the
+processes it waits for still run (their ids and start times, exchanged at
+setup), so when a rank dies -- even with no launcher watching -- the others
+raise within about a second, with an error naming it, instead of waiting out
+the distributed timeout. A rank that is alive but never arrives is given up
+after that timeout.
 
-:func:`hapi.distributed.ddp.wrap` installs it (and does the collective part:
-rank 0 reserves the file, every process maps it, all agree) when every
-process is on this machine, the backend is Gloo, and every parameter is
-float32 on the CPU; ``HAPI_SHM_ALLREDUCE=0`` keeps Gloo's all-reduce. This
-module itself never talks to the other processes except through the buffer.
+Sparse gradients (``nn.Embedding(sparse=True)``) cannot be added row by row:
+:func:`reason_not_to_use` keeps Gloo for such networks, and the hook raises if
+it ever gets one.
+
+:func:`hapi.distributed.ddp.wrap` decides and installs it; every collective
+step of that decision (every rank's verdict from :func:`reason_not_to_use`,
+its machine's hostname and boot id, its process id; rank 0's reservation;
+every process's mapping) is in :mod:`hapi.distributed.ddp`, so all processes
+agree. This module itself never talks to the other processes except through
+the buffer; ``HAPI_SHM_ALLREDUCE=0`` keeps Gloo's all-reduce.
 """
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import platform
-import tempfile
+import secrets
+import socket
+import sys
 import time
-import uuid
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
 
 _SPINS_BEFORE_YIELD = 2000
+_PEER_CHECK_S = 0.5  # how often a process that yields checks that the ones it waits for still run
+_LINE = 64  # bytes of a cache line: one for the header, one per process
+_TOKEN_BYTES = 32
+# Fields (int64) of a process's line.
+_PUBLISHED, _PID, _COUNT = 0, 1, 2  # _COUNT + call % 2: the element count of that call's bucket
 
 
-def usable_for(parameters: list[torch.nn.Parameter]) -> bool:
-    """Whether the hook can average these parameters' gradients on this machine
-    (the process group's side -- Gloo, all processes on this machine -- is
-    :mod:`hapi.distributed`'s to check)."""
-    return (os.environ.get("HAPI_SHM_ALLREDUCE", "1") != "0"
-            and platform.machine().lower() in ("x86_64", "amd64")
-            and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in parameters))
+def reason_not_to_use(network: nn.Module, parameters: list[nn.Parameter]) -> str | None:
+    """Why this process cannot average these gradients through shared memory (``None``: it can).
 
-
-def reserve(numel: int, world: int) -> str | None:
-    """A new shared file for ``world`` processes' ``numel`` gradients, its pages reserved.
-
-    ``posix_fallocate`` makes a RAM disk that is too small (Docker gives
-    containers 64 MB of ``/dev/shm``) fail here, with ``None``, instead of a
-    process being killed by SIGBUS when it first writes a gradient.
+    Only this process's side; the process group's side -- Gloo, every process
+    on one machine, all of them agreeing -- is :mod:`hapi.distributed.ddp`'s.
     """
-    path = os.path.join(_shm_dir(), f"hapi-allreduce-{uuid.uuid4().hex}")
+    if os.environ.get("HAPI_SHM_ALLREDUCE", "1") == "0":
+        return "HAPI_SHM_ALLREDUCE=0"
+    machine = platform.machine()
+    if not sys.platform.startswith("linux") or machine.lower() not in ("x86_64", "amd64"):
+        return f"the platform is {sys.platform} on {machine}; the buffer's protocol needs Linux on x86-64"
+    missing = [name for name in ("memfd_create", "posix_fallocate", "sched_yield") if not hasattr(os, name)]
+    if missing:
+        return f"this Python's os module lacks {', '.join(missing)}"
+    others = sorted({f"{p.dtype} on {p.device}" for p in parameters
+                     if p.device.type != "cpu" or p.dtype != torch.float32})
+    if others:
+        return f"parameters are {', '.join(others)}; the buffer holds float32 CPU gradients"
+    sparse = [f"{name or 'the network'} ({type(module).__name__})" for name, module in network.named_modules()
+              if getattr(module, "sparse", False) is True
+              and any(p.requires_grad for p in module.parameters(recurse=False))]
+    if sparse:
+        return (f"{', '.join(sparse)} has sparse=True: its gradients are sparse tensors, "
+                "which Gloo's all-reduce adds but the buffer's rows cannot")
+    return None
+
+
+def machine_identity() -> tuple[str, str]:
+    """This machine's hostname and boot id (``""`` where it cannot be read): processes
+    that report the same pair run under one kernel."""
     try:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.posix_fallocate(descriptor, 0, _size(numel, world))
-        finally:
-            os.close(descriptor)
+        with open("/proc/sys/kernel/random/boot_id") as file:
+            boot_id = file.read().strip()
     except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        boot_id = ""
+    return socket.gethostname(), boot_id
+
+
+def process_identity() -> tuple[int, int]:
+    """This process's id and start time (in clock ticks since boot; -1 where unknown):
+    together they name it, even after the id is reused."""
+    return os.getpid(), _start_time(os.getpid()) or -1
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Rank 0's buffer, as every process needs to know it to map it (sent to them by pickle)."""
+
+    pid: int
+    fd: int
+    name: str
+    token: bytes
+    numel: int
+    world: int
+
+    @property
+    def path(self) -> str:
+        """Where another process of this machine opens it while rank 0 holds it."""
+        return f"/proc/{self.pid}/fd/{self.fd}"
+
+
+def reserve(numel: int, world: int) -> Reservation | None:
+    """A new anonymous buffer for ``world`` processes' ``numel`` gradients, its pages reserved.
+
+    ``None`` where the memory cannot be had (``posix_fallocate`` fails here,
+    instead of a process being killed by SIGBUS when it first writes a
+    gradient). The caller closes the descriptor with :func:`release` once
+    every process has mapped it.
+    """
+    token = secrets.token_bytes(_TOKEN_BYTES)
+    name = f"hapi-allreduce-{token[:8].hex()}"
+    try:
+        descriptor = os.memfd_create(name, os.MFD_CLOEXEC)
+    except OSError:
         return None
-    return path
+    try:
+        os.posix_fallocate(descriptor, 0, _size(numel, world))
+        if os.pwrite(descriptor, token, 0) != _TOKEN_BYTES:
+            raise OSError(f"short write of the token to {name}")
+    except OSError:
+        os.close(descriptor)
+        return None
+    return Reservation(os.getpid(), descriptor, name, token, numel, world)
+
+
+def release(reservation: Reservation) -> None:
+    """Rank 0 closes its descriptor: the memory lives on in the mappings, and goes with the last."""
+    os.close(reservation.fd)
 
 
 class SharedMemoryAllReduce:
     """The state of the hook: the mapped buffer, this process's row, the call count.
 
-    Every process maps the file :func:`reserve` made (``OSError`` where it
-    cannot, e.g. on another machine); once all have, the file can be unlinked.
+    Maps rank 0's buffer through :attr:`Reservation.path`, checking that it
+    is that buffer, and writes this process's id into its line. ``peers`` is
+    every rank's :func:`process_identity`; each must be visible here (the same
+    machine and process namespace). Raises ``OSError`` where any of this fails:
+    the processes then keep Gloo's all-reduce.
     """
 
-    def __init__(self, path: str, numel: int, rank: int, world: int, timeout_s: float) -> None:
-        self.world, self.rank, self.timeout_s = world, rank, timeout_s
-        descriptor = os.open(path, os.O_RDWR)
-        try:
-            self._mapping = mmap.mmap(descriptor, _size(numel, world))
-        finally:
-            os.close(descriptor)
-        self.rows = torch.from_numpy(np.ndarray((2, world, numel), np.float32, buffer=self._mapping))
-        self.published = np.ndarray((world, 8), np.int64, buffer=self._mapping,
-                                    offset=_rows_bytes(numel, world))
-        self.calls = 0
+    def __init__(self, reservation: Reservation, rank: int, peers: list[tuple[int, int]],
+                 timeout_s: float) -> None:
+        self.world, self.rank, self.timeout_s = reservation.world, rank, timeout_s
+        self.numel, self.peers, self.calls = reservation.numel, list(peers), 0
+        if len(self.peers) != self.world:
+            raise ValueError(f"peers must name the buffer's {self.world} processes; received "
+                             f"{len(self.peers)}: {self.peers}")
+        for other, (pid, start) in enumerate(self.peers):
+            if _start_time(pid) != start:
+                raise OSError(f"rank {other}'s process {pid} (started at tick {start}) is not visible "
+                              "in this process's /proc: another machine, container or process namespace")
+        size = _size(self.numel, self.world)
+        self._mapping = _map_checked(reservation, size)
+        self._token = reservation.token
+        self.lines = np.ndarray((self.world, _LINE // 8), np.int64, buffer=self._mapping, offset=_LINE)
+        self.rows = torch.from_numpy(np.ndarray((2, self.world, self.numel), np.float32,
+                                                buffer=self._mapping, offset=_rows_offset(self.world)))
+        self._published = self.lines[:, _PUBLISHED]
+        self.lines[rank, _PID] = os.getpid()
+
+    def everyone_attached(self) -> bool:
+        """Whether this process sees every process's id in its line and rank 0's token: once all
+        have mapped the buffer, proof that they share one memory."""
+        return (bytes(self._mapping[:_TOKEN_BYTES]) == self._token
+                and self.lines[:, _PID].tolist() == [pid for pid, _ in self.peers])
+
+    def close(self) -> None:
+        """Unmap the buffer (the state is unusable afterwards)."""
+        del self.rows, self.lines, self._published
+        self._mapping.close()
 
     def average(self, gradients: torch.Tensor) -> torch.Tensor:
         """``gradients`` replaced, in place, by their mean over the processes."""
-        self.calls += 1
+        if gradients.layout != torch.strided or gradients.dtype != torch.float32:
+            raise RuntimeError(
+                f"The shared-memory gradient average got a {gradients.layout} {gradients.dtype} "
+                "gradient bucket; it adds dense float32 rows only, and cannot hand this bucket to "
+                "Gloo mid-run. Set HAPI_SHM_ALLREDUCE=0 to average every gradient with Gloo's "
+                "all-reduce (a module yielding sparse gradients should have a `sparse=True` "
+                "attribute, which keeps Gloo automatically)."
+            )
         count = gradients.numel()
-        rows = self.rows[self.calls % 2]
-        rows[self.rank, :count].copy_(gradients.reshape(-1))
-        self.published[self.rank, 0] = self.calls
+        if count > self.numel:
+            raise RuntimeError(
+                f"A gradient bucket of {count} elements does not fit the shared buffer's rows of "
+                f"{self.numel} (the trainable parameters when DDP was built). Parameters were "
+                "added or unfrozen after wrapping; build the Model again, or set HAPI_SHM_ALLREDUCE=0."
+            )
+        self.calls += 1
+        half = self.calls % 2
+        rows = self.rows[half, :, :count]
+        rows[self.rank].copy_(gradients.reshape(-1))
+        line = self.lines[self.rank]
+        line[_COUNT + half] = count
+        line[_PUBLISHED] = self.calls  # last: whoever sees it sees the row and the count
         self._wait_for_everyone()
-        torch.sum(rows[:, :count], dim=0, out=gradients.view(-1)).div_(self.world)
+        counts = self.lines[:, _COUNT + half]
+        if (counts != count).any():
+            self._raise_mismatch(count, counts.tolist())
+        flat = gradients.view(-1)
+        if self.world == 1:
+            flat.copy_(rows[0])
+        else:
+            torch.add(rows[0], rows[1], out=flat)
+        for other in range(2, self.world):  # one after the other, in rank order, on every process
+            flat.add_(rows[other])
+        flat.div_(self.world)
         return gradients
 
     def _wait_for_everyone(self) -> None:
-        spins, deadline = 0, None
-        while (self.published[:, 0] < self.calls).any():
+        spins, published, calls = 0, self._published, self.calls
+        while (published < calls).any():
             spins += 1
             if spins < _SPINS_BEFORE_YIELD:
                 continue
             os.sched_yield()  # more processes than cores: let the one we wait for run
-            if deadline is None:
-                deadline = time.monotonic() + self.timeout_s
-            elif time.monotonic() > deadline:
-                missing = [r for r in range(self.world) if self.published[r, 0] < self.calls]
+            now = time.monotonic()
+            if spins == _SPINS_BEFORE_YIELD:
+                deadline, next_check = now + self.timeout_s, now + _PEER_CHECK_S
+            elif now >= next_check:
+                self._raise_if_a_peer_died()
+                next_check = now + _PEER_CHECK_S
+                if now > deadline:
+                    missing = [r for r in range(self.world) if published[r] < calls]
+                    raise RuntimeError(
+                        f"Rank {self.rank} waited {self.timeout_s:.0f} s for the gradients of rank(s) "
+                        f"{missing}, which never arrived: those processes run but stopped or hang "
+                        "elsewhere. Check their output; HAPI_DIST_TIMEOUT sets this limit."
+                    )
+
+    def _raise_if_a_peer_died(self) -> None:
+        for other in range(self.world):
+            pid, start = self.peers[other]
+            if self._published[other] < self.calls and _start_time(pid) != start:
                 raise RuntimeError(
-                    f"Rank {self.rank} waited {self.timeout_s:.0f} s for the gradients of rank(s) "
-                    f"{missing}, which never arrived: those processes stopped or hang. Check their "
-                    "output; HAPI_DIST_TIMEOUT sets this limit."
+                    f"Rank {self.rank} was waiting for the gradients of rank {other} (process {pid}), "
+                    f"which is no longer running: it died or was killed. Its output says why; this "
+                    "process stops too rather than wait for it. Restart the job (a launcher such as "
+                    "torchrun restarts it with --max-restarts)."
                 )
+
+    def _raise_mismatch(self, count: int, counts: list[int]) -> None:
+        other = next(r for r, theirs in enumerate(counts) if theirs != count)
+        raise RuntimeError(
+            f"Rank {self.rank} averages a gradient bucket of {count} elements, but rank {other} "
+            f"published {counts[other]} for the same call ({self.calls}; every rank's: {counts}): "
+            "the processes' DDP buckets differ, so their gradients cannot be added element by "
+            "element. Every process must train the same network with the same trainable parameters "
+            "(same requires_grad, same order); HAPI_SHM_ALLREDUCE=0 uses Gloo's all-reduce instead."
+        )
 
 
 def average_hook(state, bucket):  # no annotations: DDP checks them, and this module's are strings
@@ -134,17 +298,49 @@ def average_hook(state, bucket):  # no annotations: DDP checks them, and this mo
     return future
 
 
-def _rows_bytes(numel: int, world: int) -> int:
-    """Bytes of the gradient rows: two halves of one float32 row per process."""
-    return 2 * world * numel * 4
+def _map_checked(reservation: Reservation, size: int) -> mmap.mmap:
+    """The buffer at ``reservation.path`` mapped, after checking that it is rank 0's: a memfd of
+    that name (not whatever that descriptor number means in some other process), of that size,
+    holding rank 0's token."""
+    path = reservation.path
+    target = os.readlink(path)
+    if target != f"/memfd:{reservation.name} (deleted)":
+        raise OSError(f"{path} is {target!r}, not rank 0's buffer {reservation.name}")
+    descriptor = os.open(path, os.O_RDWR)
+    try:
+        actual = os.fstat(descriptor).st_size
+        if actual != size:
+            raise OSError(f"{path} holds {actual} bytes, not the buffer's {size}")
+        mapping = mmap.mmap(descriptor, size)
+    finally:
+        os.close(descriptor)
+    if bytes(mapping[:_TOKEN_BYTES]) != reservation.token:
+        mapping.close()
+        raise OSError(f"{path} does not hold rank 0's token: not the same memory")
+    return mapping
+
+
+def _start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot), or ``None`` where it is gone,
+    a zombie, or not visible. One open and read of ``/proc/<pid>/stat``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            stat = file.read()
+    except OSError:
+        return None
+    try:
+        fields = stat[stat.rindex(b")") + 2:].split()  # the command name may hold spaces and ')'
+        state, start = fields[0], int(fields[19])
+    except (ValueError, IndexError):  # an exiting process's file can read back empty
+        return None
+    return None if state in (b"Z", b"X", b"x") else start  # Z, X: exited, not yet reaped
+
+
+def _rows_offset(world: int) -> int:
+    """Bytes before the rows: the header line and one line per process."""
+    return _LINE * (1 + world)
 
 
 def _size(numel: int, world: int) -> int:
-    """Bytes of the shared file: the rows, then one 64-byte line per process for its
-    published call number."""
-    return _rows_bytes(numel, world) + 64 * world
-
-
-def _shm_dir() -> str:
-    """RAM-backed /dev/shm where there is one, else the temporary directory."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    """Bytes of the buffer: the lines, then two halves of one float32 row per process."""
+    return _rows_offset(world) + 2 * world * numel * 4
