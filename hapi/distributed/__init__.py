@@ -16,8 +16,10 @@ default process group -- then it is reused, and left for the user to destroy.
 How long a dead rank can stall the others: under ``torchrun`` or
 :func:`hapi.spawn` the launcher kills the surviving workers as soon as one
 exits with an error (within about a second). Without a launcher watching, a
-collective waits for at most ``HAPI_DIST_TIMEOUT`` seconds (default 300)
-before it raises.
+killed peer is noticed in about two seconds (Gloo sees its connection close;
+the shared-memory average checks its process), and a collective waits for a
+peer that is alive but stuck at most ``HAPI_DIST_TIMEOUT`` seconds (default
+300) before it raises.
 """
 
 from hapi.distributed.collectives import (SyncFlag, all_reduce_sum, any_true, barrier,
