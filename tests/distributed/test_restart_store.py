@@ -81,6 +81,9 @@ def test_a_loopback_route_across_machines_publishes_every_other_address(monkeypa
 
 
 def test_gloo_listens_where_the_others_reach_when_the_hostname_is_loopback(monkeypatch):
+    # The code under test writes os.environ: a private copy keeps what it sets out of
+    # later tests (their child processes would inherit GLOO_SOCKET_IFNAME=eth0).
+    monkeypatch.setattr(os, "environ", dict(os.environ))
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     monkeypatch.setattr(store, "_name_resolves_to_loopback", lambda name: False)
     _machine(monkeypatch, "127.0.1.1")

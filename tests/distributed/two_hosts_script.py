@@ -24,24 +24,14 @@ from torch import nn
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 
-from callbacks import BackupAndRestore, Callback  # noqa: E402
+from callbacks import BackupAndRestore  # noqa: E402
 from conftest import TinyNet, make_tiny_data  # noqa: E402
 from hapi import Model  # noqa: E402
 from hapi.distributed import store  # noqa: E402
 from hapi.metrics import Accuracy  # noqa: E402
+from resume_script import KillAt  # noqa: E402  (the same kill as the one-machine resume tests)
 
 SAMPLES, BATCH_PER_PROCESS, EPOCHS = 64, 8, 3
-
-
-class KillAt(Callback):
-    def __init__(self, step: int, rank: int, marker: pathlib.Path):
-        super().__init__()
-        self.step, self.rank, self.marker = step, rank, marker
-
-    def on_train_batch_end(self, step, logs=None):
-        if self.params["rank"] == self.rank and self.model.step == self.step and not self.marker.exists():
-            self.marker.touch()
-            os._exit(17)  # no cleanup, no exception: like a kill
 
 
 def train(out: pathlib.Path, batch_size: int, kill_at: int | None = None, kill_rank: int = 1) -> dict:

@@ -261,7 +261,8 @@ def scenario_user_group(out: pathlib.Path) -> dict:
     distributed.teardown()  # what hapi runs at exit: must not destroy the user's group
     result = {"weights": flat_weights(model), "same_group": dist.group.WORLD is group,
               "still_initialized": dist.is_initialized()}
-    dist.destroy_process_group()
+    dist.barrier()  # leave together, as plain DDP users must: destroying while a peer still
+    dist.destroy_process_group()  # talks to the group can abort a finished process (Gloo)
     return result
 
 

@@ -9,15 +9,14 @@ batch's figures would fail.
 
 from __future__ import annotations
 
-import pytest
-import torch
-import torchmetrics
-from torch import nn
+import pathlib
+import sys
 
-from callbacks import Callback
-from conftest import make_tiny_data
-from hapi import Model
-from hapi.metrics import Accuracy
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "distributed"))
+from figures_script import Logs, direct_figures, prepared  # noqa: E402  (one process here, N there)
+from figures_script import problem as wrong_at_the_end  # noqa: E402
 
 SAMPLES, BATCH = 10, 4  # batches of 4, 4 and 2
 WRONG = 2  # the last two labels are wrong: the last batch is all mistakes
@@ -26,41 +25,7 @@ WRONG = 2  # the last two labels are wrong: the last batch is all mistakes
 def problem(samples=SAMPLES, wrong=WRONG):
     """A fixed linear classifier (logits = 3 * x[:, :3]) that is right on every sample
     but the last ``wrong`` ones, where it is confidently wrong."""
-    x, y = make_tiny_data(samples)
-    y[samples - wrong:] = (y[samples - wrong:] + 1) % 3
-    network = nn.Linear(4, 3)
-    with torch.no_grad():
-        network.weight.copy_(3.0 * torch.eye(3, 4))
-        network.bias.zero_()
-    return network, x, y
-
-
-def direct_figures(network, x, y):
-    """Loss and accuracy over the given samples, computed without hapi (in float64)."""
-    with torch.no_grad():
-        logits = nn.functional.linear(x.double(), network.weight.double(), network.bias.double())
-    loss = nn.functional.cross_entropy(logits, y).item()
-    acc = (logits.argmax(dim=1) == y).double().mean().item()
-    return {"loss": loss, "acc": acc, "multiclass_accuracy": acc}
-
-
-def prepared(network):
-    model = Model(network)
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.0), nn.CrossEntropyLoss(),
-                  [Accuracy(), torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")])
-    return model
-
-
-class Logs(Callback):
-    def __init__(self):
-        super().__init__()
-        self.epoch_end, self.batch_end = [], []
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.epoch_end.append(dict(logs))
-
-    def on_train_batch_end(self, step, logs=None):
-        self.batch_end.append(dict(logs))
+    return wrong_at_the_end(samples, wrong)
 
 
 def assert_figures(actual, expected):
