@@ -7,10 +7,11 @@ function on several local processes.
 """
 
 from hapi import metrics
+from hapi.distributed.strategies import DDP, FSDP
 from hapi.launch import spawn
 from hapi.model import Model
 
-__all__ = ["Model", "spawn", "metrics", "datasets"]
+__all__ = ["Model", "DDP", "FSDP", "spawn", "metrics", "datasets"]
 __version__ = "0.1.0"
 
 

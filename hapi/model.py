@@ -105,6 +105,7 @@ class Model:
         self._metrics: MetricSet | None = None
         self._amp: str | None = None
         self._compile = False
+        self._strategy = distributed.resolve_strategy(None)
         self._scaler: torch.amp.GradScaler | None = None
         self._stepper: Stepper | None = None
         # State loaded before prepare() gave the objects it belongs to.
@@ -131,7 +132,8 @@ class Model:
 
     # -- preparation --------------------------------------------------------
     def prepare(self, optimizer: torch.optim.Optimizer | None = None, loss: Any = None,
-                metrics: Any = None, amp: str | None = None, compile: bool = False) -> None:
+                metrics: Any = None, amp: str | None = None, compile: bool = False,
+                strategy: Any = None) -> None:
         """Set what training and evaluation use.
 
         Args:
@@ -145,7 +147,19 @@ class Model:
             compile: run the network through ``torch.compile`` (the first
                 steps pay the compilation); ``model.network`` stays your module
                 and checkpoints hold its plain state dict.
+            strategy: how several processes share the work: ``None``/``"auto"``
+                or ``"ddp"`` (DistributedDataParallel), ``hapi.DDP(...)`` with
+                DDP's options (``find_unused_parameters``, ``static_graph``,
+                ``sync_batchnorm``, ...). ``"fsdp"``/``hapi.FSDP(...)`` is not
+                built yet and raises on several processes. A no-op on one process.
         """
+        chosen_strategy = distributed.resolve_strategy(strategy)
+        wrapped_for_several = self._wrapped is not None and self._wrapped is not self._network
+        if wrapped_for_several and chosen_strategy != self._strategy:
+            raise RuntimeError(
+                f"prepare(strategy={chosen_strategy!r}) after this Model trained with "
+                f"{self._strategy!r}: the network is already wrapped for that strategy. Build a new "
+                "Model(network) to train with another strategy.")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer; received "
                             f"{type(optimizer).__name__}. Example: torch.optim.Adam("
@@ -157,6 +171,7 @@ class Model:
             raise TypeError(f"loss must be callable as loss(outputs, labels); received "
                             f"{type(loss).__name__}.")
         named_metrics = normalise_metrics(metrics)
+        self._strategy = chosen_strategy
         self._amp = check_amp(amp)
         self._compile = bool(compile)
         self._optimizer = optimizer
@@ -186,7 +201,7 @@ class Model:
         if purpose in ("fit", "train_batch") and self._wrapped is None:
             # DDP (and the gradient average it reserves) only once training needs it:
             # evaluate/predict-only runs never build it.
-            self._wrapped = distributed.wrap(self._network, self.device)
+            self._wrapped = distributed.wrap(self._network, self.device, self._strategy)
             self._stepper = None
         if self._stepper is None:
             train_network = self._network if self._wrapped is None else self._wrapped

@@ -17,6 +17,8 @@ from hapi import distributed
 from hapi.data import describe
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# What DistributedDataParallel says when a parameter got no gradient in the previous step.
+_UNUSED_PARAMETERS = "parameters that were not used in producing loss"
 
 
 def check_amp(amp: Any) -> str | None:
@@ -67,14 +69,29 @@ class Stepper:
         """``network(*inputs)``; its errors say which inputs it got."""
         try:
             return as_list(network(*inputs))
-        except (RuntimeError, ValueError, IndexError, TypeError) as error:
-            plain = distributed.unwrap(getattr(network, "_orig_mod", network))  # through torch.compile
-            name = type(distributed.unwrap(plain)).__name__
-            raise type(error)(
-                f"The network {name} failed on inputs {describe(inputs)}: {error}. Check that the "
-                "data's inputs have the shape and dtype the network expects (e.g. float32 for "
-                "Linear/Conv layers); Model(inputs=..., labels=...) sets how samples are split."
-            ) from error
+        except RuntimeError as error:
+            if _UNUSED_PARAMETERS in str(error):
+                raise RuntimeError(
+                    f"Some parameters of {type(distributed.unwrap(network)).__name__} received no "
+                    "gradient in the last training step (a layer or branch the forward did not use), "
+                    "which DistributedDataParallel does not allow by default. If that is intended, "
+                    "prepare the model with strategy=hapi.DDP(find_unused_parameters=True); otherwise "
+                    "use or remove those parameters (or set requires_grad=False). DDP's own message: "
+                    f"{str(error).splitlines()[0]}"
+                ) from error
+            raise self._explained(network, inputs, error) from error
+        except (ValueError, IndexError, TypeError) as error:
+            raise self._explained(network, inputs, error) from error
+
+    @staticmethod
+    def _explained(network: nn.Module, inputs: list[Any], error: Exception) -> Exception:
+        plain = distributed.unwrap(getattr(network, "_orig_mod", network))  # through torch.compile
+        name = type(distributed.unwrap(plain)).__name__
+        return type(error)(
+            f"The network {name} failed on inputs {describe(inputs)}: {error}. Check that the "
+            "data's inputs have the shape and dtype the network expects (e.g. float32 for "
+            "Linear/Conv layers); Model(inputs=..., labels=...) sets how samples are split."
+        )
 
     def compute_loss(self, outputs: list[torch.Tensor], labels: list[torch.Tensor]) -> torch.Tensor:
         """``loss_fn(*outputs, *labels)``; a list of losses is summed, as in Paddle."""
