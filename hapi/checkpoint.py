@@ -64,18 +64,14 @@ def save_state(path: str | os.PathLike, state: dict[str, Any]) -> str:
     Returns the file written.
     """
     target = resolve_path(path)
-    failure: BaseException | None = None
-    if distributed.is_main():
-        try:
-            payload = serialise(state, target)
-            with atomic_write(target, "wb") as handle:
-                handle.write(payload)
-        except Exception as error:  # disk full, permissions...: every rank must learn of it
-            failure = error
-    if distributed.any_true(failure is not None):  # also the barrier: all wait for the write
-        if failure is not None:
-            raise failure
-        raise CheckpointError(f"Rank 0 could not write the checkpoint {target!r}; see its error.")
+
+    def write() -> None:
+        payload = serialise(state, target)
+        with atomic_write(target, "wb") as handle:
+            handle.write(payload)
+
+    distributed.on_main(write, lambda: CheckpointError(
+        f"Rank 0 could not write the checkpoint {target!r}; see its error."))
     return target
 
 
@@ -194,31 +190,24 @@ def load_freshest_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
         CheckpointError, OSError: on every process, when a machine's copy
             cannot be read (that machine raises the error itself).
     """
-    file, payload, state, failure = resolve_path(path), None, None, None
-    if distributed.local_rank() == 0:
+    file = resolve_path(path)
+
+    def read() -> tuple[tuple, bytes, dict[str, Any]] | None:
         try:
-            file = _existing_file(path)
-            with open(file, "rb") as handle:
-                payload = handle.read()
-            state = _parse(io.BytesIO(payload), file)
+            found = _existing_file(path)
         except FileNotFoundError:
-            pass  # this machine has none: another may
-        except (OSError, CheckpointError) as error:  # unreadable or damaged: every rank must learn of it
-            failure = error
-    progress = None if state is None else tuple(state.get(key, 0) for key in ("step", "epoch", "epoch_step"))
-    per_rank = distributed.gather_objects((progress, failure is not None))
-    if failure is not None:
-        raise failure
-    failed = [rank for rank, (_, broken) in enumerate(per_rank) if broken]
-    if failed:
-        raise CheckpointError(f"Rank {failed[0]} could not read its copy of {file!r}; see its error.")
-    copies = [(progress, -rank) for rank, (progress, _) in enumerate(per_rank) if progress is not None]
-    if not copies:
+            return None  # this machine has none: another may
+        with open(found, "rb") as handle:
+            payload = handle.read()
+        state = _parse(io.BytesIO(payload), found)
+        return tuple(state.get(key, 0) for key in ("step", "epoch", "epoch_step")), payload, state
+
+    freshest = distributed.broadcast_freshest(read, lambda source: CheckpointError(
+        f"Rank {source} could not read its copy of {file!r}; see its error."))
+    if freshest is None:
         raise FileNotFoundError(f"No process found a checkpoint at {file!r} on its machine.")
-    source = -max(copies)[1]
-    sending = distributed.rank() == source
-    received = distributed.broadcast_bytes(payload if sending else None, source)
-    return file, (state if sending else _parse(io.BytesIO(received), file))
+    payload, state = freshest
+    return file, (state if state is not None else _parse(io.BytesIO(payload), file))
 
 
 def _parse(source: str | io.BytesIO, file: str) -> dict[str, Any]:

@@ -34,3 +34,10 @@ def test_library_code_raises_instead_of_asserting():
                  + _sources("hapi/datasets") + _sources("callbacks")
                  if re.search(r"^\s*assert\b", p.read_text(), re.MULTILINE)]
     assert offenders == []
+
+
+def test_checkpoint_code_has_no_rank_checks():
+    # Who writes and who reads is decided by two primitives of hapi.distributed
+    # (on_main, broadcast_freshest), never by checkpoint code testing a rank.
+    source = (ROOT / "hapi" / "checkpoint.py").read_text()
+    assert re.findall(r"\b(is_main|local_rank|rank)\(\)", source) == []

@@ -23,7 +23,8 @@ peer that is alive but stuck at most ``HAPI_DIST_TIMEOUT`` seconds (default
 """
 
 from hapi.distributed.collectives import (SyncFlag, all_reduce_sum, any_true, barrier,
-                                          broadcast_bytes, gather_in_order, gather_objects, own,
+                                          broadcast_bytes, broadcast_freshest, gather_in_order,
+                                          gather_objects, on_main, own,
                                           shared_seed, sync_from_main)
 from hapi.distributed.ddp import no_sync, unwrap, wrap
 from hapi.distributed.env import DistributedSetupError
@@ -36,7 +37,7 @@ from hapi.distributed.samplers import (BatchSamplerShard, ContiguousShardSampler
                                        skip_items, train_sampler)
 
 __all__ = [
-    "DDP", "FSDP", "resolve_strategy",
+    "DDP", "FSDP", "resolve_strategy", "broadcast_freshest", "on_main",
     "BatchSamplerShard", "ContiguousShardSampler", "SamplerShard", "resumable", "skip_batches",
     "consumed_items", "resume_at", "skip_items", "DistributedSetupError", "ResumableSampler", "SyncFlag",
     "all_reduce_sum", "any_true", "backend_name", "barrier", "broadcast_bytes", "default_device",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from hapi.distributed.group import rank, world_size
+from hapi.distributed.group import is_main, local_rank, rank, world_size
+
+Result = TypeVar("Result")
 
 
 def shared_seed() -> int:
@@ -155,3 +157,56 @@ def sync_from_main(module: Any, parameters: bool = False) -> None:
             for tensor in members:
                 tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
                 offset += tensor.numel()
+
+
+def on_main(action: Callable[[], Result], failed_elsewhere: Callable[[], Exception]) -> Result | None:
+    """``action()`` on rank 0 only (``None`` elsewhere); every process waits for it.
+
+    A failure (a full disk, say) reaches every process: rank 0 raises its own
+    error, the others ``failed_elsewhere()``, so none goes on believing the
+    work was done.
+    """
+    result, failure = None, None
+    if is_main():
+        try:
+            result = action()
+        except Exception as error:  # noqa: BLE001 -- every rank must learn of it
+            failure = error
+    if any_true(failure is not None):  # also the barrier: all wait for the action
+        if failure is not None:
+            raise failure
+        raise failed_elsewhere()
+    return result
+
+
+def broadcast_freshest(read: Callable[[], tuple[tuple, bytes, Any] | None],
+                       failed_elsewhere: Callable[[int], Exception]) -> tuple[bytes, Any] | None:
+    """The freshest of the machines' copies of something, on every process.
+
+    One process per machine (local rank 0) calls ``read()``, which returns
+    ``(progress, payload, parsed)`` or ``None`` when its machine has no copy.
+    The payload with the greatest ``progress`` (the lowest rank's on a tie) is
+    sent to every process, which gets ``(payload, parsed)`` -- ``parsed``
+    only on the sender, the others parse the payload themselves. ``None``
+    everywhere when no machine has a copy. An error in ``read`` is raised
+    on its machine and ``failed_elsewhere(rank)`` on the others.
+    """
+    found, failure = None, None
+    if local_rank() == 0:
+        try:
+            found = read()
+        except Exception as error:  # noqa: BLE001 -- every rank must learn of it
+            failure = error
+    per_rank = gather_objects((None if found is None else found[0], failure is not None))
+    if failure is not None:
+        raise failure
+    failed = [source for source, (_, broken) in enumerate(per_rank) if broken]
+    if failed:
+        raise failed_elsewhere(failed[0])
+    copies = [(progress, -source) for source, (progress, _) in enumerate(per_rank) if progress is not None]
+    if not copies:
+        return None
+    source = -max(copies)[1]
+    sending = rank() == source
+    payload = broadcast_bytes(found[1] if sending else None, source)
+    return payload, (found[2] if sending else None)
