@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         os.makedirs(args.output, exist_ok=True)
         torch.save(network.state_dict(), os.path.join(args.output, "model.pt"))
         print(json.dumps({name: round(value, 4) for name, value in results.items()}), flush=True)
-    if distributed:  # torchrun: leave the process group cleanly
+    if distributed:  # torchrun: leave the process group together, then destroy it
+        dist.barrier()  # (destroying while rank 0 still writes can abort a finished run in Gloo)
         dist.destroy_process_group()
     return results
 
