@@ -71,34 +71,39 @@ def test_two_processes_restarted_by_torchrun_resume_exactly(tmp_path):
         _assert_same_run(_result(crash_dir, rank), _result(reference_dir, rank))
 
 
+@pytest.fixture(scope="module")
+def augmented_references(tmp_path_factory):
+    """Uninterrupted runs with random augmentation loaded in the main process, on 1 and on 2
+    processes. Each batch's draws depend only on (seed, epoch, position, rank), so runs
+    with worker processes must equal them too."""
+    one, two = tmp_path_factory.mktemp("augmented_one"), tmp_path_factory.mktemp("augmented_two")
+    assert _run(one, AUGMENT_WORKERS="0").returncode == 0
+    torchrun(["--standalone", "--nproc_per_node=2", str(SCRIPT), str(two)], AUGMENT_WORKERS="0",
+             BACKUP_EVERY="2")
+    return one, two
+
+
 @pytest.mark.parametrize("workers", [0, 2])
-def test_random_augmentation_resumes_exactly_on_one_process(tmp_path, workers):
+def test_random_augmentation_resumes_exactly_on_one_process(tmp_path, workers, augmented_references):
     """__getitem__ draws noise from torch, NumPy and Python: each batch's draws depend only
     on (seed, epoch, batch position), not on the look-ahead fetch before a backup nor on
     which worker loads the batch after a restart."""
-    reference_dir, crash_dir = tmp_path / "reference", tmp_path / "crash"
-    reference_dir.mkdir(), crash_dir.mkdir()
-    assert _run(reference_dir, AUGMENT_WORKERS=str(workers)).returncode == 0
-    assert _run(crash_dir, MID_EPOCH_KILL, AUGMENT_WORKERS=str(workers)).returncode == 17
-    resumed = _run(crash_dir, AUGMENT_WORKERS=str(workers))
+    assert _run(tmp_path, MID_EPOCH_KILL, AUGMENT_WORKERS=str(workers)).returncode == 17
+    resumed = _run(tmp_path, AUGMENT_WORKERS=str(workers))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "at epoch 2, batch 6 (optimizer step 9)" in resumed.stdout
-    _assert_same_run(_result(crash_dir), _result(reference_dir))
+    _assert_same_run(_result(tmp_path), _result(augmented_references[0]))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_random_augmentation_resumes_exactly_on_two_processes(tmp_path, workers):
+def test_random_augmentation_resumes_exactly_on_two_processes(tmp_path, workers, augmented_references):
     """Each rank reads 6 batches (3 optimizer steps) an epoch: a backup every 2 steps puts
     the one at step 4 mid-epoch, and rank 1 dies at step 5."""
-    reference_dir, crash_dir = tmp_path / "reference", tmp_path / "crash"
-    reference_dir.mkdir(), crash_dir.mkdir()
-    settings = {"AUGMENT_WORKERS": str(workers), "BACKUP_EVERY": "2"}
-    torchrun(["--standalone", "--nproc_per_node=2", str(SCRIPT), str(reference_dir)], **settings)
     result = torchrun(["--standalone", "--nproc_per_node=2", "--max-restarts=1", str(SCRIPT),
-                       str(crash_dir), "5"], KILL_RANK="1", **settings)
+                       str(tmp_path), "5"], KILL_RANK="1", AUGMENT_WORKERS=str(workers), BACKUP_EVERY="2")
     assert "at epoch 2, batch 2 (optimizer step 4)" in result.stdout + result.stderr
     for rank in (0, 1):
-        _assert_same_run(_result(crash_dir, rank), _result(reference_dir, rank))
+        _assert_same_run(_result(tmp_path, rank), _result(augmented_references[1], rank))
 
 
 def test_two_machines_without_a_shared_file_system_resume_from_the_latest_backup(tmp_path, free_port):
