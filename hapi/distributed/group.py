@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from hapi.distributed.env import DistributedSetupError, env_int, from_slurm, timeout
-from hapi.distributed.store import restart_safe_store
+from hapi.distributed.store import leave_attempt_store, restart_safe_store
 
 _created_group = False  # True when hapi created the default group (and so destroys it)
 
@@ -122,7 +122,10 @@ def teardown() -> None:
     with "terminate called without an active exception" (SIGABRT), and
     torchrun then reports the job FAILED. So the processes first agree that
     all are leaving (a barrier bounded by ``HAPI_DIST_TIMEOUT``), then
-    destroy. A process dying of an uncaught exception skips the barrier: the
+    destroy; under torchrun, rank 0, which hosts the attempt's store, then
+    keeps it until the others have destroyed their group too
+    (:func:`hapi.distributed.store.leave_attempt_store`). A process dying of
+    an uncaught exception skips both waits: the
     others may be blocked in a collective it will never join, and the
     launcher must learn of the failure at once (see :func:`note_failure`).
     """
@@ -131,6 +134,8 @@ def teardown() -> None:
         if not _dying_of_an_exception:
             _leave_together()
         dist.destroy_process_group()
+        if not _dying_of_an_exception:
+            leave_attempt_store(timeout())
     _created_group = False
 
 

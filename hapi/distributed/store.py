@@ -52,11 +52,36 @@ def restart_safe_store(timeout: datetime.timedelta) -> dict[str, Any]:
         store = _publish_new_store(agent_store, hosts, processes, timeout)
     else:
         store = _join_published_store(agent_store, processes, timeout)
+    global _attempt_store
+    _attempt_store = (store, this_rank, processes)
     return {"store": store, "rank": this_rank, "world_size": processes}
 
 
 _PUBLISHED_KEY = "hapi/process_group_store"
 _TOKEN_KEY = "hapi/token"
+_attempt_store: tuple[dist.Store, int, int] | None = None  # (store, this rank, processes)
+
+
+def leave_attempt_store(limit: datetime.timedelta) -> None:
+    """After the process group is destroyed: rank 0 hosts the attempt's store until every
+    other rank says it is done with the group (bounded by ``limit``).
+
+    The store lives in rank 0's process (see :func:`restart_safe_store`), so
+    rank 0 exiting while another rank still tears its group down takes the
+    store from under it: that rank could abort at exit after a finished run.
+    """
+    global _attempt_store
+    if _attempt_store is None:
+        return
+    store, this_rank, processes = _attempt_store
+    _attempt_store = None
+    try:
+        if this_rank == 0:
+            store.wait([f"hapi/left/{other}" for other in range(1, processes)], limit)
+        else:
+            store.set(f"hapi/left/{this_rank}", "done")
+    except (RuntimeError, ValueError):  # a peer that died, or rank 0 already gone: nothing to wait for
+        pass
 
 
 def _publish_new_store(agent_store: dist.Store, hosts: list[str], processes: int,
