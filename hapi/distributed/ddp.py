@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -11,7 +13,7 @@ from torch import nn
 
 from hapi.distributed import shared_memory
 from hapi.distributed.env import env_int, timeout
-from hapi.distributed.group import rank, world_size
+from hapi.distributed.group import rank, release_at_teardown, world_size
 from hapi.distributed.strategies import DDP
 
 
@@ -28,6 +30,7 @@ def wrap(network: nn.Module, device: torch.device, strategy: DDP | None = None) 
     strategy.prepare_network(network, device)
     device_ids = [device.index] if device.type == "cuda" else None
     wrapped = nn.parallel.DistributedDataParallel(network, device_ids=device_ids, **strategy.ddp_options())
+    release_at_teardown(functools.partial(_release, weakref.ref(wrapped)))
     _average_through_shared_memory(wrapped, [p for p in network.parameters() if p.requires_grad])
     return wrapped
 
@@ -131,6 +134,15 @@ def _everyone(compute: Callable[[], Any]) -> list[Any]:
             "to average gradients with Gloo's all-reduce, and report the error."
         ) from failure
     return [value for value, _ in gathered]
+
+
+def _release(wrapped: weakref.ref) -> None:
+    """At exit: drop the DDP wrapper's reducer (its buckets, pending work, comm hook) and its
+    reference to the group, so they are freed now, in this thread, before the group goes."""
+    ddp = wrapped()
+    if ddp is not None:
+        for name in ("reducer", "logger", "process_group"):
+            ddp.__dict__.pop(name, None)
 
 
 def unwrap(network: nn.Module) -> nn.Module:

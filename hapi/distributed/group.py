@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -133,6 +134,9 @@ def teardown() -> None:
     if _created_group and _active():
         if not _dying_of_an_exception:
             _leave_together()
+        for release in _releases:
+            release()
+        gc.collect()  # what held the group's work goes now, while the interpreter can free it
         dist.destroy_process_group()
         if not _dying_of_an_exception:
             leave_attempt_store(timeout())
@@ -150,6 +154,19 @@ def _leave_together() -> None:
 
 
 _dying_of_an_exception = False
+_releases: list[Callable[[], None]] = []
+
+
+def release_at_teardown(release: Callable[[], None]) -> None:
+    """Run ``release`` when hapi leaves its group, before destroying it.
+
+    C++ objects that hold the group's pending work and Python tensors (DDP's
+    reducer) would otherwise be freed during interpreter shutdown, possibly
+    from one of Gloo's threads, which then cannot take the GIL: the process
+    aborts ("terminate called without an active exception") after a run that
+    finished.
+    """
+    _releases.append(release)
 
 
 def note_failure() -> None:

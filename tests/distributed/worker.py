@@ -261,8 +261,13 @@ def scenario_user_group(out: pathlib.Path) -> dict:
     distributed.teardown()  # what hapi runs at exit: must not destroy the user's group
     result = {"weights": flat_weights(model), "same_group": dist.group.WORLD is group,
               "still_initialized": dist.is_initialized()}
-    dist.barrier()  # leave together, as plain DDP users must: destroying while a peer still
-    dist.destroy_process_group()  # talks to the group can abort a finished process (Gloo)
+    del model  # as a careful DDP user does: the wrapper's reducer goes while Python can free it,
+    import gc  # then leave together (destroying while a peer still talks to the group can
+    # abort a finished process in Gloo)
+
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
     return result
 
 
