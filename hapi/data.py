@@ -277,11 +277,11 @@ def _loader(dataset: Any, *, training: bool, seed: int, **options: Any) -> DataL
     random numbers loads under its own seed (:mod:`hapi.seeded_loader`), so a
     resumed run gets the same random transforms.
     """
-    picker = options.get("sampler") or options.get("batch_sampler")
+    picker = options.get("sampler", options.get("batch_sampler"))
     generator = getattr(picker, "loader_generator", None) if training else None
     options["generator"] = generator or torch.Generator()
     if training and may_draw_random_numbers(dataset):
-        return SeededLoader(dataset, seed=seed, rank=distributed.rank(), **options)
+        return SeededLoader(dataset, **options)
     return DataLoader(dataset, **options)
 
 

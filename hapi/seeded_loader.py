@@ -27,6 +27,7 @@ from typing import Any, Iterator
 
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from hapi import distributed
 from hapi.rng import mix, seeded_streams
 
 
@@ -91,28 +92,29 @@ class SeededDataset(Dataset):
 class SeededLoader(DataLoader):
     """``DataLoader`` over ``dataset`` (wrapped in :class:`SeededDataset`) whose batches carry seeds.
 
-    The loop tells it the epoch (``set_epoch``), a resumed run's seed
-    (``set_seed``) and where a resumed epoch starts (``start_at``), as it
-    tells the sampler.
+    The seed, epoch and rank come from the sampler torch-hapi built for it
+    (:func:`hapi.distributed.resumable`), which the loop already tells the
+    epoch and a resumed run's seed; the loader itself only learns where a
+    resumed epoch starts (``start_at``), since its sampler skips the samples
+    before that and so cannot number the batches.
     """
 
-    def __init__(self, dataset: Any, *, seed: int, rank: int, **kwargs: Any) -> None:
+    def __init__(self, dataset: Any, **kwargs: Any) -> None:
         super().__init__(SeededDataset(dataset), **kwargs)
-        self.batch_seed, self.rank, self.epoch, self.first_position = seed, rank, 0, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch, self.first_position = epoch, 0
-
-    def set_seed(self, seed: int) -> None:
-        self.batch_seed = seed
+        if distributed.resumable(self) is None:
+            raise TypeError("SeededLoader needs a sampler torch-hapi built (ResumableSampler or a "
+                            "shard of the user's), which knows the seed and the epoch.")
+        self._start = (0, 0)  # (epoch, position of its first batch) of a resumed epoch
 
     def start_at(self, position: int) -> None:
-        """The next iteration's first batch is the epoch's batch ``position``."""
-        self.first_position = position
+        """The next iteration of this epoch starts at the epoch's batch ``position``."""
+        self._start = (distributed.resumable(self).epoch, position)
 
     @property
     def _index_sampler(self) -> Any:  # what DataLoader's iterators draw batches of indices from
         batches = super()._index_sampler
         if not self._auto_collation:
             return batches
-        return SeededBatches(batches, self.batch_seed, self.epoch, self.rank, self.first_position)
+        sampler = distributed.resumable(self)
+        first = self._start[1] if self._start[0] == sampler.epoch else 0
+        return SeededBatches(batches, sampler.seed, sampler.epoch, sampler.rank, first)

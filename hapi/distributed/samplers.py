@@ -362,13 +362,12 @@ def skip_batches(loader: Any, batches: int) -> bool:
 
 
 def set_seed(loader: Any, seed: int) -> None:
-    """Make the samplers and batch seeds torch-hapi built use ``seed`` (a resumed run's)."""
+    """Make the sampler torch-hapi built use ``seed`` (a resumed run's); a SeededLoader's
+    batch seeds follow it."""
     sampler = resumable(loader)
     if sampler is not None:
         sampler.seed = seed
         sampler.set_epoch(sampler.epoch)
-    if hasattr(loader, "set_seed"):
-        loader.set_seed(seed)
 
 
 def set_epoch(loader: Any, epoch: int) -> None:
@@ -379,7 +378,5 @@ def set_epoch(loader: Any, epoch: int) -> None:
     for sampler in samplers.values():  # e.g. BatchSampler(DistributedSampler(...)): the inner one
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
-    if hasattr(loader, "set_epoch"):  # a loader that seeds each batch (hapi.data.SeededLoader)
-        loader.set_epoch(epoch)
 
 
