@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hapi.distributed import shared_memory
+from hapi.distributed.collectives import gather_objects
 from hapi.distributed.env import env_int, timeout
 from hapi.distributed.group import rank, release_at_teardown, world_size
 from hapi.distributed.strategies import DDP
@@ -123,9 +124,8 @@ def _everyone(compute: Callable[[], Any]) -> list[Any]:
         mine, failure = compute(), None
     except Exception as error:  # noqa: BLE001 -- whatever it is, the other ranks must learn of it
         mine, failure = None, error
-    gathered: list[Any] = [None] * world_size()
     message = None if failure is None else f"{type(failure).__name__}: {failure}"
-    dist.all_gather_object(gathered, (mine, message))
+    gathered = gather_objects((mine, message))
     failed = [(r, text) for r, (_, text) in enumerate(gathered) if text is not None]
     if failed:
         raise RuntimeError(
