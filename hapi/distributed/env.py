@@ -32,9 +32,6 @@ def timeout() -> datetime.timedelta:
     return datetime.timedelta(seconds=env_int("HAPI_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
 
 
-_TORCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
 def from_slurm() -> bool:
     """Under ``srun``, set the torch.distributed variables from Slurm's; True when it did.
 
