@@ -410,19 +410,17 @@ def restore_fit(saved: dict[str, Any], file: str, metrics: Any, callbacks: Any) 
     if own is not None:
         set_rng_state(own["rng"])
         metrics.load_state_dict(own["metrics"])
-    elif saved.get("epoch_items") is not None:
-        warnings.warn(
-            f"Resuming from {file!r}, saved by {len(saved['per_rank'])} processes, on "
-            f"{distributed.world_size()}: the weights, optimizer and callbacks are restored, and the "
-            "rest of the interrupted epoch is split across the processes there are now (each "
-            "remaining sample trained once); random streams and that epoch's running figures start "
-            "afresh, so results differ from an uninterrupted run.", stacklevel=4)
     else:
+        epoch = ("the rest of the interrupted epoch is split across the processes there are now (each "
+                 "remaining sample trained once); random streams and that epoch's running figures start "
+                 "afresh, so results differ from an uninterrupted run"
+                 if saved.get("epoch_items") is not None else
+                 "the data splits differently, so the interrupted epoch restarts from its first batch "
+                 "with fresh random streams; results will differ from an uninterrupted run")
         warnings.warn(
             f"Resuming from {file!r}, saved by {len(saved['per_rank'])} processes, on "
-            f"{distributed.world_size()}: the weights, optimizer and callbacks are restored, but the "
-            "data splits differently, so the interrupted epoch restarts from its first batch with "
-            "fresh random streams; results will differ from an uninterrupted run.", stacklevel=4)
+            f"{distributed.world_size()}: the weights, optimizer and callbacks are restored, and "
+            f"{epoch}.", stacklevel=4)
     callbacks = list(callbacks)
     names = [name for name, _ in saved["callbacks"]]
     if names != [type(c).__name__ for c in callbacks]:
