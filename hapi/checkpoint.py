@@ -27,7 +27,7 @@ import pickle
 import random
 import re
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -344,19 +344,23 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, optimizer_state: dict,
-                         saved_type: str | None, source: str) -> None:
-    """Load a saved optimizer state, refusing one from another optimizer class."""
+                         saved_type: str | None, source: str,
+                         load: Callable[[dict], None] | None = None) -> None:
+    """Load a saved optimizer state, refusing one from another optimizer class.
+
+    ``load(state)`` puts it in (the strategy's way: sharded under FSDP);
+    by default ``optimizer.load_state_dict``.
+    """
     try:
         if saved_type is not None and saved_type != type(optimizer).__name__:
             raise ValueError(f"it was saved from a {saved_type} optimizer")
-        previous = optimizer.state_dict()
-        optimizer.load_state_dict(optimizer_state)
-        # A state from another optimizer class loads without complaint and
-        # fails at the next step; its hyper-parameters give it away.
-        lacking = sorted(set(optimizer.defaults) - set(optimizer.param_groups[0]))
+        # A state from another optimizer class would load without complaint and
+        # fail at the next step; its hyper-parameters give it away.
+        groups = optimizer_state.get("param_groups") or [{}]
+        lacking = sorted(set(optimizer.defaults) - set(groups[0]))
         if lacking:
-            optimizer.load_state_dict(previous)
             raise ValueError(f"it was saved from another optimizer (its settings lack {lacking})")
+        (load or optimizer.load_state_dict)(optimizer_state)
     except (ValueError, KeyError, RuntimeError) as error:
         raise CheckpointError(
             f"The optimizer state in {source} does not fit this model's optimizer "

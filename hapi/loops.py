@@ -140,12 +140,20 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
         # here can be reduced across processes, and a stop request agreed on.
         # Nobody listening (verbose=0, no batch callback): both wait for the end.
         due = _figures_due(step, is_last, log_freq)
-        figures = metrics.compute() if due and (read_figures or is_last) else None
+        figures = _train_figures(stepper, metrics) if due and (read_figures or is_last) else None
         if notify_end:
             cbks.on_train_batch_end(step, _batch_logs(batch_size, figures, metrics))
         if is_last or (due and check_stop and distributed.any_true(model.stop_training)):
             break
-    return (figures if figures is not None else metrics.compute()), done
+    return (figures if figures is not None else _train_figures(stepper, metrics)), done
+
+
+def _train_figures(stepper: Stepper, metrics: MetricSet) -> dict[str, float]:
+    """The running figures, and ``grad_norm`` (the last update's, before clipping) when clipping."""
+    figures = metrics.compute()
+    if stepper.grad_norm is not None:
+        figures["grad_norm"] = float(stepper.grad_norm)
+    return figures
 
 
 def evaluate_loop(parts: Parts, loader: Iterable, cbks: CallbackList, *, log_freq: int,
@@ -157,20 +165,21 @@ def evaluate_loop(parts: Parts, loader: Iterable, cbks: CallbackList, *, log_fre
     stepper.network.eval()
     metrics.reset()
     figures: dict[str, float] | None = None
-    for step, (batch, is_last) in enumerate(with_last(loader)):
-        is_last = is_last or step + 1 == num_iters
-        if notify_begin:
-            cbks.on_eval_batch_begin(step)
-        inputs, labels = splitter.split(batch)
-        loss, outputs = stepper.evaluate(inputs, labels)
-        batch_size = batch_length(inputs, labels)
-        metrics.update(loss, outputs, labels, batch_size)
-        # Shards may differ by a batch between processes: running figures stay
-        # local, and only the last batch's are reduced (each process has one).
-        figures = metrics.compute(sync=is_last) if _figures_due(step, is_last, log_freq) else None
-        cbks.on_eval_batch_end(step, _batch_logs(batch_size, figures, metrics))
-        if is_last:
-            break
+    with stepper.gathered():  # shards may differ by a batch: no collective per batch
+        for step, (batch, is_last) in enumerate(with_last(loader)):
+            is_last = is_last or step + 1 == num_iters
+            if notify_begin:
+                cbks.on_eval_batch_begin(step)
+            inputs, labels = splitter.split(batch)
+            loss, outputs = stepper.evaluate(inputs, labels)
+            batch_size = batch_length(inputs, labels)
+            metrics.update(loss, outputs, labels, batch_size)
+            # Running figures stay local, and only the last batch's are reduced
+            # (each process has one).
+            figures = metrics.compute(sync=is_last) if _figures_due(step, is_last, log_freq) else None
+            cbks.on_eval_batch_end(step, _batch_logs(batch_size, figures, metrics))
+            if is_last:
+                break
     results = figures if figures is not None else metrics.compute()
     cbks.on_eval_end(results)
     return results
@@ -183,15 +192,16 @@ def predict_loop(parts: Parts, loader: Iterable, cbks: CallbackList) -> list[lis
     cbks.on_predict_begin({"steps": num_batches(loader)})
     stepper.network.eval()
     per_output: list[list[torch.Tensor]] = []
-    for step, batch in enumerate(loader):
-        if notify_begin:
-            cbks.on_predict_batch_begin(step)
-        inputs, _ = splitter.split(batch, need_labels=False)
-        outputs = stepper.predict(inputs)
-        if not per_output:
-            per_output = [[] for _ in outputs]
-        for store, output in zip(per_output, outputs):
-            store.append(output.cpu() if torch.is_tensor(output) else output)
-        cbks.on_predict_batch_end(step, {"batch_size": batch_length(inputs, [])})
+    with stepper.gathered():
+        for step, batch in enumerate(loader):
+            if notify_begin:
+                cbks.on_predict_batch_begin(step)
+            inputs, _ = splitter.split(batch, need_labels=False)
+            outputs = stepper.predict(inputs)
+            if not per_output:
+                per_output = [[] for _ in outputs]
+            for store, output in zip(per_output, outputs):
+                store.append(output.cpu() if torch.is_tensor(output) else output)
+            cbks.on_predict_batch_end(step, {"batch_size": batch_length(inputs, [])})
     cbks.on_predict_end()
     return distributed.gather_in_order(per_output)

@@ -22,7 +22,7 @@ from hapi import checkpoint, distributed
 from hapi.data import BatchSplitter, batch_length, check_positive_int, make_loader, num_batches
 from hapi.loops import Parts, evaluate_loop, fit_loop, predict_loop
 from hapi.metrics import MetricSet, normalise_metrics
-from hapi.steps import Stepper, check_amp, make_scaler
+from hapi.steps import AMP_DTYPES, Stepper, check_amp, check_clipping, make_scaler
 from hapi.summary import summarize
 
 DEFAULT_BATCH_SIZE = 32  # Keras' default; Paddle's is 1, which is rarely what anyone wants.
@@ -105,6 +105,7 @@ class Model:
         self._metrics: MetricSet | None = None
         self._amp: str | None = None
         self._compile = False
+        self._clipping: tuple[float | None, float | None] = (None, None)
         self._strategy = distributed.resolve_strategy(None)
         self._scaler: torch.amp.GradScaler | None = None
         self._stepper: Stepper | None = None
@@ -133,7 +134,8 @@ class Model:
     # -- preparation --------------------------------------------------------
     def prepare(self, optimizer: torch.optim.Optimizer | None = None, loss: Any = None,
                 metrics: Any = None, amp: str | None = None, compile: bool = False,
-                strategy: Any = None) -> None:
+                strategy: Any = None, clip_grad_norm: float | None = None,
+                clip_grad_value: float | None = None) -> None:
         """Set what training and evaluation use.
 
         Args:
@@ -150,11 +152,17 @@ class Model:
             strategy: how several processes share the work: ``None``/``"auto"``
                 or ``"ddp"`` (DistributedDataParallel), ``hapi.DDP(...)`` with
                 DDP's options (``find_unused_parameters``, ``static_graph``,
-                ``sync_batchnorm``, ...). ``"fsdp"``/``hapi.FSDP(...)`` is not
-                built yet and raises on several processes. A no-op on one process.
+                ``sync_batchnorm``, ...), or ``"fsdp"``/``hapi.FSDP(...)`` (torch's
+                FSDP2: each process holds 1/N of the weights, gradients and
+                optimizer state). A no-op on one process.
+            clip_grad_norm: clip the gradients to this total L2 norm before
+                every optimizer step (over every process's shards under FSDP);
+                training logs then carry ``grad_norm``, the norm before clipping.
+            clip_grad_value: clip each gradient element to ``[-v, v]`` instead.
         """
         chosen_strategy = distributed.resolve_strategy(strategy)
-        wrapped_for_several = self._wrapped is not None and self._wrapped is not self._network
+        clip_norm, clip_value = check_clipping(clip_grad_norm, clip_grad_value)
+        wrapped_for_several = self._wrapped is not None and distributed.world_size() > 1
         if wrapped_for_several and chosen_strategy != self._strategy:
             raise RuntimeError(
                 f"prepare(strategy={chosen_strategy!r}) after this Model trained with "
@@ -174,6 +182,7 @@ class Model:
         self._strategy = chosen_strategy
         self._amp = check_amp(amp)
         self._compile = bool(compile)
+        self._clipping = (clip_norm, clip_value)
         self._optimizer = optimizer
         self._loss = loss.to(self.device) if isinstance(loss, nn.Module) else loss
         self._metrics = MetricSet(named_metrics, with_loss=loss is not None).to(self.device)
@@ -201,7 +210,8 @@ class Model:
         if purpose in ("fit", "train_batch") and self._wrapped is None:
             # DDP (and the gradient average it reserves) only once training needs it:
             # evaluate/predict-only runs never build it.
-            self._wrapped = distributed.wrap(self._network, self.device, self._strategy)
+            self._wrapped = self._strategy.wrap_network(self._network, self.device, self._optimizer,
+                                                        AMP_DTYPES.get(self._amp))
             self._stepper = None
         if self._stepper is None:
             train_network = self._network if self._wrapped is None else self._wrapped
@@ -209,13 +219,15 @@ class Model:
             if self._compile:
                 train_network, eval_network = torch.compile(train_network), torch.compile(eval_network)
             self._stepper = Stepper(train_network, self.device, self._loss, self._optimizer,
-                                    self._amp, self._scaler, eval_network)
+                                    self._amp, self._scaler, eval_network, self._strategy,
+                                    *self._clipping)
         return Parts(self._stepper, self._metrics, self._splitter)
 
     def _prediction_parts(self) -> Parts:
         if self._metrics is not None:
             return self._parts("predict")
-        return Parts(Stepper(self._network, self.device), MetricSet({}, False), self._splitter)
+        return Parts(Stepper(self._network, self.device, strategy=self._strategy), MetricSet({}, False),
+                     self._splitter)
 
     def _same_model_everywhere(self) -> None:
         """Before evaluating or predicting: every process scores rank 0's model (see
@@ -406,10 +418,11 @@ class Model:
         """
         distributed.sync_from_main(self._network)  # what is written is what every process evaluates
         state: dict[str, Any] = {"format": checkpoint.FORMAT, "version": checkpoint.VERSION,
-                                 "network": self._network.state_dict()}
+                                 "network": self._strategy.full_state_dict(self._network)}
         if training:
             optimizer_state, optimizer_type = (
-                (self._optimizer.state_dict(), type(self._optimizer).__name__)
+                (self._strategy.full_optimizer_state(self._network, self._optimizer),
+                 type(self._optimizer).__name__)
                 if self._optimizer is not None else self._pending_optimizer or (None, None))
             state.update({
                 "optimizer": optimizer_state,
@@ -457,7 +470,7 @@ class Model:
         else:
             file, state = checkpoint.load_state(path)
         weights, skipped = checkpoint.match_state_dict(self._network, state["network"], file, skip_mismatch)
-        self._network.load_state_dict(weights, strict=not skipped)
+        self._strategy.load_state_dict(self._network, weights, strict=not skipped)
         if skipped:
             warnings.warn(f"Loaded {file!r} partially; skipped {len(skipped)} tensors whose name or "
                           f"shape do not match this network: {skipped}.", stacklevel=2)
@@ -496,7 +509,9 @@ class Model:
 
     def _load_optimizer_state(self, optimizer_state: dict, saved_type: str | None, *,
                               source: str) -> None:
-        checkpoint.load_optimizer_state(self._optimizer, optimizer_state, saved_type, source)
+        checkpoint.load_optimizer_state(
+            self._optimizer, optimizer_state, saved_type, source,
+            load=lambda state: self._strategy.load_optimizer_state(self._network, self._optimizer, state))
 
     def summary(self, input_size: Any = None, dtype: torch.dtype | None = None) -> dict[str, int]:
         """Print the layers and parameter counts; returns ``{"total_params", "trainable_params"}``.

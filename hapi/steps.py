@@ -7,7 +7,7 @@ tensors and the loop decides when to read them.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -28,6 +28,21 @@ def check_amp(amp: Any) -> str | None:
         f"amp must be None, 'bf16' or 'fp16'; received {amp!r}. 'bf16' runs on CPU and "
         "recent GPUs without loss scaling; 'fp16' adds a gradient scaler."
     )
+
+
+def check_clipping(clip_grad_norm: Any, clip_grad_value: Any) -> tuple[float | None, float | None]:
+    """``prepare``'s clipping bounds: positive numbers, at most one of the two (as in Keras)."""
+    for name, value in (("clip_grad_norm", clip_grad_norm), ("clip_grad_value", clip_grad_value)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not value > 0 or value == float("inf")):
+            raise ValueError(f"{name} must be a positive finite number (or None); received {value!r}.")
+    if clip_grad_norm is not None and clip_grad_value is not None:
+        raise ValueError(
+            f"prepare() got clip_grad_norm={clip_grad_norm!r} and clip_grad_value={clip_grad_value!r}; "
+            "choose one: clip_grad_norm scales all gradients together to a total L2 norm, "
+            "clip_grad_value clips each element on its own.")
+    return (None if clip_grad_norm is None else float(clip_grad_norm),
+            None if clip_grad_value is None else float(clip_grad_value))
 
 
 def make_scaler(amp: str | None, device: torch.device) -> Any:
@@ -55,10 +70,20 @@ class Stepper:
     # twin): DDP's forward would broadcast buffers, a collective that hangs
     # when shards differ in length.
     eval_network: nn.Module | None = None
+    strategy: distributed.Strategy = field(default_factory=distributed.Strategy)
+    clip_grad_norm: float | None = None  # the total L2 norm gradients are clipped to
+    clip_grad_value: float | None = None  # the bound each gradient element is clipped to
+    # The total gradient norm before clipping at the last update (a device
+    # tensor, read only when figures are), with clip_grad_norm.
+    grad_norm: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.eval_network is None:
             self.eval_network = distributed.unwrap(self.network)
+
+    def gathered(self) -> contextlib.AbstractContextManager:
+        """Inside, every process holds the full weights: evaluation batches need no collective."""
+        return self.strategy.gathered(self.eval_network)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.amp is None:
@@ -122,7 +147,7 @@ class Stepper:
         that k accumulated batches of b equal one batch of k*b. Gradients are
         all-reduced only on the step that updates.
         """
-        with distributed.no_sync(self.network, skip_gradient_sync=not update):
+        with self.strategy.no_sync(self.network, skip_gradient_sync=not update):
             with self.autocast():
                 outputs = self.run_network(self.network, inputs)
                 loss = self.compute_loss(outputs, labels)
@@ -131,6 +156,7 @@ class Stepper:
                 scaled = self.scaler.scale(scaled)
             scaled.backward()
         if update:
+            self._clip()
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
@@ -138,6 +164,18 @@ class Stepper:
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return loss.detach(), [o.detach() for o in outputs]
+
+    def _clip(self) -> None:
+        """Clip the (synchronised, unscaled) gradients before the update, as prepare() asked."""
+        if self.clip_grad_norm is None and self.clip_grad_value is None:
+            return
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+        parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
+        if self.clip_grad_value is not None:
+            torch.nn.utils.clip_grad_value_(parameters, self.clip_grad_value)
+        if self.clip_grad_norm is not None:
+            self.grad_norm = self.strategy.clip_grad_norm(parameters, self.clip_grad_norm).detach()
 
     @torch.no_grad()
     def evaluate(self, inputs: list[torch.Tensor], labels: list[torch.Tensor]

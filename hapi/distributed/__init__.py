@@ -28,7 +28,7 @@ from hapi.distributed.collectives import (SyncFlag, all_reduce_sum, any_true, ba
                                           shared_seed, sync_from_main)
 from hapi.distributed.ddp import no_sync, unwrap, wrap
 from hapi.distributed.env import DistributedSetupError
-from hapi.distributed.strategies import DDP, FSDP, resolve as resolve_strategy
+from hapi.distributed.strategies import DDP, FSDP, Strategy, resolve as resolve_strategy
 from hapi.distributed.group import (backend_name, default_device, is_main, local_rank,
                                     note_failure, rank, setup, teardown, world_size)
 from hapi.distributed.samplers import (BatchSamplerShard, ContiguousShardSampler, ResumableSampler,
@@ -37,7 +37,7 @@ from hapi.distributed.samplers import (BatchSamplerShard, ContiguousShardSampler
                                        skip_items, train_sampler)
 
 __all__ = [
-    "DDP", "FSDP", "resolve_strategy", "broadcast_freshest", "on_main",
+    "DDP", "FSDP", "Strategy", "resolve_strategy", "broadcast_freshest", "on_main",
     "BatchSamplerShard", "ContiguousShardSampler", "SamplerShard", "resumable", "skip_batches",
     "consumed_items", "resume_at", "skip_items", "DistributedSetupError", "ResumableSampler", "SyncFlag",
     "all_reduce_sum", "any_true", "backend_name", "barrier", "broadcast_bytes", "default_device",

@@ -15,22 +15,19 @@ from hapi.distributed import shared_memory
 from hapi.distributed.collectives import gather_objects
 from hapi.distributed.env import env_int, timeout
 from hapi.distributed.group import rank, release_at_teardown, world_size
-from hapi.distributed.strategies import DDP
 
 
-def wrap(network: nn.Module, device: torch.device, strategy: DDP | None = None) -> nn.Module:
+def wrap(network: nn.Module, device: torch.device, ddp_options: dict[str, Any] | None = None) -> nn.Module:
     """The module training runs: DDP around ``network`` on several processes.
 
-    ``strategy`` holds the user's DDP options (:class:`hapi.DDP`). DDP
-    broadcasts rank 0's weights at construction, so every rank starts from
-    the same model whatever its own initialisation.
+    ``ddp_options`` are the user's DistributedDataParallel keywords
+    (:class:`hapi.DDP`). DDP broadcasts rank 0's weights at construction, so
+    every rank starts from the same model whatever its own initialisation.
     """
     if world_size() == 1 or not any(p.requires_grad for p in network.parameters()):
         return network
-    strategy = strategy or DDP()
-    strategy.prepare_network(network, device)
     device_ids = [device.index] if device.type == "cuda" else None
-    wrapped = nn.parallel.DistributedDataParallel(network, device_ids=device_ids, **strategy.ddp_options())
+    wrapped = nn.parallel.DistributedDataParallel(network, device_ids=device_ids, **(ddp_options or {}))
     release_at_teardown(functools.partial(_release, weakref.ref(wrapped)))
     _average_through_shared_memory(wrapped, [p for p in network.parameters() if p.requires_grad])
     return wrapped

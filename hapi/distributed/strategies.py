@@ -1,28 +1,67 @@
 """How the network is spread over the processes: the ``strategy`` of ``Model.prepare``.
 
-One small class per strategy, holding the user's options; :func:`resolve`
-turns what ``prepare`` received (``None``, ``"auto"``, ``"ddp"``, ``"fsdp"``
-or an instance) into one, with errors that say what is accepted. On one
-process every strategy is a no-op: :func:`hapi.distributed.ddp.wrap`
-returns the network itself.
-
-FSDP (``torch.distributed.fsdp.fully_shard``) is not built yet: asking for
-it on several processes raises, rather than silently training under DDP
-with every process holding the whole model.
+One small class per strategy, holding the user's options, all with one
+interface -- wrap the network, skip gradient sync while accumulating, clip,
+gather the full weights for evaluation, state dicts in torch's plain layout
+for saving and loading -- so that the steps, the Model and the checkpoint
+code never ask which strategy runs. :func:`resolve` turns what ``prepare``
+received (``None``, ``"auto"``, ``"ddp"``, ``"fsdp"`` or an instance) into
+one, with errors that say what is accepted. On one process every strategy
+is a no-op: nothing is wrapped and every method is the plain one.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from hapi.distributed import ddp, fsdp
 from hapi.distributed.env import DistributedSetupError
 from hapi.distributed.group import world_size
 
 
-class DDP:
+class Strategy:
+    """The interface, with the behaviour of a network every process holds whole."""
+
+    name = "strategy"
+
+    def wrap_network(self, network: nn.Module, device: torch.device, optimizer: torch.optim.Optimizer | None,
+             amp_dtype: torch.dtype | None) -> nn.Module:
+        """The module training runs (``network`` itself on one process)."""
+        return network
+
+    def no_sync(self, wrapped: nn.Module, skip_gradient_sync: bool) -> contextlib.AbstractContextManager:
+        """Inside: a backward keeps its gradients local (an accumulation step)."""
+        return ddp.no_sync(wrapped, skip_gradient_sync)
+
+    def gathered(self, network: nn.Module) -> contextlib.AbstractContextManager:
+        """Inside: every process holds the full weights (evaluation, prediction)."""
+        return contextlib.nullcontext()
+
+    def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+        """Clip to a total L2 norm over every gradient; returns the norm before clipping."""
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+    def full_state_dict(self, network: nn.Module) -> dict[str, torch.Tensor]:
+        """The weights as full tensors (on rank 0 at least; a collective under FSDP)."""
+        return network.state_dict()
+
+    def load_state_dict(self, network: nn.Module, state: dict[str, torch.Tensor], strict: bool) -> None:
+        network.load_state_dict(state, strict=strict)
+
+    def full_optimizer_state(self, network: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """``optimizer.state_dict()``'s layout: full tensors, parameters numbered."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, network: nn.Module, optimizer: torch.optim.Optimizer,
+                             state: dict[str, Any]) -> None:
+        optimizer.load_state_dict(state)
+
+
+class DDP(Strategy):
     """``DistributedDataParallel``, torch's data parallelism: every process holds the whole model.
 
     Args:
@@ -72,6 +111,13 @@ class DDP:
         return {"find_unused_parameters": self.find_unused_parameters,
                 "static_graph": self.static_graph, **self.ddp_kwargs}
 
+    def wrap_network(self, network: nn.Module, device: torch.device, optimizer: torch.optim.Optimizer | None,
+             amp_dtype: torch.dtype | None) -> nn.Module:
+        if world_size() == 1:
+            return network
+        self.prepare_network(network, device)
+        return ddp.wrap(network, device, self.ddp_options())
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DDP) and vars(self) == vars(other)
 
@@ -81,24 +127,55 @@ class DDP:
         return f"hapi.DDP({options})"
 
 
-class FSDP:
+class FSDP(Strategy):
     """Fully sharded data parallelism (torch's FSDP2): each process holds 1/N of the model.
 
     Args (SPEC): ``wrap`` (module classes, or a callable ``module -> bool``,
     selecting the submodules sharded on their own; default: each direct child
     that holds parameters), ``reshard_after_forward``, ``cpu_offload``.
 
-    Not built yet: on several processes :func:`resolve` raises. On one process
-    it is a no-op, like every strategy.
+    ``amp`` becomes FSDP's mixed-precision policy: parameters gathered in
+    bf16/fp16 for the forward and backward, gradients reduced in float32, the
+    optimizer stepping float32 shards (autocast still runs around the forward,
+    as on one process). On one process a no-op, like every strategy.
     """
 
     name = "fsdp"
 
     def __init__(self, wrap: set[type] | Callable[[nn.Module], bool] | None = None,
                  reshard_after_forward: bool = True, cpu_offload: bool = False) -> None:
+        fsdp.check_wrap(wrap)
         self.wrap = wrap
         self.reshard_after_forward = bool(reshard_after_forward)
         self.cpu_offload = bool(cpu_offload)
+
+    def wrap_network(self, network: nn.Module, device: torch.device, optimizer: torch.optim.Optimizer | None,
+                     amp_dtype: torch.dtype | None) -> nn.Module:
+        return fsdp.shard(network, device, optimizer, wrap=self.wrap,
+                          reshard_after_forward=self.reshard_after_forward,
+                          cpu_offload=self.cpu_offload, amp_dtype=amp_dtype)
+
+    def no_sync(self, wrapped: nn.Module, skip_gradient_sync: bool) -> contextlib.AbstractContextManager:
+        return fsdp.no_sync(wrapped, skip_gradient_sync)
+
+    def gathered(self, network: nn.Module) -> contextlib.AbstractContextManager:
+        return fsdp.gathered(network)
+
+    def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+        return fsdp.clip_grad_norm(parameters, max_norm)
+
+    def full_state_dict(self, network: nn.Module) -> dict[str, torch.Tensor]:
+        return fsdp.full_state_dict(network)
+
+    def load_state_dict(self, network: nn.Module, state: dict[str, torch.Tensor], strict: bool) -> None:
+        fsdp.load_state_dict(network, state, strict)
+
+    def full_optimizer_state(self, network: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        return fsdp.full_optimizer_state(network, optimizer)
+
+    def load_optimizer_state(self, network: nn.Module, optimizer: torch.optim.Optimizer,
+                             state: dict[str, Any]) -> None:
+        fsdp.load_optimizer_state(network, optimizer, state)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, FSDP) and vars(self) == vars(other)
@@ -113,7 +190,6 @@ def resolve(strategy: Any) -> DDP | FSDP:
 
     Raises:
         ValueError / TypeError: not a strategy.
-        DistributedSetupError: FSDP on several processes (not built yet).
     """
     if strategy is None or (isinstance(strategy, str) and strategy in ("auto", "ddp")):
         chosen: DDP | FSDP = DDP()
@@ -127,10 +203,4 @@ def resolve(strategy: Any) -> DDP | FSDP:
     else:
         raise TypeError(f"strategy must be None, 'auto', 'ddp', 'fsdp', hapi.DDP(...) or hapi.FSDP(...); "
                         f"received {type(strategy).__name__}.")
-    if isinstance(chosen, FSDP) and world_size() > 1:
-        raise DistributedSetupError(
-            f"strategy {chosen!r} asks for fully sharded training, which this version of torch-hapi "
-            f"does not provide yet; on {world_size()} processes it would otherwise train with every "
-            "process holding the whole model. Use strategy='ddp' (the default) for now."
-        )
     return chosen

@@ -49,28 +49,26 @@ def test_every_strategy_is_a_no_op_on_one_process(strategy):
     assert type(model.network) is TinyNet
 
 
-def test_strategy_errors_say_what_is_accepted(monkeypatch):
+def test_strategy_errors_say_what_is_accepted():
     with pytest.raises(ValueError, match=r"strategy must be 'auto', 'ddp' or 'fsdp'.*received 'deepspeed'"):
         resolve_strategy("deepspeed")
     with pytest.raises(TypeError, match=r"strategy must be None, 'auto'.*received int"):
         resolve_strategy(3)
     with pytest.raises(TypeError, match=r"hapi.DDP sets device_ids itself"):
         hapi.DDP(device_ids=[0])
-    from hapi.distributed import strategies
-
-    monkeypatch.setattr(strategies, "world_size", lambda: 2)
-    with pytest.raises(DistributedSetupError, match=r"does not provide yet.*every process holding the whole"):
-        resolve_strategy("fsdp")
+    with pytest.raises(TypeError, match=r"hapi.FSDP\(wrap=...\) takes a set of nn.Module classes.*received 3"):
+        hapi.FSDP(wrap=3)
     assert resolve_strategy(hapi.DDP(find_unused_parameters=True)).find_unused_parameters
 
 
-def test_another_strategy_after_training_is_refused():
+def test_another_strategy_after_training_is_refused(monkeypatch):
     model = hapi.Model(TinyNet())
     model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
     model.fit(make_tiny_data(16), batch_size=8, verbose=0)
     model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(),
                   strategy=hapi.DDP(static_graph=True))  # one process: nothing was wrapped, any goes
     model._wrapped = nn.Identity()  # stands for the DDP wrapper several processes build
+    monkeypatch.setattr(hapi.model.distributed, "world_size", lambda: 2)
     with pytest.raises(RuntimeError, match=r"after this Model trained with hapi.DDP.*Build a new Model"):
         model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(),
                       strategy="ddp")
