@@ -10,6 +10,7 @@ behind ``is_main`` (that would deadlock the other ranks in the barrier).
 from __future__ import annotations
 
 import os
+import shutil
 
 from tqdm import tqdm
 
@@ -161,11 +162,16 @@ class BackupAndRestore(Callback):
             return  # no optimizer step since the last look: gradients may be mid-accumulation
         self._last_step = self.model.step
         if self.model.step % self.save_freq == 0:
-            self.model.save(self.path, resumable=True)  # collective: every rank calls it
+            self._back_up()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self.save_freq == "epoch":
-            self.model.save(self.path, resumable=True)
+            self._back_up()
+
+    def _back_up(self) -> None:
+        # Collective: every rank calls it. Under FSDP every process writes its own shards
+        # (a directory <backup_dir>/backup/), so no process ever holds the whole model.
+        self.model.save(self.path, resumable=True, sharded=self.model.sharded)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         # Every process deletes its machine's copy: one left by a rank 0 that a restart
@@ -175,3 +181,5 @@ class BackupAndRestore(Callback):
                 os.remove(self.path + ".pt")
             except FileNotFoundError:
                 pass
+            if self.is_main:  # a sharded backup: one directory that every process sees
+                shutil.rmtree(self.path, ignore_errors=True)

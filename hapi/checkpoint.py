@@ -26,6 +26,8 @@ import os
 import pickle
 import random
 import re
+import secrets
+import shutil
 import warnings
 from typing import Any, Callable
 
@@ -39,6 +41,7 @@ from hapi import distributed
 FORMAT = "torch-hapi"
 VERSION = 1
 SUFFIX = ".pt"
+MANIFEST = "checkpoint.pt"  # in the directory of a sharded checkpoint
 
 # The global torch's weights-only unpickler refused, e.g. "GLOBAL posix.system".
 _GLOBAL = re.compile(r"GLOBAL [A-Za-z_]\w*(\.[A-Za-z_]\w*)+(\s|$)")
@@ -56,6 +59,41 @@ def resolve_path(path: str | os.PathLike) -> str:
     """
     path = os.fspath(path)
     return path if path.endswith((".pt", ".pth")) else path + SUFFIX
+
+
+def save_sharded(path: str | os.PathLike, state: dict[str, Any],
+                 write_shards: Callable[[str], dict[str, Any] | None]) -> str:
+    """A sharded checkpoint: a directory ``path`` with a manifest and a directory of shards.
+
+    ``write_shards(directory)`` is the collective that writes every process's
+    tensors there and returns what the manifest keeps of the optimizer. Each
+    save writes a new shards directory; the manifest (``state`` plus the
+    shards' name), replaced atomically, then names it, and older ones are
+    removed. A crash at any point leaves the previous checkpoint loadable.
+    Returns the directory.
+    """
+    directory = os.fspath(path)
+    # Every process must name the same directory: rank 0's random name is everyone's.
+    name = "shards-" + distributed.broadcast_bytes(secrets.token_hex(8).encode()).decode()
+    state = {**state, "optimizer_shards": write_shards(os.path.join(directory, name)), "shards": name}
+    manifest = os.path.join(directory, MANIFEST)
+
+    def write() -> None:
+        payload = serialise(state, manifest)
+        with atomic_write(manifest, "wb") as handle:
+            handle.write(payload)
+        for entry in os.listdir(directory):
+            if entry.startswith("shards-") and entry != name:
+                shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)
+
+    distributed.on_main(write, lambda: CheckpointError(
+        f"Rank 0 could not write the sharded checkpoint's manifest {manifest!r}; see its error."))
+    return directory
+
+
+def shards_directory(file: str, state: dict[str, Any]) -> str:
+    """Where the shards of the sharded checkpoint whose manifest is ``file`` lie."""
+    return os.path.join(os.path.dirname(file), state["shards"])
 
 
 def save_state(path: str | os.PathLike, state: dict[str, Any]) -> str:
@@ -145,12 +183,24 @@ def _first_unsafe(value: Any, path: str) -> tuple[str, str] | None:
     return path, f"{type(value).__module__}.{type(value).__qualname__}"
 
 
+def _candidates(path: str | os.PathLike) -> list[str]:
+    """The files a checkpoint named ``path`` may be: ``path.pt``, ``path``, a sharded one's manifest."""
+    given = os.fspath(path)
+    if given.endswith((".pt", ".pth")):
+        return [given]
+    return [given + SUFFIX, given, os.path.join(given, MANIFEST)]
+
+
+def _existing_files(path: str | os.PathLike) -> list[str]:
+    return [candidate for candidate in _candidates(path) if os.path.isfile(candidate)]
+
+
 def _existing_file(path: str | os.PathLike) -> str:
     given = os.fspath(path)
-    candidates = [given] if given.endswith((".pt", ".pth")) else [given + SUFFIX, given]
-    for candidate in candidates:
-        if os.path.isfile(candidate):
-            return candidate
+    candidates = _candidates(path)
+    found = _existing_files(path)
+    if found:
+        return found[0]
     directory = os.path.dirname(os.path.abspath(given)) or "."
     nearby = sorted(name for name in os.listdir(directory) if name.endswith((".pt", ".pth"))) \
         if os.path.isdir(directory) else []
@@ -193,21 +243,23 @@ def load_freshest_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     file = resolve_path(path)
 
     def read() -> tuple[tuple, bytes, dict[str, Any]] | None:
-        try:
-            found = _existing_file(path)
-        except FileNotFoundError:
-            return None  # this machine has none: another may
-        with open(found, "rb") as handle:
-            payload = handle.read()
-        state = _parse(io.BytesIO(payload), found)
-        return tuple(state.get(key, 0) for key in ("step", "epoch", "epoch_step")), payload, state
+        # Either kind (a file, or a sharded checkpoint's manifest) may be here, both when
+        # a restart changed the strategy: the one further into training wins.
+        copies = []
+        for found in _existing_files(path):
+            with open(found, "rb") as handle:
+                payload = handle.read()
+            state = _parse(io.BytesIO(payload), found)
+            copies.append((tuple(state.get(key, 0) for key in ("step", "epoch", "epoch_step")), payload, state))
+        return max(copies, key=lambda copy: copy[0]) if copies else None  # None: another machine may have one
 
     freshest = distributed.broadcast_freshest(read, lambda source: CheckpointError(
         f"Rank {source} could not read its copy of {file!r}; see its error."))
     if freshest is None:
         raise FileNotFoundError(f"No process found a checkpoint at {file!r} on its machine.")
     payload, state = freshest
-    return file, (state if state is not None else _parse(io.BytesIO(payload), file))
+    state = state if state is not None else _parse(io.BytesIO(payload), file)
+    return (os.path.join(os.fspath(path), MANIFEST) if "shards" in state else file), state
 
 
 def _parse(source: str | io.BytesIO, file: str) -> dict[str, Any]:

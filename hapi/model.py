@@ -405,7 +405,16 @@ class Model:
         return parts.metrics.compute(sync=False)  # this process's batch: no collective
 
     # -- files --------------------------------------------------------------------
-    def save(self, path: str | os.PathLike, training: bool = True, resumable: bool = False) -> str:
+    @property
+    def sharded(self) -> bool:
+        """Whether each process holds only a shard of the weights (FSDP on several processes).
+
+        ``BackupAndRestore`` then backs up with ``save(..., sharded=True)``.
+        """
+        return self._strategy.shards_weights
+
+    def save(self, path: str | os.PathLike, training: bool = True, resumable: bool = False,
+             sharded: bool = False) -> str:
         """Write a checkpoint to ``path`` (+ ``.pt``) atomically; returns the file.
 
         With ``training=True`` the file holds the network, optimizer, gradient
@@ -415,13 +424,20 @@ class Model:
         (each process's RNG states and running figures, the data order, every
         callback's state); ``BackupAndRestore`` saves this way. Every process
         must call it; only the main process writes.
+
+        ``sharded=True`` writes a directory ``path`` through
+        ``torch.distributed.checkpoint`` instead: every process writes the
+        shards it holds (in parallel; the directory must be one that every
+        process sees, as on a shared file system), and :meth:`load` reads it
+        on any number of processes, under any strategy. Returns the directory.
         """
         distributed.sync_from_main(self._network)  # what is written is what every process evaluates
-        state: dict[str, Any] = {"format": checkpoint.FORMAT, "version": checkpoint.VERSION,
-                                 "network": self._strategy.full_state_dict(self._network)}
+        state: dict[str, Any] = {"format": checkpoint.FORMAT, "version": checkpoint.VERSION}
+        if not sharded:
+            state["network"] = self._strategy.full_state_dict(self._network)
         if training:
             optimizer_state, optimizer_type = (
-                (self._strategy.full_optimizer_state(self._network, self._optimizer),
+                (None if sharded else self._strategy.full_optimizer_state(self._network, self._optimizer),
                  type(self._optimizer).__name__)
                 if self._optimizer is not None else self._pending_optimizer or (None, None))
             state.update({
@@ -438,6 +454,10 @@ class Model:
                 state["fit"] = checkpoint.fit_state(
                     run.data_seed, distributed.consumed_items(run.train_loader, self.epoch_step),
                     state["rng"], self._metrics, run.callbacks)
+        if sharded:
+            optimizer = self._optimizer if training else None
+            return checkpoint.save_sharded(path, state, lambda directory: distributed.save_shards(
+                directory, self._network, optimizer))
         return checkpoint.save_state(path, state)
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False,
@@ -469,8 +489,8 @@ class Model:
             checkpoint.check_resumable(file, state)
         else:
             file, state = checkpoint.load_state(path)
-        weights, skipped = checkpoint.match_state_dict(self._network, state["network"], file, skip_mismatch)
-        self._strategy.load_state_dict(self._network, weights, strict=not skipped)
+        skipped = (self._load_shards(file, state, skip_mismatch, reset_optimizer) if "shards" in state
+                   else self._load_weights(file, state, skip_mismatch))
         if skipped:
             warnings.warn(f"Loaded {file!r} partially; skipped {len(skipped)} tensors whose name or "
                           f"shape do not match this network: {skipped}.", stacklevel=2)
@@ -493,6 +513,35 @@ class Model:
         self.step = int(state.get("step", 0))
         if resume:
             self._resume_fit(file, state)
+
+    def _load_weights(self, file: str, state: dict, skip_mismatch: bool) -> list[str]:
+        weights, skipped = checkpoint.match_state_dict(self._network, state["network"], file, skip_mismatch)
+        self._strategy.load_state_dict(self._network, weights, strict=not skipped)
+        return skipped
+
+    def _load_shards(self, file: str, state: dict, skip_mismatch: bool, reset_optimizer: bool) -> list[str]:
+        """A sharded checkpoint's weights and optimizer state, resharded for this run (collectives)."""
+        directory = checkpoint.shards_directory(file, state)
+        saved = {key: torch.empty(shape, device="meta")
+                 for key, shape in distributed.saved_shapes(directory).items()}
+        weights, skipped = checkpoint.match_state_dict(self._network, saved, file, skip_mismatch)
+        distributed.load_shards(directory, self._network, set(weights))
+        optimizer_part = state.get("optimizer_shards")
+        if optimizer_part is None or reset_optimizer:
+            return skipped
+        if skipped:
+            warnings.warn("The optimizer state in the checkpoint was not loaded because the "
+                          "network's weights did not match it.", stacklevel=3)
+        elif self._optimizer is None:
+            warnings.warn(f"The optimizer state in the sharded checkpoint {file!r} was not loaded: "
+                          "this Model has no optimizer yet. Call prepare(optimizer=...) before load() "
+                          "to restore it.", stacklevel=3)
+        else:
+            checkpoint.load_optimizer_state(
+                self._optimizer, {"param_groups": optimizer_part["param_groups"]}, state.get("optimizer_type"),
+                file, load=lambda _: distributed.load_optimizer_shards(directory, self._network, self._optimizer,
+                                                                       optimizer_part))
+        return skipped
 
     def _resume_fit(self, file: str, state: dict) -> None:
         """Put the running fit back where the file left it."""

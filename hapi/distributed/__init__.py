@@ -28,6 +28,8 @@ from hapi.distributed.collectives import (SyncFlag, all_reduce_sum, any_true, ba
                                           shared_seed, sync_from_main)
 from hapi.distributed.ddp import no_sync, unwrap, wrap
 from hapi.distributed.env import DistributedSetupError
+from hapi.distributed.sharded import load as load_shards, load_optimizer as load_optimizer_shards
+from hapi.distributed.sharded import save as save_shards, saved_shapes
 from hapi.distributed.strategies import DDP, FSDP, Strategy, resolve as resolve_strategy
 from hapi.distributed.group import (backend_name, default_device, is_main, local_rank,
                                     note_failure, rank, setup, teardown, world_size)
@@ -37,6 +39,7 @@ from hapi.distributed.samplers import (BatchSamplerShard, ContiguousShardSampler
                                        skip_items, train_sampler)
 
 __all__ = [
+    "load_shards", "load_optimizer_shards", "save_shards", "saved_shapes",
     "DDP", "FSDP", "Strategy", "resolve_strategy", "broadcast_freshest", "on_main",
     "BatchSamplerShard", "ContiguousShardSampler", "SamplerShard", "resumable", "skip_batches",
     "consumed_items", "resume_at", "skip_items", "DistributedSetupError", "ResumableSampler", "SyncFlag",

@@ -28,6 +28,11 @@ class Strategy:
 
     name = "strategy"
 
+    @property
+    def shards_weights(self) -> bool:
+        """Whether each process holds only a shard of the weights (then backups are sharded too)."""
+        return False
+
     def wrap_network(self, network: nn.Module, device: torch.device, optimizer: torch.optim.Optimizer | None,
              amp_dtype: torch.dtype | None) -> nn.Module:
         """The module training runs (``network`` itself on one process)."""
@@ -148,6 +153,10 @@ class FSDP(Strategy):
         self.wrap = wrap
         self.reshard_after_forward = bool(reshard_after_forward)
         self.cpu_offload = bool(cpu_offload)
+
+    @property
+    def shards_weights(self) -> bool:
+        return world_size() > 1
 
     def wrap_network(self, network: nn.Module, device: torch.device, optimizer: torch.optim.Optimizer | None,
                      amp_dtype: torch.dtype | None) -> nn.Module:

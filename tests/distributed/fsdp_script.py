@@ -103,6 +103,7 @@ def resumed(backup_dir: pathlib.Path, strategy, batch_size: int = PER_PROCESS_BA
                                                        InterruptAt(5)])
     except Interrupted:
         pass
+    resumed.sharded_backup = sorted(p.name for p in (backup_dir / "backup").glob("shards-*/*.distcp"))
     return train("adam", batch_size, strategy, callbacks=[BackupAndRestore(backup_dir, save_freq=3)])
 
 
@@ -130,6 +131,7 @@ def run(out: pathlib.Path) -> dict:
     for recipe in ("bf16", "fp16"):  # mixed precision: FSDP's policy gives DDP's training exactly
         results[f"{recipe}_ddp"] = full_weights(train(recipe, PER_PROCESS_BATCH, "ddp"))
     results["resumed"] = full_weights(resumed(out / "backup", "fsdp"))
+    results["sharded_backup"] = resumed.sharded_backup
     return results
 
 

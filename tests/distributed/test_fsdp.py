@@ -51,8 +51,11 @@ def test_mixed_precision_policy_trains_as_ddp_does(sharded_run, amp):
 
 
 def test_resume_under_fsdp_is_exact(sharded_run):
-    _, _, ranks = sharded_run
+    world, _, ranks = sharded_run
     for rank in ranks:
+        # The backup was sharded (each process wrote its own file), and the resumed
+        # run ends with the weights of the run never interrupted.
+        assert rank["sharded_backup"] == [f"__{r}_0.distcp" for r in range(world)]
         assert_close_lists(rank["resumed"], rank["adam"], atol=1e-7)
 
 

@@ -1,0 +1,161 @@
+"""Read sharded (torch.distributed.checkpoint) checkpoints without running code from them.
+
+A sharded checkpoint is a directory with a pickled ``.metadata`` file and
+``__<rank>_<n>.distcp`` data files. torch's ``FileSystemReader`` reads
+``.metadata`` with a plain ``pickle.load``, so a planted file can run any
+code. A second hole is further in: an entry the metadata declares as
+``BytesStorageMetadata`` is read by ``DefaultLoadPlanner.load_bytes`` with
+``torch.load(weights_only=False)``. And each stored item may name stream
+transforms (``transform_descriptors``) that torch looks up and applies.
+
+:class:`SafeFileSystemReader` closes all three: ``.metadata`` is unpickled
+with an explicit allowlist of the classes DCP itself writes, and the result is
+checked to hold tensor entries only, with no transforms, in files that lie
+inside the checkpoint directory. torch-hapi saves only tensors through DCP,
+so a checkpoint it wrote always passes. Tensor data is then read by torch
+as usual, with ``torch.load(weights_only=True)``.
+
+Note: ``torch.distributed.checkpoint.load`` (torch 2.13) catches any error
+from ``read_metadata``, falls back to the per-rank ``__<rank>.metadata`` and
+then raises an ``AssertionError`` that quotes both errors. A caller that wants
+the :class:`~hapi.checkpoint.CheckpointError` itself calls
+``read_metadata()`` first.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pathlib
+import pickle
+from typing import Any, NoReturn
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+
+_DCP = "torch.distributed.checkpoint.metadata"
+
+# Every global a .metadata written by torch 2.13's dcp.save holds (found by
+# unpickling real files -- plain tensors of many dtypes, 0-d to 4-d, and an
+# FSDP2 model + Adam state saved from 2 processes -- with a find_class that
+# records its calls). Each is a plain data class, a tuple subclass, an enum or
+# a constant: creating one runs no code beyond storing its fields.
+_ALLOWED: dict[tuple[str, str], Any] = {
+    (_DCP, name): getattr(dcp_metadata, name)
+    for name in ("Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata",
+                 "TensorProperties", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING",
+                 # Harmless (an empty data class) and found in real files; allowed here so the
+                 # refusal below can name the entries that hold it.
+                 "BytesStorageMetadata")
+}
+_ALLOWED[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = _StorageInfo
+_ALLOWED[("torch", "Size")] = torch.Size
+# torch.layout pickles as a call _get_layout("torch.strided"): a dict lookup
+# among torch's own layout objects (KeyError for any other name). It is the
+# only function allowed.
+_ALLOWED[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
+# Constants (never called): every dtype; layouts and memory formats by name too.
+_ALLOWED.update({("torch", name): value for name, value in vars(torch).items()
+                 if isinstance(value, (torch.dtype, torch.layout, torch.memory_format))})
+# StorageMeta.checkpoint_id is the save path, often a pathlib path: pickled as
+# pathlib.PosixPath (pathlib._local.PosixPath by Python 3.13, WindowsPath on
+# Windows). torch's load path never reads it, so it becomes a pure path, which
+# never touches the file system and builds on any OS and Python version.
+_ALLOWED.update({(module, name): pure
+                 for module in ("pathlib", "pathlib._local")
+                 for names, pure in ((("PosixPath", "PurePosixPath"), pathlib.PurePosixPath),
+                                     (("WindowsPath", "PureWindowsPath"), pathlib.PureWindowsPath),
+                                     (("Path", "PurePath"), pathlib.PurePath))
+                 for name in names})
+
+
+class _Unsafe(Exception):
+    """Raised inside the unpickler; turned into a CheckpointError that names the directory."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """An unpickler that imports nothing outside :data:`_ALLOWED`."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return _ALLOWED[(module, name)]
+        except KeyError:
+            raise _Unsafe(f"its .metadata asks to import {module}.{name}") from None
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """``FileSystemReader`` that refuses checkpoints able to run code, instead of running it.
+
+    Use it as ``dcp.load(state, storage_reader=SafeFileSystemReader(path))``.
+    """
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """Unpickle ``.metadata`` (or ``__<rank>.metadata``) through the allowlist and check it.
+
+        Raises:
+            hapi.checkpoint.CheckpointError: the metadata imports anything DCP
+                does not write, declares non-tensor entries or stream
+                transforms, points outside the directory, or is damaged.
+        """
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as metadata_file:
+            raw = metadata_file.read()
+        try:
+            metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
+        except _Unsafe as error:
+            self._refuse(str(error))
+        except Exception as error:  # noqa: BLE001 -- nothing allowed runs code: any failure is a bad file
+            self._damaged(path, len(raw), error)
+        self._check(metadata)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def _check(self, metadata: Any) -> None:
+        """Tensor entries only; stored items without transforms, in files of this directory."""
+        if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
+            self._refuse(f"its .metadata holds a {type(metadata).__name__}, not DCP Metadata")
+        others = [key for key, value in metadata.state_dict_metadata.items()
+                  if not isinstance(value, TensorStorageMetadata)]
+        if others:
+            self._refuse(f"its .metadata declares non-tensor entries {others[:5]}, which torch "
+                         "would read with torch.load(weights_only=False); torch-hapi saves "
+                         "tensors only")
+        storage = metadata.storage_data
+        if not isinstance(storage, dict):
+            self._refuse(f"its .metadata has storage_data of type {type(storage).__name__}, not a dict")
+        for item in storage.values():
+            if not isinstance(item, _StorageInfo):
+                self._refuse(f"its .metadata stores an item as a {type(item).__name__}, not _StorageInfo")
+            if getattr(item, "transform_descriptors", None):
+                self._refuse(f"its .metadata asks for stream transforms {list(item.transform_descriptors)}")
+            if not _plain_file_name(item.relative_path):
+                self._refuse(f"its .metadata points at the data file {item.relative_path!r}, "
+                             "outside the checkpoint directory")
+
+    def _refuse(self, found: str) -> NoReturn:
+        from hapi.checkpoint import CheckpointError  # hapi.checkpoint imports hapi.distributed
+        raise CheckpointError(
+            f"Sharded checkpoint {os.fspath(self.path)!r} was not loaded: {found}. torch-hapi refuses "
+            "to run code from checkpoint files, and a checkpoint it wrote never holds this. If you "
+            "made this checkpoint, save it again with model.save(path, sharded=True) from a trusted run."
+        )
+
+    def _damaged(self, path: Any, size: int, error: Exception) -> NoReturn:
+        from hapi.checkpoint import CheckpointError  # hapi.checkpoint imports hapi.distributed
+        raise CheckpointError(
+            f"Sharded checkpoint {os.fspath(self.path)!r} is damaged: its metadata file "
+            f"{os.fspath(path)!r} ({size} bytes) cannot be read ({type(error).__name__}: {error}). "
+            "It was probably cut off while being copied or written. Use an earlier checkpoint, "
+            "or save it again with model.save(path, sharded=True)."
+        ) from error
+
+
+def _plain_file_name(name: Any) -> bool:
+    """True for a bare file name: no directory part on POSIX or Windows, not '.' nor '..'."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and "\0" not in name
+            and pathlib.PurePosixPath(name).name == name and pathlib.PureWindowsPath(name).name == name)

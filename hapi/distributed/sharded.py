@@ -1,0 +1,106 @@
+"""Sharded checkpoints through ``torch.distributed.checkpoint`` (DCP): every process writes its own.
+
+What DCP stores is tensors only -- the network's state and the tensors of
+the optimizer state, each process writing the shards it holds (replicated
+tensors once) -- in one directory per save. Everything else (optimizer
+hyper-parameters, non-tensor optimizer values, counters, RNG states) goes to
+the checkpoint's manifest, written by :mod:`hapi.checkpoint` like any file.
+DCP reshards on reading: a directory saved by 2 FSDP processes loads on 1, 3,
+or under DDP, optimizer state included, since every state is named by
+parameter (fully qualified names), not by position or rank.
+
+DCP's own reader unpickles the directory's ``.metadata`` and can be told to
+``torch.load`` entries with ``weights_only=False``: reading goes through
+:class:`hapi.distributed.dcp_reader.SafeFileSystemReader`, which refuses both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Any, Iterator
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
+
+from hapi.distributed.dcp_reader import SafeFileSystemReader
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """DCP warns on one process that it assumes one process; that is what one process means here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
+def _split(values: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors = {k: v for k, v in values.items() if torch.is_tensor(v)}
+    return tensors, {k: v for k, v in values.items() if k not in tensors}
+
+
+def _named_groups(network: nn.Module, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """The optimizer's groups with parameters named, as torch's state-dict API names them."""
+    names = {id(p): name for name, p in network.named_parameters()}
+    return [{**{k: v for k, v in group.items() if k != "params"},
+             "params": [names[id(p)] for p in group["params"]]} for group in optimizer.param_groups]
+
+
+def save(directory: str, network: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    """Write the network's and optimizer's tensors to ``directory``; a collective.
+
+    Returns what the manifest must keep for :func:`load`: the optimizer's
+    groups and its non-tensor state values (``None`` without an optimizer).
+    """
+    payload: dict[str, Any] = {"network": _split(get_model_state_dict(network))[0]}
+    optimizer_rest = None
+    if optimizer is not None:
+        groups, plain_values = _named_groups(network, optimizer), {}
+        if optimizer.state:  # torch's API would otherwise create the state with a dry step
+            by_name = get_optimizer_state_dict(network, optimizer)
+            groups = by_name["param_groups"]
+            tensors = {}
+            for name, values in by_name["state"].items():
+                tensors[name], plain_values[name] = _split(values)
+            payload["optimizer"] = tensors
+        optimizer_rest = {"param_groups": groups, "plain_values": plain_values,
+                          "has_tensors": "optimizer" in payload}
+    with _quiet():
+        dcp.save(payload, storage_writer=dcp.FileSystemWriter(directory))
+    return optimizer_rest
+
+
+def saved_shapes(directory: str) -> dict[str, torch.Size]:
+    """The network entries of a sharded checkpoint and their full shapes, read safely."""
+    metadata = SafeFileSystemReader(directory).read_metadata()
+    prefix = "network."
+    return {key[len(prefix):]: entry.size for key, entry in metadata.state_dict_metadata.items()
+            if key.startswith(prefix)}
+
+
+def load(directory: str, network: nn.Module, keys: set[str]) -> None:
+    """The network's entries named in ``keys`` from ``directory``, resharded as the network is now."""
+    template = {k: v for k, v in _split(get_model_state_dict(network))[0].items() if k in keys}
+    payload = {"network": template}
+    with _quiet():
+        dcp.load(payload, storage_reader=SafeFileSystemReader(directory))
+    set_model_state_dict(network, payload["network"], options=StateDictOptions(strict=False))
+
+
+def load_optimizer(directory: str, network: nn.Module, optimizer: torch.optim.Optimizer,
+                   saved: dict[str, Any]) -> None:
+    """The optimizer state :func:`save` wrote (``saved``: the manifest's part), resharded."""
+    state: dict[str, dict[str, Any]] = {name: dict(values) for name, values in saved["plain_values"].items()}
+    if saved["has_tensors"]:
+        template = get_optimizer_state_dict(network, optimizer)  # creates the state to read into
+        tensors = {name: _split(values)[0] for name, values in template["state"].items()}
+        payload = {"optimizer": tensors}
+        with _quiet():
+            dcp.load(payload, storage_reader=SafeFileSystemReader(directory))
+        for name, values in payload["optimizer"].items():
+            state.setdefault(name, {}).update(values)
+    set_optimizer_state_dict(network, optimizer, {"state": state, "param_groups": saved["param_groups"]})
