@@ -425,8 +425,8 @@ class Model:
         callback's state); ``BackupAndRestore`` saves this way. Every process
         must call it; only the main process writes.
 
-        ``sharded=True`` writes a directory ``path`` through
-        ``torch.distributed.checkpoint`` instead: every process writes the
+        ``sharded=True`` writes a directory ``path`` through torch's
+        distributed checkpoint (DCP) instead: every process writes the
         shards it holds (in parallel; the directory must be one that every
         process sees, as on a shared file system), and :meth:`load` reads it
         on any number of processes, under any strategy. Returns the directory.
