@@ -15,6 +15,7 @@ import shutil
 from tqdm import tqdm
 
 from callbacks.base import Callback
+from callbacks.files import remove_with_spare
 from callbacks.monitor import MonitorCallback, require_int
 
 
@@ -171,15 +172,15 @@ class BackupAndRestore(Callback):
     def _back_up(self) -> None:
         # Collective: every rank calls it. Under FSDP every process writes its own shards
         # (a directory <backup_dir>/backup/), so no process ever holds the whole model.
-        self.model.save(self.path, resumable=True, sharded=self.model.sharded)
+        # The file is written in the background: training goes on once the state is
+        # copied to CPU memory, and the previous backup stays until the new one is whole.
+        self.model.save(self.path, resumable=True, sharded=self.model.sharded, wait=False)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         # Every process deletes its machine's copy: one left by a rank 0 that a restart
         # moved elsewhere would otherwise "resume" the next, unrelated run.
+        self.model.wait_for_saves()  # the last backup's write must not land after the deletion
         if self.delete_checkpoint:
-            try:
-                os.remove(self.path + ".pt")
-            except FileNotFoundError:
-                pass
+            remove_with_spare(self.path + ".pt")
             if self.is_main:  # a sharded backup: one directory that every process sees
                 shutil.rmtree(self.path, ignore_errors=True)

@@ -7,6 +7,7 @@ processes and devices in :mod:`hapi.distributed`, files in
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import warnings
@@ -414,7 +415,7 @@ class Model:
         return self._strategy.shards_weights
 
     def save(self, path: str | os.PathLike, training: bool = True, resumable: bool = False,
-             sharded: bool = False) -> str:
+             sharded: bool = False, wait: bool = True) -> str:
         """Write a checkpoint to ``path`` (+ ``.pt``) atomically; returns the file.
 
         With ``training=True`` the file holds the network, optimizer, gradient
@@ -430,6 +431,14 @@ class Model:
         shards it holds (in parallel; the directory must be one that every
         process sees, as on a shared file system), and :meth:`load` reads it
         on any number of processes, under any strategy. Returns the directory.
+
+        ``wait=False`` returns as soon as the state is copied to CPU memory
+        (every process still calls it); the file is written in the background,
+        replacing the previous one only once complete. The next save or load,
+        :meth:`wait_for_saves` and the end of the script wait for it.
+        ``BackupAndRestore`` saves this way. Meant for a file rewritten
+        often: the file it replaces is kept as a hidden spare
+        (``.<name>.pt.spare``) and the next background save overwrites it.
         """
         distributed.sync_from_main(self._network)  # what is written is what every process evaluates
         state: dict[str, Any] = {"format": checkpoint.FORMAT, "version": checkpoint.VERSION}
@@ -456,9 +465,18 @@ class Model:
                     state["rng"], self._metrics, run.callbacks)
         if sharded:
             optimizer = self._optimizer if training else None
-            return checkpoint.save_sharded(path, state, lambda directory: distributed.save_shards(
-                directory, self._network, optimizer))
-        return checkpoint.save_state(path, state)
+            return checkpoint.save_sharded(path, state, functools.partial(
+                distributed.save_shards, network=self._network, optimizer=optimizer), wait=wait)
+        return checkpoint.save_state(path, state, wait=wait)
+
+    def wait_for_saves(self) -> None:
+        """Return once every ``save(..., wait=False)`` is on disk; raise if one failed.
+
+        Every process must call it (it is collective, like ``save``). It also
+        frees the CPU copy of the state that background saves keep for reuse.
+        """
+        checkpoint.wait_for_writes()
+        checkpoint.release_staging()
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False,
              reset_optimizer: bool = False, resume: bool = False) -> None:

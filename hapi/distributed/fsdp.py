@@ -88,8 +88,16 @@ def shard(network: nn.Module, device: torch.device, optimizer: torch.optim.Optim
         return network
     if isinstance(network, FSDPModule):
         return network
-    sync_from_main(network, parameters=True)  # one starting model, whatever each rank initialised
     names = {id(p): name for name, p in network.named_parameters()}
+    strangers = [p for group in (optimizer.param_groups if optimizer else []) for p in group["params"]
+                 if id(p) not in names]
+    if strangers:
+        raise DistributedSetupError(
+            f"The optimizer holds {len(strangers)} tensor(s) that are not parameters of "
+            f"{type(network).__name__}; under FSDP every optimized tensor must belong to the "
+            "network, whose parameters are replaced by their shards. Build the optimizer over "
+            "model.parameters().")
+    sync_from_main(network, parameters=True)  # one starting model, whatever each rank initialised
     saved_optimizer = optimizer.state_dict() if optimizer is not None and optimizer.state else None
     mesh = init_device_mesh(device.type, (world_size(),))
     policy = (MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
@@ -120,12 +128,6 @@ def _point_at_shards(network: nn.Module, optimizer: torch.optim.Optimizer, names
     """The optimizer's parameter groups, moved from the replaced parameters to the sharded ones."""
     current = dict(network.named_parameters())
     for group in optimizer.param_groups:
-        unknown = [p for p in group["params"] if id(p) not in names]
-        if unknown:
-            raise DistributedSetupError(
-                f"The optimizer holds {len(unknown)} tensor(s) that are not parameters of "
-                f"{type(network).__name__}; under FSDP every optimized tensor must belong to the "
-                "network (build the optimizer over model.parameters()).")
         group["params"] = [current[names[id(p)]] for p in group["params"]]
     optimizer.state.clear()
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
@@ -28,6 +29,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 
 from hapi.distributed.dcp_reader import SafeFileSystemReader
+from hapi.distributed.env import timeout
+from hapi.distributed.group import is_main, world_size
 
 
 @contextlib.contextmanager
@@ -50,11 +53,36 @@ def _named_groups(network: nn.Module, optimizer: torch.optim.Optimizer) -> list[
              "params": [names[id(p)] for p in group["params"]]} for group in optimizer.param_groups]
 
 
-def save(directory: str, network: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+_checkpoint_group: dist.ProcessGroup | None = None
+
+
+def _background_group() -> dist.ProcessGroup | None:
+    """A Gloo group of its own for saves running in the background.
+
+    Their collectives then never interleave with training's on the default
+    group (torch runs a group's collectives in the order each process issues
+    them, and a background thread issues them at any time). Created by every
+    process at its first background save, which they make together.
+    """
+    global _checkpoint_group
+    if world_size() == 1:
+        return None
+    if _checkpoint_group is None:
+        _checkpoint_group = dist.new_group(backend="gloo", timeout=timeout())
+    return _checkpoint_group
+
+
+def save(directory: str, network: nn.Module, optimizer: torch.optim.Optimizer | None, *,
+         then_on_main: Callable[[dict[str, Any] | None], None], wait: bool = True) -> Callable[[], None]:
     """Write the network's and optimizer's tensors to ``directory``; a collective.
 
-    Returns what the manifest must keep for :func:`load`: the optimizer's
-    groups and its non-tensor state values (``None`` without an optimizer).
+    ``then_on_main(rest)`` runs on rank 0 once every process's shards are
+    written, with what the manifest must keep for :func:`load` (the
+    optimizer's groups and its non-tensor state values; ``None`` without an
+    optimizer). With ``wait=False`` the tensors are copied to CPU memory
+    (DCP's ``async_save``) and the writing goes on in a background thread.
+    Returns what completes the save: called now with ``wait``, else in the
+    caller's background thread (it waits for DCP's future).
     """
     payload: dict[str, Any] = {"network": _split(get_model_state_dict(network))[0]}
     optimizer_rest = None
@@ -69,9 +97,23 @@ def save(directory: str, network: nn.Module, optimizer: torch.optim.Optimizer | 
             payload["optimizer"] = tensors
         optimizer_rest = {"param_groups": groups, "plain_values": plain_values,
                           "has_tensors": "optimizer" in payload}
-    with _quiet():
-        dcp.save(payload, storage_writer=dcp.FileSystemWriter(directory))
-    return optimizer_rest
+    writer = dcp.FileSystemWriter(directory)
+    main = is_main()
+    if wait:
+        with _quiet():
+            dcp.save(payload, storage_writer=writer)
+        future = None
+    else:
+        with _quiet():
+            future = dcp.async_save(payload, storage_writer=writer, process_group=_background_group())
+
+    def complete() -> None:
+        if future is not None:
+            future.result()  # every process's shards written, the metadata too
+        if main:
+            then_on_main(optimizer_rest)
+
+    return complete
 
 
 def saved_shapes(directory: str) -> dict[str, torch.Size]:

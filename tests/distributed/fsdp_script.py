@@ -53,6 +53,9 @@ RECIPES = {
     "clip": {"optimizer": "sgd", "clip_grad_norm": 0.05},
     "bf16": {"optimizer": "adam", "amp": "bf16"},
     "fp16": {"optimizer": "sgd", "amp": "fp16"},
+    # FSDP's own options (one process ignores them, as every strategy)
+    "options": {"optimizer": "adam", "fsdp": {"reshard_after_forward": False, "cpu_offload": True,
+                                              "wrap": {nn.Linear}}},
 }
 
 
@@ -88,6 +91,9 @@ def train(recipe: str, batch_size: int, strategy=None, epochs: int = 2, callback
     optimizer = (torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
                  if options.pop("optimizer") == "sgd" else torch.optim.Adam(model.parameters(), lr=0.01))
     accumulate = options.pop("accumulate_grad_batches", 1)
+    fsdp_options = options.pop("fsdp", None)
+    if fsdp_options is not None and strategy == "fsdp":
+        strategy = hapi.FSDP(**fsdp_options)
     model.prepare(optimizer, nn.CrossEntropyLoss(), Accuracy(task="multiclass", num_classes=3),
                   strategy=strategy, **options)
     model.epoch_logs = EpochLogs()

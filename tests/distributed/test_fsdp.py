@@ -24,7 +24,7 @@ def sharded_run(request, tmp_path_factory):
     return world, out, read_ranks(out, "fsdp", world)
 
 
-@pytest.mark.parametrize("recipe", ["sgd", "adam", "accumulate", "clip"])
+@pytest.mark.parametrize("recipe", ["sgd", "adam", "accumulate", "clip", "options"])
 def test_n_processes_train_like_one_at_the_global_batch(sharded_run, recipe):
     world, _, ranks = sharded_run
     one = fsdp_script.train(recipe, world * fsdp_script.PER_PROCESS_BATCH)

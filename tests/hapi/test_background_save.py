@@ -1,0 +1,116 @@
+"""model.save(..., wait=False): training goes on while the file is written; nothing half-written survives."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import hapi
+from conftest import TinyNet, make_tiny_data
+from hapi import checkpoint
+from hapi.checkpoint import CheckpointError
+
+
+def prepared() -> hapi.Model:
+    torch.manual_seed(0)
+    model = hapi.Model(TinyNet())
+    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    return model
+
+
+def test_the_file_holds_the_state_of_the_moment_of_the_save(tmp_path, monkeypatch):
+    model = prepared()
+    release = threading.Event()
+    real_write = checkpoint.write_file
+
+    def slow_write(state, target, **options):
+        release.wait(30)
+        real_write(state, target, **options)
+
+    monkeypatch.setattr(checkpoint, "write_file", slow_write)
+    at_save = {k: v.clone() for k, v in model.network.state_dict().items()}
+    model.save(tmp_path / "ckpt", wait=False)
+    assert not (tmp_path / "ckpt.pt").exists()  # returned before the write
+    model.fit(make_tiny_data(32), batch_size=8, verbose=0)  # training changes the weights meanwhile
+    release.set()
+    model.wait_for_saves()
+    saved = torch.load(tmp_path / "ckpt.pt", weights_only=True)["network"]
+    assert all(torch.equal(saved[k], at_save[k]) for k in at_save)
+    assert not all(torch.equal(saved[k], v) for k, v in model.network.state_dict().items())
+
+
+def test_a_failed_background_write_keeps_the_previous_file_and_is_reported(tmp_path, monkeypatch):
+    model = prepared()
+    model.save(tmp_path / "ckpt")
+    before = (tmp_path / "ckpt.pt").read_bytes()
+
+    def full_disk(obj, handle, *args, **kwargs):
+        handle.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    model.save(tmp_path / "ckpt", wait=False)
+    with pytest.raises(CheckpointError, match=r"in the background failed \(OSError: .*No space left.*previous file"):
+        model.wait_for_saves()
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary file left behind
+    model.wait_for_saves()  # reported once
+
+
+def test_an_entry_that_could_not_be_loaded_is_refused_at_once(tmp_path):
+    model = prepared()
+    model.optimizer.param_groups[0]["schedule"] = object()
+    with pytest.raises(CheckpointError, match=r"param_groups'\]\[0\]\['schedule'\] is a builtins.object"):
+        model.save(tmp_path / "ckpt", wait=False)
+    assert not (tmp_path / "ckpt.pt").exists()
+
+
+KILLED_WHILE_WRITING = textwrap.dedent("""
+    import os, signal, sys, torch
+    sys.path.insert(0, {root!r})
+    import hapi
+    from torch import nn
+    model = hapi.Model(nn.Linear(1000, 1000))
+    with torch.no_grad():
+        model.network.weight.fill_(1.0)
+    model.save({path!r})
+    # A second save of ~200 MB, killed (no cleanup) while its background write runs.
+    model.network.extra = nn.Parameter(torch.full((50_000_000,), 2.0))
+    model.save({path!r}, wait=False)
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_a_process_killed_during_a_background_write_leaves_the_previous_file_whole(tmp_path):
+    import pathlib
+
+    root = str(pathlib.Path(__file__).resolve().parents[2])
+    script = KILLED_WHILE_WRITING.format(root=root, path=str(tmp_path / "ckpt"))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == -9, result.stderr[-2000:]
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert "extra" not in state["network"] and torch.all(state["network"]["weight"] == 1.0)
+
+
+def test_background_saves_rewrite_the_previous_file_in_place(tmp_path):
+    model = prepared()
+    inodes = []
+    for _ in range(4):
+        at_save = {k: v.clone() for k, v in model.network.state_dict().items()}
+        model.save(tmp_path / "backup", wait=False)
+        model.wait_for_saves()
+        inodes.append((tmp_path / "backup.pt").stat().st_ino)
+        saved = torch.load(tmp_path / "backup.pt", weights_only=True)["network"]
+        assert all(torch.equal(saved[k], at_save[k]) for k in at_save)  # staging buffers reused, not stale
+        model.fit(make_tiny_data(16), batch_size=8, verbose=0)
+    # Two files take turns: the live one and the spare the next save overwrites.
+    assert inodes[2] == inodes[0] and inodes[3] == inodes[1] and inodes[0] != inodes[1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".backup.pt.spare", "backup.pt"]
+    state = torch.load(tmp_path / "backup.pt", weights_only=True)
+    assert state["step"] == 6 and not (tmp_path / "backup.pt").read_bytes().endswith(b"\0" * 64)
