@@ -2,18 +2,27 @@
 
 A 25 M-parameter MLP trained with Adam (a checkpoint of ~300 MB: weights and
 two moments), batch 64 of random data held in memory, ``--steps`` optimizer
-steps; interleaved runs, medians. Three contenders: no backup; the backup as
+steps; runs interleaved. Three contenders: no backup; the backup as
 ``BackupAndRestore`` makes it (the state copied to CPU memory, the file
 written by a background thread); and the same backup written before training
 goes on (``model.save(..., wait=True)``, the blocking way). Also printed: how
 long one blocking save of this checkpoint takes. Target: the background
 backup costs <= 3% for a checkpoint that takes >= 0.5 s to write.
 
-Run twice: training on one core (as GPU training leaves the host's cores
-mostly free, the writing thread then has one) and on every core (the write's
-CPU work then competes with training's; it can only be moved, not hidden).
+Two figures per contender. The ratio of whole runs, as the other benchmarks
+give it -- but this machine's speed drifts by up to 30% between runs of the
+same thing, more than what is measured. And the cost of each backup measured
+inside its run: the time the ``BackupAndRestore`` step and the following
+``--window`` steps took beyond the run's median step (the write runs during
+them), less the same for runs without backups, as a share of the
+``save_freq`` steps it covers; one column per backup, since the first two of
+a run create new files and the later ones overwrite the spare.
 
-    python benchmarks/bench_backup.py [--repeats 3] [--steps 120] [--threads 1,2] [--width 4096]
+Run with training on one core (as GPU training leaves the host's cores mostly
+free, the writing thread then has one) and on every core (the write's CPU
+work then competes with training's: it can only be moved, not hidden).
+
+    python benchmarks/bench_backup.py [--repeats 2] [--steps 220] [--threads 1,2] [--width 4096]
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import time
 import torch
 from torch import nn
 
-from callbacks import BackupAndRestore
+from callbacks import BackupAndRestore, Callback
 from common import interleave, machine, quiet_stdout, table
 from hapi import Model
 
@@ -39,18 +48,42 @@ class BlockingBackup(BackupAndRestore):
         self.model.save(self.path, resumable=True, sharded=self.model.sharded, wait=True)
 
 
+class StepTimes(Callback):
+    """Wall time of each training step (from one step's end to the next's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+        self._last: float | None = None
+
+    def on_train_batch_end(self, step, logs=None):
+        now = time.perf_counter()
+        if self._last is not None:
+            self.times.append(now - self._last)
+        self._last = now
+
+
 def network(width: int, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(1024, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
                          nn.Linear(width, 1024), nn.ReLU(), nn.Linear(1024, 10))
 
 
+def excess_after_backups(times: list[float], save_freq: int, window: int) -> tuple[list[float], float]:
+    """Seconds each backup's window took beyond the median step (one entry per backup); and that median."""
+    starts = [s for s in range(save_freq - 1, len(times), save_freq) if s + window <= len(times)]
+    inside = {i for s in starts for i in range(s, s + window)}
+    median = statistics.median(t for i, t in enumerate(times) if i not in inside)
+    return [sum(times[i] - median for i in range(s, s + window)) for s in starts], median
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=220)
     parser.add_argument("--width", type=int, default=4096)
     parser.add_argument("--save-freq", type=int, default=50)
+    parser.add_argument("--window", type=int, default=15)
     parser.add_argument("--threads", type=lambda text: [int(t) for t in text.split(",")],
                         default=[1, torch.get_num_threads()],
                         help="training threads, one table each (default: 1, then all)")
@@ -59,15 +92,6 @@ def main() -> None:
     samples = 64 * args.steps
     data = (torch.randn(samples, 1024, generator=generator), torch.randint(0, 10, (samples,), generator=generator))
     backup_dir = tempfile.mkdtemp(prefix="hapi-bench-backup-")
-
-    def fit(callback_class=None):
-        def run():
-            model = Model(network(args.width))
-            model.prepare(torch.optim.Adam(model.parameters(), lr=1e-4), nn.CrossEntropyLoss())
-            callbacks = [] if callback_class is None else [callback_class(backup_dir, save_freq=args.save_freq)]
-            with quiet_stdout():
-                model.fit(data, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
-        return run
 
     # One blocking save of the full training state, as a backup writes it.
     model = Model(network(args.width))
@@ -80,14 +104,49 @@ def main() -> None:
         writes.append(time.perf_counter() - started)
     size = os.path.getsize(file)
     parameters = sum(p.numel() for p in model.parameters())
+    del model
 
+    background = f"BackupAndRestore(save_freq={args.save_freq}), background write"
+    kinds = {"no backup": None, background: BackupAndRestore, "the same, blocking write": BlockingBackup}
     for threads in args.threads:
         torch.set_num_threads(threads)
-        times = interleave({"no backup": fit(),
-                            f"BackupAndRestore(save_freq={args.save_freq}), background write": fit(BackupAndRestore),
-                            "the same, blocking write": fit(BlockingBackup)}, args.repeats)
+        excess: dict[str, list[list[float]]] = {name: [] for name in kinds}
+        medians: list[float] = []
+
+        def fit(name: str):
+            def run():
+                model = Model(network(args.width))
+                model.prepare(torch.optim.Adam(model.parameters(), lr=1e-4), nn.CrossEntropyLoss())
+                steps = StepTimes()
+                chosen = kinds[name]
+                callbacks = [steps] + ([] if chosen is None else [chosen(backup_dir, save_freq=args.save_freq)])
+                with quiet_stdout():
+                    model.fit(data, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+                extra, median = excess_after_backups(steps.times, args.save_freq, args.window)
+                excess[name].append(extra)
+                medians.append(median)
+            return run
+
+        times = interleave({name: fit(name) for name in kinds}, args.repeats)
         print(table(times, "no backup", f"Backups every {args.save_freq} steps, {args.steps} steps of batch 64, "
-                                        f"training on {threads} of {os.cpu_count()} cores"))
+                                        f"training on {threads} of {os.cpu_count()} cores (whole runs)"))
+        print()
+        backups = min(len(runs) for runs in excess["no backup"])
+        noise = [statistics.median(runs[k] for runs in excess["no backup"]) for k in range(backups)]
+        period = args.save_freq * statistics.median(medians)
+        print(f"Cost of each backup inside its run ({args.window} steps from the backup step, beyond the "
+              f"run's median step, less the same steps of runs without backups), as a share of the "
+              f"{args.save_freq} steps of {statistics.median(medians):.3f} s it covers. The first two "
+              "backups of a run create their files; from the third on, each overwrites the file the "
+              "one before it replaced (what a long run sees):\n")
+        print("| contender | " + " | ".join(f"backup {k + 1}" for k in range(backups)) + " |")
+        print("|---|" + "---|" * backups)
+        for name in list(kinds)[1:]:
+            cells = []
+            for k in range(backups):
+                cost = statistics.median(runs[k] for runs in excess[name]) - noise[k]
+                cells.append(f"{cost:.2f} s, {cost / period:.1%}")
+            print(f"| {name} | " + " | ".join(cells) + " |")
         print()
     print(f"checkpoint: {parameters / 1e6:.1f} M parameters, {size / 2**20:.0f} MiB; one blocking save: "
           f"median {statistics.median(writes):.2f} s ({', '.join(f'{w:.2f}' for w in writes)})")
