@@ -18,11 +18,18 @@ them), less the same for runs without backups, as a share of the
 ``save_freq`` steps it covers; one column per backup, since the first two of
 a run create new files and the later ones overwrite the spare.
 
+With ``--paired-steps N``, also one run of N steps per contender in which
+the blocks of ``save_freq`` steps alternate between beginning with a backup
+and not: each backup's cost is its block's extra time over the two blocks
+beside it, which the machine's slow drifts hit alike (``--repeats 0``: only
+this).
+
 Run with training on one core (as GPU training leaves the host's cores mostly
 free, the writing thread then has one) and on every core (the write's CPU
 work then competes with training's: it can only be moved, not hidden).
 
     python benchmarks/bench_backup.py [--repeats 2] [--steps 220] [--threads 1,2] [--width 4096]
+    python benchmarks/bench_backup.py --repeats 0 --paired-steps 600
 """
 
 from __future__ import annotations
@@ -63,6 +70,29 @@ class StepTimes(Callback):
         self._last = now
 
 
+class EveryOtherBackup(BackupAndRestore):
+    """Backs up at every second ``save_freq`` point only: the blocks of ``save_freq`` steps
+    then alternate, one starting with a backup and one without, inside one run."""
+
+    def __init__(self, *args, blocking: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.blocking = blocking
+        self.points = 0
+
+    def _back_up(self) -> None:
+        self.points += 1
+        if self.points % 2 == 1:
+            self.model.save(self.path, resumable=True, sharded=self.model.sharded, wait=self.blocking)
+
+
+def paired_blocks(times: list[float], save_freq: int) -> list[float]:
+    """Each block that begins with a backup against the mean of its neighbours without one."""
+    blocks = [sum(times[start:start + save_freq]) for start in range(save_freq - 1, len(times) - save_freq + 1,
+                                                                     save_freq)]
+    return [blocks[k] / ((blocks[k - 1] + blocks[k + 1]) / 2) - 1
+            for k in range(2, len(blocks) - 1, 2)]  # block 0 holds the first backup: begins at k=2
+
+
 def network(width: int, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(1024, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
@@ -87,7 +117,14 @@ def main() -> None:
     parser.add_argument("--threads", type=lambda text: [int(t) for t in text.split(",")],
                         default=[1, torch.get_num_threads()],
                         help="training threads, one table each (default: 1, then all)")
+    parser.add_argument("--paired-steps", type=int, default=0,
+                        help="also (or, with --repeats 0, only) one long run per contender in which "
+                             "blocks of save_freq steps with and without a backup alternate")
     args = parser.parse_args()
+    if args.paired_steps:
+        paired(args)
+        if args.repeats == 0:
+            return
     generator = torch.Generator().manual_seed(0)
     samples = 64 * args.steps
     data = (torch.randn(samples, 1024, generator=generator), torch.randint(0, 10, (samples,), generator=generator))
@@ -151,6 +188,32 @@ def main() -> None:
     print(f"checkpoint: {parameters / 1e6:.1f} M parameters, {size / 2**20:.0f} MiB; one blocking save: "
           f"median {statistics.median(writes):.2f} s ({', '.join(f'{w:.2f}' for w in writes)})")
     print(f"machine: {machine()}")
+
+
+def paired(args: argparse.Namespace) -> None:
+    """The cost of a backup as the extra time of the save_freq steps it begins, against the
+    blocks just before and after it that begin with none: slow drifts of the machine's
+    speed hit both alike, which whole runs minutes apart do not."""
+    generator = torch.Generator().manual_seed(1)
+    samples = 64 * args.paired_steps
+    data = (torch.randn(samples, 1024, generator=generator), torch.randint(0, 10, (samples,), generator=generator))
+    backup_dir = tempfile.mkdtemp(prefix="hapi-bench-paired-")
+    print(f"## One run of {args.paired_steps} steps per contender: blocks of {args.save_freq} steps that begin "
+          "with a backup against their neighbours that do not\n")
+    print("| training on | contender | extra time of a block with a backup (median; each) |\n|---|---|---|")
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for name, blocking in (("background write", False), ("blocking write", True)):
+            model = Model(network(args.width))
+            model.prepare(torch.optim.Adam(model.parameters(), lr=1e-4), nn.CrossEntropyLoss())
+            steps = StepTimes()
+            backups = EveryOtherBackup(backup_dir, save_freq=args.save_freq, blocking=blocking)
+            with quiet_stdout():
+                model.fit(data, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[steps, backups])
+            extra = paired_blocks(steps.times, args.save_freq)
+            print(f"| {threads} of {os.cpu_count()} cores | {name} | {statistics.median(extra):+.1%} "
+                  f"({', '.join(f'{e:+.1%}' for e in extra)}) |")
+    print()
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ CASES = {
     "bench_compile_amp.py": (["--repeats", "1", "--samples", "128"],
                              ["default", "amp='bf16'", "compile=True"]),
     "bench_backup.py": (["--repeats", "1", "--steps", "6", "--save-freq", "2", "--width", "64",
-                         "--threads", "1"],
+                         "--threads", "1", "--paired-steps", "12"],
                         ["no backup", "BackupAndRestore(save_freq=2), background write",
                          "the same, blocking write"]),
     "bench_fsdp_memory.py": (["--width", "64"], ["ddp", "fsdp"]),
