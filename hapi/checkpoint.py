@@ -206,6 +206,9 @@ class _Staging:
     def __init__(self) -> None:
         self._buffers: list[torch.Tensor] = []
 
+    def release(self) -> None:
+        self._buffers = []
+
     def copy(self, state: Any) -> Any:
         """``state`` with every tensor replaced by a CPU copy; training may change the originals."""
         previous, self._buffers = self._buffers, []
@@ -236,7 +239,7 @@ _staging = _Staging()
 def release_staging() -> None:
     """Free the CPU copies kept for the next background save (once saves are done, say)."""
     _background.join()
-    _staging._buffers = []
+    _staging.release()
 
 
 def write_file(state: dict[str, Any], target: str, reuse_previous: bool = False) -> None:

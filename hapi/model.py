@@ -507,20 +507,24 @@ class Model:
             checkpoint.check_resumable(file, state)
         else:
             file, state = checkpoint.load_state(path)
-        skipped = (self._load_shards(file, state, skip_mismatch, reset_optimizer) if "shards" in state
+        skipped = (self._load_shards(file, state, skip_mismatch) if "shards" in state
                    else self._load_weights(file, state, skip_mismatch))
         if skipped:
             warnings.warn(f"Loaded {file!r} partially; skipped {len(skipped)} tensors whose name or "
                           f"shape do not match this network: {skipped}.", stacklevel=2)
-        optimizer_state = state.get("optimizer")
-        if optimizer_state is not None and not reset_optimizer:
+        optimizer_state, optimizer_shards = state.get("optimizer"), state.get("optimizer_shards")
+        if (optimizer_state is not None or optimizer_shards is not None) and not reset_optimizer:
             if skipped:
                 warnings.warn("The optimizer state in the checkpoint was not loaded because the "
                               "network's weights did not match it.", stacklevel=2)
-            elif self._optimizer is None:
+            elif self._optimizer is not None:
+                self._restore_optimizer(file, state)
+            elif optimizer_shards is None:
                 self._pending_optimizer = (optimizer_state, state.get("optimizer_type"))
-            else:
-                self._load_optimizer_state(optimizer_state, state.get("optimizer_type"), source=file)
+            else:  # shards are read into the optimizer's own (sharded) state: it must exist
+                warnings.warn(f"The optimizer state in the sharded checkpoint {file!r} was not loaded: "
+                              "this Model has no optimizer yet. Call prepare(optimizer=...) before load() "
+                              "to restore it.", stacklevel=2)
         if state.get("scaler") is not None:
             if self._scaler is not None:
                 self._scaler.load_state_dict(state["scaler"])
@@ -537,29 +541,25 @@ class Model:
         self._strategy.load_state_dict(self._network, weights, strict=not skipped)
         return skipped
 
-    def _load_shards(self, file: str, state: dict, skip_mismatch: bool, reset_optimizer: bool) -> list[str]:
-        """A sharded checkpoint's weights and optimizer state, resharded for this run (collectives)."""
+    def _load_shards(self, file: str, state: dict, skip_mismatch: bool) -> list[str]:
+        """A sharded checkpoint's weights, resharded for this run (collectives)."""
         directory = checkpoint.shards_directory(file, state)
         saved = {key: torch.empty(shape, device="meta")
                  for key, shape in distributed.saved_shapes(directory).items()}
         weights, skipped = checkpoint.match_state_dict(self._network, saved, file, skip_mismatch)
         distributed.load_shards(directory, self._network, set(weights))
-        optimizer_part = state.get("optimizer_shards")
-        if optimizer_part is None or reset_optimizer:
-            return skipped
-        if skipped:
-            warnings.warn("The optimizer state in the checkpoint was not loaded because the "
-                          "network's weights did not match it.", stacklevel=3)
-        elif self._optimizer is None:
-            warnings.warn(f"The optimizer state in the sharded checkpoint {file!r} was not loaded: "
-                          "this Model has no optimizer yet. Call prepare(optimizer=...) before load() "
-                          "to restore it.", stacklevel=3)
-        else:
-            checkpoint.load_optimizer_state(
-                self._optimizer, {"param_groups": optimizer_part["param_groups"]}, state.get("optimizer_type"),
-                file, load=lambda _: distributed.load_optimizer_shards(directory, self._network, self._optimizer,
-                                                                       optimizer_part))
         return skipped
+
+    def _restore_optimizer(self, file: str, state: dict) -> None:
+        """The checkpoint's optimizer state into this Model's optimizer: from the file, or its shards."""
+        shards = state.get("optimizer_shards")
+        if shards is None:
+            self._load_optimizer_state(state["optimizer"], state.get("optimizer_type"), source=file)
+            return
+        directory = checkpoint.shards_directory(file, state)
+        checkpoint.load_optimizer_state(
+            self._optimizer, {"param_groups": shards["param_groups"]}, state.get("optimizer_type"), file,
+            load=lambda _: distributed.load_optimizer_shards(directory, self._network, self._optimizer, shards))
 
     def _resume_fit(self, file: str, state: dict) -> None:
         """Put the running fit back where the file left it."""

@@ -26,7 +26,7 @@ from hapi.distributed.collectives import (SyncFlag, all_reduce_sum, any_true, ba
                                           broadcast_bytes, broadcast_freshest, gather_in_order,
                                           gather_objects, on_main, own,
                                           shared_seed, sync_from_main)
-from hapi.distributed.ddp import no_sync, unwrap, wrap
+from hapi.distributed.ddp import unwrap, wrap
 from hapi.distributed.env import DistributedSetupError
 from hapi.distributed.sharded import load as load_shards, load_optimizer as load_optimizer_shards
 from hapi.distributed.sharded import save as save_shards, saved_shapes
@@ -45,6 +45,6 @@ __all__ = [
     "consumed_items", "resume_at", "skip_items", "DistributedSetupError", "ResumableSampler", "SyncFlag",
     "all_reduce_sum", "any_true", "backend_name", "barrier", "broadcast_bytes", "default_device",
     "eval_sampler", "gather_in_order", "gather_objects", "is_main", "loader_batch_size",
-    "local_rank", "no_sync", "note_failure", "own", "rank", "reshard", "set_epoch", "set_seed", "setup",
+    "local_rank", "note_failure", "own", "rank", "reshard", "set_epoch", "set_seed", "setup",
     "shared_seed", "sync_from_main", "teardown", "train_sampler", "unwrap", "world_size", "wrap",
 ]

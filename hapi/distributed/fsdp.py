@@ -86,7 +86,7 @@ def shard(network: nn.Module, device: torch.device, optimizer: torch.optim.Optim
     """
     if world_size() == 1:
         return network
-    if isinstance(network, FSDPModule):
+    if is_sharded(network):
         return network
     names = {id(p): name for name, p in network.named_parameters()}
     strangers = [p for group in (optimizer.param_groups if optimizer else []) for p in group["params"]
@@ -132,18 +132,18 @@ def _point_at_shards(network: nn.Module, optimizer: torch.optim.Optimizer, names
     optimizer.state.clear()
 
 
+def is_sharded(network: nn.Module) -> bool:
+    """Whether :func:`shard` sharded ``network`` (not on one process, nor before training)."""
+    return isinstance(network, FSDPModule)
+
+
 def full_state_dict(network: nn.Module) -> dict[str, torch.Tensor]:
     """The network's weights as full plain CPU tensors on rank 0 (empty elsewhere); a collective."""
-    if not isinstance(network, FSDPModule):
-        return network.state_dict()
     return get_model_state_dict(network, options=_FULL)
 
 
 def load_state_dict(network: nn.Module, state: dict[str, torch.Tensor], strict: bool) -> None:
     """Full tensors (on every process) into the network, sharded as it is."""
-    if not isinstance(network, FSDPModule):
-        network.load_state_dict(state, strict=strict)
-        return
     set_model_state_dict(network, state, options=StateDictOptions(full_state_dict=True, strict=strict))
 
 
@@ -155,7 +155,7 @@ def _parameter_names(network: nn.Module, optimizer: torch.optim.Optimizer) -> li
 
 def full_optimizer_state(network: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer state in torch's plain layout (full tensors, parameters numbered), on rank 0."""
-    if not isinstance(network, FSDPModule) or not optimizer.state:
+    if not optimizer.state:
         return optimizer.state_dict()  # no state yet: only the groups, the same on every process
     by_name = get_optimizer_state_dict(network, optimizer, options=_FULL)
     numbers = {name: index for index, name in enumerate(_parameter_names(network, optimizer))}
@@ -168,9 +168,6 @@ def full_optimizer_state(network: nn.Module, optimizer: torch.optim.Optimizer) -
 
 def load_optimizer_state(network: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """A plain-layout optimizer state (full tensors, on every process) into a sharded optimizer."""
-    if not isinstance(network, FSDPModule):
-        optimizer.load_state_dict(state)
-        return
     names = _parameter_names(network, optimizer)
     saved_count = sum(len(group["params"]) for group in state["param_groups"])
     if saved_count != len(names) or len(state["param_groups"]) != len(optimizer.param_groups):
@@ -214,7 +211,7 @@ def _reshard_setting(unit: FSDPModule) -> bool:
 @contextlib.contextmanager
 def no_sync(network: nn.Module, skip_gradient_sync: bool) -> Iterator[None]:
     """Accumulation steps keep their full gradients locally; the update step reduce-scatters them."""
-    if not skip_gradient_sync or not isinstance(network, FSDPModule):
+    if not skip_gradient_sync:
         yield
         return
     network.set_requires_gradient_sync(False)

@@ -164,7 +164,12 @@ class FSDP(Strategy):
                           reshard_after_forward=self.reshard_after_forward,
                           cpu_offload=self.cpu_offload, amp_dtype=amp_dtype)
 
+    # Until the network is sharded (one process, or before training wraps it)
+    # it is a plain module: the base class's behaviour.
+
     def no_sync(self, wrapped: nn.Module, skip_gradient_sync: bool) -> contextlib.AbstractContextManager:
+        if not fsdp.is_sharded(wrapped):
+            return super().no_sync(wrapped, skip_gradient_sync)
         return fsdp.no_sync(wrapped, skip_gradient_sync)
 
     def gathered(self, network: nn.Module) -> contextlib.AbstractContextManager:
@@ -174,17 +179,27 @@ class FSDP(Strategy):
         return fsdp.clip_grad_norm(parameters, max_norm)
 
     def full_state_dict(self, network: nn.Module) -> dict[str, torch.Tensor]:
+        if not fsdp.is_sharded(network):
+            return super().full_state_dict(network)
         return fsdp.full_state_dict(network)
 
     def load_state_dict(self, network: nn.Module, state: dict[str, torch.Tensor], strict: bool) -> None:
-        fsdp.load_state_dict(network, state, strict)
+        if not fsdp.is_sharded(network):
+            super().load_state_dict(network, state, strict)
+        else:
+            fsdp.load_state_dict(network, state, strict)
 
     def full_optimizer_state(self, network: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        if not fsdp.is_sharded(network):
+            return super().full_optimizer_state(network, optimizer)
         return fsdp.full_optimizer_state(network, optimizer)
 
     def load_optimizer_state(self, network: nn.Module, optimizer: torch.optim.Optimizer,
                              state: dict[str, Any]) -> None:
-        fsdp.load_optimizer_state(network, optimizer, state)
+        if not fsdp.is_sharded(network):
+            super().load_optimizer_state(network, optimizer, state)
+        else:
+            fsdp.load_optimizer_state(network, optimizer, state)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, FSDP) and vars(self) == vars(other)
