@@ -18,6 +18,10 @@ the same under any launcher and can be tested with a stub model:
   on_train_begin                ``{}``
   on_epoch_begin                ``{}``
   on_train_batch_begin          ``{}``
+  on_before_optimizer_step      ``{}``; called with the batch's step before each
+                                optimizer update, after gradients are averaged
+                                across processes and unscaled (fp16), before
+                                clipping: read or change ``p.grad`` here
   on_train_batch_end            ``batch_size``; every ``log_freq`` steps and on
                                 the last step also ``loss`` and each metric
                                 (running means over the epoch so far) and
@@ -53,6 +57,7 @@ HOOKS = (
     "on_train_begin",
     "on_epoch_begin",
     "on_train_batch_begin",
+    "on_before_optimizer_step",
     "on_train_batch_end",
     "on_eval_begin",
     "on_eval_batch_begin",
@@ -107,6 +112,16 @@ class Callback:
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None: ...
 
     def on_train_batch_begin(self, step: int, logs: dict | None = None) -> None: ...
+
+    def on_before_optimizer_step(self, step: int, logs: dict | None = None) -> None:
+        """Before the update of training batch ``step`` (Lightning's name).
+
+        The gradients in ``model.network``'s parameters are final -- averaged
+        over processes, unscaled under ``amp="fp16"`` -- and not yet clipped;
+        a callback may read or change them. With ``accumulate_grad_batches``
+        it runs once per update, at the group's last batch. Under FSDP each
+        process sees the gradient shards of its own parameters.
+        """
 
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None: ...
 
@@ -190,6 +205,9 @@ class CallbackList:
 
     def on_train_batch_begin(self, step: int, logs: dict | None = None) -> None:
         self._fan_out(self._handlers["on_train_batch_begin"], (step,), logs)
+
+    def on_before_optimizer_step(self, step: int, logs: dict | None = None) -> None:
+        self._fan_out(self._handlers["on_before_optimizer_step"], (step,), logs)
 
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
         self._fan_out(self._handlers["on_train_batch_end"], (step,), logs)

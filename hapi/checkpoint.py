@@ -542,12 +542,20 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, optimizer_state: dict,
                          saved_type: str | None, source: str,
-                         load: Callable[[dict], None] | None = None) -> None:
+                         load: Callable[[dict], None] | None = None,
+                         keep_hyperparameters: bool = False) -> None:
     """Load a saved optimizer state, refusing one from another optimizer class.
 
     ``load(state)`` puts it in (the strategy's way: sharded under FSDP);
-    by default ``optimizer.load_state_dict``.
+    by default ``optimizer.load_state_dict``. With ``keep_hyperparameters``
+    the optimizer's own settings (``lr``, ``betas``, ``weight_decay``, ...:
+    what the user passed to ``prepare``) stay, and only the per-parameter
+    state (momentum buffers, Adam's moments and step counts) comes from the
+    file; a warning names each setting the file had otherwise. torch's
+    ``load_state_dict`` would silently take the file's: fine-tuning at 1e-4
+    from a checkpoint trained at 1e-3 would train at 1e-3.
     """
+    given = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
     try:
         if saved_type is not None and saved_type != type(optimizer).__name__:
             raise ValueError(f"it was saved from a {saved_type} optimizer")
@@ -564,6 +572,31 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, optimizer_state: dict
             f"({type(optimizer).__name__}): {error}. Pass reset_optimizer=True to load only the "
             "network's weights."
         ) from error
+    if not keep_hyperparameters:
+        return
+    differences = []
+    for index, (group, settings) in enumerate(zip(optimizer.param_groups, given)):
+        for key, value in settings.items():
+            if key in group and not _same_setting(group[key], value):
+                where = f"group {index} " if len(given) > 1 else ""
+                differences.append(f"{where}{key}={group[key]!r} in the file, {value!r} given")
+        group.update(settings)
+    if differences:
+        warnings.warn(
+            f"The optimizer state loaded from {source} was saved with other settings than the "
+            f"{type(optimizer).__name__} given to prepare(): {'; '.join(differences)}. Training uses "
+            "the settings given to prepare(); the per-parameter state (momentum, moments, step "
+            "counts) comes from the file. To train with the file's settings, build the optimizer "
+            "with them.", stacklevel=3)
+
+
+def _same_setting(saved: Any, given: Any) -> bool:
+    if torch.is_tensor(saved) or torch.is_tensor(given):
+        return torch.is_tensor(saved) and torch.is_tensor(given) and torch.equal(saved.cpu(), given.cpu())
+    try:
+        return bool(saved == given) or (isinstance(saved, (tuple, list)) and list(saved) == list(given))
+    except (TypeError, ValueError, RuntimeError):
+        return saved is given
 
 
 def fit_state(data_seed: int, epoch_items: int | None, rng: dict[str, Any], metrics: Any,

@@ -113,6 +113,10 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
     steps = _limit(num_batches(loader), stop_step)
     notify_begin = cbks.wants("on_train_batch_begin")
     notify_end = cbks.wants("on_train_batch_end")
+    before_update = None
+    if cbks.wants("on_before_optimizer_step"):
+        def before_update() -> None:
+            cbks.on_before_optimizer_step(step)
     # Two collectives run mid-epoch only for batch callbacks: reading the figures
     # (for on_train_batch_end) and agreeing on a stop request (only a batch
     # callback can make one mid-epoch). Every process must run them alike, also
@@ -130,7 +134,8 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
             cbks.on_train_batch_begin(step)
         inputs, labels = splitter.split(batch)
         update, loss_scale = _accumulation(step, is_last, accumulate, steps)
-        loss, outputs = stepper.train(inputs, labels, loss_scale=loss_scale, update=update)
+        loss, outputs = stepper.train(inputs, labels, loss_scale=loss_scale, update=update,
+                                      before_update=before_update)
         batch_size = batch_length(inputs, labels)
         metrics.update(loss, outputs, labels, batch_size)
         model.step += int(update)

@@ -190,7 +190,8 @@ class Model:
         self._scaler = make_scaler(self._amp, self.device)
         self._stepper = None
         if self._pending_optimizer is not None and optimizer is not None:
-            self._load_optimizer_state(*self._pending_optimizer, source="the loaded checkpoint")
+            self._load_optimizer_state(*self._pending_optimizer, source="the loaded checkpoint",
+                                       keep_hyperparameters=True)
             self._pending_optimizer = None
         if self._pending_scaler_state is not None and self._scaler is not None:
             self._scaler.load_state_dict(self._pending_scaler_state)
@@ -486,6 +487,13 @@ class Model:
             skip_mismatch: load only tensors whose names and shapes match,
                 warning about the rest, instead of raising.
             reset_optimizer: keep the optimizer's current state.
+
+        The optimizer's per-parameter state (momentum, Adam's moments, step
+        counts) is restored, now or at the next ``prepare``; its settings
+        (``lr``, ``betas``, ``weight_decay``, ...) stay those of the optimizer
+        given to ``prepare``, whichever came first, and a warning names any
+        the file had otherwise. ``resume=True`` restores the file's settings
+        too (a schedule may have changed them).
             resume: also restore what continuing an interrupted ``fit`` needs
                 -- RNG states, the data order and position in the epoch, the
                 running figures and every callback's state -- from a file
@@ -518,7 +526,7 @@ class Model:
                 warnings.warn("The optimizer state in the checkpoint was not loaded because the "
                               "network's weights did not match it.", stacklevel=2)
             elif self._optimizer is not None:
-                self._restore_optimizer(file, state)
+                self._restore_optimizer(file, state, keep_hyperparameters=not resume)
             elif optimizer_shards is None:
                 self._pending_optimizer = (optimizer_state, state.get("optimizer_type"))
             else:  # shards are read into the optimizer's own (sharded) state: it must exist
@@ -550,16 +558,22 @@ class Model:
         distributed.load_shards(directory, self._network, set(weights))
         return skipped
 
-    def _restore_optimizer(self, file: str, state: dict) -> None:
-        """The checkpoint's optimizer state into this Model's optimizer: from the file, or its shards."""
+    def _restore_optimizer(self, file: str, state: dict, keep_hyperparameters: bool) -> None:
+        """The checkpoint's optimizer state into this Model's optimizer: from the file, or its shards.
+
+        ``keep_hyperparameters``: the settings given to prepare() win (a load);
+        a resume takes the file's too, schedules having changed them.
+        """
         shards = state.get("optimizer_shards")
         if shards is None:
-            self._load_optimizer_state(state["optimizer"], state.get("optimizer_type"), source=file)
+            self._load_optimizer_state(state["optimizer"], state.get("optimizer_type"), source=file,
+                                       keep_hyperparameters=keep_hyperparameters)
             return
         directory = checkpoint.shards_directory(file, state)
         checkpoint.load_optimizer_state(
             self._optimizer, {"param_groups": shards["param_groups"]}, state.get("optimizer_type"), file,
-            load=lambda _: distributed.load_optimizer_shards(directory, self._network, self._optimizer, shards))
+            load=lambda _: distributed.load_optimizer_shards(directory, self._network, self._optimizer, shards),
+            keep_hyperparameters=keep_hyperparameters)
 
     def _resume_fit(self, file: str, state: dict) -> None:
         """Put the running fit back where the file left it."""
@@ -575,10 +589,20 @@ class Model:
             self.epoch_step = 0
 
     def _load_optimizer_state(self, optimizer_state: dict, saved_type: str | None, *,
-                              source: str) -> None:
+                              source: str, keep_hyperparameters: bool) -> None:
         checkpoint.load_optimizer_state(
             self._optimizer, optimizer_state, saved_type, source,
-            load=lambda state: self._strategy.load_optimizer_state(self._network, self._optimizer, state))
+            load=lambda state: self._strategy.load_optimizer_state(self._network, self._optimizer, state),
+            keep_hyperparameters=keep_hyperparameters)
+
+    def export(self, path: str | os.PathLike, example_inputs: Any, dynamic_batch: bool = True) -> str:
+        """The network for inference through ``torch.export``; see :func:`hapi.export.export_network`.
+
+        ``torch.export.load(path).module()`` runs it with no torch-hapi. Returns the file written.
+        """
+        from hapi.export import export_network  # torch.export is imported only when exporting
+
+        return export_network(self._network, path, example_inputs, dynamic_batch=dynamic_batch)
 
     def summary(self, input_size: Any = None, dtype: torch.dtype | None = None) -> dict[str, int]:
         """Print the layers and parameter counts; returns ``{"total_params", "trainable_params"}``.

@@ -140,12 +140,14 @@ class Stepper:
         return loss if loss.dim() == 0 else loss.reshape(())
 
     def train(self, inputs: list[torch.Tensor], labels: list[torch.Tensor], *,
-              loss_scale: float = 1.0, update: bool = True) -> tuple[torch.Tensor, list[torch.Tensor]]:
+              loss_scale: float = 1.0, update: bool = True,
+              before_update: Callable[[], None] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Forward and backward one batch; step the optimizer when ``update``.
 
         ``loss_scale`` divides the loss over an accumulation group (1/k), so
         that k accumulated batches of b equal one batch of k*b. Gradients are
-        all-reduced only on the step that updates.
+        all-reduced only on the step that updates. ``before_update`` runs
+        before that update, on the true (unscaled, unclipped) gradients.
         """
         with self.strategy.no_sync(self.network, skip_gradient_sync=not update):
             with self.autocast():
@@ -156,6 +158,10 @@ class Stepper:
                 scaled = self.scaler.scale(scaled)
             scaled.backward()
         if update:
+            if self.scaler is not None and (before_update is not None or self.clipping):
+                self.scaler.unscale_(self.optimizer)  # hooks and clipping see the true gradients
+            if before_update is not None:
+                before_update()
             self._clip()
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
@@ -165,12 +171,14 @@ class Stepper:
             self.optimizer.zero_grad(set_to_none=True)
         return loss.detach(), [o.detach() for o in outputs]
 
+    @property
+    def clipping(self) -> bool:
+        return self.clip_grad_norm is not None or self.clip_grad_value is not None
+
     def _clip(self) -> None:
         """Clip the (synchronised, unscaled) gradients before the update, as prepare() asked."""
-        if self.clip_grad_norm is None and self.clip_grad_value is None:
+        if not self.clipping:
             return
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
         parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
         if self.clip_grad_value is not None:
             torch.nn.utils.clip_grad_value_(parameters, self.clip_grad_value)

@@ -27,8 +27,10 @@ def test_fit_calls_hooks_in_keras_order_with_the_documented_logs(recorder):
     val = ("acc", "loss", "val_acc", "val_loss")
     epoch = [
         ("on_train_batch_begin", 0, ()),
+        ("on_before_optimizer_step", 0, ()),
         ("on_train_batch_end", 0, batch),
         ("on_train_batch_begin", 1, ()),
+        ("on_before_optimizer_step", 1, ()),
         ("on_train_batch_end", 1, batch),
         ("on_eval_begin", None, ("metrics", "steps")),
         ("on_eval_batch_begin", 0, ()),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -132,9 +134,55 @@ def test_load_before_prepare_applies_optimizer_state_at_prepare(tmp_path):
     target = fresh_model(prepare=False)
     target.load(tmp_path / "ckpt")
     assert_same_weights(source.network, target.network)
-    target.prepare(optimizer=torch.optim.Adam(target.parameters(), lr=0.5), loss=nn.CrossEntropyLoss())
+    target.prepare(optimizer=torch.optim.Adam(target.parameters(), lr=0.01), loss=nn.CrossEntropyLoss())
     assert_same_optimizer_state(source.optimizer, target.optimizer)
-    assert target.optimizer.param_groups[0]["lr"] == 0.01  # the saved hyper-parameters too
+
+
+@pytest.mark.parametrize("order", ["load_then_prepare", "prepare_then_load"])
+def test_the_settings_given_to_prepare_win_over_the_files_and_a_warning_says_so(tmp_path, order):
+    """Fine-tuning at 1e-4 from a checkpoint trained at 1e-2 trains at 1e-4 (the moments still load)."""
+    source = trained_model()  # Adam, lr=0.01
+    source.save(tmp_path / "ckpt")
+    target = fresh_model(prepare=False)
+
+    def prepare():
+        target.prepare(optimizer=torch.optim.Adam(target.parameters(), lr=1e-4, betas=(0.8, 0.99)),
+                       loss=nn.CrossEntropyLoss())
+
+    with pytest.warns(UserWarning) as caught:
+        if order == "load_then_prepare":
+            target.load(tmp_path / "ckpt")
+            prepare()
+        else:
+            prepare()
+            target.load(tmp_path / "ckpt")
+    message = " ".join(str(w.message) for w in caught)
+    assert "lr=0.01 in the file, 0.0001 given" in message and "betas=(0.9, 0.999) in the file" in message
+    assert target.optimizer.param_groups[0]["lr"] == 1e-4
+    assert target.optimizer.param_groups[0]["betas"] == (0.8, 0.99)
+    assert_same_optimizer_state(source.optimizer, target.optimizer)
+    # The next step is Adam's at 1e-4 and (0.8, 0.99) from the loaded moments.
+    expected = copy.deepcopy(source.network)
+    optimizer = torch.optim.Adam(expected.parameters(), lr=1e-4, betas=(0.8, 0.99))
+    optimizer.load_state_dict(source.optimizer.state_dict())
+    for group in optimizer.param_groups:
+        group.update(lr=1e-4, betas=(0.8, 0.99))
+    x, y = make_tiny_data(8)
+    nn.CrossEntropyLoss()(expected(x), y).backward()
+    optimizer.step()
+    target.train_batch(x, y)
+    assert_same_weights(expected, target.network)
+
+
+def test_a_load_with_the_same_settings_does_not_warn(tmp_path):
+    source = trained_model()
+    source.save(tmp_path / "ckpt")
+    target = fresh_model(prepare=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        target.prepare(optimizer=torch.optim.Adam(target.parameters(), lr=0.01), loss=nn.CrossEntropyLoss())
+        target.load(tmp_path / "ckpt")
+    assert target.optimizer.param_groups[0]["lr"] == 0.01
 
 
 @pytest.mark.parametrize("order", ["load_then_prepare", "prepare_then_load"])
@@ -395,13 +443,14 @@ def test_numpy_scalars_in_the_optimizer_save_as_numbers_and_load_back(tmp_path):
     model = numpy_scaled_model()
     model.fit(make_tiny_data(), batch_size=32, verbose=0)
     file = model.save(tmp_path / "scaled")
-    torch.load(file, weights_only=True)  # the safe loader accepts it
+    saved = torch.load(file, weights_only=True)["optimizer"]["param_groups"][0]  # the safe loader accepts it
+    assert saved["lr"] == pytest.approx(0.1) and type(saved["lr"]) is float
+    assert saved["momentum"] == pytest.approx(0.9) and type(saved["momentum"]) is float
     restored = numpy_scaled_model(seed=3)
-    restored.load(tmp_path / "scaled")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same settings, as numbers: nothing to warn about
+        restored.load(tmp_path / "scaled")
     assert_same_weights(restored.network, model.network)
-    group = restored.optimizer.param_groups[0]
-    assert group["lr"] == pytest.approx(0.1) and type(group["lr"]) is float
-    assert group["momentum"] == pytest.approx(0.9) and type(group["momentum"]) is float
 
 
 def test_a_backup_with_numpy_scalars_resumes(tmp_path):
