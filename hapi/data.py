@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections.abc import Sequence
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -43,6 +43,8 @@ def describe(values: Any) -> str:
     """Shapes and dtypes for error messages: ``(float32[4, 3], int64[4])``."""
     if torch.is_tensor(values) or isinstance(values, np.ndarray):
         return f"{values.dtype}{list(values.shape)}".replace("torch.", "")
+    if isinstance(values, dict):
+        return "{" + ", ".join(f"{key}: {describe(value)}" for key, value in values.items()) + "}"
     if isinstance(values, (list, tuple)):
         kinds = {type(v).__name__ for v in values}
         if values and not any(torch.is_tensor(v) or isinstance(v, (np.ndarray, list, tuple)) for v in values):
@@ -346,13 +348,32 @@ def with_last(iterable: Iterable) -> Iterator[tuple[Any, bool]]:
     yield current, True
 
 
-class BatchSplitter:
-    """Splits a batch into ``(inputs, labels)`` and moves them to the device."""
+class KeywordInputs(dict):
+    """The network inputs of a dict batch: the network is called as ``network(**inputs)``."""
 
-    def __init__(self, device: torch.device, n_inputs: int | None, n_labels: int | None) -> None:
+
+# Where Hugging Face data sets keep the targets, in the order looked for.
+DEFAULT_LABEL_KEYS = ("labels", "label")
+
+
+class BatchSplitter:
+    """Splits a batch into ``(inputs, labels)`` and moves them to the device.
+
+    A tuple batch is split by position (``Model(inputs=, labels=)`` counts).
+    A dict batch (the Hugging Face convention) is split by key: the label keys
+    (``Model(labels=[names])``, by default ``"labels"``, else ``"label"``)
+    go to the loss and metrics, every other key to the network as a keyword
+    argument; with ``labels_to_network`` (no loss given to ``prepare``) the
+    label keys go to the network too, which then computes its own loss.
+    """
+
+    def __init__(self, device: torch.device, n_inputs: int | None, n_labels: int | None,
+                 label_keys: Sequence[str] | None = None) -> None:
         self.device = device
         self.n_inputs = n_inputs
         self.n_labels = n_labels
+        self.label_keys = None if label_keys is None else list(label_keys)
+        self.labels_to_network = False
         self.non_blocking = device.type == "cuda"
 
     def _to_device(self, items: Iterable[Any]) -> list[Any]:
@@ -361,11 +382,7 @@ class BatchSplitter:
 
     def split(self, batch: Any, need_labels: bool = True) -> tuple[list[Any], list[Any]]:
         if isinstance(batch, dict):
-            raise TypeError(
-                f"A batch is a dict with keys {sorted(batch)}; torch-hapi expects each sample "
-                "to be a tuple (inputs..., labels...). Return a tuple from __getitem__, and "
-                "use Model(inputs=..., labels=...) to say how many of each."
-            )
+            return self._split_dict(batch, need_labels)
         if not isinstance(batch, (tuple, list)):
             return self._to_device([batch]), []
         batch = list(batch)
@@ -392,10 +409,32 @@ class BatchSplitter:
             )
         return self._to_device(inputs), (self._to_device(labels) if need_labels else [])
 
+    def _split_dict(self, batch: dict, need_labels: bool) -> tuple[list[Any], list[Any]]:
+        if self.label_keys is not None:
+            keys = self.label_keys
+            missing = [key for key in keys if key not in batch]
+            if missing and need_labels:
+                raise KeyError(
+                    f"A batch is a dict with keys {sorted(batch)}, without the label keys {missing} "
+                    f"that Model(labels={keys}) names. Name the keys your data set returns, e.g. "
+                    f"Model(network, labels={[k for k in sorted(batch) if 'label' in k] or ['labels']}).")
+        else:
+            keys = [next((key for key in DEFAULT_LABEL_KEYS if key in batch), None)]
+            keys = [key for key in keys if key is not None]
+        features = {key: value for key, value in batch.items()
+                    if self.labels_to_network or key not in keys}
+        if not features:
+            raise ValueError(f"A dict batch with keys {sorted(batch)} leaves no network inputs: every "
+                             f"key is a label key ({keys}).")
+        inputs = KeywordInputs(zip(features, self._to_device(features.values())))
+        labels = self._to_device(batch[key] for key in keys if key in batch) if need_labels else []
+        return [inputs], labels
+
 
 def batch_length(inputs: list[Any], labels: list[Any]) -> int:
     """Samples in a batch: the first dimension of its first tensor."""
-    for item in (*labels, *inputs):
+    for item in (*labels, *(value for item in inputs
+                             for value in (item.values() if isinstance(item, KeywordInputs) else [item]))):
         if torch.is_tensor(item) and item.ndim > 0:
             return int(item.shape[0])
     return 1

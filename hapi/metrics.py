@@ -196,6 +196,7 @@ class MetricSet:
                labels: list[torch.Tensor], batch_size: int) -> None:
         """Accumulate one batch; ``metric.update(*outputs, *labels)`` (under no_grad)."""
         if loss is not None:
+            self.with_loss = True  # a network that computes its own loss (prepare got none)
             if self._loss_sum is None:
                 self._loss_sum = torch.zeros((), dtype=torch.float32, device=loss.device)
             self._loss_sum.add_(loss, alpha=batch_size)  # one in-place op, on the device

@@ -45,6 +45,14 @@ def _count(value: Any, name: str) -> int | None:
     return count
 
 
+def _names(value: Any) -> list[str] | None:
+    """``labels=["labels"]``: the keys of a dict batch that hold labels."""
+    if isinstance(value, Sequence) and not isinstance(value, str) and value and all(
+            isinstance(item, str) for item in value):
+        return list(value)
+    return None
+
+
 def _check_verbose(verbose: Any) -> None:
     if verbose not in (0, 1, 2):
         raise ValueError(f"verbose must be 0 (silent), 1 (progress bar) or 2 (one line per "
@@ -100,7 +108,8 @@ class Model:
         self.device = distributed.default_device(device)
         self._network = network.to(self.device)
         self._wrapped: nn.Module | None = None
-        self._splitter = BatchSplitter(self.device, _count(inputs, "inputs"), _count(labels, "labels"))
+        self._splitter = BatchSplitter(self.device, _count(inputs, "inputs"), _count(labels, "labels"),
+                                       label_keys=_names(labels))
         self._optimizer: torch.optim.Optimizer | None = None
         self._loss: Any = None
         self._metrics: MetricSet | None = None
@@ -187,6 +196,7 @@ class Model:
         self._optimizer = optimizer
         self._loss = loss.to(self.device) if isinstance(loss, nn.Module) else loss
         self._metrics = MetricSet(named_metrics, with_loss=loss is not None).to(self.device)
+        self._splitter.labels_to_network = loss is None  # dict batches: the network computes its loss
         self._scaler = make_scaler(self._amp, self.device)
         self._stepper = None
         if self._pending_optimizer is not None and optimizer is not None:
@@ -203,9 +213,6 @@ class Model:
                 f"{purpose}() needs a prepared model: call model.prepare(optimizer=..., "
                 f"loss=..., metrics=...) before model.{purpose}()."
             )
-        if purpose in ("fit", "train_batch") and self._loss is None:
-            raise RuntimeError(f"{purpose}() needs a loss: call model.prepare(optimizer=..., "
-                               "loss=torch.nn.CrossEntropyLoss(), ...) first.")
         if purpose in ("fit", "train_batch") and self._optimizer is None:
             raise RuntimeError(f"{purpose}() needs an optimizer: call model.prepare(optimizer="
                                "torch.optim.Adam(model.parameters()), loss=...) first.")
@@ -325,9 +332,6 @@ class Model:
                  num_iters: int | None = None) -> dict[str, float]:
         """Figures over the whole of ``eval_data``: ``{"loss": float, <metric>: float}``."""
         parts = self._parts("evaluate")
-        if not parts.metrics.names():
-            raise RuntimeError("evaluate() has nothing to compute: call model.prepare(loss=..., "
-                               "metrics=...) with a loss or at least one metric.")
         check_positive_int(log_freq, "log_freq")
         check_positive_int(num_iters, "num_iters", allow_none=True)
         _check_verbose(verbose)
@@ -338,7 +342,12 @@ class Model:
                                      batch_size=distributed.loader_batch_size(loader) or batch_size,
                                      verbose=verbose, log_freq=log_freq))
         self._same_model_everywhere()
-        return evaluate_loop(parts, loader, cbks, log_freq=log_freq, num_iters=num_iters)
+        results = evaluate_loop(parts, loader, cbks, log_freq=log_freq, num_iters=num_iters)
+        if not parts.metrics.names():  # known only now: a network may compute its own loss
+            raise RuntimeError("evaluate() had nothing to compute: call model.prepare(loss=..., "
+                               "metrics=...) with a loss or at least one metric (or return a 'loss' "
+                               "from the network).")
+        return results
 
     def predict(self, test_data: Any, batch_size: int = DEFAULT_BATCH_SIZE, num_workers: int = 0,
                 stack_outputs: bool = False, verbose: int = 1,

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from hapi import distributed
-from hapi.data import describe
+from hapi.data import KeywordInputs, describe
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # What DistributedDataParallel says when a parameter got no gradient in the previous step.
@@ -48,6 +48,18 @@ def check_clipping(clip_grad_norm: Any, clip_grad_value: Any) -> tuple[float | N
 def make_scaler(amp: str | None, device: torch.device) -> Any:
     """fp16 needs loss scaling against gradient underflow; bf16 and fp32 do not."""
     return torch.amp.GradScaler(device.type) if amp == "fp16" else None
+
+
+def _outputs_and_loss(result: Any) -> tuple[list[Any], torch.Tensor | None]:
+    """A network's return value as (outputs, its own loss or None); see :meth:`Stepper.forward`."""
+    if isinstance(result, dict):
+        if "logits" in result or "loss" in result:
+            return ([result["logits"]] if result.get("logits") is not None else []), result.get("loss")
+    elif not torch.is_tensor(result) and not isinstance(result, (list, tuple)) and (
+            hasattr(result, "logits") or hasattr(result, "loss")):
+        logits = getattr(result, "logits", None)
+        return ([] if logits is None else [logits]), getattr(result, "loss", None)
+    return as_list(result), None
 
 
 def as_list(value: Any) -> list:
@@ -91,9 +103,23 @@ class Stepper:
         return torch.autocast(self.device.type, dtype=AMP_DTYPES[self.amp])
 
     def run_network(self, network: nn.Module, inputs: list[Any]) -> list[torch.Tensor]:
-        """``network(*inputs)``; its errors say which inputs it got."""
+        """The network's outputs as a list; see :meth:`forward`."""
+        return self.forward(network, inputs)[0]
+
+    def forward(self, network: nn.Module, inputs: list[Any]) -> tuple[list[Any], torch.Tensor | None]:
+        """``network(*inputs)`` (``network(**inputs)`` for a dict batch): its outputs, and its own loss.
+
+        An output with ``loss``/``logits`` (a dict key or an attribute, as
+        Hugging Face models return) gives its ``loss`` (the one trained when
+        ``prepare`` got none) and ``[logits]`` as the outputs metrics see.
+        Errors say which inputs the network got.
+        """
         try:
-            return as_list(network(*inputs))
+            if len(inputs) == 1 and isinstance(inputs[0], KeywordInputs):
+                result = network(**inputs[0])
+            else:
+                result = network(*inputs)
+            return _outputs_and_loss(result)
         except RuntimeError as error:
             if _UNUSED_PARAMETERS in str(error):
                 raise RuntimeError(
@@ -107,6 +133,20 @@ class Stepper:
             raise self._explained(network, inputs, error) from error
         except (ValueError, IndexError, TypeError) as error:
             raise self._explained(network, inputs, error) from error
+
+    def own_loss(self, network_loss: torch.Tensor | None) -> torch.Tensor:
+        """The loss the network computed itself, trained when ``prepare`` got no loss."""
+        if network_loss is None:
+            name = type(distributed.unwrap(getattr(self.network, "_orig_mod", self.network))).__name__
+            raise RuntimeError(
+                f"prepare() got no loss, so the network's own loss is trained, but {name} returned "
+                "no 'loss'. Pass a loss to prepare(loss=...), or return it from forward as a dict "
+                "entry or attribute 'loss' (Hugging Face models do when the batch has 'labels'; with "
+                "dict batches the label keys go to the network when prepare() has no loss).")
+        if not torch.is_tensor(network_loss) or network_loss.numel() != 1:
+            raise ValueError(f"The network's own 'loss' must be a scalar tensor; received "
+                             f"{describe(network_loss)}.")
+        return network_loss.reshape(())
 
     @staticmethod
     def _explained(network: nn.Module, inputs: list[Any], error: Exception) -> Exception:
@@ -151,8 +191,9 @@ class Stepper:
         """
         with self.strategy.no_sync(self.network, skip_gradient_sync=not update):
             with self.autocast():
-                outputs = self.run_network(self.network, inputs)
-                loss = self.compute_loss(outputs, labels)
+                outputs, network_loss = self.forward(self.network, inputs)
+                loss = (self.compute_loss(outputs, labels) if self.loss_fn is not None
+                        else self.own_loss(network_loss))
             scaled = loss * loss_scale if loss_scale != 1.0 else loss
             if self.scaler is not None:
                 scaled = self.scaler.scale(scaled)
@@ -189,8 +230,11 @@ class Stepper:
     def evaluate(self, inputs: list[torch.Tensor], labels: list[torch.Tensor]
                  ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         with self.autocast():
-            outputs = self.run_network(self.eval_network, inputs)
-            loss = self.compute_loss(outputs, labels) if self.loss_fn is not None and labels else None
+            outputs, network_loss = self.forward(self.eval_network, inputs)
+            if self.loss_fn is not None:
+                loss = self.compute_loss(outputs, labels) if labels else None
+            else:
+                loss = None if network_loss is None else self.own_loss(network_loss)
         return loss, outputs
 
     @torch.no_grad()

@@ -47,7 +47,8 @@ def test_evaluate_before_prepare(tiny_net, tiny_data):
 
 def test_fit_without_loss(tiny_data):
     model = model_with(adam=True)
-    with pytest.raises(RuntimeError, match=r"fit\(\) needs a loss: call model\.prepare\(.*loss="):
+    with pytest.raises(RuntimeError, match=r"prepare\(\) got no loss.*TinyNet returned no 'loss'.*"
+                                           r"prepare\(loss=\.\.\.\)"):
         model.fit(tiny_data, verbose=0)
 
 
@@ -59,7 +60,7 @@ def test_fit_without_optimizer(tiny_data):
 
 def test_evaluate_without_loss_or_metrics(tiny_data):
     model = model_with(adam=True)
-    with pytest.raises(RuntimeError, match=r"evaluate\(\) has nothing to compute.*prepare\(loss=.*metrics="):
+    with pytest.raises(RuntimeError, match=r"evaluate\(\) had nothing to compute.*prepare\(loss=.*metrics="):
         model.evaluate(tiny_data, verbose=0)
 
 
