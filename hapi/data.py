@@ -409,6 +409,23 @@ class BatchSplitter:
             )
         return self._to_device(inputs), (self._to_device(labels) if need_labels else [])
 
+    def to_device(self, batch: Any) -> Any:
+        """The batch on the device, its structure kept (for a step of the user's own)."""
+        if torch.is_tensor(batch):
+            return self._to_device([batch])[0]
+        if isinstance(batch, dict):
+            return type(batch)(zip(batch, self._to_device(batch.values())))
+        if isinstance(batch, (tuple, list)):
+            return type(batch)(self._to_device(batch))
+        return batch
+
+    @staticmethod
+    def length(batch: Any) -> int:
+        """Samples in a whole batch (tuple, dict or tensor)."""
+        values = list(batch.values()) if isinstance(batch, dict) else (
+            list(batch) if isinstance(batch, (tuple, list)) else [batch])
+        return batch_length(values, [])
+
     def _split_dict(self, batch: dict, need_labels: bool) -> tuple[list[Any], list[Any]]:
         if self.label_keys is not None:
             keys = self.label_keys

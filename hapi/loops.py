@@ -22,7 +22,7 @@ Figures reach the host only every ``log_freq`` steps and at the end of a pass
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -30,7 +30,7 @@ from callbacks import CallbackList
 from hapi import distributed
 from hapi.data import BatchSplitter, batch_length, num_batches, start_at, with_last
 from hapi.metrics import MetricSet
-from hapi.steps import Stepper
+from hapi.steps import Stepper, as_list
 
 
 @dataclass
@@ -40,6 +40,10 @@ class Parts:
     stepper: Stepper
     metrics: MetricSet
     splitter: BatchSplitter
+    # Steps of the user's own (a Model subclass overriding them), or None.
+    train_step: Callable[[Any], Any] | None = None
+    eval_step: Callable[[Any], Any] | None = None
+    predict_step: Callable[[Any], Any] | None = None
 
 
 def _limit(steps: int | None, num_iters: int | None) -> int | None:
@@ -124,6 +128,7 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
     read_figures = distributed.any_true(notify_end)
     check_stop = distributed.any_true(notify_begin or notify_end)
     stepper.network.train()
+    metrics.use_metrics = parts.train_step is None
     if first_step == 0:
         metrics.reset()  # a resumed epoch keeps the running figures restored with it
     done = 0
@@ -132,12 +137,19 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
         is_last = is_last or step + 1 == stop_step
         if notify_begin:
             cbks.on_train_batch_begin(step)
-        inputs, labels = splitter.split(batch)
-        update, loss_scale = _accumulation(step, is_last, accumulate, steps)
-        loss, outputs = stepper.train(inputs, labels, loss_scale=loss_scale, update=update,
-                                      before_update=before_update)
-        batch_size = batch_length(inputs, labels)
-        metrics.update(loss, outputs, labels, batch_size)
+        if parts.train_step is not None:  # the user's own step: it updates, we count and log
+            batch = splitter.to_device(batch)
+            batch_size = splitter.length(batch)
+            metrics.update_figures(_figures_of(parts.train_step(batch), "train_step"), batch_size)
+            stepper.end_own_step()
+            update = True
+        else:
+            inputs, labels = splitter.split(batch)
+            update, loss_scale = _accumulation(step, is_last, accumulate, steps)
+            loss, outputs = stepper.train(inputs, labels, loss_scale=loss_scale, update=update,
+                                          before_update=before_update)
+            batch_size = batch_length(inputs, labels)
+            metrics.update(loss, outputs, labels, batch_size)
         model.step += int(update)
         model.epoch_step = step + 1
         done = step + 1 - first_step
@@ -161,6 +173,13 @@ def _train_figures(stepper: Stepper, metrics: MetricSet) -> dict[str, float]:
     return figures
 
 
+def _figures_of(returned: Any, step_name: str) -> dict[str, Any]:
+    if not isinstance(returned, dict):
+        raise TypeError(f"{step_name} must return a dict of figures to log, e.g. {{'loss': loss}}; "
+                        f"received {type(returned).__name__}.")
+    return returned
+
+
 def evaluate_loop(parts: Parts, loader: Iterable, cbks: CallbackList, *, log_freq: int,
                   num_iters: int | None) -> dict[str, float]:
     """One pass over evaluation data; returns the figures over all of it."""
@@ -169,16 +188,23 @@ def evaluate_loop(parts: Parts, loader: Iterable, cbks: CallbackList, *, log_fre
     cbks.on_eval_begin({"steps": _limit(num_batches(loader), num_iters), "metrics": metrics.names()})
     stepper.network.eval()
     metrics.reset()
+    metrics.use_metrics = parts.eval_step is None
     figures: dict[str, float] | None = None
     with stepper.gathered():  # shards may differ by a batch: no collective per batch
         for step, (batch, is_last) in enumerate(with_last(loader)):
             is_last = is_last or step + 1 == num_iters
             if notify_begin:
                 cbks.on_eval_batch_begin(step)
-            inputs, labels = splitter.split(batch)
-            loss, outputs = stepper.evaluate(inputs, labels)
-            batch_size = batch_length(inputs, labels)
-            metrics.update(loss, outputs, labels, batch_size)
+            if parts.eval_step is not None:
+                batch = splitter.to_device(batch)
+                batch_size = splitter.length(batch)
+                with torch.no_grad():
+                    metrics.update_figures(_figures_of(parts.eval_step(batch), "eval_step"), batch_size)
+            else:
+                inputs, labels = splitter.split(batch)
+                loss, outputs = stepper.evaluate(inputs, labels)
+                batch_size = batch_length(inputs, labels)
+                metrics.update(loss, outputs, labels, batch_size)
             # Running figures stay local, and only the last batch's are reduced
             # (each process has one).
             figures = metrics.compute(sync=is_last) if _figures_due(step, is_last, log_freq) else None
@@ -201,12 +227,19 @@ def predict_loop(parts: Parts, loader: Iterable, cbks: CallbackList) -> list[lis
         for step, batch in enumerate(loader):
             if notify_begin:
                 cbks.on_predict_batch_begin(step)
-            inputs, _ = splitter.split(batch, need_labels=False)
-            outputs = stepper.predict(inputs)
+            if parts.predict_step is not None:
+                batch = splitter.to_device(batch)
+                with torch.no_grad():
+                    outputs = as_list(parts.predict_step(batch))
+                batch_size = splitter.length(batch)
+            else:
+                inputs, _ = splitter.split(batch, need_labels=False)
+                outputs = stepper.predict(inputs)
+                batch_size = batch_length(inputs, [])
             if not per_output:
                 per_output = [[] for _ in outputs]
             for store, output in zip(per_output, outputs):
                 store.append(output.cpu() if torch.is_tensor(output) else output)
-            cbks.on_predict_batch_end(step, {"batch_size": batch_length(inputs, [])})
+            cbks.on_predict_batch_end(step, {"batch_size": batch_size})
     cbks.on_predict_end()
     return distributed.gather_in_order(per_output)

@@ -139,6 +139,12 @@ class MetricSet:
         self.with_loss = with_loss
         self._loss_sum: torch.Tensor | None = None
         self._samples = 0
+        # Figures a step of the user's own returns (``train_step``/``eval_step``):
+        # sums weighted by batch size, like the loss.
+        self._figure_sums: dict[str, torch.Tensor] = {}
+        # False while a user's step runs the pass: it hands back figures, not the
+        # outputs and labels the metrics need (set by the loop, alike on every process).
+        self.use_metrics = True
         self.counted = 0  # samples the last compute() covered (all processes' with sync)
         # torchmetrics gathers states across ranks whenever compute() runs in a
         # process group; we decide when (see distributed.SyncFlag) and never
@@ -155,8 +161,8 @@ class MetricSet:
 
     def names(self) -> list[str]:
         """The logged names, ``"loss"`` first (known before any data is seen)."""
-        names = ["loss"] if self.with_loss else []
-        for key, metric in self.metrics.items():
+        names = (["loss"] if self.with_loss else []) + sorted(self._figure_sums)
+        for key, metric in (self.metrics.items() if self.use_metrics else ()):
             if isinstance(metric, Accuracy):
                 names += [key] if metric.names() == [metric.name] else [
                     f"{key}_top{k}" for k in metric.topk]
@@ -172,6 +178,7 @@ class MetricSet:
             return value.cpu() if torch.is_tensor(value) else [v.cpu() for v in value]
 
         return {"loss_sum": None if self._loss_sum is None else self._loss_sum.cpu(), "samples": self._samples,
+                "figures": {name: total.cpu() for name, total in self._figure_sums.items()},
                 "metrics": [{name: on_cpu(value) for name, value in metric.metric_state.items()}
                             for metric in _leaves(self.metrics.values())]}
 
@@ -180,6 +187,7 @@ class MetricSet:
                        if torch.is_tensor(t)), torch.device("cpu"))
         self._loss_sum = None if state["loss_sum"] is None else state["loss_sum"].to(device)
         self._samples = int(state["samples"])
+        self._figure_sums = {name: total.to(device) for name, total in state.get("figures", {}).items()}
         for metric, saved in zip(_leaves(self.metrics.values()), state["metrics"]):
             for name, value in saved.items():
                 setattr(metric, name, value.to(device) if torch.is_tensor(value)
@@ -188,6 +196,7 @@ class MetricSet:
     def reset(self) -> None:
         self._loss_sum = None
         self._samples = 0
+        self._figure_sums = {}
         for metric in self.metrics.values():
             metric.reset()
 
@@ -204,6 +213,26 @@ class MetricSet:
         for metric in self.metrics.values():
             metric.update(*outputs, *labels)
 
+    @torch.no_grad()
+    def update_figures(self, figures: dict[str, Any], batch_size: int) -> None:
+        """Accumulate one batch of a user's step: ``loss`` and any other named scalars."""
+        for name, value in figures.items():
+            value = torch.as_tensor(value).detach()
+            if value.numel() != 1:
+                raise ValueError(f"train_step/eval_step returned {name!r} with {value.numel()} elements; "
+                                 "return scalars (a float or a one-element tensor) to log.")
+            if name == "loss":
+                self.with_loss = True
+                if self._loss_sum is None:
+                    self._loss_sum = torch.zeros((), dtype=torch.float32, device=value.device)
+                self._loss_sum.add_(value.reshape(()).float(), alpha=batch_size)
+                continue
+            total = self._figure_sums.get(name)
+            if total is None:
+                total = self._figure_sums[name] = torch.zeros((), dtype=torch.float64, device=value.device)
+            total.add_(value.reshape(()).double(), alpha=batch_size)
+        self._samples += batch_size
+
     def compute(self, sync: bool = True) -> dict[str, float]:
         """Means over every sample since :meth:`reset`.
 
@@ -211,7 +240,9 @@ class MetricSet:
         cover every process's samples; without, only this process's.
         """
         loss_sum = self._loss_sum if self._loss_sum is not None else torch.zeros((), dtype=torch.float64)
-        totals = torch.stack([loss_sum.double().cpu(), torch.tensor(float(self._samples), dtype=torch.float64)])
+        figure_names = sorted(self._figure_sums)  # the same on every process: the same step code
+        totals = torch.stack([loss_sum.double().cpu(), torch.tensor(float(self._samples), dtype=torch.float64),
+                              *(self._figure_sums[name].cpu() for name in figure_names)])
         if sync:
             totals = distributed.all_reduce_sum(totals)
         self.counted = int(totals[1].item())
@@ -220,6 +251,10 @@ class MetricSet:
         results: dict[str, float] = {}
         if self.with_loss:
             results["loss"] = (totals[0] / totals[1]).item()
+        for position, name in enumerate(figure_names, start=2):
+            results[name] = (totals[position] / totals[1]).item()
+        if not self.use_metrics:
+            return results
         self._sync.enabled = sync
         try:
             with warnings.catch_warnings():

@@ -7,6 +7,7 @@ processes and devices in :mod:`hapi.distributed`, files in
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -43,6 +44,21 @@ def _count(value: Any, name: str) -> int | None:
     if count < (1 if name == "inputs" else 0):
         raise ValueError(f"{name} must count at least {1 if name == 'inputs' else 0}; received {value!r}.")
     return count
+
+
+def _named_optimizers(optimizer: Any) -> dict[str, torch.optim.Optimizer]:
+    """``prepare``'s optimizer(s) by name: one, a list (names "0", "1", ...) or a dict."""
+    if optimizer is None:
+        return {}
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return {"0": optimizer}
+    items = (list(optimizer.items()) if isinstance(optimizer, dict)
+             else list(enumerate(optimizer)) if isinstance(optimizer, (list, tuple)) else None)
+    if not items or not all(isinstance(o, torch.optim.Optimizer) for _, o in items):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, or a list or dict of them (for a "
+                        f"train_step of your own); received {optimizer!r:.200}. Example: "
+                        "torch.optim.Adam(model.parameters(), lr=1e-3).")
+    return {str(name): o for name, o in items}
 
 
 def _names(value: Any) -> list[str] | None:
@@ -111,6 +127,8 @@ class Model:
         self._splitter = BatchSplitter(self.device, _count(inputs, "inputs"), _count(labels, "labels"),
                                        label_keys=_names(labels))
         self._optimizer: torch.optim.Optimizer | None = None
+        self._optimizers: dict[str, torch.optim.Optimizer] = {}  # by name ("0", "1", ... for a list)
+        self._given_optimizers: Any = None
         self._loss: Any = None
         self._metrics: MetricSet | None = None
         self._amp: str | None = None
@@ -135,21 +153,29 @@ class Model:
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer given to ``prepare`` (with several, the first)."""
         return self._optimizer
+
+    @property
+    def optimizers(self) -> Any:
+        """The optimizer(s) as given to ``prepare``: one, a list or a dict (for ``train_step``)."""
+        return self._given_optimizers
 
     def parameters(self) -> list[nn.Parameter]:
         """The network's parameters (for building the optimizer)."""
         return list(self._network.parameters())
 
     # -- preparation --------------------------------------------------------
-    def prepare(self, optimizer: torch.optim.Optimizer | None = None, loss: Any = None,
+    def prepare(self, optimizer: torch.optim.Optimizer | Sequence | dict | None = None, loss: Any = None,
                 metrics: Any = None, amp: str | None = None, compile: bool = False,
                 strategy: Any = None, clip_grad_norm: float | None = None,
                 clip_grad_value: float | None = None) -> None:
         """Set what training and evaluation use.
 
         Args:
-            optimizer: a ``torch.optim.Optimizer`` over ``model.parameters()``.
+            optimizer: a ``torch.optim.Optimizer`` over ``model.parameters()``;
+                or a list or dict of them for a ``train_step`` of your own
+                (a GAN's two), all saved in checkpoints.
             loss: a callable ``loss(*outputs, *labels)`` returning a scalar,
                 e.g. ``torch.nn.CrossEntropyLoss()``.
             metrics: a ``torchmetrics.Metric``, a list of them, or a dict
@@ -178,10 +204,7 @@ class Model:
                 f"prepare(strategy={chosen_strategy!r}) after this Model trained with "
                 f"{self._strategy!r}: the network is already wrapped for that strategy. Build a new "
                 "Model(network) to train with another strategy.")
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer; received "
-                            f"{type(optimizer).__name__}. Example: torch.optim.Adam("
-                            "model.parameters(), lr=1e-3).")
+        named_optimizers = _named_optimizers(optimizer)
         if isinstance(loss, type):
             raise TypeError(f"loss is the class {loss.__name__}; pass an instance, e.g. "
                             f"{loss.__name__}().")
@@ -193,13 +216,15 @@ class Model:
         self._amp = check_amp(amp)
         self._compile = bool(compile)
         self._clipping = (clip_norm, clip_value)
-        self._optimizer = optimizer
+        self._given_optimizers = optimizer
+        self._optimizers = named_optimizers
+        self._optimizer = next(iter(named_optimizers.values()), None)
         self._loss = loss.to(self.device) if isinstance(loss, nn.Module) else loss
         self._metrics = MetricSet(named_metrics, with_loss=loss is not None).to(self.device)
         self._splitter.labels_to_network = loss is None  # dict batches: the network computes its loss
         self._scaler = make_scaler(self._amp, self.device)
         self._stepper = None
-        if self._pending_optimizer is not None and optimizer is not None:
+        if self._pending_optimizer is not None and len(named_optimizers) == 1:
             self._load_optimizer_state(*self._pending_optimizer, source="the loaded checkpoint",
                                        keep_hyperparameters=True)
             self._pending_optimizer = None
@@ -216,11 +241,24 @@ class Model:
         if purpose in ("fit", "train_batch") and self._optimizer is None:
             raise RuntimeError(f"{purpose}() needs an optimizer: call model.prepare(optimizer="
                                "torch.optim.Adam(model.parameters()), loss=...) first.")
+        own_step = self._overrides("train_step")
+        if purpose in ("fit", "train_batch") and len(self._optimizers) > 1 and not own_step:
+            raise RuntimeError(
+                f"prepare() got {len(self._optimizers)} optimizers ({sorted(self._optimizers)}), but "
+                "the built-in training step updates one. Override train_step(self, batch) in a "
+                "subclass of Model to use several (a GAN's generator and discriminator), or pass one.")
         if purpose in ("fit", "train_batch") and self._wrapped is None:
-            # DDP (and the gradient average it reserves) only once training needs it:
-            # evaluate/predict-only runs never build it.
-            self._wrapped = self._strategy.wrap_network(self._network, self.device, self._optimizer,
-                                                        AMP_DTYPES.get(self._amp))
+            if own_step:
+                # The user's step runs the plain network; Stepper.update averages the
+                # gradients. Every process starts from rank 0's weights.
+                self._strategy.check_own_step(type(self).__name__)
+                distributed.sync_from_main(self._network, parameters=True)
+                self._wrapped = self._network
+            else:
+                # DDP (and the gradient average it reserves) only once training needs it:
+                # evaluate/predict-only runs never build it.
+                self._wrapped = self._strategy.wrap_network(self._network, self.device, self._optimizer,
+                                                            AMP_DTYPES.get(self._amp))
             self._stepper = None
         if self._stepper is None:
             train_network = self._network if self._wrapped is None else self._wrapped
@@ -230,7 +268,65 @@ class Model:
             self._stepper = Stepper(train_network, self.device, self._loss, self._optimizer,
                                     self._amp, self._scaler, eval_network, self._strategy,
                                     *self._clipping)
-        return Parts(self._stepper, self._metrics, self._splitter)
+        steps = {name: getattr(self, name) for name in ("train_step", "eval_step", "predict_step")
+                 if self._overrides(name)}
+        return Parts(self._stepper, self._metrics, self._splitter, **steps)
+
+    def _overrides(self, name: str) -> bool:
+        return getattr(type(self), name) is not getattr(Model, name)
+
+    # -- a step of your own (Keras' train_step, Lightning's training_step) ------------
+    def train_step(self, batch: Any) -> dict[str, Any]:
+        """Override in a subclass to write the training step yourself.
+
+        ``batch`` is the loader's batch on the model's device, as the data
+        gives it (a tuple, or a dict). Run ``self.network``, compute losses,
+        call :meth:`backward` and :meth:`optimizer_step` for each optimizer
+        in ``self.optimizers`` (a GAN's two, say), and return the figures to
+        log, e.g. ``{"loss": ..., "d_loss": ...}`` (scalars; running means
+        over the epoch reach callbacks and History like the built-in loss).
+        The loop, callbacks, checkpoints, resume and several processes keep
+        working: on several processes :meth:`optimizer_step` averages the
+        gradients first, so every copy of the model stays the same.
+        ``prepare(metrics=...)`` are not updated (return figures instead);
+        ``accumulate_grad_batches`` must stay 1.
+        """
+        raise NotImplementedError  # never called unless overridden (see _parts)
+
+    def eval_step(self, batch: Any) -> dict[str, Any]:
+        """Override to evaluate a batch yourself; return figures, averaged over the data as in training."""
+        raise NotImplementedError
+
+    def predict_step(self, batch: Any) -> Any:
+        """Override to predict a batch yourself; return a tensor or a list/tuple of them (one per output)."""
+        raise NotImplementedError
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()`` inside a ``train_step`` of your own (scaled under ``amp="fp16"``)."""
+        self._parts("train_step").stepper.backward(loss)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Update with ``optimizer`` (default: the only one) inside a ``train_step`` of your own.
+
+        Averages its parameters' gradients over the processes, unscales them
+        (fp16), runs ``on_before_optimizer_step``, clips them as ``prepare``
+        asked, steps and zeroes them.
+        """
+        chosen = optimizer if optimizer is not None else self._optimizer
+        if chosen is None or all(chosen is not o for o in self._optimizers.values()):
+            raise ValueError(f"optimizer_step() got {type(chosen).__name__}, which is not one of the "
+                             f"optimizers given to prepare() ({sorted(self._optimizers)}); pass one of "
+                             "self.optimizers.")
+        run = self._fit_run
+        before_update = None
+        if run is not None and run.callbacks.wants("on_before_optimizer_step"):
+            def before_update() -> None:
+                run.callbacks.on_before_optimizer_step(self.epoch_step)
+        self._parts("train_step").stepper.update(chosen, before_update, average=True)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The ``amp`` autocast context ``prepare`` chose (a no-op without amp), for your own steps."""
+        return self._parts("train_step").stepper.autocast()
 
     def _prediction_parts(self) -> Parts:
         if self._metrics is not None:
@@ -297,6 +393,10 @@ class Model:
             check_positive_int(value, name)
         check_positive_int(num_iters, "num_iters", allow_none=True)
         _check_verbose(verbose)
+        if accumulate_grad_batches != 1 and parts.train_step is not None:
+            raise ValueError(f"fit(accumulate_grad_batches={accumulate_grad_batches}) with a train_step of "
+                             f"your own ({type(self).__name__}): your step decides when to update; "
+                             "accumulate in it, or leave accumulate_grad_batches=1.")
         data_seed = distributed.shared_seed()
         train_loader = make_loader(train_data, role="train_data", batch_size=batch_size,
                                    shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
@@ -468,6 +568,14 @@ class Model:
                 "step": self.step,
                 "rng": checkpoint.rng_state(),
             })
+            if len(self._optimizers) > 1:  # a train_step of the user's own: every optimizer, by name
+                if sharded:
+                    raise ValueError("save(sharded=True) holds one optimizer; this Model has "
+                                     f"{len(self._optimizers)}. Save with sharded=False.")
+                state.update(optimizer=None, optimizer_type=None, optimizers={
+                    name: self._strategy.full_optimizer_state(self._network, optimizer)
+                    for name, optimizer in self._optimizers.items()},
+                    optimizer_types={name: type(o).__name__ for name, o in self._optimizers.items()})
             if resumable and self._fit_run is not None:
                 run = self._fit_run
                 state["fit"] = checkpoint.fit_state(
@@ -542,6 +650,8 @@ class Model:
                 warnings.warn(f"The optimizer state in the sharded checkpoint {file!r} was not loaded: "
                               "this Model has no optimizer yet. Call prepare(optimizer=...) before load() "
                               "to restore it.", stacklevel=2)
+        if state.get("optimizers") is not None and not reset_optimizer and not skipped:
+            self._restore_optimizers(file, state, keep_hyperparameters=not resume)
         if state.get("scaler") is not None:
             if self._scaler is not None:
                 self._scaler.load_state_dict(state["scaler"])
@@ -584,6 +694,22 @@ class Model:
             load=lambda _: distributed.load_optimizer_shards(directory, self._network, self._optimizer, shards),
             keep_hyperparameters=keep_hyperparameters)
 
+    def _restore_optimizers(self, file: str, state: dict, keep_hyperparameters: bool) -> None:
+        """Several optimizers (a train_step of the user's own), matched by name."""
+        saved = state["optimizers"]
+        if sorted(saved) != sorted(self._optimizers):
+            warnings.warn(
+                f"{file!r} holds the states of optimizers {sorted(saved)}, but this Model was prepared "
+                f"with {sorted(self._optimizers) or 'none'}; they were not loaded. Call prepare() with "
+                "the same optimizers (a list in the same order, or a dict with the same names) before "
+                "load().", stacklevel=3)
+            return
+        for name, optimizer_state in saved.items():
+            checkpoint.load_optimizer_state(
+                self._optimizers[name], optimizer_state, state["optimizer_types"][name], f"{file} ({name!r})",
+                load=functools.partial(self._strategy.load_optimizer_state, self._network, self._optimizers[name]),
+                keep_hyperparameters=keep_hyperparameters)
+
     def _resume_fit(self, file: str, state: dict) -> None:
         """Put the running fit back where the file left it."""
         run = self._fit_run
@@ -607,11 +733,15 @@ class Model:
     def export(self, path: str | os.PathLike, example_inputs: Any, dynamic_batch: bool = True) -> str:
         """The network for inference through ``torch.export``; see :func:`hapi.export.export_network`.
 
-        ``torch.export.load(path).module()`` runs it with no torch-hapi. Returns the file written.
+        ``torch.export.load(path).module()`` runs it with no torch-hapi. Every process
+        calls it; rank 0 writes. Returns the file written (``path`` + ``.pt2``).
         """
-        from hapi.export import export_network  # torch.export is imported only when exporting
+        from hapi.export import export_network, export_path  # torch.export only when exporting
 
-        return export_network(self._network, path, example_inputs, dynamic_batch=dynamic_batch)
+        distributed.on_main(  # every process calls it, rank 0 writes (like save)
+            lambda: export_network(self._network, path, example_inputs, dynamic_batch=dynamic_batch),
+            lambda: RuntimeError(f"Rank 0 could not export to {export_path(path)!r}; see its error."))
+        return export_path(path)
 
     def summary(self, input_size: Any = None, dtype: torch.dtype | None = None) -> dict[str, int]:
         """Print the layers and parameter counts; returns ``{"total_params", "trainable_params"}``.

@@ -199,28 +199,51 @@ class Stepper:
                 scaled = self.scaler.scale(scaled)
             scaled.backward()
         if update:
-            if self.scaler is not None and (before_update is not None or self.clipping):
-                self.scaler.unscale_(self.optimizer)  # hooks and clipping see the true gradients
-            if before_update is not None:
-                before_update()
-            self._clip()
-            if self.scaler is not None:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            self.update(self.optimizer, before_update)
         return loss.detach(), [o.detach() for o in outputs]
+
+    def end_own_step(self) -> None:
+        """After a user's ``train_step``: the fp16 scale moves once per step, however many updates."""
+        if self.scaler is not None:
+            self.scaler.update()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, through the gradient scaler under fp16 (for a user's own step)."""
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def update(self, optimizer: torch.optim.Optimizer, before_update: Callable[[], None] | None = None,
+               average: bool = False) -> None:
+        """One update of ``optimizer`` from the gradients in its parameters, then zero them.
+
+        ``average``: first average the gradients over the processes (a user's
+        own step runs the plain network; the built-in one has DDP do it in
+        backward). Then unscale (fp16) where a hook or clipping reads them,
+        ``before_update``, clip, step.
+        """
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        if average:
+            distributed.average_gradients(parameters)
+        if self.scaler is not None and (before_update is not None or self.clipping):
+            self.scaler.unscale_(optimizer)  # hooks and clipping see the true gradients
+        if before_update is not None:
+            before_update()
+        self._clip(parameters)
+        if self.scaler is not None:
+            self.scaler.step(optimizer)
+            if not average:  # a user's step may update several optimizers: the loop updates the scale
+                self.scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
     @property
     def clipping(self) -> bool:
         return self.clip_grad_norm is not None or self.clip_grad_value is not None
 
-    def _clip(self) -> None:
+    def _clip(self, parameters: list[torch.Tensor]) -> None:
         """Clip the (synchronised, unscaled) gradients before the update, as prepare() asked."""
         if not self.clipping:
             return
-        parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
         if self.clip_grad_value is not None:
             torch.nn.utils.clip_grad_value_(parameters, self.clip_grad_value)
         if self.clip_grad_norm is not None:

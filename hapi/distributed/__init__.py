@@ -22,7 +22,7 @@ peer that is alive but stuck at most ``HAPI_DIST_TIMEOUT`` seconds (default
 300) before it raises.
 """
 
-from hapi.distributed.collectives import (SyncFlag, all_reduce_sum, any_true, barrier,
+from hapi.distributed.collectives import (SyncFlag, all_reduce_sum, any_true, average_gradients, barrier,
                                           broadcast_bytes, broadcast_freshest, gather_in_order,
                                           gather_objects, on_main, own,
                                           shared_seed, sync_from_main)
@@ -43,7 +43,8 @@ __all__ = [
     "DDP", "FSDP", "Strategy", "resolve_strategy", "broadcast_freshest", "on_main",
     "BatchSamplerShard", "ContiguousShardSampler", "SamplerShard", "resumable", "skip_batches",
     "consumed_items", "resume_at", "skip_items", "DistributedSetupError", "ResumableSampler", "SyncFlag",
-    "all_reduce_sum", "any_true", "backend_name", "barrier", "broadcast_bytes", "default_device",
+    "all_reduce_sum",
+    "average_gradients", "any_true", "backend_name", "barrier", "broadcast_bytes", "default_device",
     "eval_sampler", "gather_in_order", "gather_objects", "is_main", "loader_batch_size",
     "local_rank", "note_failure", "own", "rank", "reshard", "set_epoch", "set_seed", "setup",
     "shared_seed", "sync_from_main", "teardown", "train_sampler", "unwrap", "world_size", "wrap",

@@ -110,6 +110,34 @@ def gather_in_order(per_output: list[list[Any]]) -> list[list[Any]]:
     return [[batch for outputs in ranks for batch in outputs[index]] for index in range(len(ranks[0]))]
 
 
+def average_gradients(parameters: list[torch.Tensor]) -> None:
+    """Every process's gradients of ``parameters`` replaced by their mean over the processes.
+
+    For a ``train_step`` of the user's own, which runs the plain network (no
+    DDP): without this, each process would step on its own batch's gradients
+    and the copies of the model would drift apart. A gradient that is None on
+    every process stays None (the optimizer skips it, as on one process); one
+    that exists somewhere counts as zeros where it does not. Two collectives.
+    """
+    if world_size() == 1 or not parameters:
+        return
+    present = torch.tensor([float(p.grad is not None) for p in parameters], dtype=torch.float64)
+    present = all_reduce_sum(present)
+    used = [p for p, count in zip(parameters, present.tolist()) if count > 0]
+    for parameter in used:
+        if parameter.grad is None:
+            parameter.grad = torch.zeros_like(parameter)
+    if not used:
+        return
+    flat = torch.cat([p.grad.reshape(-1).to(torch.float32) for p in used])
+    flat = all_reduce_sum(flat) / world_size()
+    offset = 0
+    for parameter in used:
+        count = parameter.grad.numel()
+        parameter.grad.copy_(flat[offset:offset + count].view_as(parameter.grad))
+        offset += count
+
+
 class SyncFlag:
     """Tells torchmetrics when to gather states across ranks.
 

@@ -46,6 +46,9 @@ class Strategy:
         """Inside: every process holds the full weights (evaluation, prediction)."""
         return contextlib.nullcontext()
 
+    def check_own_step(self, model_class: str) -> None:
+        """Refuse a ``train_step`` of the user's own where this strategy cannot run one."""
+
     def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
         """Clip to a total L2 norm over every gradient; returns the norm before clipping."""
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
@@ -174,6 +177,13 @@ class FSDP(Strategy):
 
     def gathered(self, network: nn.Module) -> contextlib.AbstractContextManager:
         return fsdp.gathered(network)
+
+    def check_own_step(self, model_class: str) -> None:
+        if world_size() > 1:
+            raise DistributedSetupError(
+                f"{model_class} overrides train_step, which runs the plain network; FSDP shards the "
+                "network and needs its own forward. Use strategy='ddp' (every process holds the whole "
+                "model, gradients are averaged in optimizer_step), or the built-in step with FSDP.")
 
     def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
         return fsdp.clip_grad_norm(parameters, max_norm)

@@ -89,8 +89,8 @@ def test_prepare_rejects_loss_class(tiny_net):
 
 
 def test_prepare_rejects_optimizer_name(tiny_net):
-    with pytest.raises(TypeError, match=r"optimizer must be a torch\.optim\.Optimizer; received str\. "
-                                        r"Example: torch\.optim\.Adam\(model\.parameters\(\)"):
+    with pytest.raises(TypeError, match=r"optimizer must be a torch\.optim\.Optimizer, or a list or dict of "
+                                        r"them .*; received 'adam'\. Example: torch\.optim\.Adam\(model\.parameters\(\)"):
         Model(tiny_net, device="cpu").prepare(optimizer="adam", loss=nn.CrossEntropyLoss())
 
 
