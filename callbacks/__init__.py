@@ -7,6 +7,7 @@ its documented public API and the ``logs`` dicts (see ``callbacks.base``).
 from callbacks.base import Callback, CallbackList
 from callbacks.checkpoint import BackupAndRestore, ModelCheckpoint
 from callbacks.csv_logger import CSVLogger
+from callbacks.ema import EMA
 from callbacks.early_stopping import EarlyStopping
 from callbacks.history import History
 from callbacks.lr import LRScheduler, ReduceLROnPlateau
@@ -21,6 +22,7 @@ __all__ = [
     "CallbackList",
     "CSVLogger",
     "EarlyStopping",
+    "EMA",
     "History",
     "LRScheduler",
     "ModelCheckpoint",

@@ -6,6 +6,7 @@ Read top to bottom, ``fit_loop`` is the whole of training::
     for epoch in range(model.epoch, epochs):
         on_epoch_begin(epoch)
         for each batch:  on_train_batch_begin / train step / on_train_batch_end
+        every eval_steps optimizer steps (mid-epoch, when asked): an evaluation
         every eval_freq epochs (epoch % eval_freq == 0, as in Paddle):
             on_eval_begin / on_eval_batch_* / on_eval_end
         on_epoch_end(epoch, train figures + val_ figures)
@@ -80,7 +81,8 @@ def _accumulation(step: int, is_last: bool, every: int, steps: int | None) -> tu
 
 def fit_loop(model: Any, parts: Parts, train_loader: Iterable, eval_loader: Iterable | None,
              cbks: CallbackList, *, epochs: int, eval_freq: int, log_freq: int,
-             accumulate_grad_batches: int, num_iters: int | None) -> dict[str, float]:
+             accumulate_grad_batches: int, num_iters: int | None,
+             eval_steps: int | None = None) -> dict[str, float]:
     """Train ``epochs`` epochs (fewer when stopped); returns the last epoch's logs."""
     logs: dict[str, float] = {}
     parts.stepper.optimizer.zero_grad(set_to_none=True)  # nothing left from a stopped accumulation
@@ -91,9 +93,14 @@ def fit_loop(model: Any, parts: Parts, train_loader: Iterable, eval_loader: Iter
     for epoch in range(model.epoch, epochs):
         distributed.set_epoch(train_loader, epoch)
         cbks.on_epoch_begin(epoch)
+        ends_with_evaluation = eval_loader is not None and epoch % eval_freq == 0
+        evaluate_now = None if eval_loader is None or eval_steps is None else (
+            lambda: _evaluate_mid_epoch(parts, eval_loader, cbks, log_freq))
         logs, batches_done = _train_epoch(model, parts, train_loader, cbks, log_freq=log_freq,
                                           accumulate=accumulate_grad_batches,
-                                          max_batches=batches_left, first_step=model.epoch_step)
+                                          max_batches=batches_left, first_step=model.epoch_step,
+                                          eval_steps=eval_steps, evaluate_now=evaluate_now,
+                                          evaluates_at_end=ends_with_evaluation)
         if eval_loader is not None and epoch % eval_freq == 0:
             distributed.sync_from_main(parts.stepper.eval_network)  # one model's statistics everywhere
             val_logs = evaluate_loop(parts, eval_loader, cbks, log_freq=log_freq, num_iters=None)
@@ -108,9 +115,20 @@ def fit_loop(model: Any, parts: Parts, train_loader: Iterable, eval_loader: Iter
     return logs
 
 
+def _evaluate_mid_epoch(parts: Parts, loader: Iterable, cbks: CallbackList, log_freq: int) -> None:
+    """An evaluation every ``eval_steps`` optimizer steps; the epoch's running figures carry on after it."""
+    training_figures = parts.metrics.state_dict()
+    distributed.sync_from_main(parts.stepper.eval_network)
+    evaluate_loop(parts, loader, cbks, log_freq=log_freq, num_iters=None)  # figures: on_eval_end's logs
+    parts.metrics.load_state_dict(training_figures)
+    parts.metrics.use_metrics = parts.train_step is None
+    parts.stepper.network.train()
+
+
 def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList, *,
-                 log_freq: int, accumulate: int, max_batches: int | None, first_step: int
-                 ) -> tuple[dict[str, float], int]:
+                 log_freq: int, accumulate: int, max_batches: int | None, first_step: int,
+                 eval_steps: int | None = None, evaluate_now: Callable[[], None] | None = None,
+                 evaluates_at_end: bool = False) -> tuple[dict[str, float], int]:
     """One epoch from batch ``first_step`` (non-zero when resuming mid-epoch)."""
     stepper, metrics, splitter = parts.stepper, parts.metrics, parts.splitter
     stop_step = None if max_batches is None else first_step + max_batches
@@ -160,6 +178,9 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
         figures = _train_figures(stepper, metrics) if due and (read_figures or is_last) else None
         if notify_end:
             cbks.on_train_batch_end(step, _batch_logs(batch_size, figures, metrics))
+        if (evaluate_now is not None and update and model.step % eval_steps == 0
+                and not (is_last and evaluates_at_end)):  # not twice in a row at the epoch's end
+            evaluate_now()
         if is_last or (due and check_stop and distributed.any_true(model.stop_training)):
             break
     return (figures if figures is not None else _train_figures(stepper, metrics)), done

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from callbacks import (BackupAndRestore, Callback, CallbackList, History, ModelCheckpoint,
+from callbacks import (EMA, BackupAndRestore, Callback, CallbackList, History, ModelCheckpoint,
                        ProgBarLogger)
 from hapi import checkpoint, distributed
 from hapi.data import BatchSplitter, batch_length, check_positive_int, make_loader, num_batches
@@ -89,6 +89,17 @@ def _as_batch(values: Any, name: str) -> list[torch.Tensor]:
                             f"received {type(item).__name__}.")
         tensors.append(item)
     return tensors
+
+
+class _ResumeFrom(Callback):
+    """``fit(resume_from=path)``: the fit continues from that file, at the start of training."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        super().__init__()
+        self.path = path
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.model.load(self.path, resume=True)
 
 
 @dataclass
@@ -340,7 +351,8 @@ class Model:
         distributed.sync_from_main(self._network, parameters=self._wrapped is None)
 
     def _callback_list(self, callbacks: Any, *, verbose: int, log_freq: int,
-                       save_dir: str | None = None, save_freq: int = 1) -> CallbackList:
+                       save_dir: str | None = None, save_freq: int = 1,
+                       resume_from: str | os.PathLike | None = None) -> CallbackList:
         if callbacks is None:
             user: list = []
         elif isinstance(callbacks, Callback):
@@ -358,9 +370,14 @@ class Model:
             chosen.append(ModelCheckpoint(save_dir, save_freq=save_freq))
         if not any(isinstance(c, History) for c in user):
             chosen.append(History())
-        # A resume restores the state other callbacks reset in on_train_begin,
-        # so BackupAndRestore's on_train_begin must come after theirs.
-        chosen.sort(key=lambda c: isinstance(c, BackupAndRestore))
+        if resume_from is not None:
+            chosen.append(_ResumeFrom(resume_from))
+        # A resume restores the state other callbacks reset in on_train_begin, so
+        # resume_from's and BackupAndRestore's on_train_begin come after theirs (a backup
+        # of this very run, if any, is further on than resume_from's file). EMA first,
+        # so that its weights are in place before others save or restore at the end.
+        chosen.sort(key=lambda c: (isinstance(c, BackupAndRestore), isinstance(c, _ResumeFrom),
+                                   not isinstance(c, EMA)))
         cbks = CallbackList(chosen)
         cbks.set_model(self)
         return cbks
@@ -375,7 +392,8 @@ class Model:
             save_dir: str | None = None, save_freq: int = 1, verbose: int = 2,
             drop_last: bool = False, shuffle: bool = True, num_workers: int = 0,
             callbacks: Callback | list[Callback] | None = None, accumulate_grad_batches: int = 1,
-            num_iters: int | None = None) -> History:
+            num_iters: int | None = None, eval_steps: int | None = None,
+            resume_from: str | os.PathLike | None = None) -> History:
         """Train; returns the :class:`callbacks.History` of per-epoch figures.
 
         ``batch_size`` is per process. ``eval_data`` is evaluated when
@@ -386,13 +404,26 @@ class Model:
         epoch stops early when needed.
         ``accumulate_grad_batches`` averages gradients over that many batches
         before each optimizer step.
+
+        ``eval_steps=N`` also evaluates ``eval_data`` every N optimizer steps
+        (Hugging Face's ``eval_steps``, Lightning's integer
+        ``val_check_interval``), besides the per-epoch evaluation; its figures
+        reach callbacks through ``on_eval_end`` and :class:`callbacks.History`
+        keeps every evaluation at its step (``history.evaluations``).
+        ``resume_from`` continues the fit saved in a resumable checkpoint
+        (``BackupAndRestore``'s backup, ``ModelCheckpoint(resumable=True)``):
+        the same final weights as if it had never stopped.
         """
         parts = self._parts("fit")
         for name, value in (("epochs", epochs), ("eval_freq", eval_freq), ("log_freq", log_freq),
                             ("save_freq", save_freq), ("accumulate_grad_batches", accumulate_grad_batches)):
             check_positive_int(value, name)
         check_positive_int(num_iters, "num_iters", allow_none=True)
+        check_positive_int(eval_steps, "eval_steps", allow_none=True)
         _check_verbose(verbose)
+        if resume_from is not None and not isinstance(resume_from, (str, os.PathLike)):
+            raise TypeError(f"resume_from must be the path of a checkpoint saved during fit; received "
+                            f"{type(resume_from).__name__}.")
         if accumulate_grad_batches != 1 and parts.train_step is not None:
             raise ValueError(f"fit(accumulate_grad_batches={accumulate_grad_batches}) with a train_step of "
                              f"your own ({type(self).__name__}): your step decides when to update; "
@@ -408,17 +439,18 @@ class Model:
         if num_iters is not None and steps:
             epochs = math.ceil(num_iters / steps)
         cbks = self._callback_list(callbacks, verbose=verbose, log_freq=log_freq,
-                                   save_dir=save_dir, save_freq=save_freq)
+                                   save_dir=save_dir, save_freq=save_freq, resume_from=resume_from)
         cbks.set_params(self._params(epochs=epochs, steps=steps if num_iters is None else min(steps or num_iters, num_iters),
                                      batch_size=distributed.loader_batch_size(train_loader) or batch_size,
-                                     verbose=verbose, log_freq=log_freq))
+                                     verbose=verbose, log_freq=log_freq, eval_steps=eval_steps,
+                                     accumulate_grad_batches=accumulate_grad_batches))
         self.stop_training = False
         self.epoch = self.epoch_step = 0
         self._fit_run = _FitRun(cbks, train_loader, data_seed)
         try:
             fit_loop(self, parts, train_loader, eval_loader, cbks, epochs=epochs, eval_freq=eval_freq,
                      log_freq=log_freq, accumulate_grad_batches=accumulate_grad_batches,
-                     num_iters=num_iters)
+                     num_iters=num_iters, eval_steps=eval_steps)
         except BaseException:
             distributed.note_failure()  # the others may wait in a collective: don't wait for them at exit
             raise

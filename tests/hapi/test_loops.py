@@ -82,7 +82,8 @@ def test_params_describe_the_run(recorder):
     _model().fit((x, y), batch_size=8, epochs=3, log_freq=5, verbose=0, callbacks=[recorder])
     assert recorder.params == {
         "epochs": 3, "steps": 4, "batch_size": 8, "verbose": 0, "log_freq": 5,
-        "metrics": ["loss", "acc"], "rank": 0, "world_size": 1,
+        "metrics": ["loss", "acc"], "rank": 0, "world_size": 1, "eval_steps": None,
+        "accumulate_grad_batches": 1,
     }
 
 
