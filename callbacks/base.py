@@ -143,7 +143,11 @@ class Callback:
 
 
 def _overrides(callback: Callback, hook: str) -> bool:
-    return getattr(type(callback), hook, None) is not getattr(Callback, hook)
+    """Whether ``callback`` implements ``hook``: its class overrides it, and the instance
+    did not list it in ``unused_hooks`` (a feature left off, e.g. ModelCheckpoint without
+    ``save_steps``, costs the loop no per-batch call nor the figures read for it)."""
+    return (getattr(type(callback), hook, None) is not getattr(Callback, hook)
+            and hook not in getattr(callback, "unused_hooks", ()))
 
 
 class CallbackList:

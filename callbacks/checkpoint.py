@@ -2,31 +2,87 @@
 
 Paddle semantics for the file names (``<save_dir>/<epoch>.pt``,
 ``<save_dir>/final.pt``), plus Keras' "best so far" on a monitored figure
-(``<save_dir>/best.pt``). ``model.save`` is collective -- every rank calls it,
-rank 0 writes, all wait -- so this callback calls it on every rank and never
-behind ``is_main`` (that would deadlock the other ranks in the barrier).
+(``<save_dir>/best.pt``) and checkpoints every N optimizer steps
+(``<save_dir>/step-<N>.pt``). ``model.save`` is collective -- every rank calls
+it, rank 0 writes, all wait -- so this callback calls it on every rank and never
+behind ``is_main`` (that would deadlock the other ranks in the barrier); only
+what touches files directly (links, deletions) is left to the main process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import shutil
+from typing import Any
 
 from tqdm import tqdm
 
 from callbacks.base import Callback
-from callbacks.files import remove_with_spare
+from callbacks.files import atomic_write, remove_with_spare
 from callbacks.monitor import MonitorCallback, require_int
 
 
+def _link_or_copy(source: str, target: str) -> None:
+    """Give the file ``source`` a second name ``target`` (replacing it atomically).
+
+    A hard link costs no write; where the file system has none, the bytes are
+    copied (atomically too).
+    """
+    temporary = os.path.join(os.path.dirname(os.path.abspath(target)),
+                             f".{os.path.basename(target)}.{secrets.token_hex(6)}.link")
+    try:
+        os.link(source, temporary)
+    except OSError:
+        with atomic_write(target) as handle, open(source, "rb") as original:
+            shutil.copyfileobj(original, handle)
+        return
+    try:
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temporary)
+        raise
+
+
 class ModelCheckpoint(MonitorCallback):
-    """Saves the model every ``save_freq`` epochs, on improvement, and at the end.
+    """Saves the model every ``save_freq`` epochs, every ``save_steps`` steps, on improvement, and at the end.
 
     * ``<save_dir>/<epoch>.pt`` when ``epoch % save_freq == 0`` (0-based
       epoch, as Paddle), unless ``save_best_only``;
+    * ``<save_dir>/step-<N>.pt`` with ``save_steps``, whenever ``model.step``
+      (optimizer steps over the model's life) reaches a multiple N of
+      ``save_steps``: once per optimizer update, so with
+      ``accumulate_grad_batches`` never between the batches of a group. When
+      that step is the last batch of an epoch whose ``<epoch>.pt`` is saved
+      too, the checkpoint is written once, at the epoch's end (after its
+      evaluation), and ``step-<N>.pt`` is a second name for that file (a hard
+      link; a copy where the file system has none);
     * ``<save_dir>/best.pt`` whenever ``logs[monitor]`` improves on the best
       so far (epochs without the key, e.g. without evaluation, are skipped);
     * ``<save_dir>/final.pt`` at the end of training, unless ``save_best_only``.
+
+    ``<epoch>.pt`` and ``step-<N>.pt`` are the *numbered* checkpoints. With
+    ``keep=k`` only the k numbered files this callback wrote last survive: after
+    each numbered save the older ones it wrote (in this ``fit`` or an earlier one
+    it was given to) are deleted, by the main process. ``best.pt`` and
+    ``final.pt`` are never deleted, nor is any file it did not write -- those of
+    another run in the same directory stay. The list of files written is part
+    of this callback's state, so a fit resumed from one of its checkpoints (or
+    by ``BackupAndRestore``) goes on rotating the same files, when it writes to
+    the same directory.
+
+    ``resumable=True`` writes every file with ``model.save(path,
+    resumable=True)``: besides weights and optimizer, each holds what
+    ``model.load(path, resume=True)`` needs to continue that fit exactly -- RNG
+    states, data order and position in the epoch, running figures, and every
+    callback's state (LRScheduler's schedule, EarlyStopping's counters, this
+    callback's best value and files). A file holds other callbacks' state as
+    it is when this callback saves, and callbacks run in list order: list
+    ``ModelCheckpoint`` after the callbacks whose state matters (an
+    ``LRScheduler`` stepping per epoch, ``EarlyStopping``, an EMA), so that
+    they have seen the batch or epoch the file is written at.
 
     Args:
         save_dir: directory of the checkpoints (first argument; Paddle's order
@@ -37,6 +93,13 @@ class ModelCheckpoint(MonitorCallback):
         save_best_only: write only ``best.pt``; a missing ``monitor`` then
             warns (once), since nothing would ever be saved.
         verbose: print each save (main process only).
+        save_steps: ``None`` (default) or a positive int: also save every that
+            many optimizer steps.
+        keep: ``None`` (default: keep all) or a positive int: how many numbered
+            checkpoints to keep.
+        resumable: write files that ``model.load(path, resume=True)`` (and so
+            a resumed ``fit``) can continue training from. Larger files: each
+            process's RNG states and the callbacks' state are added.
     """
 
     def __init__(
@@ -47,6 +110,9 @@ class ModelCheckpoint(MonitorCallback):
         mode: str = "auto",
         save_best_only: bool = False,
         verbose: int = 0,
+        save_steps: int | None = None,
+        keep: int | None = None,
+        resumable: bool = False,
     ) -> None:
         if not isinstance(save_dir, (str, os.PathLike)):
             raise TypeError(
@@ -60,31 +126,124 @@ class ModelCheckpoint(MonitorCallback):
         self.save_freq = require_int("ModelCheckpoint", "save_freq", save_freq, minimum=1)
         self.save_best_only = bool(save_best_only)
         self.verbose = verbose
+        self.save_steps = None if save_steps is None else require_int(
+            "ModelCheckpoint", "save_steps", save_steps, minimum=1)
+        self.keep = None if keep is None else require_int("ModelCheckpoint", "keep", keep, minimum=1)
+        if not isinstance(resumable, bool):
+            raise TypeError(f"ModelCheckpoint: resumable must be True or False; received {resumable!r} "
+                            f"({type(resumable).__name__}).")
+        self.resumable = resumable
+        if self.save_best_only and self.save_steps is not None:
+            raise ValueError(
+                f"ModelCheckpoint: save_best_only=True writes only best.pt, so save_steps={save_steps} "
+                "would never save; pass save_best_only=False to have step checkpoints (and the "
+                "periodic and final ones), or drop save_steps."
+            )
+        if self.save_steps is None:
+            self.unused_hooks = ("on_train_batch_end",)  # see callbacks.base._overrides
+        self._written: list[str] = []  # numbered checkpoints this callback wrote, oldest first
+        self._last_step = 0  # model.step when on_train_batch_end last looked
+        self._pending_step: str | None = None  # a step checkpoint left to the epoch's end
 
+    # -- state ----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "save_dir": os.path.abspath(self.save_dir),
+                "written": list(self._written), "last_step": self._last_step,
+                "pending_step": self._pending_step or ""}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        # The step last looked at: a resume must not save that step again (between
+        # the batches of its next group, a file that could not resume exactly).
+        self._last_step = int(state.get("last_step", self._last_step))
+        self._pending_step = state.get("pending_step") or None
+        # Files listed for another directory are not this run's to rotate.
+        if state.get("save_dir") == os.path.abspath(self.save_dir):
+            self._written = [str(name) for name in state.get("written", [])]
+
+    # -- hooks ----------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.best = self.initial_best
+        self._last_step = self.model.step
+        self._pending_step = None
 
-    def _save(self, name: str, epoch: int | None, reason: str = "") -> None:
-        path = os.path.join(self.save_dir, name)
-        if self.verbose and self.is_main:
-            prefix = "" if epoch is None else f"Epoch {epoch + 1}: "
-            tqdm.write(f"{prefix}{reason}saving model to {path}.pt")
-        self.model.save(path)  # collective: every rank, never behind is_main
+    def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
+        if self.save_steps is None or self.model.step == self._last_step:
+            return  # no optimizer step since the last look: mid-accumulation, or none wanted
+        self._last_step = self.model.step
+        if self.model.step % self.save_steps:
+            return
+        name = f"step-{self.model.step}"
+        if self._epoch_save_follows():
+            self._pending_step = name  # written once, at the epoch's end, under both names
+            return
+        self._save_numbered([name], name, f"Step {self.model.step}: ")
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        pending, self._pending_step = self._pending_step, None
         if not self.save_best_only and epoch % self.save_freq == 0:
-            self._save(str(epoch), epoch)
+            names = ([pending] if pending else []) + [str(epoch)]
+            self._save_numbered(names, str(epoch), f"Epoch {epoch + 1}: ")
+        elif pending:  # the epoch save announced at its last batch did not come
+            self._save_numbered([pending], pending, f"Step {self.model.step}: ")
         # Without save_best_only, best.pt is an extra: a run without
         # evaluation should not warn about a missing val_loss every time.
         current = self.get_monitor_value(logs, warn=self.save_best_only)
         if current is not None and self.is_improvement(current, self.best):
             reason = f"{self.monitor} improved from {self.best:.5g} to {current:.5g}, "
             self.best = current
-            self._save("best", epoch, reason)
+            self._save("best", f"Epoch {epoch + 1}: ", reason)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if not self.save_best_only:
-            self._save("final", None)
+            self._save("final", "")
+
+    # -- files ----------------------------------------------------------------
+    def _epoch_save_follows(self) -> bool:
+        """Whether this batch ends the epoch and ``<epoch>.pt`` is saved right after it.
+
+        Known only when the epoch's length is; otherwise both files are written.
+        """
+        steps = self.params.get("steps")
+        return (self.model.epoch % self.save_freq == 0 and steps is not None
+                and getattr(self.model, "epoch_step", None) == steps)
+
+    def _file(self, name: str) -> str:
+        return os.path.join(self.save_dir, name + ".pt")
+
+    def _save(self, name: str, prefix: str, reason: str = "") -> None:
+        path = os.path.join(self.save_dir, name)
+        if self.verbose and self.is_main:
+            tqdm.write(f"{prefix}{reason}saving model to {path}.pt")
+        # Collective: every rank, never behind is_main.
+        if self.resumable:
+            self.model.save(path, resumable=True)
+        else:
+            self.model.save(path)
+
+    def _save_numbered(self, names: list[str], written: str, prefix: str) -> None:
+        """Write ``written`` (one of ``names``), give it the other names, and apply ``keep``.
+
+        The names are recorded before the save, so that a resumable file
+        lists itself among the files a resumed run goes on rotating.
+        """
+        for name in names:
+            if name in self._written:
+                self._written.remove(name)  # written again (e.g. a second fit): now the newest
+            self._written.append(name)
+        dropped: list[str] = []
+        if self.keep is not None and len(self._written) > self.keep:
+            dropped, self._written = self._written[:-self.keep], self._written[-self.keep:]
+        self._save(written, prefix)
+        if not self.is_main:
+            return  # only the main process wrote, so only it links and deletes
+        for name in names:
+            if name != written and name not in dropped:
+                if self.verbose:
+                    tqdm.write(f"{prefix}{self._file(name)} is the same checkpoint as {self._file(written)}")
+                _link_or_copy(self._file(written), self._file(name))
+        for name in dropped:
+            remove_with_spare(self._file(name))
 
 
 class BackupAndRestore(Callback):

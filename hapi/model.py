@@ -102,6 +102,25 @@ class _ResumeFrom(Callback):
         self.model.load(self.path, resume=True)
 
 
+def _callback_order(callback: Callback) -> int:
+    """Where a callback must run among the others (a stable sort keeps the user's order otherwise).
+
+    EMA first: its average is in place before others save or restore at the
+    end. A resumable ModelCheckpoint after the rest, so that its files hold
+    their state after the batch or epoch saved. A resume restores the state
+    other callbacks reset in ``on_train_begin``, so ``resume_from`` and then
+    BackupAndRestore come last (a backup of this very run, if any, is further
+    on than ``resume_from``'s file).
+    """
+    if isinstance(callback, BackupAndRestore):
+        return 4
+    if isinstance(callback, _ResumeFrom):
+        return 3
+    if isinstance(callback, ModelCheckpoint) and callback.resumable:
+        return 2
+    return 0 if isinstance(callback, EMA) else 1
+
+
 @dataclass
 class _FitRun:
     """The parts of a running fit that a backup saves and a resume restores."""
@@ -372,12 +391,7 @@ class Model:
             chosen.append(History())
         if resume_from is not None:
             chosen.append(_ResumeFrom(resume_from))
-        # A resume restores the state other callbacks reset in on_train_begin, so
-        # resume_from's and BackupAndRestore's on_train_begin come after theirs (a backup
-        # of this very run, if any, is further on than resume_from's file). EMA first,
-        # so that its weights are in place before others save or restore at the end.
-        chosen.sort(key=lambda c: (isinstance(c, BackupAndRestore), isinstance(c, _ResumeFrom),
-                                   not isinstance(c, EMA)))
+        chosen.sort(key=_callback_order)
         cbks = CallbackList(chosen)
         cbks.set_model(self)
         return cbks

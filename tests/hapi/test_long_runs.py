@@ -83,3 +83,21 @@ def test_resume_from_refuses_what_it_cannot_continue(tmp_path):
         _model().fit(DATA, batch_size=10, verbose=0, resume_from=3)
     with pytest.raises(ValueError, match=r"eval_steps"):
         _model().fit(DATA, batch_size=10, verbose=0, eval_steps=0)
+
+
+def test_resume_from_a_resumable_epoch_checkpoint_listed_first_is_exact(tmp_path):
+    """The user lists ModelCheckpoint before LRScheduler: its files still hold the schedule after the epoch."""
+    from callbacks import LRScheduler, ModelCheckpoint
+
+    def run(callbacks, resume_from=None):
+        model = _model()
+        scheduler = torch.optim.lr_scheduler.StepLR(model.optimizer, step_size=1, gamma=0.5)
+        history = model.fit(DATA, eval_data=EVAL, batch_size=10, epochs=3, verbose=0, resume_from=resume_from,
+                            callbacks=callbacks + [LRScheduler(scheduler)])
+        return model, history
+
+    uninterrupted, full = run([ModelCheckpoint(tmp_path, resumable=True)])
+    resumed, history = run([], resume_from=tmp_path / "0.pt")
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(0.3 * 0.5 ** 3)
+    assert all(torch.equal(p, q) for p, q in zip(resumed.parameters(), uninterrupted.parameters()))
+    assert history.history == pytest.approx(full.history)
