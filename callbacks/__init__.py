@@ -11,6 +11,7 @@ from callbacks.ema import EMA
 from callbacks.early_stopping import EarlyStopping
 from callbacks.history import History
 from callbacks.lr import LRScheduler, ReduceLROnPlateau
+from callbacks.monitor import MonitorNameWarning
 from callbacks.nan import TerminateOnNaN
 from callbacks.progbar import ProgBarLogger
 from callbacks.tensorboard import TensorBoard
@@ -26,6 +27,7 @@ __all__ = [
     "History",
     "LRScheduler",
     "ModelCheckpoint",
+    "MonitorNameWarning",
     "ProgBarLogger",
     "ReduceLROnPlateau",
     "TensorBoard",

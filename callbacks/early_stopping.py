@@ -2,49 +2,115 @@
 
 Keras semantics, because they are the ones users already know: ``patience``
 counts evaluations without improvement, so a flat ``val_loss`` with
-``patience=2`` stops after the third epoch (index 2). Every rank sees the same
-(already reduced) logs, so every rank reaches the same decision without a
-collective of its own.
+``patience=2`` stops after the third epoch (index 2), and
+``restore_best_weights=True`` puts the best epoch's weights back when training
+ends, whether it stopped early or ran all its epochs (Keras 3). Every rank
+sees the same (already reduced) logs, so every rank reaches the same decision
+without a collective of its own.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 from callbacks.monitor import MonitorCallback, require_int
 
 
+def _is_sharded(value: Any) -> bool:
+    """Whether ``value`` is a DTensor (an FSDP parameter shard), known by its public API.
+
+    Duck-typed: the callbacks package does not import torch's distributed modules.
+    """
+    return hasattr(value, "full_tensor") and hasattr(value, "placements") and hasattr(value, "device_mesh")
+
+
 def _snapshot(state_dict: dict[str, Any]) -> dict[str, Any]:
-    # A detached clone, so later optimizer steps cannot change the copy in place.
+    # A detached clone, so later optimizer steps cannot change the copy in place. A
+    # DTensor stays one: under FSDP each process keeps only its own shards.
     return {
         key: value.detach().clone() if hasattr(value, "detach") else copy.deepcopy(value)
         for key, value in state_dict.items()
     }
 
 
+def _own_part(full: torch.Tensor, target: Any) -> torch.Tensor:
+    """The slice of the full tensor ``full`` that this process holds of the DTensor ``target``.
+
+    DTensor's ``Shard(dim)`` splits like ``torch.chunk``: pieces of ceil(n / size)
+    rows, the last ones shorter or empty.
+    """
+    part = full
+    mesh = target.device_mesh
+    for mesh_dim, placement in enumerate(target.placements):
+        if not placement.is_shard():
+            continue
+        dim, size = placement.dim, mesh.size(mesh_dim)
+        length = part.shape[dim]
+        piece = math.ceil(length / size)
+        start = min(mesh.get_local_rank(mesh_dim) * piece, length)
+        part = part.narrow(dim, start, min(piece, length - start))
+    return part
+
+
+def _load_weights(network: torch.nn.Module, weights: dict[str, Any]) -> None:
+    """Put ``weights`` (a snapshot, or full tensors read back from a checkpoint) into ``network``."""
+    current = network.state_dict()
+    if not any(_is_sharded(current.get(key)) and not _is_sharded(value) for key, value in weights.items()):
+        network.load_state_dict(weights)
+        return
+    # Full tensors saved by state_dict() into a network whose parameters are DTensor
+    # shards (FSDP after a resume): each process copies in its own slice. The keys and
+    # shapes must match, as load_state_dict would demand.
+    if set(weights) != set(current):
+        raise RuntimeError(
+            "EarlyStopping cannot restore the best weights: they name other parameters than "
+            f"the network's (missing {sorted(set(current) - set(weights))}, unexpected "
+            f"{sorted(set(weights) - set(current))}). Was the network changed after the backup?"
+        )
+    with torch.no_grad():
+        for key, target in current.items():
+            value = weights[key]
+            local = target.to_local() if _is_sharded(target) else target
+            part = _own_part(value, target) if _is_sharded(target) else value
+            if tuple(part.shape) != tuple(local.shape):
+                raise RuntimeError(
+                    f"EarlyStopping cannot restore {key!r}: this process holds a shard of shape "
+                    f"{tuple(local.shape)}, the saved best weights give {tuple(part.shape)}."
+                )
+            local.copy_(part)
+
+
 class EarlyStopping(MonitorCallback):
     """Sets ``model.stop_training`` when ``monitor`` has not improved for ``patience`` evaluations.
 
     Args:
-        monitor: the logged figure to watch (default ``"val_loss"``).
+        monitor: the logged figure to watch (default ``"val_loss"``; the
+            training figure is ``"loss"``, see :class:`MonitorCallback`).
         mode: ``"min"``, ``"max"`` or ``"auto"`` (see :class:`MonitorCallback`).
         patience: evaluations without improvement before stopping; 0 stops at
             the first evaluation that does not improve.
         min_delta: smallest change that counts as an improvement.
         baseline: if set, the value to beat from the start: training stops
             after ``patience`` + 1 evaluations that do not beat it.
-        restore_best_weights: when stopping, load the network weights of the
-            best evaluation back into ``model.network``.
-        verbose: print "Epoch N: early stopping" at the end of training.
+        restore_best_weights: when training ends -- stopped early or not --
+            load the network weights of the best evaluation back into
+            ``model.network`` (Keras 3). If no epoch improved (the figure was
+            never logged, or never beat ``baseline``), the last weights stay.
+        verbose: print "Epoch N: early stopping" and the restoration at the
+            end of training (main process only).
 
     Attributes:
         stopped_epoch: 0-based epoch at which training was stopped, or None.
         best_epoch: 0-based epoch of the best value, or None.
         best_weights: detached copy of the best ``state_dict`` (only with
-            ``restore_best_weights``).
+            ``restore_best_weights``). Every process keeps its own copy of its
+            network -- the same weights on every process under DDP, its own
+            shards (DTensors) under FSDP -- and restores it.
     """
 
     def __init__(
@@ -65,16 +131,28 @@ class EarlyStopping(MonitorCallback):
         self.stopped_epoch: int | None = None
         self.best_epoch: int | None = None
         self.best_weights: dict[str, Any] | None = None
+        self._monitored = False  # whether any epoch of this fit logged the monitored figure
 
     def state_dict(self) -> dict[str, Any]:
+        """The counters and the best weights, as full plain tensors.
+
+        Under FSDP the best weights are DTensor shards, which a checkpoint (written
+        by rank 0) cannot hold: they are gathered here, a collective that every
+        process runs, as every process calls ``model.save``.
+        """
+        weights = self.best_weights
+        if weights is not None and any(_is_sharded(value) for value in weights.values()):
+            weights = {key: value.full_tensor().cpu() if _is_sharded(value) else value
+                       for key, value in weights.items()}
         return {**super().state_dict(), "stopped_epoch": self.stopped_epoch,
-                "best_epoch": self.best_epoch, "best_weights": self.best_weights}
+                "best_epoch": self.best_epoch, "best_weights": weights, "monitored": self._monitored}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.stopped_epoch = state["stopped_epoch"]
         self.best_epoch = state["best_epoch"]
         self.best_weights = state["best_weights"]
+        self._monitored = bool(state.get("monitored", state["best_epoch"] is not None))
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.wait = 0
@@ -82,11 +160,13 @@ class EarlyStopping(MonitorCallback):
         self.stopped_epoch = None
         self.best_epoch = None
         self.best_weights = None
+        self._monitored = False
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         current = self.get_monitor_value(logs)
         if current is None:
             return
+        self._monitored = True
         if self.is_improvement(current, self.best):
             self.best = current
             self.best_epoch = epoch
@@ -98,14 +178,24 @@ class EarlyStopping(MonitorCallback):
         if self.wait >= self.patience:
             self.model.stop_training = True
             self.stopped_epoch = epoch
-            if self.restore_best_weights and self.best_weights is not None:
-                self.model.network.load_state_dict(self.best_weights)
-                if self.verbose and self.is_main:
-                    tqdm.write(
-                        "Restoring model weights from the end of the best epoch: "
-                        f"{self.best_epoch + 1}."
-                    )
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        if self.stopped_epoch is not None and self.verbose and self.is_main:
+        speak = self.verbose and self.is_main
+        if self.stopped_epoch is not None and speak:
             tqdm.write(f"Epoch {self.stopped_epoch + 1}: early stopping")
+        if not self.restore_best_weights:
+            return
+        if self.best_weights is not None:
+            # Every process restores its own snapshot (all equal under DDP), so no collective.
+            _load_weights(self.model.network, self.best_weights)
+            if speak:
+                tqdm.write(f"Restoring model weights from the end of the best epoch: {self.best_epoch + 1}.")
+        elif speak:
+            if not self._monitored:
+                reason = f"no epoch logged {self.monitor!r}"
+            elif self.baseline is not None:
+                reason = f"no epoch beat the baseline {self.baseline:g}"
+            else:
+                reason = f"no value of {self.monitor!r} was a finite number"
+            tqdm.write(f"EarlyStopping: {reason}, so the best weights were not restored; "
+                       "the model keeps its last weights.")

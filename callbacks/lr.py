@@ -9,7 +9,8 @@ so all ranks change the learning rate identically.
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Callable
 
 import torch
 from torch.optim import lr_scheduler as torch_lr
@@ -19,47 +20,158 @@ from callbacks.base import Callback
 from callbacks.monitor import MonitorCallback, require_int
 
 
+SchedulerFactory = Callable[[torch.optim.Optimizer, int], torch_lr.LRScheduler]
+
+
+def _check_scheduler(scheduler: Any, received: str) -> None:
+    if isinstance(scheduler, torch_lr.ReduceLROnPlateau):
+        raise TypeError(
+            "LRScheduler cannot drive torch.optim.lr_scheduler.ReduceLROnPlateau, whose "
+            f"step() needs the monitored figure; {received} a ReduceLROnPlateau instance. "
+            "Use callbacks.ReduceLROnPlateau(monitor='val_loss', factor=..., patience=...) instead."
+        )
+    if not isinstance(scheduler, torch_lr.LRScheduler):
+        raise TypeError(
+            "LRScheduler needs a torch.optim.lr_scheduler.LRScheduler instance, or a function "
+            f"(optimizer, total) -> scheduler; {received} an object of type "
+            f"{type(scheduler).__name__}. Build one on the model's optimizer, e.g. "
+            "LRScheduler(torch.optim.lr_scheduler.StepLR(optimizer, step_size=10)), or pass "
+            "LRScheduler(lambda optimizer, total: OneCycleLR(optimizer, max_lr=0.1, total_steps=total), "
+            "by_step=True)."
+        )
+
+
 class LRScheduler(Callback):
     """Steps a ``torch.optim.lr_scheduler`` once per epoch, or once per optimizer step.
 
     Args:
         scheduler: a ``torch.optim.lr_scheduler.LRScheduler`` built on the
-            model's optimizer (``StepLR``, ``CosineAnnealingLR``, ``OneCycleLR``...).
+            model's optimizer (``StepLR``, ``CosineAnnealingLR``, ``OneCycleLR``...),
+            or a factory ``(optimizer, total) -> scheduler`` that this callback
+            calls at the start of every ``fit`` with ``model.optimizer`` and
+            the length of that fit in scheduler steps: with ``by_step=True``
+            the number of optimizer updates this process will make,
+            ``epochs * ceil(steps / accumulate_grad_batches)`` (``steps`` being
+            this process's batches per epoch, so the schedule fits any number
+            of processes); with ``by_step=False`` the number of epochs. A
+            schedule sized by hand from ``len(loader)`` of the whole data set
+            would run only half its course on two processes.
         by_step: False (default) steps at each epoch end, PyTorch's convention
             for ``StepLR`` and its kin. True steps after every optimizer step,
             as ``OneCycleLR`` needs; with gradient accumulation that is once per
             ``accumulate_grad_batches`` batches, because the callback follows
             ``model.step`` (the count of optimizer steps), not the batch index.
+
+    A factory-made scheduler is stepped ``total - 1`` times, never after the
+    fit's last update: the learning rate left in the optimizer at the end is
+    the one the last update used (for ``OneCycleLR``, its end value; one more
+    step would carry it past its end).
+
+    Attributes:
+        scheduler: the scheduler driven (with a factory: None until ``fit``
+            starts, then the one made for the current fit).
+        total: the length the factory was called with in the current fit, or
+            None for a scheduler given ready-made.
     """
 
-    def __init__(self, scheduler: torch_lr.LRScheduler, by_step: bool = False) -> None:
+    def __init__(self, scheduler: torch_lr.LRScheduler | SchedulerFactory, by_step: bool = False) -> None:
         super().__init__()
-        if isinstance(scheduler, torch_lr.ReduceLROnPlateau):
+        self._factory: SchedulerFactory | None = None
+        if isinstance(scheduler, type):
             raise TypeError(
-                "LRScheduler cannot drive torch.optim.lr_scheduler.ReduceLROnPlateau, whose "
-                "step() needs the monitored figure; received a ReduceLROnPlateau instance. "
-                "Use callbacks.ReduceLROnPlateau(monitor='val_loss', factor=..., patience=...) instead."
+                f"LRScheduler received the class {scheduler.__name__}, not a scheduler. Build it on "
+                f"the optimizer, e.g. LRScheduler({scheduler.__name__}(optimizer, ...)), or pass a "
+                f"function: LRScheduler(lambda optimizer, total: {scheduler.__name__}(optimizer, ...))."
             )
-        if not isinstance(scheduler, torch_lr.LRScheduler):
-            raise TypeError(
-                "LRScheduler needs a torch.optim.lr_scheduler.LRScheduler instance; received "
-                f"{scheduler!r} of type {type(scheduler).__name__}. Build one on the model's "
-                "optimizer, e.g. LRScheduler(torch.optim.lr_scheduler.StepLR(optimizer, step_size=10))."
-            )
-        self.scheduler = scheduler
+        if callable(scheduler) and not isinstance(scheduler, torch_lr.LRScheduler):
+            self._factory = scheduler
+            self.scheduler: torch_lr.LRScheduler | None = None
+        else:
+            _check_scheduler(scheduler, "received")
+            self.scheduler = scheduler
         self.by_step = bool(by_step)
+        if not self.by_step:
+            self.unused_hooks = ("on_train_batch_end",)  # per-epoch: no per-batch call (callbacks.base)
+        self.total: int | None = None
+        self._stepped = 0  # scheduler steps taken since the factory made it
         self._last_step: int | None = None
+        self._pending: dict[str, Any] | None = None  # a state loaded before the scheduler exists
+
+    def _fit_length(self) -> int:
+        """This fit's length in scheduler steps: epochs, or this process's optimizer updates."""
+        epochs = self.params.get("epochs")
+        if not isinstance(epochs, int) or epochs < 1:
+            raise RuntimeError(
+                f"LRScheduler needs the number of epochs to size its schedule; params has "
+                f"epochs={epochs!r}. A scheduler factory works only inside fit()."
+            )
+        if not self.by_step:
+            return epochs
+        steps = self.params.get("steps")
+        if steps is None:
+            raise ValueError(
+                "LRScheduler(factory, by_step=True) sizes the schedule from the number of batches "
+                "per epoch, which is unknown here (received steps=None: an IterableDataset or a "
+                "loader without len()). Give fit() num_iters=..., give the data set a __len__, or "
+                "pass a scheduler built with an explicit length, e.g. OneCycleLR(optimizer, "
+                "max_lr=..., total_steps=N)."
+            )
+        every = int(self.params.get("accumulate_grad_batches", 1))
+        num_iters = self.params.get("num_iters")
+        if num_iters is None:
+            return epochs * math.ceil(steps / every)
+        # num_iters batches in all: whole epochs of `steps`, then a shorter last one.
+        whole, rest = divmod(num_iters, steps)
+        return whole * math.ceil(steps / every) + math.ceil(rest / every)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        if self._factory is not None:
+            if getattr(self.model, "optimizer", None) is None:
+                raise RuntimeError(
+                    "LRScheduler's factory builds the scheduler on model.optimizer, but the model has "
+                    "no optimizer (received model.optimizer=None). Call model.prepare(optimizer=...) first."
+                )
+            self.total = self._fit_length()
+            scheduler = self._factory(self.model.optimizer, self.total)
+            _check_scheduler(scheduler, "the factory returned")
+            self.scheduler, self._stepped = scheduler, 0
+            if self._pending is not None:
+                # Loaded before the scheduler existed, hence before the factory set the rates:
+                # put the restored schedule's rates back into the optimizer.
+                self.load_state_dict(self._pending)
+                for group, lr in zip(self.model.optimizer.param_groups, self.scheduler.get_last_lr()):
+                    if isinstance(group["lr"], torch.Tensor):
+                        group["lr"].fill_(lr)
+                    else:
+                        group["lr"] = lr
         # Only optimizer steps taken from here on move the schedule.
         self._last_step = self.model.step
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scheduler": self.scheduler.state_dict(), "last_step": self._last_step}
+        return {"scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+                "last_step": self._last_step, "stepped": self._stepped}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state["scheduler"])
+        """Restore the schedule; with a factory, once ``on_train_begin`` has made the scheduler.
+
+        A resume (``BackupAndRestore``) loads after every other callback's
+        ``on_train_begin``, so the factory has made this fit's scheduler by then;
+        a state loaded earlier waits for it.
+        """
+        if self.scheduler is None:
+            self._pending = state
+            return
+        self._pending = None
+        if state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
         self._last_step = state["last_step"]
+        self._stepped = int(state.get("stepped", 0))
+
+    def _step(self) -> None:
+        if self.total is not None and self._stepped >= self.total - 1:
+            return  # the fit's last update is done: nothing will use a further rate
+        self.scheduler.step()
+        self._stepped += 1
 
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
         if not self.by_step:
@@ -69,12 +181,12 @@ class LRScheduler(Callback):
             self._last_step = current
             return
         for _ in range(current - self._last_step):
-            self.scheduler.step()
+            self._step()
         self._last_step = current
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if not self.by_step:
-            self.scheduler.step()
+            self._step()
 
 
 class ReduceLROnPlateau(MonitorCallback):

@@ -6,6 +6,12 @@ by more than ``min_delta`` in the right direction? -- so the answer lives in one
 place and cannot drift between them (Keras' ``MonitorCallback``). The state is
 kept in plain attributes (``best``, ``wait``) so that it can be saved and
 restored with the rest of a run.
+
+Names differ from Paddle's hapi, where the evaluation logs carry no prefix and
+``EarlyStopping("loss")`` / ``ReduceLROnPlateau("loss")`` watch the evaluation
+loss. Here, as in Keras, ``"loss"`` is the training figure and ``"val_loss"``
+the evaluation one; a callback watching a training name while the evaluation
+figure of that name exists warns once per fit (:class:`MonitorNameWarning`).
 """
 
 from __future__ import annotations
@@ -50,6 +56,14 @@ def resolve_mode(mode: str, monitor: str, owner: str = "MonitorCallback") -> str
     return "max" if any(hint in lowered for hint in _MAX_HINTS) else "min"
 
 
+class MonitorNameWarning(UserWarning):
+    """A monitored name is a training figure while its ``val_`` twin exists (Paddle's meaning).
+
+    Silence it, if the training figure is what you mean, with
+    ``warnings.filterwarnings("ignore", category=callbacks.monitor.MonitorNameWarning)``.
+    """
+
+
 class MonitorCallback(Callback):
     """Base class for callbacks that act when a logged figure stops improving.
 
@@ -65,6 +79,11 @@ class MonitorCallback(Callback):
         mode: the resolved direction, ``"min"`` or ``"max"``.
         best: the best value seen so far (``+inf`` / ``-inf`` before any).
         wait: evaluations since the last improvement.
+
+    A training name (no ``val_`` prefix) while the epoch logs also hold
+    ``val_<name>`` warns once per fit on the main process with a
+    :class:`MonitorNameWarning`: in Paddle's hapi ``"loss"`` meant the
+    evaluation loss, here ``"val_loss"`` is.
     """
 
     def __init__(self, monitor: str = "val_loss", mode: str = "auto", min_delta: float = 0.0) -> None:
@@ -86,6 +105,11 @@ class MonitorCallback(Callback):
         self.best = self.initial_best
         self.wait = 0
         self._warned_missing = False
+        self._warned_name = False
+
+    def set_params(self, params: dict[str, Any]) -> None:
+        super().set_params(params)
+        self._warned_name = False  # the training-name warning is once per fit, not once per object
 
     @property
     def initial_best(self) -> float:
@@ -112,9 +136,11 @@ class MonitorCallback(Callback):
 
         A missing key warns once per callback (not every epoch), naming the
         keys that are there, because the usual cause is a typo or an epoch
-        without evaluation.
+        without evaluation. A training name with a ``val_`` twin in ``logs``
+        warns too, whatever ``warn`` says (see :meth:`_check_name`).
         """
         logs = logs or {}
+        self._check_name(logs)
         value = logs.get(self.monitor)
         if value is None:
             if warn and not self._warned_missing:
@@ -127,3 +153,28 @@ class MonitorCallback(Callback):
                 )
             return None
         return float(value)
+
+    def _check_name(self, logs: dict) -> None:
+        """Warn (once per fit, main process) when ``monitor`` is the training twin of a val_ figure.
+
+        Paddle's hapi logs evaluation figures without a prefix, so a script
+        ported from it with ``EarlyStopping("loss")`` means the evaluation loss
+        and would silently watch the training loss here.
+        """
+        name = self.monitor
+        if self._warned_name or name.startswith("val_") or f"val_{name}" not in logs:
+            return
+        self._warned_name = True
+        if not self.is_main:
+            return
+        warnings.warn(
+            MonitorNameWarning(
+                f"{type(self).__name__} monitors {name!r}, the training figure, although the "
+                f"evaluation figure 'val_{name}' is logged too. In Paddle's hapi {name!r} meant the "
+                f"evaluation figure (its evaluation logs have no 'val_' prefix); here that is "
+                f"'val_{name}'. Pass the name you mean: monitor='val_{name}' to watch the evaluation, "
+                f"or keep monitor={name!r} and silence this with warnings.filterwarnings('ignore', "
+                "category=callbacks.monitor.MonitorNameWarning)."
+            ),
+            stacklevel=3,
+        )

@@ -5,9 +5,36 @@ Two displays, chosen like Paddle's ``verbose``:
 * ``verbose=1`` on a terminal: a tqdm bar per epoch (and per evaluation) with
   the running figures as its postfix, refreshed at most four times a second;
 * ``verbose=2``, or ``verbose=1`` when stdout is not a terminal (CI logs,
-  files, ``torchrun`` workers): one line every ``log_freq`` steps in Paddle's
-  form ``step 400/938 - loss: 0.4262 - acc_top1: 0.7887 - 5ms/step``;
+  files, ``torchrun`` workers): lines in Paddle's form
+  ``step 400/938 - loss: 0.4262 - acc_top1: 0.7887 - 5ms/step``, at the
+  steps chosen below;
 * ``verbose=0`` prints nothing.
+
+Which steps get a line. Figures reach the callbacks every ``log_freq`` steps
+(and on a pass's last step), so those are the candidates. Paddle prints every
+candidate, which is right for the usual epoch (938 steps at ``log_freq=10``:
+94 lines) but floods a log with 10,000 lines for a 100,000-step epoch. So a
+pass (a training epoch, an evaluation) prints at most about ``max_lines``
+(default 100) lines from its progress: its first candidate (the first
+figures and pace, early), then a candidate only when it starts a new
+``1/max_lines`` of the pass (the first candidate past each 1%), and always
+its last step. When ``log_freq`` already gives ``max_lines`` lines or fewer
+per pass -- every epoch of up to 1,000 steps at the default ``log_freq=10``,
+any explicit ``log_freq`` of at least 1% of the pass, such as the seeds'
+``log_freq=400`` -- every candidate is printed, exactly as in Paddle; a
+finer ``log_freq`` is thinned to about one line per 1%, and
+``ProgBarLogger(log_freq=..., max_lines=None)`` prints every candidate. We
+count lines rather than time them because the same run then prints the same
+lines on any machine (diffable logs, testable output).
+
+Counting alone can leave a slow pass silent for long (a 100,000-step epoch
+at one second a step would print every 17 minutes; some CI services stop a
+job after 10 silent minutes), so a thinned-out candidate is also printed
+when ``interval`` seconds (default 30) have passed since the previous line.
+The interval only ever adds lines: a pass whose candidates are all printed
+is unaffected. A pass of unknown length (an ``IterableDataset``) has no
+1%, so it prints its first candidate, then at most one line per
+``interval``, and its last step.
 
 Only the main process prints. The figures come from the loop's ``logs`` (they
 are running means over the epoch), so printing never touches the device.
@@ -22,6 +49,10 @@ from typing import Any
 from callbacks.base import Callback
 
 _NOT_FIGURES = ("batch_size", "samples", "step")
+
+# The one clock for paces and intervals; tests replace it (monkeypatch
+# ``callbacks.progbar._clock``) instead of sleeping.
+_clock = time.perf_counter
 
 
 def _format_value(value: Any) -> str:
@@ -44,35 +75,67 @@ class _Phase:
     def __init__(self, steps: int | None, bar: Any) -> None:
         self.steps = steps
         self.bar = bar
-        self.started = time.perf_counter()
+        self.started = _clock()
         self.samples = 0
         self.done = 0
         # Figures not printed yet (a shortened last epoch's final step, say):
         # printed before the pass ends, so the last figures are always shown.
         self.unprinted: dict | None = None
+        self.lines = 0  # lines printed for this pass
+        self.part = -1  # the 1/max_lines of the pass the last line was in
+        self.last_line = self.started  # when the last line was printed
 
     def seconds_per_step(self) -> float:
-        return (time.perf_counter() - self.started) / max(self.done, 1)
+        return (_clock() - self.started) / max(self.done, 1)
+
+    def part_of(self, max_lines: int | None) -> int:
+        """Which 1/max_lines of the pass the current step ends (-1: unknown length or no thinning)."""
+        if self.steps is None or max_lines is None:
+            return -1
+        return self.done * max_lines // max(self.steps, 1)
 
 
 class ProgBarLogger(Callback):
     """Prints progress and running figures (default in fit/evaluate/predict).
 
     Args:
-        log_freq: print a line (or refresh the bar's figures) every this many
-            steps, and always on the last step.
+        log_freq: a line may be printed (or the bar's figures refreshed) every
+            this many steps, and always on the last step.
         verbose: 0 silent; 1 a progress bar on a terminal (lines otherwise);
-            2 one line every ``log_freq`` steps.
+            2 lines.
+        max_lines: lines per pass from progress: the first ``log_freq``
+            step, then the first one in each new ``1/max_lines`` of the pass,
+            and the last step (see the module docstring). ``log_freq`` steps
+            that give no more lines than this are all printed. ``None``
+            prints every ``log_freq`` step, however many.
+        interval: seconds after which a ``log_freq`` step that thinning
+            would skip is printed anyway, so a slow pass still shows progress;
+            also the spacing of lines on a pass of unknown length. ``None``:
+            never.
+
+    Raises:
+        ValueError: an argument is out of range; the message names it.
     """
 
-    def __init__(self, log_freq: int = 1, verbose: int = 2) -> None:
+    def __init__(self, log_freq: int = 1, verbose: int = 2, max_lines: int | None = 100,
+                 interval: float | None = 30.0) -> None:
         super().__init__()
         if not isinstance(log_freq, int) or log_freq < 1:
             raise ValueError(f"log_freq must be a positive integer; received {log_freq!r}.")
         if verbose not in (0, 1, 2):
             raise ValueError(f"verbose must be 0, 1 or 2; received {verbose!r}.")
+        if max_lines is not None and (not isinstance(max_lines, int) or isinstance(max_lines, bool)
+                                      or max_lines < 1):
+            raise ValueError(f"max_lines must be a positive integer, or None to print every log_freq "
+                             f"step; received {max_lines!r}.")
+        if interval is not None and (isinstance(interval, bool) or not isinstance(interval, (int, float))
+                                     or not interval > 0):
+            raise ValueError(f"interval must be a positive number of seconds, or None for no "
+                             f"time-based lines; received {interval!r}.")
         self.log_freq = log_freq
         self.verbose = verbose
+        self.max_lines = max_lines
+        self.interval = interval
         self._phase: _Phase | None = None
         self._outer: _Phase | None = None  # the training epoch while an evaluation runs
 
@@ -112,11 +175,19 @@ class ProgBarLogger(Callback):
         if not figures:
             return
         phase.unprinted = figures
-        if phase.done % self.log_freq == 0 or last or phase.steps is None:
+        if (phase.done % self.log_freq == 0 or last or phase.steps is None) and (
+                last or self._line_due(phase)):
             self._print_line(phase)
 
-    @staticmethod
-    def _print_line(phase: _Phase) -> None:
+    def _line_due(self, phase: _Phase) -> bool:
+        """Whether a ``log_freq`` step gets a line (the rule in the module docstring)."""
+        if phase.lines == 0 or self.max_lines is None:
+            return True
+        if phase.steps is not None and phase.part_of(self.max_lines) > phase.part:
+            return True
+        return self.interval is not None and _clock() - phase.last_line >= self.interval
+
+    def _print_line(self, phase: _Phase) -> None:
         if phase.unprinted is None:
             return
         total = f"/{phase.steps}" if phase.steps is not None else ""
@@ -125,6 +196,9 @@ class ProgBarLogger(Callback):
         parts.append(_format_pace(phase.seconds_per_step()))
         print(" - ".join(parts), flush=True)
         phase.unprinted = None
+        phase.lines += 1
+        phase.part = phase.part_of(self.max_lines)
+        phase.last_line = _clock()
 
     def _finish(self, phase: _Phase | None) -> None:
         if phase is None:

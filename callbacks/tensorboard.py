@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from callbacks.visualdl import _ScalarLogger
+from callbacks.visualdl import AUTO, Version, _ScalarLogger
 
 _INSTALL_HINT = 'pip install "torch-hapi[tensorboard]"'
 
@@ -34,34 +34,46 @@ def _summary_writer_class() -> type:
 
 
 class TensorBoard(_ScalarLogger):
-    """Writes scalars with ``torch.utils.tensorboard.SummaryWriter(log_dir=log_dir)``.
+    """Writes scalars with ``torch.utils.tensorboard.SummaryWriter`` into one directory per run.
 
     The same scalars, tags (``train/<name>``, ``train/lr``, ``eval/<name>``)
-    and steps as :class:`callbacks.VisualDL`, whose docstring lists them.
+    and steps as :class:`callbacks.VisualDL`, whose docstring lists them, and
+    the same run directories: ``<log_dir>/version_<N>`` by default, so that
+    ``tensorboard --logdir log_dir`` shows each run as its own curve.
 
     Only the main process writes; other ranks create no file or directory.
-    Everything goes to one ``events.out.tfevents.*`` file per callback: the
-    writer is flushed (not closed) at the end of training and after a
-    standalone evaluation, so the file is complete when the call returns, and
-    the same callback given to a later ``evaluate`` adds its ``eval/*``
-    scalars to that file. It is closed by :meth:`close` or at interpreter exit.
+    Everything goes to one ``events.out.tfevents.*`` file per callback, in
+    :attr:`run_dir`: the writer is flushed (not closed) at the end of training
+    and after a standalone evaluation, so the file is complete when the call
+    returns, and the same callback given to a later ``evaluate`` adds its
+    ``eval/*`` scalars to that file. It is closed by :meth:`close` or at
+    interpreter exit.
 
     Args:
-        log_dir: directory for the event file; created on the first write by
-            the main process.
+        log_dir: the directory to point ``tensorboard --logdir`` at; created
+            on the first write by the main process.
+        version: the run's subdirectory of ``log_dir``: ``"auto"`` (default)
+            ``version_<N>``, N one more than the largest there (0 for the
+            first); an int N ``version_<N>``; a str that name; ``None`` or
+            ``False`` ``log_dir`` itself. As :class:`callbacks.VisualDL`.
+
+    Attributes:
+        run_dir: the directory the event file goes to; ``None`` with
+            ``version="auto"`` until the main process chose it.
 
     Raises:
-        TypeError: ``log_dir`` is not a path.
+        TypeError: ``log_dir`` is not a path, or ``version`` is of another type.
+        ValueError: ``version`` is a negative int or not a subdirectory name.
         ImportError: the ``tensorboard`` package is missing; the message says
             how to install it.
     """
 
-    def __init__(self, log_dir: str | os.PathLike) -> None:
-        super().__init__(log_dir)
+    def __init__(self, log_dir: str | os.PathLike, version: Version = AUTO) -> None:
+        super().__init__(log_dir, version)
         self._summary_writer = _summary_writer_class()
 
     def _open_writer(self) -> Any:
-        return self._summary_writer(log_dir=self.log_dir)
+        return self._summary_writer(log_dir=self.run_dir)
 
     def _add_scalar(self, tag: str, value: float, step: int) -> None:
         self._writer.add_scalar(tag, value, global_step=step)

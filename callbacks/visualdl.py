@@ -8,18 +8,83 @@ The choice of scalars, tags and steps lives in :class:`_ScalarLogger`, which
 ``callbacks.tensorboard.TensorBoard`` shares, so that the two dashboards show
 the same curves for the same run; each subclass only says how to open its
 writer and add one scalar.
+
+Each run gets its own directory. Both dashboards treat every directory under
+``--logdir`` that holds records as one run, and VisualDL shows only the newest
+record file of a directory (visualdl 2.5.3, checked through its JSON API), so
+runs that shared one directory hid each other.
+By default a callback therefore writes into ``<log_dir>/version_<N>``, N one
+more than the largest ``version_*`` already there (0 for the first), as
+Lightning numbers its versions: numbers then follow the order the runs started
+in, even after an old run is deleted. Point the dashboard at ``log_dir`` to
+see every run side by side (checked with visualdl 2.5.3: ``/app/api/runs``
+lists ``<log_dir>/version_0``, ``<log_dir>/version_1``, ...). The directory is
+chosen once per callback object, by the main process, at its first write (or
+at the first checkpoint that saves the callback's state, if that comes first),
+and reserved with ``os.mkdir`` so that two runs starting together cannot pick
+the same number. A run resumed by ``BackupAndRestore`` gets the name back from
+the callback's state and keeps writing into the same directory.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import re
 from typing import Any
 
 from callbacks.base import Callback
 
 # Batch-log keys that describe the batch, not the model; never plotted.
 _NOT_SCALARS = ("batch_size", "samples", "step")
+
+# What ``version=`` accepts: "auto" (or True), an int, a subdirectory name, or None/False.
+Version = int | str | bool | None
+AUTO = "auto"
+_VERSION_DIR = re.compile(r"version_(\d+)")
+
+
+def _run_name(owner: str, version: Version) -> str | None:
+    """The run's subdirectory for a fixed ``version`` (None: ``log_dir`` itself), or AUTO."""
+    if version is True or version == AUTO:
+        return AUTO
+    if version is None or version is False:
+        return None
+    if isinstance(version, int):
+        if version < 0:
+            raise ValueError(f"{owner}: version must be a non-negative integer (it names "
+                             f"version_<N>); received {version}. Pass e.g. version=0.")
+        return f"version_{version}"
+    if isinstance(version, str):
+        parts = version.replace("\\", "/").split("/")
+        if not version or os.path.isabs(version) or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(
+                f"{owner}: version={version!r} must name a subdirectory of log_dir (e.g. 'baseline' "
+                f"or 'lr1e-3/seed0'), with no empty, '.' or '..' parts and not an absolute path. "
+                f"To write into another directory, change log_dir; for log_dir itself pass version=None."
+            )
+        return version
+    raise TypeError(
+        f"{owner}: version must be 'auto', an int, a subdirectory name (str), or None; received "
+        f"{version!r} of type {type(version).__name__}."
+    )
+
+
+def _reserve_version(log_dir: str) -> str:
+    """Create ``<log_dir>/version_<N>`` for the next N and return its name.
+
+    ``os.mkdir`` fails on a name that exists, so of two runs that list the
+    directory at the same moment one gets N and the other retries with N+1.
+    """
+    os.makedirs(log_dir, exist_ok=True)
+    while True:
+        taken = [int(m.group(1)) for m in map(_VERSION_DIR.fullmatch, os.listdir(log_dir)) if m]
+        name = f"version_{max(taken) + 1 if taken else 0}"
+        try:
+            os.mkdir(os.path.join(log_dir, name))
+        except FileExistsError:
+            continue
+        return name
 
 
 class _ScalarLogger(Callback):
@@ -34,7 +99,7 @@ class _ScalarLogger(Callback):
     :meth:`_add_scalar`; the writer must also have ``flush()`` and ``close()``.
     """
 
-    def __init__(self, log_dir: str | os.PathLike) -> None:
+    def __init__(self, log_dir: str | os.PathLike, version: Version = AUTO) -> None:
         super().__init__()
         name = type(self).__name__
         if not isinstance(log_dir, (str, os.PathLike)):
@@ -43,14 +108,37 @@ class _ScalarLogger(Callback):
                 f"{log_dir!r} of type {type(log_dir).__name__}. Pass e.g. {name}('runs/lenet')."
             )
         self.log_dir = os.fspath(log_dir)
+        run = _run_name(name, version)
+        self._auto = run == AUTO
+        # The run's subdirectory of log_dir: None for log_dir itself, or, with
+        # "auto", until the main process picks version_<N>.
+        self._run: str | None = None if self._auto else run
         self.train_step = 0
         self.next_eval_step = 1  # where the next standalone evaluate is plotted
         self._epoch = 0
         self._training = False
         self._writer: Any = None
 
+    @property
+    def run_dir(self) -> str | None:
+        """The directory this run's records go to (``log_dir`` or a subdirectory of it).
+
+        ``None`` with ``version="auto"`` until the number is chosen: on the main
+        process at the first write; other processes never choose one (they
+        learn it only from a restored state).
+        """
+        if self._auto and self._run is None:
+            return None
+        return self.log_dir if self._run is None else os.path.join(self.log_dir, self._run)
+
+    def _choose_run_dir(self) -> str:
+        """The run directory, choosing (and creating) ``version_<N>`` the first time."""
+        if self._auto and self._run is None:
+            self._run = _reserve_version(self.log_dir)
+        return self.run_dir
+
     def _open_writer(self) -> Any:
-        """Create the writer for ``self.log_dir`` (called once, on the first write)."""
+        """Create the writer for ``self.run_dir`` (called on the first write)."""
         raise NotImplementedError
 
     def _add_scalar(self, tag: str, value: float, step: int) -> None:
@@ -61,6 +149,7 @@ class _ScalarLogger(Callback):
         if not self.is_main:
             return
         if self._writer is None:
+            self._choose_run_dir()
             self._writer = self._open_writer()
             atexit.register(self.close)
         for name, value in scalars.items():
@@ -77,11 +166,23 @@ class _ScalarLogger(Callback):
             self._writer.flush()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"train_step": self.train_step, "next_eval_step": self.next_eval_step}
+        # A checkpoint can come before the first write (BackupAndRestore every few
+        # steps): the main process chooses the run directory now, so that a run
+        # resumed from that checkpoint continues in the directory this one goes on with.
+        if self.is_main:
+            self._choose_run_dir()
+        return {"train_step": self.train_step, "next_eval_step": self.next_eval_step,
+                "version": self._run if self._auto else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.train_step = int(state["train_step"])
         self.next_eval_step = int(state.get("next_eval_step", state.get("eval_count", 0) + 1))
+        restored = state.get("version")
+        if self._auto and isinstance(restored, str) and restored != self._run:
+            # A resumed run: keep writing where the interrupted one wrote. A fixed
+            # version (or None) given to this callback wins over the saved one.
+            self.close()
+            self._run = restored
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._training = True
@@ -118,7 +219,7 @@ class _ScalarLogger(Callback):
 
 
 class VisualDL(_ScalarLogger):
-    """Writes scalars with ``visualdl.LogWriter(logdir=log_dir)``.
+    """Writes scalars with ``visualdl.LogWriter`` into one directory per run.
 
     * ``train/<name>`` for the loss and each metric in the batch logs, every
       time they carry them (every ``log_freq`` steps and on the last step);
@@ -130,21 +231,38 @@ class VisualDL(_ScalarLogger):
       step 1, 2, ... with no ``fit`` before it, and after a ``fit`` of E epochs
       step E, E+1, ..., so the curve never runs backwards.
 
-    Everything goes to one record file per callback: the writer is flushed
-    (not closed) at the end of training and after a standalone evaluation, so
-    the file is complete when the call returns, and the same callback given
-    to a later ``evaluate`` adds its ``eval/*`` scalars to that file. It is
-    closed by :meth:`close` or at interpreter exit.
+    Everything goes to one record file per callback, in :attr:`run_dir`: the
+    writer is flushed (not closed) at the end of training and after a
+    standalone evaluation, so the file is complete when the call returns, and
+    the same callback given to a later ``evaluate`` adds its ``eval/*``
+    scalars to that file. It is closed by :meth:`close` or at interpreter exit.
 
     Args:
-        log_dir: directory for the ``vdlrecords.*.log`` files; created on the
-            first write by the main process.
+        log_dir: the directory to point ``visualdl --logdir`` at; created on
+            the first write by the main process.
+        version: which subdirectory of ``log_dir`` this run writes into, so
+            that each run is its own curve on the dashboard. ``"auto"``
+            (default): ``version_<N>``, N one more than the largest
+            ``version_*`` already in ``log_dir`` (0 for the first), chosen at
+            the first write; an int N: ``version_<N>``; a str: that
+            subdirectory (e.g. ``"lr1e-3"``); ``None`` or ``False``:
+            ``log_dir`` itself, as Paddle's ``VisualDL(log_dir)`` writes
+            (unlike Lightning, where ``version=None`` means automatic).
+
+    Attributes:
+        run_dir: the directory the records go to, e.g. ``runs/lenet/version_2``;
+            ``None`` with ``version="auto"`` until the main process chose it.
+
+    Raises:
+        TypeError: ``log_dir`` is not a path, or ``version`` is of another type.
+        ValueError: ``version`` is a negative int, or a str that is not a
+            subdirectory name (absolute, or with ``..``).
     """
 
     def _open_writer(self) -> Any:
         from visualdl import LogWriter  # lazy: importing visualdl costs ~0.4 s
 
-        return LogWriter(logdir=self.log_dir)
+        return LogWriter(logdir=self.run_dir)
 
     def _add_scalar(self, tag: str, value: float, step: int) -> None:
         self._writer.add_scalar(tag=tag, value=value, step=step)

@@ -10,7 +10,10 @@ checkpoint. The same file runs unchanged on one process or many:
 Options (for quick runs and tests): ``--data-root DIR`` reads the IDX files
 from DIR, ``--epochs N``, ``--num-iters N`` caps the training batches,
 ``--output DIR`` (default ``output/hapitrain``) holds ``visualdl_log/`` and
-``checkpoints/``. Open the dashboard with
+``checkpoints/``. Each run writes its curves into a directory of its own,
+``visualdl_log/version_<N>`` (printed at the end), so runs never hide each
+other; open the dashboard on the parent, where VisualDL lists every
+``version_<N>`` as a run:
 ``visualdl --logdir output/hapitrain/visualdl_log --host 127.0.0.1 --port 8040 --language en``.
 """
 
@@ -52,8 +55,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
 
     # One VisualDL callback for both calls: train/* scalars from fit, eval/*
-    # from evaluate, in one record file.
-    visualdl = VisualDL(log_dir=os.path.join(args.output, "visualdl_log"))
+    # from evaluate, in one record file, in this run's own visualdl_log/version_<N>.
+    log_dir = os.path.join(args.output, "visualdl_log")
+    visualdl = VisualDL(log_dir=log_dir)
     started = time.perf_counter()
     model.fit(
         train_dataset,
@@ -68,6 +72,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     results = model.evaluate(test_dataset, log_freq=100, batch_size=64, callbacks=[visualdl])
     results["fit_seconds"] = fit_seconds
     if is_main():  # under torchrun every process runs this script; one report is enough
+        print(f"VisualDL log: {visualdl.run_dir} (visualdl --logdir {log_dir} --language en)")
         print(json.dumps({name: round(value, 4) for name, value in results.items()}))
     return results
 

@@ -457,7 +457,7 @@ class Model:
         cbks.set_params(self._params(epochs=epochs, steps=steps if num_iters is None else min(steps or num_iters, num_iters),
                                      batch_size=distributed.loader_batch_size(train_loader) or batch_size,
                                      verbose=verbose, log_freq=log_freq, eval_steps=eval_steps,
-                                     accumulate_grad_batches=accumulate_grad_batches))
+                                     accumulate_grad_batches=accumulate_grad_batches, num_iters=num_iters))
         self.stop_training = False
         self.epoch = self.epoch_step = 0
         self._fit_run = _FitRun(cbks, train_loader, data_seed)

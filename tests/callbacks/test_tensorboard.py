@@ -53,20 +53,23 @@ def test_fit_and_evaluate_write_visualdls_scalars_to_one_event_file(tmp_path):
     try:
         model.fit(data, eval_data=data, batch_size=10, epochs=2, log_freq=4, verbose=0,
                   callbacks=[visualdl, board])
+        # The run's own directory, named as VisualDL names it.
+        assert board.run_dir == str(tmp_path / "tb" / "version_0")
+        assert visualdl.run_dir == str(tmp_path / "vdl" / "version_0")
         # Flushed, not closed, when fit returns: readable now, and evaluate appends to it.
-        (after_fit,) = event_files(tmp_path / "tb")
-        assert tensorboard_scalars(tmp_path / "tb")["eval/loss"][-1][0] == 1
+        (after_fit,) = event_files(board.run_dir)
+        assert tensorboard_scalars(board.run_dir)["eval/loss"][-1][0] == 1
 
         model.evaluate(data, verbose=0, callbacks=[visualdl, board])
-        assert event_files(tmp_path / "tb") == [after_fit]
-        scalars = tensorboard_scalars(tmp_path / "tb")
+        assert event_files(board.run_dir) == [after_fit]
+        scalars = tensorboard_scalars(board.run_dir)
     finally:
         board.close()
         visualdl.close()
 
     assert set(scalars) == {"train/loss", "train/acc_top1", "train/acc_top2", "train/lr",
                             "eval/loss", "eval/acc_top1", "eval/acc_top2"}
-    assert scalars == visualdl_scalars(tmp_path / "vdl")  # same tags, steps and (float32) values
+    assert scalars == visualdl_scalars(visualdl.run_dir)  # same tags, steps and (float32) values
     assert [step for step, _ in scalars["train/loss"]] == [4, 6, 10, 12]  # global batch numbers
     assert [value for _, value in scalars["train/lr"]] == pytest.approx([0.05] * 4)
     # epoch index during fit (0, 1), then the standalone evaluation after them (2)
@@ -114,3 +117,50 @@ def test_importing_callbacks_needs_no_tensorboard(monkeypatch):
 def test_log_dir_must_be_a_path():
     with pytest.raises(TypeError, match=r"TensorBoard: log_dir must be a directory path .*received 5"):
         TensorBoard(5)
+
+
+def write_one_point(board, value):
+    attach(board)
+    board.on_train_begin()
+    board.on_epoch_begin(0)
+    board.on_train_batch_end(0, {"batch_size": 8, "loss": value})
+    board.on_train_end()
+    board.close()
+
+
+def test_tensorboard_shows_each_run_under_log_dir_as_its_own_run(tmp_path):
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    first, second = TensorBoard(tmp_path / "tb"), TensorBoard(tmp_path / "tb")
+    write_one_point(first, 1.0)
+    write_one_point(second, 2.0)
+    # what `tensorboard --logdir tmp_path/tb` loads: one run per subdirectory
+    runs = EventMultiplexer().AddRunsFromDirectory(str(tmp_path / "tb"))
+    runs.Reload()
+    assert sorted(runs.Runs()) == ["version_0", "version_1"]
+    assert [e.value for e in runs.Scalars("version_1", "train/loss")] == [2.0]
+    assert second.run_dir == str(tmp_path / "tb" / "version_1")
+
+
+def test_version_none_writes_the_event_file_into_log_dir(tmp_path):
+    board = TensorBoard(tmp_path / "tb", version=None)
+    assert board.run_dir == str(tmp_path / "tb")
+    write_one_point(board, 1.0)
+    assert len(event_files(tmp_path / "tb")) == 1
+    assert tensorboard_scalars(tmp_path / "tb")["train/loss"] == [(1, 1.0)]
+
+
+def test_a_resumed_tensorboard_run_keeps_its_directory(tmp_path):
+    crashed = TensorBoard(tmp_path / "tb", version="auto")
+    write_one_point(crashed, 1.0)
+    write_one_point(TensorBoard(tmp_path / "tb"), 5.0)  # another run meanwhile: version_1
+    resumed = TensorBoard(tmp_path / "tb")
+    resumed.load_state_dict(crashed.state_dict())
+    write_one_point(resumed, 2.0)
+    assert resumed.run_dir == crashed.run_dir == str(tmp_path / "tb" / "version_0")
+    assert sorted(os.listdir(tmp_path / "tb")) == ["version_0", "version_1"]
+
+
+def test_bad_version():
+    with pytest.raises(ValueError, match=r"TensorBoard: version='\.\.' must name a subdirectory"):
+        TensorBoard("tb", version="..")

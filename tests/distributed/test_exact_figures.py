@@ -81,7 +81,7 @@ def check_eval_shards(ranks):
 
 def check_only_rank_0_writes_visualdl(ranks, tmp_path):
     assert [rank["log_writers_opened"] for rank in ranks] == [1] + [0] * (len(ranks) - 1)
-    assert len(list((tmp_path / "vdl").glob("vdlrecords.*"))) == 1
+    assert len(list((tmp_path / "vdl" / "version_0").glob("vdlrecords.*"))) == 1
 
 
 def test_two_processes_report_the_figures_of_one(tmp_path):

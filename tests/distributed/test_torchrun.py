@@ -56,7 +56,7 @@ def test_two_processes_train_like_one_at_twice_the_batch(tmp_path):
     assert ranks[0]["val_history"] == ranks[1]["val_history"]
 
     # Only rank 0 wrote files: one VisualDL record, one CSV, plain checkpoints.
-    assert len(list((tmp_path / "vdl").glob("vdlrecords.*"))) == 1
+    assert len(list((tmp_path / "vdl" / "version_0").glob("vdlrecords.*"))) == 1
     assert [row["epoch"] for row in csv.DictReader(open(tmp_path / "log.csv"))] == ["0", "1"]
     assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {"0.pt", "1.pt", "best.pt", "final.pt"}
     state = torch.load(tmp_path / "final.pt", weights_only=True)

@@ -1,12 +1,13 @@
 """The VisualDL dashboard shows what examples/hapitrain.py logged, in a real (headless) browser.
 
-Trains the example for 3 steps on small IDX files, serves its log with ``visualdl``, opens
+Trains the example for 3 steps on small IDX files, serves its logs with ``visualdl``, opens
 the scalar page in headless Chromium driven by Selenium (Debian's ``chromium`` and
 ``chromium-driver``; nothing is downloaded) and checks that every train and eval tag is
 drawn as a chart with its points. The page draws tag names inside each chart's canvas
 (ECharts titles), not as DOM text, so the names are read from the ECharts instances of
-the page; the group headers ("eval" 3, "train" 4) are DOM text. The screenshot stays in
-pytest's tmp_path; its path is printed.
+the page; the group headers ("eval" 3, "train" 4) are DOM text. The example runs twice:
+each run writes into its own ``visualdl_log/version_<N>`` and the dashboard, opened on
+``visualdl_log``, shows both runs. The screenshot stays in pytest's tmp_path; its path is printed.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ PACKAGES = ("chromium", "chromium-driver")
 CHROMIUM_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run", "--disable-sync", "--window-size=1400,900")
 
-# Reads each chart's title and point counts from the page's own ECharts module (the
+# Reads each chart's title, point counts and series (run) names from the page's own ECharts module (the
 # same module URL gives the same instance registry). VisualDL 2.5 serves it here.
 READ_CHARTS = """
 const done = arguments[arguments.length - 1];
@@ -42,7 +43,8 @@ import('/app/__snowpack__/pkg/echarts.js').then(echarts => done(
         const chart = echarts.getInstanceByDom(element);
         const option = chart ? chart.getOption() : {};
         return {title: ((option.title || [])[0] || {}).text || null,
-                points: Math.max(0, ...(option.series || []).map(s => (s.data || []).length))};
+                points: Math.max(0, ...(option.series || []).map(s => (s.data || []).length)),
+                series: (option.series || []).map(s => s.name || '')};
     }))).catch(error => done(String(error)));
 """
 GROUP_HEADERS = """
@@ -108,23 +110,28 @@ def test_visualdl_dashboard_shows_hapitrain_scalars(tmp_path, free_port):
     except ImportError:
         _fail_or_skip("selenium is not installed (pip install -e '.[test]')")
 
-    # 1. Train: --num-iters 3 on 64 images (one batch per epoch) runs 3 epochs, so each
-    #    train tag gets 3 points (a line); evaluate runs once (one point per eval tag).
+    # 1. Train twice: --num-iters 3 on 64 images (one batch per epoch) runs 3 epochs, so each
+    #    train tag gets 3 points (a line); evaluate runs once (one point per eval tag). Each
+    #    run writes into its own visualdl_log/version_<N>, so the second hides nothing.
     data = make_mnist_dir(tmp_path / "data", n_train=64, n_test=32)
     out = tmp_path / "out"
-    trained = subprocess.run([sys.executable, str(EXAMPLE), "--data-root", str(data), "--num-iters", "3",
-                              "--output", str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert trained.returncode == 0, trained.stdout + trained.stderr
     logdir = out / "visualdl_log"
-    assert len(list(logdir.glob("vdlrecords.*.log"))) == 1
+    for version in ("version_0", "version_1"):
+        trained = subprocess.run([sys.executable, str(EXAMPLE), "--data-root", str(data), "--num-iters", "3",
+                                  "--output", str(out)], cwd=tmp_path, capture_output=True, text=True,
+                                 timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert trained.returncode == 0, trained.stdout + trained.stderr
+        assert f"VisualDL log: {logdir / version} (visualdl --logdir {logdir} " in trained.stdout
+        assert len(list((logdir / version).glob("vdlrecords.*.log"))) == 1
+    assert sorted(p.name for p in logdir.iterdir()) == ["version_0", "version_1"]
 
     server_log = tmp_path / "visualdl.out"
     base = f"http://127.0.0.1:{free_port}"
     server = driver = None
     with open(server_log, "w") as log_handle:
         try:
-            # 2. Serve the log; the JSON API answers without a browser.
+            # 2. Serve the parent directory; the JSON API answers without a browser, and
+            #    lists each version directory as a run.
             launched = time.monotonic()
             server = subprocess.Popen([*_visualdl_command(), "--logdir", str(logdir), "--host", "127.0.0.1",
                                        "--port", str(free_port), "--language", "en", "--disable-telemetry"],
@@ -132,7 +139,9 @@ def test_visualdl_dashboard_shows_hapitrain_scalars(tmp_path, free_port):
             answer = _wait_for_api(f"{base}/app/api/scalar/tags", server, server_log)
             print(f"\nvisualdl answered {time.monotonic() - launched:.2f} s after its start")
             assert answer["status"] == 0
-            assert set(TRAIN_TAGS + EVAL_TAGS) <= set(answer["data"]["tags"][0])
+            runs = answer["data"]["runs"]
+            assert sorted(pathlib.PurePath(run).name for run in runs) == ["version_0", "version_1"], runs
+            assert all(set(TRAIN_TAGS + EVAL_TAGS) <= set(tags) for tags in answer["data"]["tags"]), answer
 
             # 3. Open the scalar page in headless Chromium.
             options = webdriver.ChromeOptions()
@@ -167,6 +176,10 @@ def test_visualdl_dashboard_shows_hapitrain_scalars(tmp_path, free_port):
                     .find(h => h.textContent.trim() === 'train').parentElement.click();""")
             shown = _wait(driver, charts_of(TRAIN_TAGS + EVAL_TAGS), "every train and eval chart with its points")
             print(f"charts shown (title: points): {shown}")
+            # every chart draws both runs (its series are named after the run directories)
+            drawn = {c["title"]: sorted({pathlib.PurePath(name).name for name in c["series"] if name})
+                     for c in driver.execute_async_script(READ_CHARTS) if c["title"]}
+            assert all(drawn[tag] == ["version_0", "version_1"] for tag in TRAIN_TAGS + EVAL_TAGS), drawn
             assert all(shown[tag] == 3 for tag in TRAIN_TAGS), shown
             assert all(shown[tag] == 1 for tag in EVAL_TAGS), shown
 

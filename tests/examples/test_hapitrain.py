@@ -37,7 +37,7 @@ def test_hapitrain_on_small_files(tmp_path):
 
     from visualdl import LogReader
 
-    records = list((tmp_path / "out" / "visualdl_log").glob("vdlrecords.*.log"))
+    records = list((tmp_path / "out" / "visualdl_log" / "version_0").glob("vdlrecords.*.log"))
     assert len(records) == 1
     tags = set(LogReader(file_path=str(records[0])).get_tags()["scalar"])
     assert {"train/loss", "train/acc_top1", "train/acc_top2", "train/lr",
@@ -77,4 +77,4 @@ def test_hapitrain_unchanged_under_torchrun_with_two_processes(tmp_path):
     results = json.loads(reports[0])
     print(results)
     assert results["acc_top1"] >= 0.78
-    assert len(list((tmp_path / "out" / "visualdl_log").glob("vdlrecords.*"))) == 1
+    assert len(list((tmp_path / "out" / "visualdl_log" / "version_0").glob("vdlrecords.*"))) == 1

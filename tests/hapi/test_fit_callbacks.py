@@ -30,7 +30,7 @@ def test_visualdl_scalars_read_back(tmp_path):
 
     _model().fit(DATA, eval_data=DATA, batch_size=10, epochs=2, log_freq=3, verbose=0,
                  callbacks=[VisualDL(tmp_path / "vdl")])
-    records = list((tmp_path / "vdl").glob("vdlrecords.*.log"))
+    records = list((tmp_path / "vdl" / "version_0").glob("vdlrecords.*.log"))
     assert len(records) == 1
     reader = LogReader(file_path=str(records[0]))
     tags = set(reader.get_tags()["scalar"])
@@ -129,7 +129,7 @@ def test_one_visualdl_callback_for_fit_and_evaluate_writes_one_file(tmp_path):
     board = VisualDL(tmp_path / "vdl")
     model.fit(DATA, batch_size=10, epochs=1, verbose=0, callbacks=[board])
     model.evaluate(DATA, verbose=0, callbacks=[board])
-    records = list((tmp_path / "vdl").glob("vdlrecords.*.log"))
+    records = list((tmp_path / "vdl" / "version_0").glob("vdlrecords.*.log"))
     assert len(records) == 1
     tags = set(LogReader(file_path=str(records[0])).get_tags()["scalar"])
     assert {"train/loss", "eval/loss", "eval/acc"} <= tags

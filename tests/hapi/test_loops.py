@@ -83,7 +83,7 @@ def test_params_describe_the_run(recorder):
     assert recorder.params == {
         "epochs": 3, "steps": 4, "batch_size": 8, "verbose": 0, "log_freq": 5,
         "metrics": ["loss", "acc"], "rank": 0, "world_size": 1, "eval_steps": None,
-        "accumulate_grad_batches": 1,
+        "accumulate_grad_batches": 1, "num_iters": None,
     }
 
 
