@@ -168,6 +168,7 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
                                           before_update=before_update)
             batch_size = batch_length(inputs, labels)
             metrics.update(loss, outputs, labels, batch_size)
+            metrics.add_figures(stepper.loss_parts, batch_size)  # per-output losses, if any
         model.step += int(update)
         model.epoch_step = step + 1
         done = step + 1 - first_step
@@ -226,6 +227,8 @@ def evaluate_loop(parts: Parts, loader: Iterable, cbks: CallbackList, *, log_fre
                 loss, outputs = stepper.evaluate(inputs, labels)
                 batch_size = batch_length(inputs, labels)
                 metrics.update(loss, outputs, labels, batch_size)
+                if loss is not None:
+                    metrics.add_figures(stepper.loss_parts, batch_size)
             # Running figures stay local, and only the last batch's are reduced
             # (each process has one).
             figures = metrics.compute(sync=is_last) if _figures_due(step, is_last, log_freq) else None

@@ -18,6 +18,7 @@ import torch
 import torchmetrics
 
 from hapi import distributed
+from hapi.data import describe
 
 __all__ = ["Accuracy", "MetricSet"]
 
@@ -108,6 +109,15 @@ def normalise_metrics(metrics: Any) -> dict[str, torchmetrics.Metric]:
     """
     if metrics is None:
         return {}
+    if isinstance(metrics, (list, tuple)) and metrics and all(
+            isinstance(per_output, (list, tuple, dict)) or per_output is None for per_output in metrics):
+        # One list per output (Keras' multi-output form): metrics[i] sees output i and label i.
+        named = {}
+        for position, per_output in enumerate(metrics):
+            for name, metric in normalise_metrics(per_output).items():
+                metric._hapi_output = position  # noqa: SLF001 -- read by MetricSet.update
+                named[f"output_{position}_{name}"] = metric
+        return named
     if isinstance(metrics, dict):
         named = {}
         for key, metric in metrics.items():
@@ -129,6 +139,16 @@ def normalise_metrics(metrics: Any) -> dict[str, torchmetrics.Metric]:
             name = f"{base}_{n}"
         named[name] = metric
     return named
+
+
+def _output_pair(outputs: list, labels: list, position: int, key: str) -> tuple[list, list]:
+    """Output ``position`` and label ``position``, for a per-output metric."""
+    if position >= len(outputs) or position >= len(labels):
+        raise ValueError(
+            f"The metric {key!r} is for output {position}, but a batch gave {len(outputs)} outputs "
+            f"{describe(outputs)} and {len(labels)} labels {describe(labels)}. Give one list of metrics "
+            "per output, and one label per output (Model(labels=...) counts them).")
+    return [outputs[position]], [labels[position]]
 
 
 class MetricSet:
@@ -210,12 +230,29 @@ class MetricSet:
                 self._loss_sum = torch.zeros((), dtype=torch.float32, device=loss.device)
             self._loss_sum.add_(loss, alpha=batch_size)  # one in-place op, on the device
         self._samples += batch_size
-        for metric in self.metrics.values():
-            metric.update(*outputs, *labels)
+        for key, metric in self.metrics.items():
+            position = getattr(metric, "_hapi_output", None)
+            pair = (outputs, labels) if position is None else _output_pair(outputs, labels, position, key)
+            try:
+                metric.update(*pair[0], *pair[1])
+            except TypeError as error:
+                raise TypeError(
+                    f"The metric {key!r} ({type(metric).__name__}) failed on outputs {describe(pair[0])} "
+                    f"and labels {describe(pair[1])}: {error}. A metric is called as "
+                    "update(*outputs, *labels); a network with several outputs needs metrics per output: "
+                    "prepare(metrics=[[metrics of output 0], [metrics of output 1], ...]), each called "
+                    "with its output and its label."
+                ) from error
 
     @torch.no_grad()
     def update_figures(self, figures: dict[str, Any], batch_size: int) -> None:
         """Accumulate one batch of a user's step: ``loss`` and any other named scalars."""
+        self.add_figures(figures, batch_size)
+        self._samples += batch_size
+
+    @torch.no_grad()
+    def add_figures(self, figures: dict[str, Any], batch_size: int) -> None:
+        """Named scalars of a batch already counted by :meth:`update` (each output's loss, say)."""
         for name, value in figures.items():
             value = torch.as_tensor(value).detach()
             if value.numel() != 1:
@@ -231,7 +268,6 @@ class MetricSet:
             if total is None:
                 total = self._figure_sums[name] = torch.zeros((), dtype=torch.float64, device=value.device)
             total.add_(value.reshape(()).double(), alpha=batch_size)
-        self._samples += batch_size
 
     def compute(self, sync: bool = True) -> dict[str, float]:
         """Means over every sample since :meth:`reset`.

@@ -24,7 +24,7 @@ from hapi import checkpoint, distributed
 from hapi.data import BatchSplitter, batch_length, check_positive_int, make_loader, num_batches
 from hapi.loops import Parts, evaluate_loop, fit_loop, predict_loop
 from hapi.metrics import MetricSet, normalise_metrics
-from hapi.steps import AMP_DTYPES, Stepper, check_amp, check_clipping, make_scaler
+from hapi.steps import AMP_DTYPES, PerOutputLoss, Stepper, check_amp, check_clipping, make_scaler
 from hapi.summary import summarize
 
 DEFAULT_BATCH_SIZE = 32  # Keras' default; Paddle's is 1, which is rarely what anyone wants.
@@ -199,7 +199,7 @@ class Model:
     def prepare(self, optimizer: torch.optim.Optimizer | Sequence | dict | None = None, loss: Any = None,
                 metrics: Any = None, amp: str | None = None, compile: bool = False,
                 strategy: Any = None, clip_grad_norm: float | None = None,
-                clip_grad_value: float | None = None) -> None:
+                clip_grad_value: float | None = None, loss_weights: Sequence[float] | None = None) -> None:
         """Set what training and evaluation use.
 
         Args:
@@ -225,6 +225,11 @@ class Model:
                 every optimizer step (over every process's shards under FSDP);
                 training logs then carry ``grad_norm``, the norm before clipping.
             clip_grad_value: clip each gradient element to ``[-v, v]`` instead.
+            loss_weights: with ``loss=[loss_0, loss_1, ...]`` (one loss per
+                network output, each scoring output i against label i, as in
+                Keras), the weight of each in the trained sum; every part is
+                logged as ``output_<i>_loss``. ``metrics=[[...], [...]]`` gives
+                metrics per output likewise (logged as ``output_<i>_<name>``).
         """
         chosen_strategy = distributed.resolve_strategy(strategy)
         clip_norm, clip_value = check_clipping(clip_grad_norm, clip_grad_value)
@@ -235,6 +240,14 @@ class Model:
                 f"{self._strategy!r}: the network is already wrapped for that strategy. Build a new "
                 "Model(network) to train with another strategy.")
         named_optimizers = _named_optimizers(optimizer)
+        if isinstance(loss, (list, tuple)):  # one loss per output (Keras)
+            for index, part in enumerate(loss):
+                if isinstance(part, type) or not callable(part):
+                    raise TypeError(f"loss[{index}] must be a loss instance, callable as loss(output, label); "
+                                    f"received {part!r}.")
+            loss = PerOutputLoss(list(loss), None if loss_weights is None else list(loss_weights))
+        elif loss_weights is not None:
+            raise ValueError("loss_weights weighs per-output losses: pass loss=[loss_0, loss_1, ...] with it.")
         if isinstance(loss, type):
             raise TypeError(f"loss is the class {loss.__name__}; pass an instance, e.g. "
                             f"{loss.__name__}().")

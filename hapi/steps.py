@@ -45,6 +45,36 @@ def check_clipping(clip_grad_norm: Any, clip_grad_value: Any) -> tuple[float | N
             None if clip_grad_value is None else float(clip_grad_value))
 
 
+class PerOutputLoss:
+    """``prepare(loss=[loss_0, loss_1, ...], loss_weights=...)``: Keras' per-output losses.
+
+    Loss i scores output i against label i; the trained loss is their weighted
+    sum, and each part is logged as ``output_<i>_loss``.
+    """
+
+    def __init__(self, losses: list[Callable], weights: list[float] | None) -> None:
+        if weights is not None and len(weights) != len(losses):
+            raise ValueError(f"loss_weights has {len(weights)} entries for {len(losses)} losses; give one "
+                             "weight per output's loss.")
+        self.losses = losses
+        self.weights = [1.0] * len(losses) if weights is None else [float(w) for w in weights]
+
+    def __call__(self, *outputs_and_labels: Any) -> torch.Tensor:
+        """The weighted sum, called as ``loss(*outputs, *labels)`` like any loss."""
+        count = len(self.losses)
+        parts = self.parts(list(outputs_and_labels[:count]), list(outputs_and_labels[count:]))
+        return sum(weight * part for weight, part in zip(self.weights, parts))
+
+    def parts(self, outputs: list[Any], labels: list[Any]) -> list[torch.Tensor]:
+        if len(outputs) != len(self.losses) or len(labels) != len(self.losses):
+            raise ValueError(
+                f"prepare(loss=[...]) has {len(self.losses)} losses, one per output, but a batch gave "
+                f"{len(outputs)} outputs {describe(outputs)} and {len(labels)} labels {describe(labels)}. "
+                "Give the network one output per loss, and the data one label per output "
+                "(Model(labels=...) counts them).")
+        return [loss(output, label) for loss, output, label in zip(self.losses, outputs, labels)]
+
+
 def make_scaler(amp: str | None, device: torch.device) -> Any:
     """fp16 needs loss scaling against gradient underflow; bf16 and fp32 do not."""
     return torch.amp.GradScaler(device.type) if amp == "fp16" else None
@@ -88,6 +118,8 @@ class Stepper:
     # The total gradient norm before clipping at the last update (a device
     # tensor, read only when figures are), with clip_grad_norm.
     grad_norm: torch.Tensor | None = None
+    # With per-output losses, the last batch's parts by name (output_<i>_loss).
+    loss_parts: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.eval_network is None:
@@ -161,7 +193,12 @@ class Stepper:
     def compute_loss(self, outputs: list[torch.Tensor], labels: list[torch.Tensor]) -> torch.Tensor:
         """``loss_fn(*outputs, *labels)``; a list of losses is summed, as in Paddle."""
         try:
-            loss = self.loss_fn(*outputs, *labels)
+            if isinstance(self.loss_fn, PerOutputLoss):
+                parts = self.loss_fn.parts(outputs, labels)
+                self.loss_parts = {f"output_{i}_loss": part.detach() for i, part in enumerate(parts)}
+                loss = sum(weight * part for weight, part in zip(self.loss_fn.weights, parts))
+            else:
+                loss = self.loss_fn(*outputs, *labels)
         except (RuntimeError, ValueError, IndexError, TypeError) as error:
             raise type(error)(
                 f"The loss {type(self.loss_fn).__name__} failed on outputs "
