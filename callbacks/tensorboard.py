@@ -39,7 +39,10 @@ class TensorBoard(_ScalarLogger):
     The same scalars, tags (``train/<name>``, ``train/lr``, ``eval/<name>``)
     and steps as :class:`callbacks.VisualDL`, whose docstring lists them, and
     the same run directories: ``<log_dir>/version_<N>`` by default, so that
-    ``tensorboard --logdir log_dir`` shows each run as its own curve.
+    ``tensorboard --logdir log_dir`` shows each run as its own curve. In a
+    ``fit(eval_steps=N)`` every evaluation is plotted at the global batch
+    number it follows, on the ``train/*`` curves' axis; otherwise at the
+    epoch index during ``fit`` (details in :class:`callbacks.VisualDL`).
 
     Only the main process writes; other ranks create no file or directory.
     Everything goes to one ``events.out.tfevents.*`` file per callback, in

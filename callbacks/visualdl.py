@@ -91,6 +91,14 @@ class _ScalarLogger(Callback):
     """Decides which scalars are written, under which tags, at which steps
     (listed in :class:`VisualDL`'s docstring), for VisualDL and TensorBoard alike.
 
+    The x axis of training is :attr:`train_step`, the batches this callback has
+    seen (not ``model.step``, the optimizer steps: with accumulation every
+    batch still gets its own point). In a ``fit`` with ``eval_steps``
+    (``params["eval_steps"]`` set) evaluations are plotted on that same axis,
+    at :attr:`train_step` when they end, so several evaluations in one epoch
+    no longer share the epoch's x and the two curves can be read together.
+    Without ``eval_steps`` they stay at the epoch index, as before.
+
     One writer per callback, opened on the first write by the main process
     only; flushed (not closed) at the end of training and after a standalone
     evaluation, so the file is complete when the call returns and a later
@@ -117,6 +125,8 @@ class _ScalarLogger(Callback):
         self.next_eval_step = 1  # where the next standalone evaluate is plotted
         self._epoch = 0
         self._training = False
+        # During a fit with eval_steps: evaluations are plotted at train_step, not at the epoch.
+        self._eval_at_batch = False
         self._writer: Any = None
 
     @property
@@ -186,6 +196,7 @@ class _ScalarLogger(Callback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._training = True
+        self._eval_at_batch = self.params.get("eval_steps") is not None
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
@@ -204,7 +215,11 @@ class _ScalarLogger(Callback):
         self.next_eval_step = max(self.next_eval_step, epoch + 1)
 
     def on_eval_end(self, logs: dict | None = None) -> None:
-        if self._training:
+        if self._training and self._eval_at_batch:
+            # The batches trained so far, the x of the train/* curves: the
+            # evaluated weights are those the train curve shows at that x.
+            step = self.train_step
+        elif self._training:
             step = self._epoch
         else:
             step = self.next_eval_step
@@ -214,7 +229,11 @@ class _ScalarLogger(Callback):
             self._flush()
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        self._training = False
+        if self._eval_at_batch:
+            # A standalone evaluate comes after every batch of this fit (and so
+            # after its evaluations): the eval/* curve never runs backwards.
+            self.next_eval_step = max(self.next_eval_step, self.train_step + 1)
+        self._training = self._eval_at_batch = False
         self._flush()
 
 
@@ -226,10 +245,22 @@ class VisualDL(_ScalarLogger):
       the step is the global batch number (1-based, counted across epochs and
       across ``fit`` calls on the same callback).
     * ``train/lr``: ``model.optimizer.param_groups[0]["lr"]`` at the same moments.
-    * ``eval/<name>`` for each figure of an evaluation; the step is the epoch
-      index (0-based) during ``fit``; a standalone ``evaluate`` comes next:
-      step 1, 2, ... with no ``fit`` before it, and after a ``fit`` of E epochs
-      step E, E+1, ..., so the curve never runs backwards.
+    * ``eval/<name>`` for each figure of an evaluation. During a ``fit``
+      without ``eval_steps`` the step is the epoch index (0-based). During a
+      ``fit(eval_steps=N)``, which evaluates several times per epoch, every
+      evaluation of that fit, mid-epoch and epoch-end alike, is plotted at the
+      global batch number of the last batch trained before it: the x of the
+      ``train/*`` curves, so both curves share one axis and an evaluation
+      lies where the train curve stood with the same weights. The x counts
+      batches, not optimizer steps: with ``accumulate_grad_batches=k`` an
+      evaluation after ``s`` optimizer steps (``history.evaluations``'
+      ``"step"``) is plotted at the batch whose update made step ``s`` (k * s
+      until an epoch ends with a shorter group). A standalone ``evaluate`` comes next: step 1, 2, ... with no
+      ``fit`` before it; after a ``fit`` of E epochs without ``eval_steps``
+      step E, E+1, ...; after a ``fit`` with ``eval_steps`` that ended at
+      batch B, step B+1, B+2, ...; so the curve never runs backwards after a
+      fit. (A later ``fit`` with the same callback plots where that fit puts
+      its evaluations: epoch indices restart at 0.)
 
     Everything goes to one record file per callback, in :attr:`run_dir`: the
     writer is flushed (not closed) at the end of training and after a

@@ -29,7 +29,8 @@ import torch
 
 from callbacks import CallbackList
 from hapi import distributed
-from hapi.data import BatchSplitter, batch_length, num_batches, start_at, with_last
+from hapi.batches import BatchSplitter, batch_length
+from hapi.data import num_batches, start_at, with_last
 from hapi.metrics import MetricSet
 from hapi.steps import Stepper, as_list
 

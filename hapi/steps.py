@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 from hapi import distributed
-from hapi.data import KeywordInputs, describe
+from hapi.batches import KeywordInputs
+from hapi.data import describe
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # What DistributedDataParallel says when a parameter got no gradient in the previous step.
@@ -73,6 +74,25 @@ class PerOutputLoss:
                 "Give the network one output per loss, and the data one label per output "
                 "(Model(labels=...) counts them).")
         return [loss(output, label) for loss, output, label in zip(self.losses, outputs, labels)]
+
+
+def check_loss(loss: Any, loss_weights: Sequence[float] | None) -> Any:
+    """``prepare``'s loss: a callable, or one per output (a list, with optional weights)."""
+    if isinstance(loss, (list, tuple)):  # one loss per output (Keras)
+        for index, part in enumerate(loss):
+            if isinstance(part, type) or not callable(part):
+                raise TypeError(f"loss[{index}] must be a loss instance, callable as loss(output, label); "
+                                f"received {part!r}.")
+        loss = PerOutputLoss(list(loss), None if loss_weights is None else list(loss_weights))
+    elif loss_weights is not None:
+        raise ValueError("loss_weights weighs per-output losses: pass loss=[loss_0, loss_1, ...] with it.")
+    if isinstance(loss, type):
+        raise TypeError(f"loss is the class {loss.__name__}; pass an instance, e.g. "
+                        f"{loss.__name__}().")
+    if loss is not None and not callable(loss):
+        raise TypeError(f"loss must be callable as loss(outputs, labels); received "
+                        f"{type(loss).__name__}.")
+    return loss
 
 
 def make_scaler(amp: str | None, device: torch.device) -> Any:

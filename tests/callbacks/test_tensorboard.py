@@ -164,3 +164,34 @@ def test_a_resumed_tensorboard_run_keeps_its_directory(tmp_path):
 def test_bad_version():
     with pytest.raises(ValueError, match=r"TensorBoard: version='\.\.' must name a subdirectory"):
         TensorBoard("tb", version="..")
+
+
+@pytest.mark.parametrize("accumulate, batches, optimizer_steps", [
+    (1, [2, 4, 5, 6, 8, 10], [2, 4, 5, 6, 8, 10]),
+    # updates after batches 2, 4, 5 (short last group) | 7, 9, 10: the x stays the batch number
+    (2, [4, 5, 7, 10], [2, 3, 4, 6]),
+])
+def test_fit_with_eval_steps_plots_each_evaluation_at_its_global_batch(tmp_path, accumulate, batches,
+                                                                      optimizer_steps):
+    torch.manual_seed(0)
+    model = Model(TinyNet())
+    model.prepare(torch.optim.SGD(model.parameters(), lr=0.05), nn.CrossEntropyLoss())
+    visualdl, board = VisualDL(tmp_path / "vdl"), TensorBoard(tmp_path / "tb")
+    try:
+        # 2 epochs of 5 batches, an evaluation every 2 optimizer steps and at each epoch end;
+        # hapi/loops.py skips the mid-epoch one at an epoch's last step (the epoch-end one follows).
+        history = model.fit(make_tiny_data(50), eval_data=make_tiny_data(20, seed=1), batch_size=10,
+                            epochs=2, eval_steps=2, log_freq=1, verbose=0,
+                            accumulate_grad_batches=accumulate, callbacks=[visualdl, board])
+        model.evaluate(make_tiny_data(20, seed=1), verbose=0, callbacks=[visualdl, board])
+        scalars = tensorboard_scalars(board.run_dir)
+    finally:
+        board.close()
+        visualdl.close()
+    assert [e["step"] for e in history.evaluations] == optimizer_steps
+    eval_loss = scalars["eval/loss"]
+    # every evaluation at its own x (none overwritten), then the standalone one after the last batch
+    assert [x for x, _ in eval_loss] == batches + [11]
+    assert [v for _, v in eval_loss[:-1]] == [pytest.approx(e["loss"], rel=1e-6) for e in history.evaluations]
+    assert [x for x, _ in scalars["train/loss"]] == list(range(1, 11))  # the same axis: batch numbers
+    assert scalars == visualdl_scalars(visualdl.run_dir)  # the two dashboards agree

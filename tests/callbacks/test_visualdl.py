@@ -361,3 +361,103 @@ def test_fit_resumed_by_backup_and_restore_writes_into_the_same_version(tmp_path
 def test_bad_versions(tmp_path, version, error, match):
     with pytest.raises(error, match=match):
         VisualDL(tmp_path / "runs", version=version)
+
+
+# -- fit(eval_steps=N): every evaluation at its global batch number ------------------------------------
+
+def fit_with_eval_steps(board, accumulate=1, callbacks=()):
+    """2 epochs of 5 batches (batch_size=10), eval_steps=2, figures every batch; returns (model, History)."""
+    import torch
+    from torch import nn
+
+    from conftest import TinyNet, make_tiny_data
+    from hapi import Model
+
+    torch.manual_seed(0)
+    model = Model(TinyNet())
+    model.prepare(torch.optim.SGD(model.parameters(), lr=0.05), nn.CrossEntropyLoss())
+    history = model.fit(make_tiny_data(50), eval_data=make_tiny_data(20, seed=1), batch_size=10,
+                        epochs=2, eval_steps=2, log_freq=1, verbose=0,
+                        accumulate_grad_batches=accumulate, callbacks=[board, *callbacks])
+    return model, history
+
+
+def evaluation_points(history):
+    return [pytest.approx(e["loss"], rel=1e-6) for e in history.evaluations]
+
+
+def test_fit_with_eval_steps_plots_each_evaluation_at_its_batch_on_the_train_axis(tmp_path):
+    board = VisualDL(tmp_path / "runs")
+    model, history = fit_with_eval_steps(board)
+    # Optimizer steps 1..5 in epoch 0, 6..10 in epoch 1 (no accumulation): mid-epoch
+    # evaluations after steps 2, 4 | 6, 8; step 10 ends epoch 1, whose epoch-end
+    # evaluation follows, so hapi/loops.py skips the mid-epoch one there; epoch ends at 5 and 10.
+    assert [e["step"] for e in history.evaluations] == [2, 4, 5, 6, 8, 10]
+    scalars = read_scalars(board.run_dir)
+    assert [x for x, _ in scalars["eval/loss"]] == [2, 4, 5, 6, 8, 10]  # not 0, 0, 0, 1, 1, 1
+    assert [v for _, v in scalars["eval/loss"]] == evaluation_points(history)
+    # the same x axis as the training curve: every evaluation sits on a training point
+    assert [x for x, _ in scalars["train/loss"]] == list(range(1, 11))
+    # a standalone evaluate afterwards goes after the fit's last batch, never backwards
+    from conftest import make_tiny_data
+
+    for _ in range(2):
+        model.evaluate(make_tiny_data(20, seed=1), verbose=0, callbacks=[board])
+    board.close()
+    assert [x for x, _ in read_scalars(board.run_dir)["eval/loss"]] == [2, 4, 5, 6, 8, 10, 11, 12]
+
+
+def test_with_accumulation_evaluations_are_plotted_at_batches_not_optimizer_steps(tmp_path):
+    board = VisualDL(tmp_path / "runs")
+    _, history = fit_with_eval_steps(board, accumulate=2)
+    board.close()
+    # Updates after batches 2, 4, 5 (short last group) | 7, 9, 10: optimizer steps 1..6.
+    # Evaluations after steps 2 (batch 4), 3 (epoch end, batch 5), 4 (batch 7), 6 (epoch end, batch 10).
+    assert [e["step"] for e in history.evaluations] == [2, 3, 4, 6]
+    scalars = read_scalars(board.run_dir)
+    assert [x for x, _ in scalars["eval/loss"]] == [4, 5, 7, 10]
+    assert [v for _, v in scalars["eval/loss"]] == evaluation_points(history)
+    assert [x for x, _ in scalars["train/loss"]] == list(range(1, 11))  # one point per batch
+
+
+def test_a_fit_with_eval_steps_resumed_by_backup_and_restore_plots_as_if_never_stopped(tmp_path):
+    from callbacks import BackupAndRestore, Callback
+
+    class Crash(Callback):
+        def __init__(self, armed):
+            super().__init__()
+            self.armed = armed
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if self.armed and epoch == 1:
+                raise KeyboardInterrupt  # dies after epoch 0's backup
+
+    crashed = VisualDL(tmp_path / "runs")
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            fit_with_eval_steps(crashed, callbacks=[Crash(True), BackupAndRestore(tmp_path / "backup")])
+        finally:
+            crashed.close()
+    resumed = VisualDL(tmp_path / "runs")
+    try:
+        _, history = fit_with_eval_steps(resumed,
+                                         callbacks=[Crash(False), BackupAndRestore(tmp_path / "backup")])
+    finally:
+        resumed.close()
+    assert resumed.run_dir == crashed.run_dir
+    scalars = read_scalars(resumed.run_dir)  # both runs' record files
+    assert [x for x, _ in scalars["eval/loss"]] == [2, 4, 5, 6, 8, 10]
+    assert [v for _, v in scalars["eval/loss"]] == evaluation_points(history)  # History was restored too
+    assert [x for x, _ in scalars["train/loss"]] == list(range(1, 11))
+    assert resumed.next_eval_step == 11
+
+
+def test_eval_steps_in_params_switches_the_eval_x_for_that_fit_only(tmp_path):
+    cb = VisualDL(tmp_path / "runs")
+    model = attach(cb, log_freq=2, eval_steps=3)
+    fit_two_epochs(cb, model)  # evaluations after batches 4 and 8
+    attach(cb, model, log_freq=2, eval_steps=None)
+    fit_two_epochs(cb, model)  # a later fit without eval_steps: epoch indices again
+    cb.close()
+    assert [x for x, _ in read_scalars(cb.run_dir)["eval/loss"]] == [0, 1, 4, 8]
+    assert cb.train_step == 16 and cb.next_eval_step == 9

@@ -1,0 +1,169 @@
+"""Splitting a batch into the network's inputs and the loss's labels, and moving it to the device.
+
+Tuple batches split by position (``Model(inputs=, labels=)``), dict batches
+(the Hugging Face convention) by key; see :class:`BatchSplitter`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+
+def _count(value: Any, name: str) -> int | None:
+    """``inputs=``/``labels=``: a count, or a sequence (names, specs) whose length counts."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, Sequence)) or isinstance(value, str):
+        raise TypeError(
+            f"{name} must be the number of {name} per sample (an int) or a list of them "
+            f"(names or specs, one per {name[:-1]}); received {value!r}."
+        )
+    count = value if isinstance(value, int) else len(value)
+    if count < (1 if name == "inputs" else 0):
+        raise ValueError(f"{name} must count at least {1 if name == 'inputs' else 0}; received {value!r}.")
+    return count
+
+
+def _names(value: Any) -> list[str] | None:
+    """``labels=["labels"]``: the keys of a dict batch that hold labels."""
+    if isinstance(value, Sequence) and not isinstance(value, str) and value and all(
+            isinstance(item, str) for item in value):
+        return list(value)
+    return None
+
+
+def _as_batch(values: Any, name: str) -> list[torch.Tensor]:
+    """``train_batch``'s inputs/labels: a tensor/array or a list of them."""
+    items = [] if values is None else (list(values) if isinstance(values, (list, tuple)) else [values])
+    tensors = []
+    for item in items:
+        if isinstance(item, np.ndarray):
+            item = torch.from_numpy(item)
+        if not torch.is_tensor(item):
+            raise TypeError(f"{name} must be tensors or NumPy arrays (or a list of them); "
+                            f"received {type(item).__name__}.")
+        tensors.append(item)
+    return tensors
+
+
+class KeywordInputs(dict):
+    """The network inputs of a dict batch: the network is called as ``network(**inputs)``."""
+
+
+# Where Hugging Face data sets keep the targets, in the order looked for.
+DEFAULT_LABEL_KEYS = ("labels", "label")
+
+
+class BatchSplitter:
+    """Splits a batch into ``(inputs, labels)`` and moves them to the device.
+
+    A tuple batch is split by position (``Model(inputs=, labels=)`` counts).
+    A dict batch (the Hugging Face convention) is split by key: the label keys
+    (``Model(labels=[names])``, by default ``"labels"``, else ``"label"``)
+    go to the loss and metrics, every other key to the network as a keyword
+    argument; with ``labels_to_network`` (no loss given to ``prepare``) the
+    label keys go to the network too, which then computes its own loss.
+    """
+
+    def __init__(self, device: torch.device, n_inputs: int | None, n_labels: int | None,
+                 label_keys: Sequence[str] | None = None) -> None:
+        self.device = device
+        self.n_inputs = n_inputs
+        self.n_labels = n_labels
+        self.label_keys = None if label_keys is None else list(label_keys)
+        self.labels_to_network = False
+        self.non_blocking = device.type == "cuda"
+
+    @classmethod
+    def for_model(cls, device: torch.device, inputs: Any, labels: Any) -> "BatchSplitter":
+        """From ``Model(inputs=, labels=)``: counts, or lists whose length counts (label names
+        also name a dict batch's label keys)."""
+        return cls(device, _count(inputs, "inputs"), _count(labels, "labels"), label_keys=_names(labels))
+
+    def user_batch(self, inputs: Any, labels: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """``train_batch``'s inputs and labels (tensors or arrays, one or a list) on the device."""
+        return (self._to_device(_as_batch(inputs, "inputs")), self._to_device(_as_batch(labels, "labels")))
+
+    def _to_device(self, items: Iterable[Any]) -> list[Any]:
+        return [item.to(self.device, non_blocking=self.non_blocking) if torch.is_tensor(item) else item
+                for item in items]
+
+    def split(self, batch: Any, need_labels: bool = True) -> tuple[list[Any], list[Any]]:
+        if isinstance(batch, dict):
+            return self._split_dict(batch, need_labels)
+        if not isinstance(batch, (tuple, list)):
+            return self._to_device([batch]), []
+        batch = list(batch)
+        if self.n_inputs is not None:
+            inputs = batch[:self.n_inputs]
+            rest = batch[self.n_inputs:]
+            labels = rest[:self.n_labels] if self.n_labels is not None else rest
+        elif self.n_labels is not None:
+            inputs, labels = batch[:len(batch) - self.n_labels], batch[len(batch) - self.n_labels:]
+        elif len(batch) == 1:
+            inputs, labels = batch, []
+        else:
+            inputs, labels = batch[:-1], batch[-1:]
+        if need_labels and (self.n_labels or 0) > len(labels):
+            raise ValueError(
+                f"A batch has {len(batch)} elements but Model(inputs={self.n_inputs}, "
+                f"labels={self.n_labels}) asks for more; make the data's items tuples with "
+                "that many inputs and labels."
+            )
+        if not inputs:
+            raise ValueError(
+                f"A batch of {len(batch)} elements leaves no network inputs with "
+                f"Model(inputs={self.n_inputs}, labels={self.n_labels})."
+            )
+        return self._to_device(inputs), (self._to_device(labels) if need_labels else [])
+
+    def to_device(self, batch: Any) -> Any:
+        """The batch on the device, its structure kept (for a step of the user's own)."""
+        if torch.is_tensor(batch):
+            return self._to_device([batch])[0]
+        if isinstance(batch, dict):
+            return type(batch)(zip(batch, self._to_device(batch.values())))
+        if isinstance(batch, (tuple, list)):
+            return type(batch)(self._to_device(batch))
+        return batch
+
+    @staticmethod
+    def length(batch: Any) -> int:
+        """Samples in a whole batch (tuple, dict or tensor)."""
+        values = list(batch.values()) if isinstance(batch, dict) else (
+            list(batch) if isinstance(batch, (tuple, list)) else [batch])
+        return batch_length(values, [])
+
+    def _split_dict(self, batch: dict, need_labels: bool) -> tuple[list[Any], list[Any]]:
+        if self.label_keys is not None:
+            keys = self.label_keys
+            missing = [key for key in keys if key not in batch]
+            if missing and need_labels:
+                raise KeyError(
+                    f"A batch is a dict with keys {sorted(batch)}, without the label keys {missing} "
+                    f"that Model(labels={keys}) names. Name the keys your data set returns, e.g. "
+                    f"Model(network, labels={[k for k in sorted(batch) if 'label' in k] or ['labels']}).")
+        else:
+            keys = [next((key for key in DEFAULT_LABEL_KEYS if key in batch), None)]
+            keys = [key for key in keys if key is not None]
+        features = {key: value for key, value in batch.items()
+                    if self.labels_to_network or key not in keys}
+        if not features:
+            raise ValueError(f"A dict batch with keys {sorted(batch)} leaves no network inputs: every "
+                             f"key is a label key ({keys}).")
+        inputs = KeywordInputs(zip(features, self._to_device(features.values())))
+        labels = self._to_device(batch[key] for key in keys if key in batch) if need_labels else []
+        return [inputs], labels
+
+
+def batch_length(inputs: list[Any], labels: list[Any]) -> int:
+    """Samples in a batch: the first dimension of its first tensor."""
+    for item in (*labels, *(value for item in inputs
+                             for value in (item.values() if isinstance(item, KeywordInputs) else [item]))):
+        if torch.is_tensor(item) and item.ndim > 0:
+            return int(item.shape[0])
+    return 1

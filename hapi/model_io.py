@@ -1,0 +1,249 @@
+"""A Model's files: checkpoints (plain, sharded, in the background), loading and resuming, export.
+
+:class:`ModelFiles` is a part of :class:`hapi.Model` (a mixin): it reads and
+writes the model's state through :mod:`hapi.checkpoint` (files) and
+:mod:`hapi.distributed` (which process writes, shards); the rest of the Model
+never touches a file.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from typing import Any
+
+import torch
+
+from hapi import checkpoint, distributed
+
+
+class ModelFiles:
+    """``save``, ``load``, ``wait_for_saves``, ``sharded`` and ``export`` of :class:`hapi.Model`."""
+
+    @property
+    def sharded(self) -> bool:
+        """Whether each process holds only a shard of the weights (FSDP on several processes).
+
+        ``BackupAndRestore`` then backs up with ``save(..., sharded=True)``.
+        """
+        return self._strategy.shards_weights
+
+    def save(self, path: str | os.PathLike, training: bool = True, resumable: bool = False,
+             sharded: bool = False, wait: bool = True) -> str:
+        """Write a checkpoint to ``path`` (+ ``.pt``) atomically; returns the file.
+
+        With ``training=True`` the file holds the network, optimizer, gradient
+        scaler, epoch/step counters and RNG states; with ``training=False``
+        only the network's weights. ``resumable=True``, during ``fit``, adds
+        what ``load(..., resume=True)`` needs to continue that fit exactly
+        (each process's RNG states and running figures, the data order, every
+        callback's state); ``BackupAndRestore`` saves this way. Every process
+        must call it; only the main process writes.
+
+        ``sharded=True`` writes a directory ``path`` through torch's
+        distributed checkpoint (DCP) instead: every process writes the
+        shards it holds (in parallel; the directory must be one that every
+        process sees, as on a shared file system), and :meth:`load` reads it
+        on any number of processes, under any strategy. Returns the directory.
+
+        ``wait=False`` returns as soon as the state is copied to CPU memory
+        (every process still calls it); the file is written in the background,
+        replacing the previous one only once complete. The next save or load,
+        :meth:`wait_for_saves` and the end of the script wait for it.
+        ``BackupAndRestore`` saves this way. Meant for a file rewritten
+        often: the file it replaces is kept as a hidden spare
+        (``.<name>.pt.spare``) and the next background save overwrites it.
+        """
+        distributed.sync_from_main(self._network)  # what is written is what every process evaluates
+        state: dict[str, Any] = {"format": checkpoint.FORMAT, "version": checkpoint.VERSION}
+        if not sharded:
+            state["network"] = self._strategy.full_state_dict(self._network)
+        if training:
+            optimizer_state, optimizer_type = (
+                (None if sharded else self._strategy.full_optimizer_state(self._network, self._optimizer),
+                 type(self._optimizer).__name__)
+                if self._optimizer is not None else self._pending_optimizer or (None, None))
+            state.update({
+                "optimizer": optimizer_state,
+                "optimizer_type": optimizer_type,
+                "scaler": self._scaler.state_dict() if self._scaler is not None else self._pending_scaler_state,
+                "epoch": self.epoch,
+                "epoch_step": self.epoch_step,
+                "step": self.step,
+                "rng": checkpoint.rng_state(),
+            })
+            if len(self._optimizers) > 1:  # a train_step of the user's own: every optimizer, by name
+                if sharded:
+                    raise ValueError("save(sharded=True) holds one optimizer; this Model has "
+                                     f"{len(self._optimizers)}. Save with sharded=False.")
+                state.update(optimizer=None, optimizer_type=None, optimizers={
+                    name: self._strategy.full_optimizer_state(self._network, optimizer)
+                    for name, optimizer in self._optimizers.items()},
+                    optimizer_types={name: type(o).__name__ for name, o in self._optimizers.items()})
+            if resumable and self._fit_run is not None:
+                run = self._fit_run
+                state["fit"] = checkpoint.fit_state(
+                    run.data_seed, distributed.consumed_items(run.train_loader, self.epoch_step),
+                    state["rng"], self._metrics, run.callbacks)
+        if sharded:
+            optimizer = self._optimizer if training else None
+            return checkpoint.save_sharded(path, state, functools.partial(
+                distributed.save_shards, network=self._network, optimizer=optimizer), wait=wait)
+        return checkpoint.save_state(path, state, wait=wait)
+
+    def wait_for_saves(self) -> None:
+        """Return once every ``save(..., wait=False)`` is on disk; raise if one failed.
+
+        Every process must call it (it is collective, like ``save``). It also
+        frees the CPU copy of the state that background saves keep for reuse.
+        """
+        checkpoint.wait_for_writes()
+        checkpoint.release_staging()
+
+    def load(self, path: str | os.PathLike, skip_mismatch: bool = False,
+             reset_optimizer: bool = False, resume: bool = False) -> None:
+        """Restore a checkpoint written by :meth:`save` (or a plain state_dict).
+
+        Args:
+            skip_mismatch: load only tensors whose names and shapes match,
+                warning about the rest, instead of raising.
+            reset_optimizer: keep the optimizer's current state.
+
+        The optimizer's per-parameter state (momentum, Adam's moments, step
+        counts) is restored, now or at the next ``prepare``; its settings
+        (``lr``, ``betas``, ``weight_decay``, ...) stay those of the optimizer
+        given to ``prepare``, whichever came first, and a warning names any
+        the file had otherwise. ``resume=True`` restores the file's settings
+        too (a schedule may have changed them).
+            resume: also restore what continuing an interrupted ``fit`` needs
+                -- RNG states, the data order and position in the epoch, the
+                running figures and every callback's state -- from a file
+                saved during ``fit``. Only from ``on_train_begin`` of a running
+                fit (``callbacks.BackupAndRestore`` does this), on every
+                process: each gets the copy furthest into training among the
+                machines, so no shared file system is needed, even when a
+                restart gives rank 0 to another machine.
+
+        Raises:
+            FileNotFoundError: no file at ``path`` / ``path.pt`` (with
+                ``resume``: on no machine; raised on every process).
+            hapi.checkpoint.CheckpointError: the file is damaged, carries code,
+                or belongs to another architecture (the error names the keys).
+        """
+        if resume:
+            checkpoint.check_fitting(fitting=self._fit_run is not None)  # before the collective
+            file, state = checkpoint.load_freshest_state(path)
+            checkpoint.check_resumable(file, state)
+        else:
+            file, state = checkpoint.load_state(path)
+        skipped = (self._load_shards(file, state, skip_mismatch) if "shards" in state
+                   else self._load_weights(file, state, skip_mismatch))
+        if skipped:
+            warnings.warn(f"Loaded {file!r} partially; skipped {len(skipped)} tensors whose name or "
+                          f"shape do not match this network: {skipped}.", stacklevel=2)
+        optimizer_state, optimizer_shards = state.get("optimizer"), state.get("optimizer_shards")
+        if (optimizer_state is not None or optimizer_shards is not None) and not reset_optimizer:
+            if skipped:
+                warnings.warn("The optimizer state in the checkpoint was not loaded because the "
+                              "network's weights did not match it.", stacklevel=2)
+            elif self._optimizer is not None:
+                self._restore_optimizer(file, state, keep_hyperparameters=not resume)
+            elif optimizer_shards is None:
+                self._pending_optimizer = (optimizer_state, state.get("optimizer_type"))
+            else:  # shards are read into the optimizer's own (sharded) state: it must exist
+                warnings.warn(f"The optimizer state in the sharded checkpoint {file!r} was not loaded: "
+                              "this Model has no optimizer yet. Call prepare(optimizer=...) before load() "
+                              "to restore it.", stacklevel=2)
+        if state.get("optimizers") is not None and not reset_optimizer and not skipped:
+            self._restore_optimizers(file, state, keep_hyperparameters=not resume)
+        if state.get("scaler") is not None:
+            if self._scaler is not None:
+                self._scaler.load_state_dict(state["scaler"])
+            else:
+                self._pending_scaler_state = state["scaler"]
+        self.epoch = int(state.get("epoch", 0))
+        self.epoch_step = int(state.get("epoch_step", 0))
+        self.step = int(state.get("step", 0))
+        if resume:
+            self._resume_fit(file, state)
+
+    def _load_weights(self, file: str, state: dict, skip_mismatch: bool) -> list[str]:
+        weights, skipped = checkpoint.match_state_dict(self._network, state["network"], file, skip_mismatch)
+        self._strategy.load_state_dict(self._network, weights, strict=not skipped)
+        return skipped
+
+    def _load_shards(self, file: str, state: dict, skip_mismatch: bool) -> list[str]:
+        """A sharded checkpoint's weights, resharded for this run (collectives)."""
+        directory = checkpoint.shards_directory(file, state)
+        saved = {key: torch.empty(shape, device="meta")
+                 for key, shape in distributed.saved_shapes(directory).items()}
+        weights, skipped = checkpoint.match_state_dict(self._network, saved, file, skip_mismatch)
+        distributed.load_shards(directory, self._network, set(weights))
+        return skipped
+
+    def _restore_optimizer(self, file: str, state: dict, keep_hyperparameters: bool) -> None:
+        """The checkpoint's optimizer state into this Model's optimizer: from the file, or its shards.
+
+        ``keep_hyperparameters``: the settings given to prepare() win (a load);
+        a resume takes the file's too, schedules having changed them.
+        """
+        shards = state.get("optimizer_shards")
+        if shards is None:
+            self._load_optimizer_state(state["optimizer"], state.get("optimizer_type"), source=file,
+                                       keep_hyperparameters=keep_hyperparameters)
+            return
+        directory = checkpoint.shards_directory(file, state)
+        checkpoint.load_optimizer_state(
+            self._optimizer, {"param_groups": shards["param_groups"]}, state.get("optimizer_type"), file,
+            load=lambda _: distributed.load_optimizer_shards(directory, self._network, self._optimizer, shards),
+            keep_hyperparameters=keep_hyperparameters)
+
+    def _restore_optimizers(self, file: str, state: dict, keep_hyperparameters: bool) -> None:
+        """Several optimizers (a train_step of the user's own), matched by name."""
+        saved = state["optimizers"]
+        if sorted(saved) != sorted(self._optimizers):
+            warnings.warn(
+                f"{file!r} holds the states of optimizers {sorted(saved)}, but this Model was prepared "
+                f"with {sorted(self._optimizers) or 'none'}; they were not loaded. Call prepare() with "
+                "the same optimizers (a list in the same order, or a dict with the same names) before "
+                "load().", stacklevel=3)
+            return
+        for name, optimizer_state in saved.items():
+            checkpoint.load_optimizer_state(
+                self._optimizers[name], optimizer_state, state["optimizer_types"][name], f"{file} ({name!r})",
+                load=functools.partial(self._strategy.load_optimizer_state, self._network, self._optimizers[name]),
+                keep_hyperparameters=keep_hyperparameters)
+
+    def _resume_fit(self, file: str, state: dict) -> None:
+        """Put the running fit back where the file left it."""
+        run = self._fit_run
+        run.data_seed = state["fit"]["data_seed"]
+        distributed.set_seed(run.train_loader, run.data_seed)
+        if not checkpoint.restore_fit(state["fit"], file, self._metrics, run.callbacks):
+            # Another number of processes: the rest of the epoch's order, split anew
+            # (or, where torch-hapi did not build the sampler, the whole epoch again).
+            done = state["fit"].get("epoch_items")
+            if done is not None and self.epoch_step:
+                distributed.resume_at(run.train_loader, self.epoch, done)
+            self.epoch_step = 0
+
+    def _load_optimizer_state(self, optimizer_state: dict, saved_type: str | None, *,
+                              source: str, keep_hyperparameters: bool) -> None:
+        checkpoint.load_optimizer_state(
+            self._optimizer, optimizer_state, saved_type, source,
+            load=lambda state: self._strategy.load_optimizer_state(self._network, self._optimizer, state),
+            keep_hyperparameters=keep_hyperparameters)
+
+    def export(self, path: str | os.PathLike, example_inputs: Any, dynamic_batch: bool = True) -> str:
+        """The network for inference through ``torch.export``; see :func:`hapi.export.export_network`.
+
+        ``torch.export.load(path).module()`` runs it with no torch-hapi. Every process
+        calls it; rank 0 writes. Returns the file written (``path`` + ``.pt2``).
+        """
+        from hapi.export import export_network, export_path  # torch.export only when exporting
+
+        distributed.on_main(  # every process calls it, rank 0 writes (like save)
+            lambda: export_network(self._network, path, example_inputs, dynamic_batch=dynamic_batch),
+            lambda: RuntimeError(f"Rank 0 could not export to {export_path(path)!r}; see its error."))
+        return export_path(path)
