@@ -20,25 +20,22 @@ loads too, as network weights.
 
 from __future__ import annotations
 
-import collections
 import functools
 import io
 import os
 import pickle
-import random
 import re
 import secrets
 import shutil
-import threading
 import warnings
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from torch import nn
 
-from callbacks.files import atomic_write
 from hapi import distributed
+from hapi.checkpoint_write import (CheckpointError, _background, _detail, _plain, _refuse_unsafe, _staging,
+                                   write_file)
 
 FORMAT = "torch-hapi"
 VERSION = 1
@@ -49,8 +46,6 @@ MANIFEST = "checkpoint.pt"  # in the directory of a sharded checkpoint
 _GLOBAL = re.compile(r"GLOBAL [A-Za-z_]\w*(\.[A-Za-z_]\w*)+(\s|$)")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint file is missing, damaged, unsafe or does not fit the model."""
 
 
 def resolve_path(path: str | os.PathLike) -> str:
@@ -111,6 +106,14 @@ def _agree(action: Callable[[], None], target: str) -> None:
         raise CheckpointError(f"Another process failed to write the checkpoint {target!r}; see its error.")
 
 
+def wait_for_writes() -> None:
+    """Every process waits until its background write (if any) is on disk.
+
+    A collective. Raises on every process when a write failed on any.
+    """
+    _agree(_background.join, "written in the background")
+
+
 def shards_directory(file: str, state: dict[str, Any]) -> str:
     """Where the shards of the sharded checkpoint whose manifest is ``file`` lie."""
     return os.path.join(os.path.dirname(file), state["shards"])
@@ -144,186 +147,6 @@ def save_state(path: str | os.PathLike, state: dict[str, Any], wait: bool = True
     distributed.on_main(write if wait else start, lambda: CheckpointError(
         f"Rank 0 could not write the checkpoint {target!r}; see its error."))
     return target
-
-
-class _BackgroundWrite:
-    """At most one checkpoint write running beside training, in each process.
-
-    Non-daemon: an interpreter that is exiting waits for the write to end, so
-    a backup started just before a normal exit is complete on disk.
-    """
-
-    def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._target = ""
-
-    def start(self, write: Callable[[], None], target: str) -> None:
-        self.join()
-
-        def run() -> None:
-            try:
-                write()
-            except BaseException as error:  # noqa: BLE001 -- reported by join() on the main thread
-                self._error = error
-
-        self._target = target
-        self._thread = threading.Thread(target=run, name="hapi-checkpoint-write", daemon=False)
-        self._thread.start()
-
-    def join(self) -> None:
-        """Wait for the running write; raise its error (once)."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        error, self._error = self._error, None
-        if error is not None:
-            raise CheckpointError(f"Writing the checkpoint {self._target!r} in the background failed "
-                                  f"({type(error).__name__}: {error}); the previous file there is "
-                                  "unchanged.") from error
-
-
-_background = _BackgroundWrite()
-
-
-def wait_for_writes() -> None:
-    """Every process waits until its background write (if any) is on disk.
-
-    A collective. Raises on every process when a write failed on any.
-    """
-    _agree(_background.join, "written in the background")
-
-
-class _Staging:
-    """CPU copies of a state's tensors, kept from one background save to the next.
-
-    Copying into the previous save's buffers (the same shapes and dtypes, as
-    a backup of the same model has) spares allocating and faulting in a fresh
-    copy each time: about a third of the copy's cost for a 300 MB state. A
-    buffer is reused only after the write that read it has ended.
-    """
-
-    def __init__(self) -> None:
-        self._buffers: list[torch.Tensor] = []
-
-    def release(self) -> None:
-        self._buffers = []
-
-    def copy(self, state: Any) -> Any:
-        """``state`` with every tensor replaced by a CPU copy; training may change the originals."""
-        previous, self._buffers = self._buffers, []
-        return self._copy(state, iter(previous))
-
-    def _copy(self, value: Any, previous: Any) -> Any:
-        if torch.is_tensor(value):
-            buffer = next(previous, None)
-            if (buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype
-                    or buffer.layout != value.layout or not value.is_contiguous()):
-                buffer = value.detach().to("cpu", copy=True)
-            else:
-                buffer.copy_(value.detach())
-            self._buffers.append(buffer)
-            return buffer
-        if isinstance(value, dict):
-            copied = type(value)()
-            copied.update((key, self._copy(item, previous)) for key, item in value.items())
-            return copied
-        if type(value) in (list, tuple):
-            return type(value)(self._copy(item, previous) for item in value)
-        return value
-
-
-_staging = _Staging()
-
-
-def release_staging() -> None:
-    """Free the CPU copies kept for the next background save (once saves are done, say)."""
-    _background.join()
-    _staging.release()
-
-
-def write_file(state: dict[str, Any], target: str, reuse_previous: bool = False) -> None:
-    """``state`` to ``target`` atomically, as a checkpoint that loads with ``weights_only=True``.
-
-    NumPy scalars (``lr=0.1 * np.sqrt(4)`` is common in scaling recipes) pickle
-    as NumPy objects, which the safe loader refuses: they are stored as the
-    Python numbers they are. The file is written straight to disk, then read
-    back with ``torch.load(weights_only=True, mmap=True)`` (its structure, not
-    a second copy of the tensors) before it replaces ``target``: anything the
-    safe loader would refuse makes the save fail now, naming the entry,
-    instead of a backup that is found useless only after a crash.
-    ``reuse_previous``: see :func:`callbacks.files.atomic_write`.
-
-    Raises:
-        CheckpointError: an entry of ``state`` is not a tensor or plain value.
-    """
-    plain = _plain(state)
-    try:
-        with atomic_write(target, "wb", verify=_loads_safely, reuse_previous=reuse_previous) as handle:
-            torch.save(plain, handle)  # an object pickle cannot even write fails here
-    except (pickle.PicklingError, pickle.UnpicklingError, AttributeError, TypeError) as error:
-        offender = _first_unsafe(plain, "checkpoint")
-        if offender is None and not isinstance(error, pickle.UnpicklingError):
-            raise
-        raise _unsafe_entry(target, f"{offender[0]} is a {offender[1]}" if offender
-                            else f"an entry: {_detail(error)}") from error
-
-
-def _loads_safely(file: str) -> None:
-    torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-
-
-def _refuse_unsafe(plain: Any, target: str) -> None:
-    offender = _first_unsafe(plain, "checkpoint")
-    if offender is not None:
-        raise _unsafe_entry(target, f"{offender[0]} is a {offender[1]}")
-
-
-def _unsafe_entry(target: str, where: str) -> CheckpointError:
-    return CheckpointError(
-        f"Not saving {target!r}: {where}, which torch.load(weights_only=True) refuses, so "
-        "the file could never be loaded again. Checkpoints hold tensors and plain Python "
-        "values (numbers, strings, lists, dicts): store that entry as one (e.g. float(x), "
-        "x.tolist(), or a tensor), or leave it out of the state_dict() that holds it."
-    )
-
-
-_PLAIN_LEAVES = (torch.Tensor, str, bytes, int, float, complex, bool, type(None), torch.dtype,
-                 torch.device, torch.Size)
-
-
-def _plain(value: Any) -> Any:
-    """``value`` with NumPy scalars and arrays turned into Python numbers and tensors."""
-    if isinstance(value, np.generic):  # before the numbers: np.float64 is a float subclass
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(value))
-    if isinstance(value, dict):
-        converted = type(value)() if type(value) in (dict, collections.OrderedDict) else {}
-        converted.update((key, _plain(item)) for key, item in value.items())
-        return converted
-    if type(value) in (list, tuple):
-        return type(value)(_plain(item) for item in value)
-    return value
-
-
-def _first_unsafe(value: Any, path: str) -> tuple[str, str] | None:
-    """Where the first entry the safe loader would refuse lies, and its type."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found = _first_unsafe(item, f"{path}[{key!r}]")
-            if found:
-                return found
-        return None if type(value) in (dict, collections.OrderedDict) else (path, type(value).__name__)
-    if type(value) in (list, tuple):
-        for index, item in enumerate(value):
-            found = _first_unsafe(item, f"{path}[{index}]")
-            if found:
-                return found
-        return None
-    if type(value) in _PLAIN_LEAVES or isinstance(value, torch.Tensor):
-        return None
-    return path, f"{type(value).__module__}.{type(value).__qualname__}"
 
 
 def _candidates(path: str | os.PathLike) -> list[str]:
@@ -429,14 +252,6 @@ def _parse(source: str | io.BytesIO, file: str) -> dict[str, Any]:
     return _normalise(file, state)
 
 
-def _detail(error: BaseException) -> str:
-    """The unpickler's own message: torch wraps it in a generic ``weights_only`` preamble."""
-    inner = error.__context__ if isinstance(error.__context__, pickle.UnpicklingError) else error
-    lines = [line.strip() for line in str(inner).splitlines() if line.strip()]
-    telling = [line for line in lines if "GLOBAL" in line or "Unsupported" in line]
-    return (telling or lines or ["no detail"])[0]
-
-
 def _carries_code(error: pickle.UnpicklingError) -> bool:
     """Whether torch refused a pickled global (a class or function), not unreadable bytes.
 
@@ -507,39 +322,6 @@ def match_state_dict(
     return loadable, skipped
 
 
-def rng_state() -> dict[str, Any]:
-    """Every random generator's state, in tensors and plain values only."""
-    np_state = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": {
-            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "cached_gaussian": float(np_state[4]),
-        },
-        "python": [random.getstate()[0], *random.getstate()[1], random.getstate()[2]],
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` captured."""
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    saved_np = state["numpy"]
-    np.random.set_state((
-        "MT19937",
-        saved_np["keys"].numpy().astype(np.uint32),
-        saved_np["pos"],
-        saved_np["has_gauss"],
-        saved_np["cached_gaussian"],
-    ))
-    python = state["python"]
-    random.setstate((python[0], tuple(python[1:-1]), python[-1]))
-
-
 def load_optimizer_state(optimizer: torch.optim.Optimizer, optimizer_state: dict,
                          saved_type: str | None, source: str,
                          load: Callable[[dict], None] | None = None,
@@ -597,74 +379,3 @@ def _same_setting(saved: Any, given: Any) -> bool:
         return bool(saved == given) or (isinstance(saved, (tuple, list)) and list(saved) == list(given))
     except (TypeError, ValueError, RuntimeError):
         return saved is given
-
-
-def fit_state(data_seed: int, epoch_items: int | None, rng: dict[str, Any], metrics: Any,
-              callbacks: Any) -> dict[str, Any]:
-    """What resuming a fit needs beyond the model (collective: every process calls it).
-
-    Random streams and running sums differ between processes, so each rank's
-    are kept and each resumes its own. ``epoch_items`` is how far the epoch
-    went into its global order of samples, which a resume on another number
-    of processes continues from.
-    """
-    return {
-        "data_seed": data_seed,
-        "epoch_items": epoch_items,
-        "per_rank": distributed.gather_objects({"rng": rng, "metrics": metrics.state_dict()}),
-        "callbacks": [[type(c).__name__, c.state_dict()] for c in callbacks],
-    }
-
-
-def check_fitting(fitting: bool) -> None:
-    if not fitting:
-        raise RuntimeError(
-            "load(..., resume=True) continues a fit in progress; call it from a callback's "
-            "on_train_begin (callbacks.BackupAndRestore does), or load without resume=True."
-        )
-
-
-def check_resumable(file: str, state: dict[str, Any]) -> None:
-    if "fit" not in state:
-        raise CheckpointError(
-            f"{file!r} was not saved to resume a fit (save(..., resumable=True) during fit, as "
-            "BackupAndRestore does), so it lacks the data order, RNG and callback states. Load it "
-            "without resume=True to start from its weights."
-        )
-
-
-def restore_fit(saved: dict[str, Any], file: str, metrics: Any, callbacks: Any) -> bool:
-    """Give each process its random streams and running figures, and each callback its state.
-
-    Returns False when the file was written by another number of processes:
-    the per-process parts cannot be matched, and the caller restarts the
-    interrupted epoch.
-    """
-    own = distributed.own(saved["per_rank"])
-    if own is not None:
-        set_rng_state(own["rng"])
-        metrics.load_state_dict(own["metrics"])
-    else:
-        epoch = ("the rest of the interrupted epoch is split across the processes there are now (each "
-                 "remaining sample trained once); random streams and that epoch's running figures start "
-                 "afresh, so results differ from an uninterrupted run"
-                 if saved.get("epoch_items") is not None else
-                 "the data splits differently, so the interrupted epoch restarts from its first batch "
-                 "with fresh random streams; results will differ from an uninterrupted run")
-        warnings.warn(
-            f"Resuming from {file!r}, saved by {len(saved['per_rank'])} processes, on "
-            f"{distributed.world_size()}: the weights, optimizer and callbacks are restored, and "
-            f"{epoch}.", stacklevel=4)
-    callbacks = list(callbacks)
-    names = [name for name, _ in saved["callbacks"]]
-    if names != [type(c).__name__ for c in callbacks]:
-        warnings.warn(
-            f"Resuming from {file!r}: its callbacks {names} differ from this fit's "
-            f"{[type(c).__name__ for c in callbacks]}; callbacks are matched by class name in "
-            "order, and the others start afresh.", stacklevel=4)
-    pending = list(saved["callbacks"])
-    for callback in callbacks:
-        match = next((i for i, (name, _) in enumerate(pending) if name == type(callback).__name__), None)
-        if match is not None:
-            callback.load_state_dict(pending.pop(match)[1])
-    return own is not None

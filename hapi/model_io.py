@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from hapi import checkpoint, distributed
+from hapi import checkpoint, checkpoint_write, distributed
+from hapi import resume as resuming  # load() has an argument named resume
 
 
 class ModelFiles:
@@ -71,7 +72,7 @@ class ModelFiles:
                 "epoch": self.epoch,
                 "epoch_step": self.epoch_step,
                 "step": self.step,
-                "rng": checkpoint.rng_state(),
+                "rng": resuming.rng_state(),
             })
             if len(self._optimizers) > 1:  # a train_step of the user's own: every optimizer, by name
                 if sharded:
@@ -83,7 +84,7 @@ class ModelFiles:
                     optimizer_types={name: type(o).__name__ for name, o in self._optimizers.items()})
             if resumable and self._fit_run is not None:
                 run = self._fit_run
-                state["fit"] = checkpoint.fit_state(
+                state["fit"] = resuming.fit_state(
                     run.data_seed, distributed.consumed_items(run.train_loader, self.epoch_step),
                     state["rng"], self._metrics, run.callbacks)
         if sharded:
@@ -99,7 +100,7 @@ class ModelFiles:
         frees the CPU copy of the state that background saves keep for reuse.
         """
         checkpoint.wait_for_writes()
-        checkpoint.release_staging()
+        checkpoint_write.release_staging()
 
     def load(self, path: str | os.PathLike, skip_mismatch: bool = False,
              reset_optimizer: bool = False, resume: bool = False) -> None:
@@ -132,9 +133,9 @@ class ModelFiles:
                 or belongs to another architecture (the error names the keys).
         """
         if resume:
-            checkpoint.check_fitting(fitting=self._fit_run is not None)  # before the collective
+            resuming.check_fitting(fitting=self._fit_run is not None)  # before the collective
             file, state = checkpoint.load_freshest_state(path)
-            checkpoint.check_resumable(file, state)
+            resuming.check_resumable(file, state)
         else:
             file, state = checkpoint.load_state(path)
         skipped = (self._load_shards(file, state, skip_mismatch) if "shards" in state
@@ -220,7 +221,7 @@ class ModelFiles:
         run = self._fit_run
         run.data_seed = state["fit"]["data_seed"]
         distributed.set_seed(run.train_loader, run.data_seed)
-        if not checkpoint.restore_fit(state["fit"], file, self._metrics, run.callbacks):
+        if not resuming.restore_fit(state["fit"], file, self._metrics, run.callbacks):
             # Another number of processes: the rest of the epoch's order, split anew
             # (or, where torch-hapi did not build the sampler, the whole epoch again).
             done = state["fit"].get("epoch_items")

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import hapi.checkpoint
+import hapi.resume
 from conftest import TinyNet, make_tiny_data
 from hapi import Model
 
@@ -396,18 +397,18 @@ def draw() -> tuple:
 @pytest.fixture
 def keep_rng():
     """Leaves the global generators as this test found them."""
-    saved = hapi.checkpoint.rng_state()
+    saved = hapi.resume.rng_state()
     yield
-    hapi.checkpoint.set_rng_state(saved)
+    hapi.resume.set_rng_state(saved)
 
 
 def test_rng_state_round_trips(keep_rng):
     random.gauss(0, 1)  # leaves a cached Gaussian in `random`
     np.random.randn()  # and one in NumPy (odd count)
-    state = hapi.checkpoint.rng_state()
+    state = hapi.resume.rng_state()
     first = draw()
     second_without_restore = draw()
-    hapi.checkpoint.set_rng_state(state)
+    hapi.resume.set_rng_state(state)
     assert draw() == first
     assert first != second_without_restore
 
@@ -418,7 +419,7 @@ def test_rng_state_round_trips_through_a_saved_checkpoint(tmp_path, keep_rng):
     first = draw()
     draw()
     state = torch.load(file, weights_only=True)
-    hapi.checkpoint.set_rng_state(state["rng"])
+    hapi.resume.set_rng_state(state["rng"])
     assert draw() == first
 
 
