@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from callbacks import CallbackList
+from hapi.callbacks import CallbackList
 from hapi import distributed
 from hapi.batches import BatchSplitter, batch_length
 from hapi.data import num_batches, start_at, with_last
@@ -46,6 +46,25 @@ class Parts:
     train_step: Callable[[Any], Any] | None = None
     eval_step: Callable[[Any], Any] | None = None
     predict_step: Callable[[Any], Any] | None = None
+
+
+@dataclass
+class _Budget:
+    """The training batches ``num_iters`` still allows in this fit (``None``: no cap): one count."""
+
+    left: int | None
+
+    def stop_step(self, first_step: int) -> int | None:
+        """The batch of an epoch starting at ``first_step`` where the budget runs out (if in it)."""
+        return None if self.left is None else first_step + self.left
+
+    def spend(self, batches: int) -> None:
+        if self.left is not None:
+            self.left -= batches
+
+    @property
+    def spent(self) -> bool:
+        return self.left == 0
 
 
 def _limit(steps: int | None, num_iters: int | None) -> int | None:
@@ -88,29 +107,30 @@ def fit_loop(model: Any, parts: Parts, train_loader: Iterable, eval_loader: Iter
     logs: dict[str, float] = {}
     parts.stepper.optimizer.zero_grad(set_to_none=True)  # nothing left from a stopped accumulation
     cbks.on_train_begin()  # a resume (BackupAndRestore) moves model.epoch / model.epoch_step here
-    batches_left = num_iters
-    if num_iters is not None:
-        batches_left -= model.epoch * (num_batches(train_loader) or 0) + model.epoch_step
+    budget = _Budget(None if num_iters is None else
+                     num_iters - model.epoch * (num_batches(train_loader) or 0) - model.epoch_step)
     for epoch in range(model.epoch, epochs):
         distributed.set_epoch(train_loader, epoch)
         cbks.on_epoch_begin(epoch)
         ends_with_evaluation = eval_loader is not None and epoch % eval_freq == 0
-        evaluate_now = None if eval_loader is None or eval_steps is None else (
-            lambda: _evaluate_mid_epoch(parts, eval_loader, cbks, log_freq))
-        logs, batches_done = _train_epoch(model, parts, train_loader, cbks, log_freq=log_freq,
-                                          accumulate=accumulate_grad_batches,
-                                          max_batches=batches_left, first_step=model.epoch_step,
-                                          eval_steps=eval_steps, evaluate_now=evaluate_now,
-                                          evaluates_at_end=ends_with_evaluation)
-        if eval_loader is not None and epoch % eval_freq == 0:
+
+        def evaluate_after_update(is_last: bool) -> None:
+            # Every eval_steps optimizer steps; not twice in a row at the epoch's end.
+            if model.step % eval_steps == 0 and not (is_last and ends_with_evaluation):
+                _evaluate_mid_epoch(parts, eval_loader, cbks, log_freq)
+
+        logs, batches_done = _train_epoch(
+            model, parts, train_loader, cbks, log_freq=log_freq, accumulate=accumulate_grad_batches,
+            first_step=model.epoch_step, stop_step=budget.stop_step(model.epoch_step),
+            after_update=None if eval_loader is None or eval_steps is None else evaluate_after_update)
+        if ends_with_evaluation:
             distributed.sync_from_main(parts.stepper.eval_network)  # one model's statistics everywhere
             val_logs = evaluate_loop(parts, eval_loader, cbks, log_freq=log_freq, num_iters=None)
             logs.update({f"val_{name}": value for name, value in val_logs.items()})
         model.epoch, model.epoch_step = epoch + 1, 0
         cbks.on_epoch_end(epoch, logs)
-        if batches_left is not None:
-            batches_left -= batches_done
-        if distributed.any_true(model.stop_training) or batches_left == 0:
+        budget.spend(batches_done)
+        if distributed.any_true(model.stop_training) or budget.spent:
             break
     cbks.on_train_end(logs)
     return logs
@@ -127,12 +147,11 @@ def _evaluate_mid_epoch(parts: Parts, loader: Iterable, cbks: CallbackList, log_
 
 
 def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList, *,
-                 log_freq: int, accumulate: int, max_batches: int | None, first_step: int,
-                 eval_steps: int | None = None, evaluate_now: Callable[[], None] | None = None,
-                 evaluates_at_end: bool = False) -> tuple[dict[str, float], int]:
-    """One epoch from batch ``first_step`` (non-zero when resuming mid-epoch)."""
+                 log_freq: int, accumulate: int, first_step: int, stop_step: int | None,
+                 after_update: Callable[[bool], None] | None = None) -> tuple[dict[str, float], int]:
+    """One epoch from batch ``first_step`` (non-zero when resuming mid-epoch) to ``stop_step``
+    (``num_iters``' end) or the loader's end; ``after_update(is_last)`` follows each update."""
     stepper, metrics, splitter = parts.stepper, parts.metrics, parts.splitter
-    stop_step = None if max_batches is None else first_step + max_batches
     steps = _limit(num_batches(loader), stop_step)
     notify_begin = cbks.wants("on_train_batch_begin")
     notify_end = cbks.wants("on_train_batch_end")
@@ -180,9 +199,8 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
         figures = _train_figures(stepper, metrics) if due and (read_figures or is_last) else None
         if notify_end:
             cbks.on_train_batch_end(step, _batch_logs(batch_size, figures, metrics))
-        if (evaluate_now is not None and update and model.step % eval_steps == 0
-                and not (is_last and evaluates_at_end)):  # not twice in a row at the epoch's end
-            evaluate_now()
+        if after_update is not None and update:
+            after_update(is_last)
         if is_last or (due and check_stop and distributed.any_true(model.stop_training)):
             break
     return (figures if figures is not None else _train_figures(stepper, metrics)), done
