@@ -21,8 +21,8 @@ Launch::
 
     python examples/cifar10_fleet.py
     torchrun --standalone --nproc_per_node=2 examples/cifar10_fleet.py
-    torchrun --nnodes=2 --nproc_per_node=4 --rdzv_backend=c10d \\
-        --rdzv_endpoint=192.168.1.2:29400 --rdzv_id=cifar examples/cifar10_fleet.py  # on each machine
+    torchrun --nnodes=2 --nproc_per_node=4 --rdzv-backend=c10d \\
+        --rdzv-endpoint=192.168.1.2:29400 --rdzv-id=cifar examples/cifar10_fleet.py  # on each machine
 
 Data: CIFAR-10's *binary* release, ``cifar-10-binary.tar.gz`` from
 https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz (163 MiB), the

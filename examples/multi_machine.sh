@@ -5,13 +5,13 @@
 # on each, both pointing at the same c10d rendezvous (HOST:PORT, on machine A).
 # On two real machines, with A's address 192.168.1.2, run on A (node 0):
 #
-#   torchrun --nnodes=2 --nproc_per_node=1 --rdzv_backend=c10d \
-#       --rdzv_endpoint=192.168.1.2:29400 --rdzv_id=hapitrain-1 examples/hapitrain.py
+#   torchrun --nnodes=2 --nproc_per_node=1 --rdzv-backend=c10d \
+#       --rdzv-endpoint=192.168.1.2:29400 --rdzv-id=hapitrain-1 examples/hapitrain.py
 #
 # and on B (node 1) the very same command:
 #
-#   torchrun --nnodes=2 --nproc_per_node=1 --rdzv_backend=c10d \
-#       --rdzv_endpoint=192.168.1.2:29400 --rdzv_id=hapitrain-1 examples/hapitrain.py
+#   torchrun --nnodes=2 --nproc_per_node=1 --rdzv-backend=c10d \
+#       --rdzv-endpoint=192.168.1.2:29400 --rdzv-id=hapitrain-1 examples/hapitrain.py
 #
 # As with fleetrun --ips, the command is the same everywhere: the c10d
 # rendezvous numbers the nodes as they join (torchrun ignores --node-rank with
@@ -19,7 +19,7 @@
 #
 # What to change there: HOST:PORT = an address of A that B can reach and a free
 # port (open it in the firewall); --nproc_per_node = the GPUs per machine (each
-# process takes cuda:LOCAL_RANK; batch_size stays per process); --rdzv_id = any
+# process takes cuda:LOCAL_RANK; batch_size stays per process); --rdzv-id = any
 # name, the same on both machines and new for each job; leave HAPI_BACKEND unset
 # (NCCL on GPUs, Gloo on CPUs); give --output a directory both machines see if
 # you want to read the checkpoints back from either. fleetrun's --gpus=0,1 is
@@ -58,9 +58,9 @@ cleanup() {
 trap cleanup INT TERM
 
 for node in 0 1; do  # the same command twice, as on two machines
-    echo "node $node: ${LAUNCHER[*]} --nnodes=2 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=$HOST:$PORT --rdzv_id=$RDZV_ID $HERE/hapitrain.py $*" >&2
+    echo "node $node: ${LAUNCHER[*]} --nnodes=2 --nproc_per_node=1 --rdzv-backend=c10d --rdzv-endpoint=$HOST:$PORT --rdzv-id=$RDZV_ID $HERE/hapitrain.py $*" >&2
     "${LAUNCHER[@]}" --nnodes=2 --nproc_per_node=1 \
-        --rdzv_backend=c10d --rdzv_endpoint="$HOST:$PORT" --rdzv_id="$RDZV_ID" \
+        --rdzv-backend=c10d --rdzv-endpoint="$HOST:$PORT" --rdzv-id="$RDZV_ID" \
         "$HERE/hapitrain.py" "$@" &
     pids+=("$!")
 done

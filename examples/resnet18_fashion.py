@@ -129,7 +129,7 @@ def _first(dataset: Dataset, count: int | None, option: str) -> Dataset:
     return Subset(dataset, range(min(count, len(dataset))))
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def main(argv: list[str] | None = None) -> dict[str, float | int]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--epochs", type=int, default=10)
@@ -156,9 +156,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     model.fit(train_dataset, epochs=args.epochs, batch_size=args.batch_size, callbacks=[timer])
     results = model.evaluate(test_dataset, batch_size=args.batch_size)
     model.save(os.path.join(args.output, "model"), training=False)  # every rank calls it; rank 0 writes
+    # Counts stay ints, so the JSON line prints 512, not 512.0.
     results.update(seconds_per_epoch=sum(timer.seconds) / len(timer.seconds), lr=lr,
-                   global_batch=float(args.batch_size * processes), world_size=float(processes),
-                   train_images=float(len(train_dataset)))
+                   global_batch=args.batch_size * processes, world_size=processes,
+                   train_images=len(train_dataset))
     if is_main():
         print(json.dumps({name: round(value, 4) for name, value in results.items()}), flush=True)
     return results

@@ -43,7 +43,7 @@ from hapi.metrics import Accuracy
 from hapi.models import LeNet
 
 
-def train(args: argparse.Namespace) -> dict[str, float]:
+def train(args: argparse.Namespace) -> dict[str, float | int]:
     """The whole single-process program; ``hapi.spawn`` runs it once per process.
 
     Returns this process's evaluation figures, which are reduced over every
@@ -64,10 +64,11 @@ def train(args: argparse.Namespace) -> dict[str, float]:
               save_dir=os.path.join(args.output, "checkpoints"))
     fit_seconds = time.perf_counter() - started
     results = model.evaluate(test_dataset, batch_size=64, log_freq=100)
-    return {**results, "fit_seconds": fit_seconds, "world_size": float(world_size())}
+    # world_size is a count: an int, so the JSON line prints 2, not 2.0.
+    return {**results, "fit_seconds": fit_seconds, "world_size": world_size()}
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def main(argv: list[str] | None = None) -> dict[str, float | int]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--epochs", type=int, default=1)

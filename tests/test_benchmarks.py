@@ -8,6 +8,7 @@ test, and run one round on a few hundred images.
 
 from __future__ import annotations
 
+import importlib
 import pathlib
 import re
 import sys
@@ -44,6 +45,26 @@ CASES = {
 }
 
 
+def _verdict_row(row: str, target: str) -> str:
+    """A row ending in its target, a verdict and the per-repeat ratios' spread (min..max)."""
+    verdict = r"(met|NOT met)[^|]*"
+    return rf"^\| {re.escape(row)} \|.*\| <= {re.escape(target)} \| {verdict} \| {NUMBER}\.\.{NUMBER} \|$"
+
+
+# What else a script must print: bench_framework puts the README's target and a verdict beside each ratio,
+# and how much the per-repeat ratios spread, so a reader can tell a miss from this machine's noise.
+
+
+VERDICTS = {
+    "bench_framework.py": [
+        _verdict_row("Model.fit verbose=0", "1.02x"),
+        _verdict_row("Model.fit verbose=2 (lines)", "1.03x"),
+        _verdict_row("Model.fit verbose=1 (tqdm bar)", "1.03x"),
+        rf"^This machine's variation: over 1 repeat\(s\), Model\.fit's per-repeat ratios span {NUMBER}\.\.",
+    ],
+}
+
+
 @pytest.fixture(scope="module")
 def data_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("data_home")
@@ -64,3 +85,23 @@ def test_benchmark_prints_its_table(script, data_home):
         assert matching, f"{script} printed no row {row!r}:\n{result.stdout}"
         figures = matching[0][len(f"| {row} |"):]
         assert re.search(NUMBER, figures), f"{script}'s row {row!r} has no figures: {matching[0]}"
+    for pattern in VERDICTS.get(script, []):
+        found = re.search(pattern, result.stdout, re.MULTILINE)
+        assert found, f"{script} printed no line matching {pattern!r}:\n{result.stdout}"
+
+
+def test_bench_framework_verdict_follows_the_ratio_of_medians(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    bench = importlib.import_module("bench_framework")
+    times = {"hand-written loop": [1.00, 1.00, 1.00],
+             "Model.fit verbose=0": [1.01, 1.049, 1.10],  # median 1.049x: the newcomer's figure
+             "Model.fit verbose=2 (lines)": [1.00, 1.02, 1.04],  # median 1.02x, target 1.03x
+             "Model.fit verbose=1 (tqdm bar)": [1.031, 1.05, 1.06]}  # all above 1.03x
+    rows = {line.split(" | ")[0][2:]: line for line in bench.with_verdicts(times, "t").splitlines()
+            if line.startswith("| ")}
+    assert rows["Model.fit verbose=0"].endswith(
+        "| <= 1.02x | NOT met (target inside the spread: within noise) | 1.010..1.100 |")
+    assert rows["Model.fit verbose=2 (lines)"].endswith(
+        "| <= 1.03x | met (target inside the spread: within noise) | 1.000..1.040 |")
+    assert rows["Model.fit verbose=1 (tqdm bar)"].endswith("| <= 1.03x | NOT met | 1.031..1.060 |")
+    assert rows["hand-written loop"].endswith("| — | baseline | 1.000..1.000 |")

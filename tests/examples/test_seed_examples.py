@@ -101,7 +101,9 @@ def test_spawn_train_on_two_processes(examples, mnist, tmp_path, monkeypatch, ca
     printed = capfd.readouterr().out
     assert "Distributed training on 2 processes: batch_size 64 per process, global batch 128" in printed
     assert "Eval samples: 40" in printed  # 20 + 20: every test image once
-    assert _json_lines(printed) == [{k: round(v, 4) for k, v in results.items()}]  # the parent's only
+    reports = _json_lines(printed)
+    assert reports == [{k: round(v, 4) for k, v in results.items()}]  # the parent's only
+    assert type(reports[0]["world_size"]) is int, printed  # a count: the line says 2, not 2.0
     assert {p.name for p in (out / "checkpoints").iterdir()} == {"0.pt", "final.pt"}
     assert {p.name for p in (tmp_path / "log").glob("workerlog.*")} == {"workerlog.0", "workerlog.1"}
 
@@ -137,7 +139,11 @@ def test_resnet18_is_d2ls_variant_and_scales_lr_with_processes(examples, mnist, 
     _check_figures(results, keys)
     assert (results["lr"], results["global_batch"], results["train_images"]) == (0.1, 8, 8)
     assert results["seconds_per_epoch"] > 0
-    assert _printed(capsys)["acc"] == round(results["acc"], 4)
+    printed = _printed(capsys)
+    assert printed["acc"] == round(results["acc"], 4)
+    counts = {name: printed[name] for name in ("global_batch", "world_size", "train_images")}
+    assert counts == {"global_batch": 8, "world_size": 1, "train_images": 8}
+    assert all(type(value) is int for value in counts.values()), counts  # counts print as 8, not 8.0
     assert (out / "model.pt").is_file()
     with pytest.raises(ValueError, match="--subset must be a positive number"):
         module.main([*argv, "--subset", "0"])
