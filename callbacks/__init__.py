@@ -4,18 +4,18 @@ This package never imports ``hapi``: a callback knows the model only through
 its documented public API and the ``logs`` dicts (see ``callbacks.base``).
 """
 
-from callbacks.base import Callback, CallbackList
-from callbacks.checkpoint import BackupAndRestore, ModelCheckpoint
-from callbacks.csv_logger import CSVLogger
-from callbacks.ema import EMA
-from callbacks.early_stopping import EarlyStopping
-from callbacks.history import History
-from callbacks.lr import LRScheduler, ReduceLROnPlateau
-from callbacks.monitor import MonitorNameWarning
-from callbacks.nan import TerminateOnNaN
-from callbacks.progbar import ProgBarLogger
-from callbacks.tensorboard import TensorBoard
-from callbacks.visualdl import VisualDL
+from .base import Callback, CallbackList
+from .checkpoint import BackupAndRestore, ModelCheckpoint
+from .csv_logger import CSVLogger
+from .ema import EMA
+from .early_stopping import EarlyStopping
+from .history import History
+from .lr import LRScheduler, ReduceLROnPlateau
+from .monitor import MonitorNameWarning
+from .nan import TerminateOnNaN
+from .progbar import ProgBarLogger
+from .tensorboard import TensorBoard
+from .visualdl import VisualDL
 
 __all__ = [
     "BackupAndRestore",

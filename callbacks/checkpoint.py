@@ -19,9 +19,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from callbacks.base import Callback
-from callbacks.files import atomic_write, remove_with_spare
-from callbacks.monitor import MonitorCallback, require_int
+from .base import Callback
+from .files import atomic_write, remove_with_spare
+from .monitor import MonitorCallback, require_int
 
 
 def _link_or_copy(source: str, target: str) -> None:

@@ -13,8 +13,8 @@ import csv
 import os
 from typing import Any
 
-from callbacks.base import Callback
-from callbacks.files import atomic_write
+from .base import Callback
+from .files import atomic_write
 
 
 class CSVLogger(Callback):

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from callbacks.monitor import MonitorCallback, require_int
+from .monitor import MonitorCallback, require_int
 
 
 def _is_sharded(value: Any) -> bool:

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from callbacks.base import Callback
-from callbacks.monitor import require_int
+from .base import Callback
+from .monitor import require_int
 
 
 class EMA(Callback):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from callbacks.base import Callback
+from .base import Callback
 
 
 class History(Callback):

@@ -16,8 +16,8 @@ import torch
 from torch.optim import lr_scheduler as torch_lr
 from tqdm import tqdm
 
-from callbacks.base import Callback
-from callbacks.monitor import MonitorCallback, require_int
+from .base import Callback
+from .monitor import MonitorCallback, require_int
 
 
 SchedulerFactory = Callable[[torch.optim.Optimizer, int], torch_lr.LRScheduler]

@@ -21,26 +21,12 @@ import numbers
 import warnings
 from typing import Any
 
-from callbacks.base import Callback
+from .base import Callback
+from .checks import require_int  # noqa: F401 -- other callbacks import it from here
 
 # Substrings of a monitored name that mean "higher is better" in mode="auto".
 _MAX_HINTS = ("acc", "auc", "precision", "recall", "f1", "score")
 _MODES = ("auto", "min", "max")
-
-
-def require_int(owner: str, name: str, value: Any, minimum: int) -> int:
-    """Return ``value`` if it is an int >= ``minimum``; raise ValueError otherwise.
-
-    ``bool`` is refused although it is an ``int`` subclass: ``patience=True``
-    is a mistake, not a request for patience 1.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        kind = {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
-        raise ValueError(
-            f"{owner}: {name} must be {kind}; received {value!r} "
-            f"({type(value).__name__}). Pass e.g. {name}={max(minimum, 1)}."
-        )
-    return int(value)
 
 
 def resolve_mode(mode: str, monitor: str, owner: str = "MonitorCallback") -> str:

@@ -11,7 +11,7 @@ import math
 
 from tqdm import tqdm
 
-from callbacks.base import Callback
+from .base import Callback
 
 
 class TerminateOnNaN(Callback):

@@ -46,7 +46,7 @@ import sys
 import time
 from typing import Any
 
-from callbacks.base import Callback
+from .base import Callback
 
 _NOT_FIGURES = ("batch_size", "samples", "step")
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from callbacks.base import Callback, CallbackList
-from callbacks.checkpoint import BackupAndRestore, ModelCheckpoint
-from callbacks.ema import EMA
-from callbacks.history import History
-from callbacks.progbar import ProgBarLogger
+from .base import Callback, CallbackList
+from .checkpoint import BackupAndRestore, ModelCheckpoint
+from .ema import EMA
+from .history import History
+from .progbar import ProgBarLogger
 
 
 class ResumeFrom(Callback):

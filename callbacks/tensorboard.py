@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from callbacks.visualdl import AUTO, Version, _ScalarLogger
+from .visualdl import AUTO, Version, _ScalarLogger
 
 _INSTALL_HINT = 'pip install "torch-hapi[tensorboard]"'
 

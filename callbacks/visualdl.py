@@ -33,7 +33,7 @@ import os
 import re
 from typing import Any
 
-from callbacks.base import Callback
+from .base import Callback
 
 # Batch-log keys that describe the batch, not the model; never plotted.
 _NOT_SCALARS = ("batch_size", "samples", "step")

@@ -3,15 +3,19 @@
 ``Model`` wraps an ``nn.Module`` with prepare/fit/evaluate/predict;
 ``hapi.metrics`` holds Paddle's ``Accuracy`` on torchmetrics;
 ``hapi.datasets`` reads MNIST-style IDX files; ``spawn`` starts a training
-function on several local processes.
+function on several local processes. ``hapi.callbacks`` is torch-hapi's
+``callbacks`` package (Paddle's ``paddle.callbacks``), reachable by that name
+even where a ``callbacks.py`` of the user's hides the top-level one.
 """
 
+# First: every hapi module imports its callbacks as ``hapi.callbacks``, which this provides.
+from hapi._callbacks import callbacks
 from hapi import metrics
 from hapi.distributed.strategies import DDP, FSDP
 from hapi.launch import spawn
 from hapi.model import Model
 
-__all__ = ["Model", "DDP", "FSDP", "spawn", "metrics", "datasets"]
+__all__ = ["Model", "DDP", "FSDP", "spawn", "callbacks", "metrics", "datasets"]
 __version__ = "0.1.0"
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from callbacks.files import atomic_write
+from hapi.callbacks.files import atomic_write
 
 
 class CheckpointError(RuntimeError):

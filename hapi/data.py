@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, default_collate
 
+from hapi.callbacks.checks import require_int
 from hapi import distributed
 from hapi.seeded_loader import SeededLoader, may_draw_random_numbers
 
@@ -28,15 +29,6 @@ ACCEPTED = (
     "a torch.utils.data.Dataset, an IterableDataset, a DataLoader, or a tuple of "
     "tensors/NumPy arrays (x, y) of equal length"
 )
-
-
-def check_positive_int(value: Any, name: str, allow_none: bool = False) -> None:
-    """The one check of count-like arguments (batch_size, epochs, log_freq...)."""
-    if allow_none and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}; "
-                         f"received {value!r}.")
 
 
 def describe(values: Any) -> str:
@@ -241,7 +233,8 @@ def make_loader(data: Any, *, role: str, batch_size: int, shuffle: bool = False,
         raise ValueError(f"{role} is None; pass {ACCEPTED}.")
     if isinstance(data, DataLoader):
         return _checked(_resharded(data, role, seed), role, data.batch_size, data.drop_last)
-    check_positive_int(batch_size, "batch_size")
+    require_int({"train_data": "fit", "eval_data": "evaluate", "test_data": "predict"}.get(role, role),
+                "batch_size", batch_size)
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"num_workers must be an integer >= 0; received {num_workers!r}.")
     dataset = as_dataset(data, role)

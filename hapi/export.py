@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from callbacks.files import atomic_write
+from hapi.callbacks.files import atomic_write
 from hapi.data import describe
 
 SUFFIX = ".pt2"

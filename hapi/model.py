@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 from torch import nn
 
-from callbacks import Callback, CallbackList, History
-from callbacks.run import callbacks_for_run
+from hapi.callbacks import Callback, CallbackList, History
+from hapi.callbacks.run import callbacks_for_run
 from hapi import distributed
 from hapi.batches import BatchSplitter, batch_length
-from hapi.data import check_positive_int, make_loader, num_batches
+from hapi.callbacks.checks import require_int
+from hapi.data import make_loader, num_batches
 from hapi.loops import Parts, evaluate_loop, fit_loop, predict_loop
 from hapi.metrics import MetricSet, normalise_metrics
 from hapi.model_io import ModelFiles
@@ -209,7 +211,9 @@ class Model(OwnSteps, ModelFiles):
             train_network = self._network if self._wrapped is None else self._wrapped
             eval_network = self._network
             if self._compile:
-                train_network, eval_network = torch.compile(train_network), torch.compile(eval_network)
+                with warnings.catch_warnings():  # torch.compile's import of torch.utils.mkldnn warns
+                    warnings.filterwarnings("ignore", r"`torch\.jit\.script_method` is", DeprecationWarning)
+                    train_network, eval_network = torch.compile(train_network), torch.compile(eval_network)
             self._stepper = Stepper(train_network, self.device, self._loss, self._optimizer,
                                     self._amp, self._scaler, eval_network, self._strategy,
                                     *self._clipping)
@@ -273,9 +277,9 @@ class Model(OwnSteps, ModelFiles):
         parts = self._parts("fit")
         for name, value in (("epochs", epochs), ("eval_freq", eval_freq), ("log_freq", log_freq),
                             ("save_freq", save_freq), ("accumulate_grad_batches", accumulate_grad_batches)):
-            check_positive_int(value, name)
-        check_positive_int(num_iters, "num_iters", allow_none=True)
-        check_positive_int(eval_steps, "eval_steps", allow_none=True)
+            require_int("fit", name, value)
+        require_int("fit", "num_iters", num_iters, allow_none=True)
+        require_int("fit", "eval_steps", eval_steps, allow_none=True)
         _check_verbose(verbose)
         if resume_from is not None and not isinstance(resume_from, (str, os.PathLike)):
             raise TypeError(f"resume_from must be the path of a checkpoint saved during fit; received "
@@ -317,8 +321,8 @@ class Model(OwnSteps, ModelFiles):
                  num_iters: int | None = None) -> dict[str, float]:
         """Figures over the whole of ``eval_data``: ``{"loss": float, <metric>: float}``."""
         parts = self._parts("evaluate")
-        check_positive_int(log_freq, "log_freq")
-        check_positive_int(num_iters, "num_iters", allow_none=True)
+        require_int("evaluate", "log_freq", log_freq)
+        require_int("evaluate", "num_iters", num_iters, allow_none=True)
         _check_verbose(verbose)
         loader, cbks = self._run_setup(eval_data, "eval_data", callbacks, batch_size=batch_size,
                                        verbose=verbose, log_freq=log_freq, num_workers=num_workers)

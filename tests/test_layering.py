@@ -13,8 +13,25 @@ def _sources(package: str):
 
 
 def test_callbacks_never_import_hapi():
+    # ``from .. import`` too: loaded as ``hapi.callbacks`` (issue #16), ``..`` would be hapi.
     offenders = [p.name for p in _sources("callbacks")
-                 if re.search(r"^\s*(from|import)\s+hapi\b", p.read_text(), re.MULTILINE)]
+                 if re.search(r"^\s*(from|import)\s+(hapi\b|\.\.)", p.read_text(), re.MULTILINE)]
+    assert offenders == []
+
+
+def test_callbacks_import_their_own_modules_relatively():
+    # ``from .base import Callback``, never ``from callbacks.base import``: the package must also
+    # run under the name ``hapi.callbacks`` when a user's callbacks.py hides ``callbacks`` (issue #16).
+    offenders = [p.name for p in _sources("callbacks")
+                 if re.search(r"^\s*(from|import)\s+callbacks\b", p.read_text(), re.MULTILINE)]
+    assert offenders == []
+
+
+def test_hapi_reaches_its_callbacks_only_as_hapi_callbacks():
+    # ``import callbacks`` may find a user's callbacks.py; hapi/_callbacks.py alone decides which is ours.
+    offenders = [f"{p.parent.name}/{p.name}" for p in sorted((ROOT / "hapi").rglob("*.py"))
+                 if p.name != "_callbacks.py"
+                 and re.search(r"^\s*(from|import)\s+callbacks\b", p.read_text(), re.MULTILINE)]
     assert offenders == []
 
 

@@ -167,7 +167,7 @@ def _fetch(dataset: _ImageDataset, filename: str, target: Path, check: Callable[
     ``check`` returned, so the caller need not parse the file twice.
     """
     # Imported here so that reading local files never imports the callbacks package.
-    from callbacks.files import atomic_write
+    from hapi.callbacks.files import atomic_write
 
     path = target / filename
     urls, last_error = [], None

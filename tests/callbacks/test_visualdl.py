@@ -125,7 +125,7 @@ def test_visualdl_is_imported_only_on_the_first_write(tmp_path, monkeypatch):
     # so loading the module, building the callback and a step without figures
     # prove that none of them imports it (importing it costs ~0.4 s).
     monkeypatch.setitem(sys.modules, "visualdl", None)
-    spec = importlib.util.spec_from_file_location("_fresh_visualdl_cb", callbacks.visualdl.__file__)
+    spec = importlib.util.spec_from_file_location("callbacks._fresh_visualdl_cb", callbacks.visualdl.__file__)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     cb = module.VisualDL(tmp_path / "runs")

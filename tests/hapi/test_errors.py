@@ -237,8 +237,8 @@ def test_fit_rejects_bad_data(data, error, pattern):
 
 
 @pytest.mark.parametrize("kwargs, pattern", [
-    ({"batch_size": 0}, r"batch_size must be a positive integer; received 0"),
-    ({"epochs": 0}, r"epochs must be a positive integer; received 0"),
+    ({"batch_size": 0}, r"fit: batch_size must be a positive int; received 0 \(int\)\. Pass e\.g\. batch_size=1"),
+    ({"epochs": 0}, r"fit: epochs must be a positive int; received 0 \(int\)\. Pass e\.g\. epochs=1"),
     ({"verbose": 3}, r"verbose must be 0 \(silent\), 1 \(progress bar\) or 2 .*; received 3"),
 ])
 def test_fit_rejects_bad_arguments(tiny_data, kwargs, pattern):

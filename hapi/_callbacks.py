@@ -1,0 +1,112 @@
+"""Find torch-hapi's own ``callbacks`` package, whatever lies beside the user's script.
+
+``callbacks`` is a top-level package (SPEC: ``from callbacks import ModelCheckpoint``), and Python
+searches the script's directory first, so a project's own ``callbacks.py`` (or ``callbacks/``
+package) there hides it: a plain ``from callbacks import History`` inside hapi would then read the
+user's file and fail. So hapi never imports ``callbacks`` by that name; it imports
+``hapi.callbacks``, which this module provides:
+
+* nothing in the way: ``hapi.callbacks`` *is* the ``callbacks`` package, and each
+  ``hapi.callbacks.<module>`` is ``callbacks.<module>``, so classes are the same objects by
+  either name (``isinstance`` and pickles agree);
+* a module of the user's in the way: torch-hapi's package is loaded from where it is installed
+  (next to ``hapi/``) under the name ``hapi.callbacks``, the user's ``callbacks`` stays theirs,
+  and one line on stderr names the file (in a job's first process only, not in each worker).
+
+This works because the callbacks package imports its own modules relatively (``from .base import
+Callback``), so it runs under either name; ``tests/test_layering.py`` keeps it that way.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import multiprocessing
+import os
+import pkgutil
+import sys
+import types
+
+NAME = "hapi.callbacks"
+HOME = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "callbacks")
+
+
+def _origin_of_callbacks() -> str | None:
+    """Where ``import callbacks`` would load from (or has loaded from), without running it."""
+    module = sys.modules.get("callbacks")
+    if module is not None:  # possibly half-initialised: a user's callbacks.py importing hapi
+        spec = getattr(module, "__spec__", None)
+        return getattr(spec, "origin", None) or getattr(module, "__file__", None) or repr(module)
+    try:
+        spec = importlib.util.find_spec("callbacks")
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    return spec.origin or ", ".join(spec.submodule_search_locations or []) or "callbacks"
+
+
+def _is_ours(origin: str | None) -> bool:
+    if origin is None or not os.path.isfile(origin):
+        return False
+    return os.path.realpath(origin) == os.path.realpath(os.path.join(HOME, "__init__.py"))
+
+
+def _shown(path: str) -> str:
+    """The path as the user would type it: ``./callbacks.py`` for one in the working directory."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # another drive on Windows
+        return path
+    return path if relative.startswith("..") else os.path.join(".", relative)
+
+
+def _first_process() -> bool:
+    """False in the processes a job starts besides its first: torchrun's ranks > 0 (``RANK``) and
+    the children of ``hapi.spawn`` or of spawned DataLoader workers, which import hapi again."""
+    child = multiprocessing.parent_process() is not None or getattr(
+        multiprocessing.current_process(), "_inheriting", False)  # set while a spawned child imports
+    return os.environ.get("RANK", "0") == "0" and not child
+
+
+def _alias_submodules(package: types.ModuleType, prefix: str) -> None:
+    """Make ``hapi.callbacks.<module>`` the very module ``<prefix>.<module>``, every module of it."""
+    for info in pkgutil.iter_modules(package.__path__):
+        sys.modules[f"{NAME}.{info.name}"] = importlib.import_module(f"{prefix}.{info.name}")
+
+
+def _load_own_package() -> types.ModuleType:
+    """Load torch-hapi's callbacks package from its installed directory as ``hapi.callbacks``."""
+    init = os.path.join(HOME, "__init__.py")
+    if not os.path.isfile(init):
+        raise ImportError(f"torch-hapi's callbacks package is missing: expected {init} beside hapi/. "
+                          "Reinstall torch-hapi (pip install --force-reinstall torch-hapi).")
+    spec = importlib.util.spec_from_file_location(NAME, init, submodule_search_locations=[HOME])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[NAME] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[NAME]
+        raise
+    return module
+
+
+def _resolve() -> types.ModuleType:
+    if NAME in sys.modules:
+        return sys.modules[NAME]
+    origin = _origin_of_callbacks()
+    if _is_ours(origin):
+        package = importlib.import_module("callbacks")
+        sys.modules[NAME] = package
+        _alias_submodules(package, "callbacks")
+        return package
+    package = _load_own_package()
+    _alias_submodules(package, NAME)
+    if origin is not None and _first_process():
+        print(f"torch-hapi: {_shown(origin)} shadows torch-hapi's callbacks package; torch-hapi uses its own "
+              "(importable as hapi.callbacks), and `import callbacks` gives yours.", file=sys.stderr)
+    return package
+
+
+callbacks = _resolve()
