@@ -43,10 +43,10 @@ import tempfile
 import time
 
 import torch
+from common import interleave, machine, quiet_stdout, table
 from torch import nn
 
 from callbacks import BackupAndRestore, Callback
-from common import interleave, machine, quiet_stdout, table
 from hapi import Model
 
 
@@ -84,7 +84,9 @@ class EveryOtherBackup(BackupAndRestore):
     def _back_up(self) -> None:
         self.points += 1
         if self.points % 2 == 1:
-            self.model.save(self.path, resumable=True, sharded=self.model.sharded, wait=self.blocking)
+            self.model.save(
+                self.path, resumable=True, sharded=self.model.sharded, wait=self.blocking
+            )
 
 
 def paired_blocks(times: list[float], save_freq: int) -> list[float]:
@@ -94,19 +96,32 @@ def paired_blocks(times: list[float], save_freq: int) -> list[float]:
     has one neighbour (the block after it); every later one is set against the
     mean of the blocks just before and after it, which begin with no backup.
     """
-    blocks = [sum(times[start:start + save_freq]) for start in range(save_freq - 1, len(times) - save_freq + 1,
-                                                                     save_freq)]
+    blocks = [
+        sum(times[start : start + save_freq])
+        for start in range(save_freq - 1, len(times) - save_freq + 1, save_freq)
+    ]
     extra = [blocks[0] / blocks[1] - 1] if len(blocks) > 1 else []
-    return extra + [blocks[k] / ((blocks[k - 1] + blocks[k + 1]) / 2) - 1 for k in range(2, len(blocks) - 1, 2)]
+    return extra + [
+        blocks[k] / ((blocks[k - 1] + blocks[k + 1]) / 2) - 1 for k in range(2, len(blocks) - 1, 2)
+    ]
 
 
 def network(width: int, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(1024, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                         nn.Linear(width, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    return nn.Sequential(
+        nn.Linear(1024, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, 1024),
+        nn.ReLU(),
+        nn.Linear(1024, 10),
+    )
 
 
-def excess_after_backups(times: list[float], save_freq: int, window: int) -> tuple[list[float], float]:
+def excess_after_backups(
+    times: list[float], save_freq: int, window: int
+) -> tuple[list[float], float]:
     """Seconds each backup's window took beyond the median step (one entry per backup); and that median."""
     starts = [s for s in range(save_freq - 1, len(times), save_freq) if s + window <= len(times)]
     inside = {i for s in starts for i in range(s, s + window)}
@@ -121,12 +136,19 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=4096)
     parser.add_argument("--save-freq", type=int, default=50)
     parser.add_argument("--window", type=int, default=15)
-    parser.add_argument("--threads", type=lambda text: [int(t) for t in text.split(",")],
-                        default=[1, torch.get_num_threads()],
-                        help="training threads, one table each (default: 1, then all)")
-    parser.add_argument("--paired-steps", type=int, default=0,
-                        help="also (or, with --repeats 0, only) one long run per contender in which "
-                             "blocks of save_freq steps with and without a backup alternate")
+    parser.add_argument(
+        "--threads",
+        type=lambda text: [int(t) for t in text.split(",")],
+        default=[1, torch.get_num_threads()],
+        help="training threads, one table each (default: 1, then all)",
+    )
+    parser.add_argument(
+        "--paired-steps",
+        type=int,
+        default=0,
+        help="also (or, with --repeats 0, only) one long run per contender in which "
+        "blocks of save_freq steps with and without a backup alternate",
+    )
     args = parser.parse_args()
     if args.paired_steps:
         paired(args)
@@ -134,7 +156,10 @@ def main() -> None:
             return
     generator = torch.Generator().manual_seed(0)
     samples = 64 * args.steps
-    data = (torch.randn(samples, 1024, generator=generator), torch.randint(0, 10, (samples,), generator=generator))
+    data = (
+        torch.randn(samples, 1024, generator=generator),
+        torch.randint(0, 10, (samples,), generator=generator),
+    )
     backup_dir = tempfile.mkdtemp(prefix="hapi-bench-backup-")
 
     # One blocking save of the full training state, as a backup writes it.
@@ -151,7 +176,11 @@ def main() -> None:
     del model
 
     background = f"BackupAndRestore(save_freq={args.save_freq}), background write"
-    kinds = {"no backup": None, background: BackupAndRestore, "the same, blocking write": BlockingBackup}
+    kinds = {
+        "no backup": None,
+        background: BackupAndRestore,
+        "the same, blocking write": BlockingBackup,
+    }
     for threads in args.threads:
         torch.set_num_threads(threads)
         excess: dict[str, list[list[float]]] = {name: [] for name in kinds}
@@ -163,26 +192,39 @@ def main() -> None:
                 model.prepare(torch.optim.Adam(model.parameters(), lr=1e-4), nn.CrossEntropyLoss())
                 steps = StepTimes()
                 chosen = kinds[name]
-                callbacks = [steps] + ([] if chosen is None else [chosen(backup_dir, save_freq=args.save_freq)])
+                callbacks = [steps] + (
+                    [] if chosen is None else [chosen(backup_dir, save_freq=args.save_freq)]
+                )
                 with quiet_stdout():
-                    model.fit(data, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+                    model.fit(
+                        data, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=callbacks
+                    )
                 extra, median = excess_after_backups(steps.times, args.save_freq, args.window)
                 excess[name].append(extra)
                 medians.append(median)
+
             return run
 
         times = interleave({name: fit(name) for name in kinds}, args.repeats)
-        print(table(times, "no backup", f"Backups every {args.save_freq} steps, {args.steps} steps of batch 64, "
-                                        f"training on {threads} of {os.cpu_count()} cores (whole runs)"))
+        print(
+            table(
+                times,
+                "no backup",
+                f"Backups every {args.save_freq} steps, {args.steps} steps of batch 64, "
+                f"training on {threads} of {os.cpu_count()} cores (whole runs)",
+            )
+        )
         print()
         backups = min(len(runs) for runs in excess["no backup"])
         noise = [statistics.median(runs[k] for runs in excess["no backup"]) for k in range(backups)]
         period = args.save_freq * statistics.median(medians)
-        print(f"Cost of each backup inside its run ({args.window} steps from the backup step, beyond the "
-              f"run's median step, less the same steps of runs without backups), as a share of the "
-              f"{args.save_freq} steps of {statistics.median(medians):.3f} s it covers. The first two "
-              "backups of a run create their files; from the third on, each overwrites the file the "
-              "one before it replaced (what a long run sees):\n")
+        print(
+            f"Cost of each backup inside its run ({args.window} steps from the backup step, beyond the "
+            f"run's median step, less the same steps of runs without backups), as a share of the "
+            f"{args.save_freq} steps of {statistics.median(medians):.3f} s it covers. The first two "
+            "backups of a run create their files; from the third on, each overwrites the file the "
+            "one before it replaced (what a long run sees):\n"
+        )
         print("| contender | " + " | ".join(f"backup {k + 1}" for k in range(backups)) + " |")
         print("|---|" + "---|" * backups)
         for name in list(kinds)[1:]:
@@ -192,8 +234,10 @@ def main() -> None:
                 cells.append(f"{cost:.2f} s, {cost / period:.1%}")
             print(f"| {name} | " + " | ".join(cells) + " |")
         print()
-    print(f"checkpoint: {parameters / 1e6:.1f} M parameters, {size / 2**20:.0f} MiB; one blocking save: "
-          f"median {statistics.median(writes):.2f} s ({', '.join(f'{w:.2f}' for w in writes)})")
+    print(
+        f"checkpoint: {parameters / 1e6:.1f} M parameters, {size / 2**20:.0f} MiB; one blocking save: "
+        f"median {statistics.median(writes):.2f} s ({', '.join(f'{w:.2f}' for w in writes)})"
+    )
     print(f"machine: {machine()}")
 
 
@@ -210,12 +254,19 @@ def paired(args: argparse.Namespace) -> None:
     """
     generator = torch.Generator().manual_seed(1)
     samples = 64 * args.paired_steps
-    data = (torch.randn(samples, 1024, generator=generator), torch.randint(0, 10, (samples,), generator=generator))
+    data = (
+        torch.randn(samples, 1024, generator=generator),
+        torch.randint(0, 10, (samples,), generator=generator),
+    )
     backup_dir = tempfile.mkdtemp(prefix="hapi-bench-paired-")
-    print(f"## One run of {args.paired_steps} steps per contender: blocks of {args.save_freq} steps that begin "
-          "with a backup against their neighbours that do not\n")
-    print(f"| training on | contender | each backup from the third on: extra time of its {args.save_freq} steps "
-          "(median; each) | first and second backup (create the files), once per run |\n|---|---|---|---|")
+    print(
+        f"## One run of {args.paired_steps} steps per contender: blocks of {args.save_freq} steps that begin "
+        "with a backup against their neighbours that do not\n"
+    )
+    print(
+        f"| training on | contender | each backup from the third on: extra time of its {args.save_freq} steps "
+        "(median; each) | first and second backup (create the files), once per run |\n|---|---|---|---|"
+    )
     for threads in args.threads:
         torch.set_num_threads(threads)
         for name, blocking in (("background write", False), ("blocking write", True)):
@@ -224,13 +275,23 @@ def paired(args: argparse.Namespace) -> None:
             steps = StepTimes()
             backups = EveryOtherBackup(backup_dir, save_freq=args.save_freq, blocking=blocking)
             with quiet_stdout():
-                model.fit(data, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[steps, backups])
+                model.fit(
+                    data,
+                    batch_size=64,
+                    epochs=1,
+                    shuffle=False,
+                    verbose=0,
+                    callbacks=[steps, backups],
+                )
             extra = paired_blocks(steps.times, args.save_freq)
             block = args.save_freq * statistics.median(steps.times)
             first = ", ".join(f"{e:+.1%} = {e * block:+.2f} s" for e in extra[:2])
             later = extra[2:]
-            steady = (f"**{statistics.median(later):+.1%}** ({', '.join(f'{e:+.1%}' for e in later)})"
-                      if later else "(run more steps)")
+            steady = (
+                f"**{statistics.median(later):+.1%}** ({', '.join(f'{e:+.1%}' for e in later)})"
+                if later
+                else "(run more steps)"
+            )
             print(f"| {threads} of {os.cpu_count()} cores | {name} | {steady} | {first} |")
     print()
 

@@ -9,11 +9,20 @@ most 0.80x the torchvision-style hand loop's time.
 
 from __future__ import annotations
 
+from common import (
+    BATCH,
+    PerSampleView,
+    TorchvisionStyleView,
+    hand_loop,
+    interleave,
+    lenet_and_adam,
+    setup,
+    table,
+    timed,
+)
 from torch import nn
 from torch.utils.data import DataLoader
 
-from common import (BATCH, PerSampleView, TorchvisionStyleView, hand_loop, interleave,
-                    lenet_and_adam, setup, table, timed)
 from hapi import Model
 from hapi.data import make_loader
 
@@ -22,13 +31,16 @@ BASELINE = "hand loop, torchvision-style view"
 
 def main() -> None:
     repeats, data = setup()
-    views = {BASELINE: TorchvisionStyleView(data),
-             "hand loop, hapi per-sample __getitem__": PerSampleView(data)}
+    views = {
+        BASELINE: TorchvisionStyleView(data),
+        "hand loop, hapi per-sample __getitem__": PerSampleView(data),
+    }
 
     def hand(view):
         def run():
             network, optimizer = lenet_and_adam()
             hand_loop(network, optimizer, DataLoader(view, batch_size=BATCH, shuffle=True))
+
         return run
 
     def fit():
@@ -41,14 +53,23 @@ def main() -> None:
     contenders["Model.fit on hapi FashionMNIST"] = fit
     times = interleave(contenders, repeats)
     print(table(times, BASELINE, f"Data path: one epoch, {len(data)} images, batch {BATCH}"))
-    loading = {f"{name}, loading only".replace("hand loop, ", ""):
-               (lambda view=view: [None for _ in DataLoader(view, batch_size=BATCH, shuffle=True)])
-               for name, view in views.items()}
-    loading["hapi loader, loading only"] = lambda: [None for _ in make_loader(
-        data, role="train_data", batch_size=BATCH, shuffle=True)]
+    loading = {
+        f"{name}, loading only".replace("hand loop, ", ""): (
+            lambda view=view: [None for _ in DataLoader(view, batch_size=BATCH, shuffle=True)]
+        )
+        for name, view in views.items()
+    }
+    loading["hapi loader, loading only"] = lambda: [
+        None for _ in make_loader(data, role="train_data", batch_size=BATCH, shuffle=True)
+    ]
     print()
-    print(table({name: [timed(run) for _ in range(repeats)] for name, run in loading.items()},
-                next(iter(loading)), "Loading alone (no training)"))
+    print(
+        table(
+            {name: [timed(run) for _ in range(repeats)] for name, run in loading.items()},
+            next(iter(loading)),
+            "Loading alone (no training)",
+        )
+    )
 
 
 if __name__ == "__main__":

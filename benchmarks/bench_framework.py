@@ -19,10 +19,10 @@ import sys
 import unittest.mock
 
 import torch
+from common import BATCH, hand_loop, interleave, lenet_and_adam, quiet_stdout, setup, table
 from torch import nn
 from torch.utils.data import DataLoader
 
-from common import BATCH, hand_loop, interleave, lenet_and_adam, quiet_stdout, setup, table
 from hapi import Model
 
 BASELINE = "hand-written loop"
@@ -96,14 +96,18 @@ def main() -> None:
             model.prepare(optimizer, nn.CrossEntropyLoss())
             with quiet_stdout(), unittest.mock.patch.object(sys.stdout, "isatty", lambda: bar):
                 model.fit(loader(), epochs=1, verbose=verbose, log_freq=10)
+
         return run
 
-    times = interleave({
-        BASELINE: hand,
-        "Model.fit verbose=0": fit(0),
-        "Model.fit verbose=2 (lines)": fit(2),
-        "Model.fit verbose=1 (tqdm bar)": fit(1, bar=True),
-    }, repeats)
+    times = interleave(
+        {
+            BASELINE: hand,
+            "Model.fit verbose=0": fit(0),
+            "Model.fit verbose=2 (lines)": fit(2),
+            "Model.fit verbose=1 (tqdm bar)": fit(1, bar=True),
+        },
+        repeats,
+    )
     title = f"Framework cost: one epoch, {len(data)} images, batch {BATCH}, same DataLoader"
     print(with_verdicts(times, title))
 

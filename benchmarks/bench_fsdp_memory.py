@@ -27,8 +27,15 @@ HERE = pathlib.Path(__file__).resolve().parent
 def network(width: int):
     from torch import nn
 
-    return nn.Sequential(nn.Linear(1024, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                         nn.Linear(width, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    return nn.Sequential(
+        nn.Linear(1024, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, 1024),
+        nn.ReLU(),
+        nn.Linear(1024, 10),
+    )
 
 
 def child(strategy: str, width: int, out: str) -> None:
@@ -48,10 +55,14 @@ def child(strategy: str, width: int, out: str) -> None:
 
     def measure(optimizer, args, kwargs):  # gradients exist (and are synchronised) only here
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        held.update(parameters=local_bytes(params), gradients=local_bytes(p.grad for p in params),
-                    optimizer=local_bytes(v for s in optimizer.state.values() for v in s.values()
-                                          if torch.is_tensor(v)),
-                    count=sum(p.numel() for p in params))
+        held.update(
+            parameters=local_bytes(params),
+            gradients=local_bytes(p.grad for p in params),
+            optimizer=local_bytes(
+                v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)
+            ),
+            count=sum(p.numel() for p in params),
+        )
 
     optimizer.register_step_pre_hook(measure)
     x = torch.randn(64 * 4, 1024)
@@ -65,9 +76,27 @@ def run(strategy: str, width: int, directory: str) -> list[dict]:
     out = os.path.join(directory, strategy)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                    __file__, "--child", strategy, "--width", str(width), "--out", out],
-                   check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            __file__,
+            "--child",
+            strategy,
+            "--width",
+            str(width),
+            "--out",
+            out,
+        ],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return [json.loads(pathlib.Path(f"{out}.rank{r}.json").read_text()) for r in range(2)]
 
 
@@ -80,21 +109,25 @@ def main() -> None:
     if args.child:
         child(args.child, args.width, args.out)
         return
-    mib = 2 ** 20
+    mib = 2**20
     with tempfile.TemporaryDirectory() as directory:
         results = {strategy: run(strategy, args.width, directory) for strategy in ("ddp", "fsdp")}
     count = results["ddp"][0]["count"]
     print(f"## Bytes held per process, 2 processes, {count / 1e6:.1f} M parameters, Adam\n")
-    print("| strategy | rank | parameters MiB | gradients MiB | optimizer MiB | total MiB | "
-          "total vs DDP | peak RSS MiB |")
+    print(
+        "| strategy | rank | parameters MiB | gradients MiB | optimizer MiB | total MiB | "
+        "total vs DDP | peak RSS MiB |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     ddp_total = max(r["parameters"] + r["gradients"] + r["optimizer"] for r in results["ddp"])
     for strategy, ranks in results.items():
         for rank, held in enumerate(ranks):
             total = held["parameters"] + held["gradients"] + held["optimizer"]
-            print(f"| {strategy} | {rank} | {held['parameters'] / mib:.1f} | {held['gradients'] / mib:.1f} | "
-                  f"{held['optimizer'] / mib:.1f} | {total / mib:.1f} | {total / ddp_total:.3f} | "
-                  f"{held['peak_rss'] / mib:.0f} |")
+            print(
+                f"| {strategy} | {rank} | {held['parameters'] / mib:.1f} | {held['gradients'] / mib:.1f} | "
+                f"{held['optimizer'] / mib:.1f} | {total / mib:.1f} | {total / ddp_total:.3f} | "
+                f"{held['peak_rss'] / mib:.0f} |"
+            )
 
 
 if __name__ == "__main__":

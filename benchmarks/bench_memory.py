@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 
-CHILD = r'''
+CHILD = r"""
 import json, resource, sys
 sys.path.insert(0, {here!r})
 from torch import nn
@@ -29,15 +29,19 @@ else:
     model.prepare(optimizer, nn.CrossEntropyLoss(), Accuracy(topk=(1, 2)))
     model.fit(data, batch_size=BATCH, epochs=1, verbose=0)
 print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
-'''
+"""
 
 
 def peak_kib(kind: str, samples: int) -> int:
     import pathlib
 
     here = str(pathlib.Path(__file__).resolve().parent)
-    out = subprocess.run([sys.executable, "-c", CHILD.format(here=here, samples=samples, kind=kind)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD.format(here=here, samples=samples, kind=kind)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

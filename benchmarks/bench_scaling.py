@@ -44,9 +44,9 @@ def serve(samples: int, plain: bool) -> None:
     sys.path.insert(0, HERE)
     import torch
     import torch.distributed as dist
+    from common import BATCH, lenet_and_adam, real_train_data
     from torch import nn
 
-    from common import BATCH, lenet_and_adam, real_train_data
     from hapi import Model
 
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
@@ -55,7 +55,8 @@ def serve(samples: int, plain: bool) -> None:
     model = Model(network)  # joins the process group under torchrun
     model.prepare(optimizer, nn.CrossEntropyLoss())
     epochs: dict[str, Callable[[], None]] = {
-        HAPI: lambda: model.fit(data, batch_size=BATCH, epochs=1, verbose=0)}
+        HAPI: lambda: model.fit(data, batch_size=BATCH, epochs=1, verbose=0)
+    }
     if plain:
         epochs[HAND] = hand_written_epoch(data, BATCH, world, rank, synchronised=True)
         if world > 1:
@@ -75,15 +76,16 @@ def serve(samples: int, plain: bool) -> None:
         report({"seconds": time.perf_counter() - started, "threads": torch.get_num_threads()}, rank)
 
 
-def hand_written_epoch(data, batch: int, world: int, rank: int, synchronised: bool) -> Callable[[], None]:
+def hand_written_epoch(
+    data, batch: int, world: int, rank: int, synchronised: bool
+) -> Callable[[], None]:
     """The loop a user writes by hand: this rank's shard, whole batches by index, DDP when
     ``synchronised`` and several processes (else each process trains on its own)."""
     import torch
     import torch.distributed as dist
+    from common import lenet_and_adam
     from torch import nn
     from torch.utils.data import DistributedSampler
-
-    from common import lenet_and_adam
 
     network, optimizer = lenet_and_adam()
     if synchronised and world > 1:
@@ -94,14 +96,17 @@ def hand_written_epoch(data, batch: int, world: int, rank: int, synchronised: bo
     def epoch() -> None:
         order = torch.tensor(list(sampler))
         for start in range(0, len(order), batch):
-            index = order[start:start + batch]
+            index = order[start : start + batch]
             inputs = images[index].unsqueeze(1).to(torch.float32).div_(255.0)
             loss = loss_fn(network(inputs), labels[index])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-        if world > 1:  # the epoch ends when every process is done (DDP's last step is in step already)
+        if (
+            world > 1
+        ):  # the epoch ends when every process is done (DDP's last step is in step already)
             dist.barrier()
+
     return epoch
 
 
@@ -115,15 +120,32 @@ class Server:
 
     def __init__(self, nproc: int, threads: int, samples: int, plain: bool) -> None:
         self.nproc, self.threads = nproc, threads
-        launcher = ([sys.executable] if nproc == 1 else
-                    [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"])
+        launcher = (
+            [sys.executable]
+            if nproc == 1
+            else [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={nproc}",
+            ]
+        )
         self.command = launcher + [os.path.abspath(__file__), "--serve", "--samples", str(samples)]
         self.command += ["--plain"] if plain else []
-        env = {key: value for key, value in os.environ.items()
-               if key not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-        self.process = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True,
-                                        env={**env, "OMP_NUM_THREADS": str(threads)})
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if key not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        }
+        self.process = subprocess.Popen(
+            self.command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**env, "OMP_NUM_THREADS": str(threads)},
+        )
 
     def ready(self) -> None:
         self._answer()
@@ -143,8 +165,10 @@ class Server:
             if line.startswith("{"):
                 return json.loads(line)
         self.process.wait()
-        raise SystemExit(f"{' '.join(self.command)} failed (exit code {self.process.returncode}):\n"
-                         f"{self.process.stderr.read()[-4000:]}")
+        raise SystemExit(
+            f"{' '.join(self.command)} failed (exit code {self.process.returncode}):\n"
+            f"{self.process.stderr.read()[-4000:]}"
+        )
 
 
 def main() -> None:
@@ -152,8 +176,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--samples", type=int, default=12_800)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--plain", action="store_true",
-                        help="also time hand-written loops: one process, DDP on two, two uncoupled")
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="also time hand-written loops: one process, DDP on two, two uncoupled",
+    )
     args = parser.parse_args()
     if args.serve:
         return serve(args.samples, args.plain)
@@ -176,20 +203,26 @@ def main() -> None:
     print_table(rates, args.samples, cores)
 
 
-def print_table(rates: dict[tuple[str, tuple[int, int]], list[float]], samples: int, cores: int) -> None:
+def print_table(
+    rates: dict[tuple[str, tuple[int, int]], list[float]], samples: int, cores: int
+) -> None:
     """Medians, and ratios as the median of each round's ratio (the contenders of a round
     ran one after the other, so a slow minute of the machine cancels out of its ratio),
     with the middle half of the rounds' ratios in brackets."""
     print(f"## Scaling: one epoch of {samples} images, batch 64 per process, runs interleaved\n")
-    print("| loop | processes | threads each | median samples/s | runs | vs its 1 process x 1 thread | "
-          f"vs Model.fit, 1 process x {cores} threads |\n|---|---|---|---|---|---|---|")
+    print(
+        "| loop | processes | threads each | median samples/s | runs | vs its 1 process x 1 thread | "
+        f"vs Model.fit, 1 process x {cores} threads |\n|---|---|---|---|---|---|---|"
+    )
     for (name, (nproc, threads)), values in rates.items():
         one = rates[(HAPI if name == HAPI else HAND, (1, 1))]
         all_cores = rates[(HAPI, (1, cores))]
         runs = ", ".join(f"{rate:.0f}" for rate in values)
         loop = f"{name} (DDP, Gloo)" if name == HAND and nproc > 1 else name
-        print(f"| {loop} | {nproc} | {threads} | {statistics.median(values):.0f} | {runs} | "
-              f"{paired_ratio(values, one)} | {paired_ratio(values, all_cores)} |")
+        print(
+            f"| {loop} | {nproc} | {threads} | {statistics.median(values):.0f} | {runs} | "
+            f"{paired_ratio(values, one)} | {paired_ratio(values, all_cores)} |"
+        )
 
 
 def paired_ratio(values: list[float], baseline: list[float]) -> str:

@@ -54,7 +54,9 @@ class TorchvisionStyleView(Dataset):
 
         picture = Image.fromarray(self.images[index].numpy(), mode="L")
         pixels = torch.from_numpy(np.array(picture, copy=True)).view(28, 28, 1)
-        return pixels.permute(2, 0, 1).contiguous().to(torch.float32).div(255), int(self.labels[index])
+        return pixels.permute(2, 0, 1).contiguous().to(torch.float32).div(255), int(
+            self.labels[index]
+        )
 
 
 class PerSampleView(Dataset):
@@ -118,19 +120,28 @@ def interleave(contenders: dict[str, Callable[[], None]], repeats: int) -> dict[
 def table(times: dict[str, list[float]], baseline: str, title: str) -> str:
     """Medians and their ratio; also the best runs' ratio, which a noisy machine disturbs least."""
     base, base_best = statistics.median(times[baseline]), min(times[baseline])
-    lines = [f"## {title}", "", f"machine: {machine()}", "",
-             "| contender | median s | runs (s) | ratio of medians | ratio of best runs |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"## {title}",
+        "",
+        f"machine: {machine()}",
+        "",
+        "| contender | median s | runs (s) | ratio of medians | ratio of best runs |",
+        "|---|---|---|---|---|",
+    ]
     for name, values in times.items():
         median = statistics.median(values)
         runs = ", ".join(f"{v:.2f}" for v in values)
-        lines.append(f"| {name} | {median:.3f} | {runs} | {median / base:.3f} | {min(values) / base_best:.3f} |")
+        lines.append(
+            f"| {name} | {median:.3f} | {runs} | {median / base:.3f} | {min(values) / base_best:.3f} |"
+        )
     return "\n".join(lines)
 
 
 def machine() -> str:
-    return (f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads, Python {sys.version.split()[0]}")
+    return (
+        f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, Python {sys.version.split()[0]}"
+    )
 
 
 @contextlib.contextmanager

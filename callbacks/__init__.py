@@ -7,8 +7,8 @@ its documented public API and the ``logs`` dicts (see ``callbacks.base``).
 from .base import Callback, CallbackList
 from .checkpoint import BackupAndRestore, ModelCheckpoint
 from .csv_logger import CSVLogger
-from .ema import EMA
 from .early_stopping import EarlyStopping
+from .ema import EMA
 from .history import History
 from .lr import LRScheduler, ReduceLROnPlateau
 from .monitor import MonitorNameWarning

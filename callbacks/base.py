@@ -146,8 +146,9 @@ def _overrides(callback: Callback, hook: str) -> bool:
     """Whether ``callback`` implements ``hook``: its class overrides it, and the instance
     did not list it in ``unused_hooks`` (a feature left off, e.g. ModelCheckpoint without
     ``save_steps``, costs the loop no per-batch call nor the figures read for it)."""
-    return (getattr(type(callback), hook, None) is not getattr(Callback, hook)
-            and hook not in getattr(callback, "unused_hooks", ()))
+    return getattr(type(callback), hook, None) is not getattr(
+        Callback, hook
+    ) and hook not in getattr(callback, "unused_hooks", ())
 
 
 class CallbackList:

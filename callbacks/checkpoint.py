@@ -30,8 +30,10 @@ def _link_or_copy(source: str, target: str) -> None:
     A hard link costs no write; where the file system has none, the bytes are
     copied (atomically too).
     """
-    temporary = os.path.join(os.path.dirname(os.path.abspath(target)),
-                             f".{os.path.basename(target)}.{secrets.token_hex(6)}.link")
+    temporary = os.path.join(
+        os.path.dirname(os.path.abspath(target)),
+        f".{os.path.basename(target)}.{secrets.token_hex(6)}.link",
+    )
     try:
         os.link(source, temporary)
     except OSError:
@@ -126,12 +128,19 @@ class ModelCheckpoint(MonitorCallback):
         self.save_freq = require_int("ModelCheckpoint", "save_freq", save_freq, minimum=1)
         self.save_best_only = bool(save_best_only)
         self.verbose = verbose
-        self.save_steps = None if save_steps is None else require_int(
-            "ModelCheckpoint", "save_steps", save_steps, minimum=1)
-        self.keep = None if keep is None else require_int("ModelCheckpoint", "keep", keep, minimum=1)
+        self.save_steps = (
+            None
+            if save_steps is None
+            else require_int("ModelCheckpoint", "save_steps", save_steps, minimum=1)
+        )
+        self.keep = (
+            None if keep is None else require_int("ModelCheckpoint", "keep", keep, minimum=1)
+        )
         if not isinstance(resumable, bool):
-            raise TypeError(f"ModelCheckpoint: resumable must be True or False; received {resumable!r} "
-                            f"({type(resumable).__name__}).")
+            raise TypeError(
+                f"ModelCheckpoint: resumable must be True or False; received {resumable!r} "
+                f"({type(resumable).__name__})."
+            )
         self.resumable = resumable
         if self.save_best_only and self.save_steps is not None:
             raise ValueError(
@@ -147,9 +156,13 @@ class ModelCheckpoint(MonitorCallback):
 
     # -- state ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "save_dir": os.path.abspath(self.save_dir),
-                "written": list(self._written), "last_step": self._last_step,
-                "pending_step": self._pending_step or ""}
+        return {
+            **super().state_dict(),
+            "save_dir": os.path.abspath(self.save_dir),
+            "written": list(self._written),
+            "last_step": self._last_step,
+            "pending_step": self._pending_step or "",
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -205,8 +218,11 @@ class ModelCheckpoint(MonitorCallback):
         Known only when the epoch's length is; otherwise both files are written.
         """
         steps = self.params.get("steps")
-        return (self.model.epoch % self.save_freq == 0 and steps is not None
-                and getattr(self.model, "epoch_step", None) == steps)
+        return (
+            self.model.epoch % self.save_freq == 0
+            and steps is not None
+            and getattr(self.model, "epoch_step", None) == steps
+        )
 
     def _file(self, name: str) -> str:
         return os.path.join(self.save_dir, name + ".pt")
@@ -233,14 +249,16 @@ class ModelCheckpoint(MonitorCallback):
             self._written.append(name)
         dropped: list[str] = []
         if self.keep is not None and len(self._written) > self.keep:
-            dropped, self._written = self._written[:-self.keep], self._written[-self.keep:]
+            dropped, self._written = self._written[: -self.keep], self._written[-self.keep :]
         self._save(written, prefix)
         if not self.is_main:
             return  # only the main process wrote, so only it links and deletes
         for name in names:
             if name != written and name not in dropped:
                 if self.verbose:
-                    tqdm.write(f"{prefix}{self._file(name)} is the same checkpoint as {self._file(written)}")
+                    tqdm.write(
+                        f"{prefix}{self._file(name)} is the same checkpoint as {self._file(written)}"
+                    )
                 _link_or_copy(self._file(written), self._file(name))
         for name in dropped:
             remove_with_spare(self._file(name))
@@ -276,18 +294,25 @@ class BackupAndRestore(Callback):
 
     FILE_NAME = "backup"
 
-    def __init__(self, backup_dir: str | os.PathLike, save_freq: str | int = "epoch",
-                 delete_checkpoint: bool = True) -> None:
+    def __init__(
+        self,
+        backup_dir: str | os.PathLike,
+        save_freq: str | int = "epoch",
+        delete_checkpoint: bool = True,
+    ) -> None:
         super().__init__()
         if not isinstance(backup_dir, (str, os.PathLike)):
             raise TypeError(
                 f"BackupAndRestore: backup_dir must be a directory path (str or os.PathLike); "
                 f"received {backup_dir!r} of type {type(backup_dir).__name__}."
             )
-        if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int)
-                                     or save_freq < 1):
-            raise ValueError(f"BackupAndRestore: save_freq must be 'epoch' or a positive number of "
-                             f"optimizer steps; received {save_freq!r}.")
+        if save_freq != "epoch" and (
+            isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1
+        ):
+            raise ValueError(
+                f"BackupAndRestore: save_freq must be 'epoch' or a positive number of "
+                f"optimizer steps; received {save_freq!r}."
+            )
         self.backup_dir = os.fspath(backup_dir)
         self.save_freq = save_freq
         self.delete_checkpoint = bool(delete_checkpoint)
@@ -313,8 +338,10 @@ class BackupAndRestore(Callback):
             ) from error
         else:
             if self.is_main:
-                tqdm.write(f"BackupAndRestore: resuming from {file} at epoch {self.model.epoch + 1}, "
-                           f"batch {self.model.epoch_step} (optimizer step {self.model.step}).")
+                tqdm.write(
+                    f"BackupAndRestore: resuming from {file} at epoch {self.model.epoch + 1}, "
+                    f"batch {self.model.epoch_step} (optimizer step {self.model.step})."
+                )
         self._last_step = self.model.step
 
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:

@@ -10,7 +10,9 @@ import numbers
 from typing import Any
 
 
-def require_int(owner: str, name: str, value: Any, minimum: int = 1, allow_none: bool = False) -> int | None:
+def require_int(
+    owner: str, name: str, value: Any, minimum: int = 1, allow_none: bool = False
+) -> int | None:
     """Return ``value`` if it is an int >= ``minimum`` (or None when allowed); raise ValueError otherwise.
 
     ``bool`` is refused although it is an ``int`` subclass: ``patience=True``

@@ -30,7 +30,9 @@ class CSVLogger(Callback):
             instead of starting a new file.
     """
 
-    def __init__(self, filename: str | os.PathLike, separator: str = ",", append: bool = False) -> None:
+    def __init__(
+        self, filename: str | os.PathLike, separator: str = ",", append: bool = False
+    ) -> None:
         super().__init__()
         if not isinstance(filename, (str, os.PathLike)):
             raise TypeError(
@@ -73,8 +75,12 @@ class CSVLogger(Callback):
         columns = ["epoch", *sorted(self.keys)]
         with atomic_write(self.filename, "w") as handle:
             writer = csv.DictWriter(
-                handle, fieldnames=columns, delimiter=self.separator,
-                restval="", extrasaction="ignore", lineterminator="\n",
+                handle,
+                fieldnames=columns,
+                delimiter=self.separator,
+                restval="",
+                extrasaction="ignore",
+                lineterminator="\n",
             )
             writer.writeheader()
             for row in self.rows:

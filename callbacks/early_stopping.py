@@ -26,7 +26,11 @@ def _is_sharded(value: Any) -> bool:
 
     Duck-typed: the callbacks package does not import torch's distributed modules.
     """
-    return hasattr(value, "full_tensor") and hasattr(value, "placements") and hasattr(value, "device_mesh")
+    return (
+        hasattr(value, "full_tensor")
+        and hasattr(value, "placements")
+        and hasattr(value, "device_mesh")
+    )
 
 
 def _snapshot(state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -60,7 +64,9 @@ def _own_part(full: torch.Tensor, target: Any) -> torch.Tensor:
 def _load_weights(network: torch.nn.Module, weights: dict[str, Any]) -> None:
     """Put ``weights`` (a snapshot, or full tensors read back from a checkpoint) into ``network``."""
     current = network.state_dict()
-    if not any(_is_sharded(current.get(key)) and not _is_sharded(value) for key, value in weights.items()):
+    if not any(
+        _is_sharded(current.get(key)) and not _is_sharded(value) for key, value in weights.items()
+    ):
         network.load_state_dict(weights)
         return
     # Full tensors saved by state_dict() into a network whose parameters are DTensor
@@ -142,10 +148,17 @@ class EarlyStopping(MonitorCallback):
         """
         weights = self.best_weights
         if weights is not None and any(_is_sharded(value) for value in weights.values()):
-            weights = {key: value.full_tensor().cpu() if _is_sharded(value) else value
-                       for key, value in weights.items()}
-        return {**super().state_dict(), "stopped_epoch": self.stopped_epoch,
-                "best_epoch": self.best_epoch, "best_weights": weights, "monitored": self._monitored}
+            weights = {
+                key: value.full_tensor().cpu() if _is_sharded(value) else value
+                for key, value in weights.items()
+            }
+        return {
+            **super().state_dict(),
+            "stopped_epoch": self.stopped_epoch,
+            "best_epoch": self.best_epoch,
+            "best_weights": weights,
+            "monitored": self._monitored,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -189,7 +202,9 @@ class EarlyStopping(MonitorCallback):
             # Every process restores its own snapshot (all equal under DDP), so no collective.
             _load_weights(self.model.network, self.best_weights)
             if speak:
-                tqdm.write(f"Restoring model weights from the end of the best epoch: {self.best_epoch + 1}.")
+                tqdm.write(
+                    f"Restoring model weights from the end of the best epoch: {self.best_epoch + 1}."
+                )
         elif speak:
             if not self._monitored:
                 reason = f"no epoch logged {self.monitor!r}"
@@ -197,5 +212,7 @@ class EarlyStopping(MonitorCallback):
                 reason = f"no epoch beat the baseline {self.baseline:g}"
             else:
                 reason = f"no value of {self.monitor!r} was a finite number"
-            tqdm.write(f"EarlyStopping: {reason}, so the best weights were not restored; "
-                       "the model keeps its last weights.")
+            tqdm.write(
+                f"EarlyStopping: {reason}, so the best weights were not restored; "
+                "the model keeps its last weights."
+            )

@@ -79,10 +79,16 @@ class EMA(Callback):
         swap_at_end: copy the average into the network when training ends.
     """
 
-    def __init__(self, decay: float = 0.999, every_n_steps: int = 1, swap_at_end: bool = True) -> None:
+    def __init__(
+        self, decay: float = 0.999, every_n_steps: int = 1, swap_at_end: bool = True
+    ) -> None:
         super().__init__()
-        if (isinstance(decay, bool) or not isinstance(decay, numbers.Real) or math.isnan(decay)
-                or not 0.0 <= decay < 1.0):
+        if (
+            isinstance(decay, bool)
+            or not isinstance(decay, numbers.Real)
+            or math.isnan(decay)
+            or not 0.0 <= decay < 1.0
+        ):
             raise ValueError(
                 f"EMA: decay must be a number in [0, 1); received {decay!r} ({type(decay).__name__}). "
                 "Typical values are 0.99 to 0.9999, e.g. EMA(decay=0.999)."
@@ -106,7 +112,9 @@ class EMA(Callback):
                 "each process would average only its own shard. Use strategy='ddp', or train "
                 "without the EMA callback."
             )
-        named = [(name, p) for name, p in self.model.network.named_parameters() if p.is_floating_point()]
+        named = [
+            (name, p) for name, p in self.model.network.named_parameters() if p.is_floating_point()
+        ]
         self._names = [name for name, _ in named]
         self._params = [p for _, p in named]
         with torch.no_grad():
@@ -117,7 +125,9 @@ class EMA(Callback):
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self._restore(pending)
-            self._last_step = self.model.step  # this fit's count, not the one the state was saved at
+            self._last_step = (
+                self.model.step
+            )  # this fit's count, not the one the state was saved at
 
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
         current = self.model.step
@@ -156,7 +166,9 @@ class EMA(Callback):
             return dict(self._pending or {})
         return {
             "step": self._last_step,
-            "shadow": {name: t.detach().to("cpu", copy=True) for name, t in zip(self._names, self._shadow)},
+            "shadow": {
+                name: t.detach().to("cpu", copy=True) for name, t in zip(self._names, self._shadow)
+            },
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -190,8 +202,11 @@ class EMA(Callback):
                 f"unexpected: {unexpected}). It was saved from another architecture; start the "
                 "average afresh (a new EMA, or delete the backup)."
             )
-        wrong = [f"{name}: saved {tuple(saved[name].shape)}, network {tuple(t.shape)}"
-                 for name, t in zip(self._names, self._shadow) if saved[name].shape != t.shape]
+        wrong = [
+            f"{name}: saved {tuple(saved[name].shape)}, network {tuple(t.shape)}"
+            for name, t in zip(self._names, self._shadow)
+            if saved[name].shape != t.shape
+        ]
         if wrong:
             raise ValueError(
                 f"EMA: the saved average's shapes differ from this network's ({'; '.join(wrong)}). "

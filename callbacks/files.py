@@ -44,16 +44,21 @@ def _create_temporary(directory: str, name: str) -> tuple[int, str]:
     for _ in range(100):
         candidate = os.path.join(directory, f".{name}.{secrets.token_hex(6)}.tmp")
         try:
-            return os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
-                           0o666), candidate
+            return os.open(
+                candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666
+            ), candidate
         except FileExistsError:
             continue
     raise FileExistsError(f"Could not create a temporary file beside {name!r} in {directory!r}.")
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "wb",
-                 verify: Callable[[str], None] | None = None, reuse_previous: bool = False) -> Iterator[IO]:
+def atomic_write(
+    path: str | os.PathLike,
+    mode: str = "wb",
+    verify: Callable[[str], None] | None = None,
+    reuse_previous: bool = False,
+) -> Iterator[IO]:
     """Open a temporary file beside ``path``; on success it replaces ``path``.
 
     If the body raises, the temporary file is removed and ``path`` is left as
@@ -81,7 +86,9 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb",
     else:
         fd, tmp_path = _create_temporary(directory, os.path.basename(path))
     try:
-        with os.fdopen(fd, mode, **({"encoding": "utf-8", "newline": ""} if mode == "w" else {})) as handle:
+        with os.fdopen(
+            fd, mode, **({"encoding": "utf-8", "newline": ""} if mode == "w" else {})
+        ) as handle:
             yield handle
             handle.truncate()  # a reused file may be longer than what was written
             handle.flush()

@@ -28,8 +28,11 @@ class History(Callback):
         self._training = False
 
     def state_dict(self) -> dict:
-        return {"epoch": list(self.epoch), "history": {k: list(v) for k, v in self.history.items()},
-                "evaluations": [dict(e) for e in self.evaluations]}
+        return {
+            "epoch": list(self.epoch),
+            "history": {k: list(v) for k, v in self.history.items()},
+            "evaluations": [dict(e) for e in self.evaluations],
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch = list(state["epoch"])

@@ -19,7 +19,6 @@ from tqdm import tqdm
 from .base import Callback
 from .monitor import MonitorCallback, require_int
 
-
 SchedulerFactory = Callable[[torch.optim.Optimizer, int], torch_lr.LRScheduler]
 
 
@@ -74,7 +73,9 @@ class LRScheduler(Callback):
             None for a scheduler given ready-made.
     """
 
-    def __init__(self, scheduler: torch_lr.LRScheduler | SchedulerFactory, by_step: bool = False) -> None:
+    def __init__(
+        self, scheduler: torch_lr.LRScheduler | SchedulerFactory, by_step: bool = False
+    ) -> None:
         super().__init__()
         self._factory: SchedulerFactory | None = None
         if isinstance(scheduler, type):
@@ -91,7 +92,9 @@ class LRScheduler(Callback):
             self.scheduler = scheduler
         self.by_step = bool(by_step)
         if not self.by_step:
-            self.unused_hooks = ("on_train_batch_end",)  # per-epoch: no per-batch call (callbacks.base)
+            self.unused_hooks = (
+                "on_train_batch_end",
+            )  # per-epoch: no per-batch call (callbacks.base)
         self.total: int | None = None
         self._stepped = 0  # scheduler steps taken since the factory made it
         self._last_step: int | None = None
@@ -139,7 +142,9 @@ class LRScheduler(Callback):
                 # Loaded before the scheduler existed, hence before the factory set the rates:
                 # put the restored schedule's rates back into the optimizer.
                 self.load_state_dict(self._pending)
-                for group, lr in zip(self.model.optimizer.param_groups, self.scheduler.get_last_lr()):
+                for group, lr in zip(
+                    self.model.optimizer.param_groups, self.scheduler.get_last_lr()
+                ):
                     if isinstance(group["lr"], torch.Tensor):
                         group["lr"].fill_(lr)
                     else:
@@ -148,8 +153,11 @@ class LRScheduler(Callback):
         self._last_step = self.model.step
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
-                "last_step": self._last_step, "stepped": self._stepped}
+        return {
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "last_step": self._last_step,
+            "stepped": self._stepped,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the schedule; with a factory, once ``on_train_begin`` has made the scheduler.

@@ -72,7 +72,9 @@ class MonitorCallback(Callback):
     evaluation loss, here ``"val_loss"`` is.
     """
 
-    def __init__(self, monitor: str = "val_loss", mode: str = "auto", min_delta: float = 0.0) -> None:
+    def __init__(
+        self, monitor: str = "val_loss", mode: str = "auto", min_delta: float = 0.0
+    ) -> None:
         super().__init__()
         owner = type(self).__name__
         if not isinstance(monitor, str) or not monitor:
@@ -80,7 +82,11 @@ class MonitorCallback(Callback):
                 f"{owner}: monitor must be the name of a logged figure (a non-empty str); "
                 f"received {monitor!r}. Pass e.g. monitor='val_loss' or monitor='val_acc'."
             )
-        if isinstance(min_delta, bool) or not isinstance(min_delta, numbers.Real) or not min_delta >= 0:
+        if (
+            isinstance(min_delta, bool)
+            or not isinstance(min_delta, numbers.Real)
+            or not min_delta >= 0
+        ):
             raise ValueError(
                 f"{owner}: min_delta must be a non-negative number; received {min_delta!r}. "
                 "It is the smallest change that counts as an improvement, in either mode."

@@ -117,21 +117,32 @@ class ProgBarLogger(Callback):
         ValueError: an argument is out of range; the message names it.
     """
 
-    def __init__(self, log_freq: int = 1, verbose: int = 2, max_lines: int | None = 100,
-                 interval: float | None = 30.0) -> None:
+    def __init__(
+        self,
+        log_freq: int = 1,
+        verbose: int = 2,
+        max_lines: int | None = 100,
+        interval: float | None = 30.0,
+    ) -> None:
         super().__init__()
         if not isinstance(log_freq, int) or log_freq < 1:
             raise ValueError(f"log_freq must be a positive integer; received {log_freq!r}.")
         if verbose not in (0, 1, 2):
             raise ValueError(f"verbose must be 0, 1 or 2; received {verbose!r}.")
-        if max_lines is not None and (not isinstance(max_lines, int) or isinstance(max_lines, bool)
-                                      or max_lines < 1):
-            raise ValueError(f"max_lines must be a positive integer, or None to print every log_freq "
-                             f"step; received {max_lines!r}.")
-        if interval is not None and (isinstance(interval, bool) or not isinstance(interval, (int, float))
-                                     or not interval > 0):
-            raise ValueError(f"interval must be a positive number of seconds, or None for no "
-                             f"time-based lines; received {interval!r}.")
+        if max_lines is not None and (
+            not isinstance(max_lines, int) or isinstance(max_lines, bool) or max_lines < 1
+        ):
+            raise ValueError(
+                f"max_lines must be a positive integer, or None to print every log_freq "
+                f"step; received {max_lines!r}."
+            )
+        if interval is not None and (
+            isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0
+        ):
+            raise ValueError(
+                f"interval must be a positive number of seconds, or None for no "
+                f"time-based lines; received {interval!r}."
+            )
         self.log_freq = log_freq
         self.verbose = verbose
         self.max_lines = max_lines
@@ -152,8 +163,14 @@ class ProgBarLogger(Callback):
         if self._use_bar():
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=steps, desc=description, file=sys.stdout, mininterval=0.25,
-                       dynamic_ncols=True, leave=True)
+            bar = tqdm(
+                total=steps,
+                desc=description,
+                file=sys.stdout,
+                mininterval=0.25,
+                dynamic_ncols=True,
+                leave=True,
+            )
         return _Phase(steps, bar)
 
     def _on_batch_end(self, step: int, logs: dict | None) -> None:
@@ -169,14 +186,17 @@ class ProgBarLogger(Callback):
         if phase.bar is not None:
             phase.bar.update(phase.done - phase.bar.n)
             if figures:
-                phase.bar.set_postfix({k: _format_value(v) for k, v in figures.items()}, refresh=False)
+                phase.bar.set_postfix(
+                    {k: _format_value(v) for k, v in figures.items()}, refresh=False
+                )
             return
         last = phase.steps is not None and phase.done == phase.steps
         if not figures:
             return
         phase.unprinted = figures
         if (phase.done % self.log_freq == 0 or last or phase.steps is None) and (
-                last or self._line_due(phase)):
+            last or self._line_due(phase)
+        ):
             self._print_line(phase)
 
     def _line_due(self, phase: _Phase) -> bool:
@@ -213,8 +233,11 @@ class ProgBarLogger(Callback):
         world_size = self.params.get("world_size", 1)
         if self._active and world_size > 1:
             batch = self.params.get("batch_size")
-            print(f"Distributed training on {world_size} processes: batch_size {batch} per "
-                  f"process, global batch {batch * world_size if batch else '?'}", flush=True)
+            print(
+                f"Distributed training on {world_size} processes: batch_size {batch} per "
+                f"process, global batch {batch * world_size if batch else '?'}",
+                flush=True,
+            )
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if not self._active:

@@ -48,9 +48,16 @@ def callback_order(callback: Callback) -> int:
     return 0 if isinstance(callback, EMA) else 1
 
 
-def callbacks_for_run(model: Any, callbacks: Any, *, verbose: int, log_freq: int,
-                      save_dir: str | None = None, save_freq: int = 1,
-                      resume_from: str | os.PathLike | None = None) -> CallbackList:
+def callbacks_for_run(
+    model: Any,
+    callbacks: Any,
+    *,
+    verbose: int,
+    log_freq: int,
+    save_dir: str | None = None,
+    save_freq: int = 1,
+    resume_from: str | os.PathLike | None = None,
+) -> CallbackList:
     """The ``CallbackList`` of one run of ``model``: ``callbacks`` (one or a list) and the defaults."""
     if callbacks is None:
         user: list = []
@@ -59,11 +66,15 @@ def callbacks_for_run(model: Any, callbacks: Any, *, verbose: int, log_freq: int
     elif isinstance(callbacks, (list, tuple)):
         user = list(callbacks)
     else:
-        raise TypeError(f"callbacks must be a Callback or a list of them; received "
-                        f"{type(callbacks).__name__}.")
+        raise TypeError(
+            f"callbacks must be a Callback or a list of them; received {type(callbacks).__name__}."
+        )
     # verbose=0 adds no progress bar at all: no per-batch call for a silent display.
-    chosen = [] if verbose == 0 or any(isinstance(c, ProgBarLogger) for c in user) else [
-        ProgBarLogger(log_freq=log_freq, verbose=verbose)]
+    chosen = (
+        []
+        if verbose == 0 or any(isinstance(c, ProgBarLogger) for c in user)
+        else [ProgBarLogger(log_freq=log_freq, verbose=verbose)]
+    )
     chosen += user
     if save_dir is not None and not any(isinstance(c, ModelCheckpoint) for c in user):
         chosen.append(ModelCheckpoint(save_dir, save_freq=save_freq))

@@ -52,8 +52,10 @@ def _run_name(owner: str, version: Version) -> str | None:
         return None
     if isinstance(version, int):
         if version < 0:
-            raise ValueError(f"{owner}: version must be a non-negative integer (it names "
-                             f"version_<N>); received {version}. Pass e.g. version=0.")
+            raise ValueError(
+                f"{owner}: version must be a non-negative integer (it names "
+                f"version_<N>); received {version}. Pass e.g. version=0."
+            )
         return f"version_{version}"
     if isinstance(version, str):
         parts = version.replace("\\", "/").split("/")
@@ -181,8 +183,11 @@ class _ScalarLogger(Callback):
         # resumed from that checkpoint continues in the directory this one goes on with.
         if self.is_main:
             self._choose_run_dir()
-        return {"train_step": self.train_step, "next_eval_step": self.next_eval_step,
-                "version": self._run if self._auto else None}
+        return {
+            "train_step": self.train_step,
+            "next_eval_step": self.next_eval_step,
+            "version": self._run if self._auto else None,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.train_step = int(state["train_step"])

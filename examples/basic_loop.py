@@ -72,7 +72,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("epochs", "num_iters"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')} must be a positive integer; received {value}.")
+            parser.error(
+                f"--{name.replace('_', '-')} must be a positive integer; received {value}."
+            )
     return args
 
 
@@ -88,7 +90,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
     rank = dist.get_rank() if distributed else 0
     world_size = dist.get_world_size() if distributed else 1
-    torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP also broadcasts rank 0's)
+    torch.manual_seed(
+        args.seed
+    )  # the same initial weights everywhere (DDP also broadcasts rank 0's)
 
     train_dataset = FashionMNIST(root=args.data_root, mode="train")
     test_dataset = FashionMNIST(root=args.data_root, mode="test")
@@ -96,11 +100,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     network = seed_network().to(device)
     model = network
     if distributed:  # torchrun: DDP all-reduces the gradients during backward()
-        model = DistributedDataParallel(network, device_ids=[local_rank] if device.type == "cuda" else None)
+        model = DistributedDataParallel(
+            network, device_ids=[local_rank] if device.type == "cuda" else None
+        )
 
     # torchrun: each process reads its own shard of the shuffled training data.
-    sampler = DistributedSampler(train_dataset, shuffle=True, seed=args.seed) if distributed else None
-    train_loader = DataLoader(train_dataset, batch_size=BATCH_SIZE, shuffle=sampler is None, sampler=sampler)
+    sampler = (
+        DistributedSampler(train_dataset, shuffle=True, seed=args.seed) if distributed else None
+    )
+    train_loader = DataLoader(
+        train_dataset, batch_size=BATCH_SIZE, shuffle=sampler is None, sampler=sampler
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -117,8 +127,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             loss.backward()
             if (batch_id + 1) % PRINT_EVERY == 0 and rank == 0:  # torchrun: print on rank 0 only
                 acc = (logits.argmax(dim=1) == y).float().mean()
-                print(f"epoch: {epoch}, batch_id: {batch_id}, loss is: {loss.item():.4f}, "
-                      f"acc is: {acc.item():.4f}", flush=True)
+                print(
+                    f"epoch: {epoch}, batch_id: {batch_id}, loss is: {loss.item():.4f}, "
+                    f"acc is: {acc.item():.4f}",
+                    flush=True,
+                )
             optimizer.step()
             optimizer.zero_grad()
             steps += 1
@@ -130,20 +143,31 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     # torchrun: each process evaluates every world_size-th test image, so each
     # image counts exactly once; the counts are then summed over processes.
-    shard = Subset(test_dataset, range(rank, len(test_dataset), world_size)) if distributed else test_dataset
+    shard = (
+        Subset(test_dataset, range(rank, len(test_dataset), world_size))
+        if distributed
+        else test_dataset
+    )
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, samples
     with torch.no_grad():
         for x, y in DataLoader(shard, batch_size=BATCH_SIZE):
             x, y = x.to(device), y.to(device)
             logits = network(x)  # the plain module: evaluation needs no gradient averaging
-            totals += torch.stack([nn.functional.cross_entropy(logits, y, reduction="sum").double(),
-                                   (logits.argmax(dim=1) == y).sum().double(),
-                                   torch.tensor(float(len(y)), dtype=torch.float64, device=device)])
+            totals += torch.stack(
+                [
+                    nn.functional.cross_entropy(logits, y, reduction="sum").double(),
+                    (logits.argmax(dim=1) == y).sum().double(),
+                    torch.tensor(float(len(y)), dtype=torch.float64, device=device),
+                ]
+            )
     if distributed:  # torchrun: add up the counts of every process
         dist.all_reduce(totals)
-    results = {"loss": (totals[0] / totals[2]).item(), "acc": (totals[1] / totals[2]).item(),
-               "fit_seconds": fit_seconds}
+    results = {
+        "loss": (totals[0] / totals[2]).item(),
+        "acc": (totals[1] / totals[2]).item(),
+        "fit_seconds": fit_seconds,
+    }
 
     if rank == 0:  # torchrun: one process writes files and reports
         os.makedirs(args.output, exist_ok=True)

@@ -64,15 +64,25 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     test_dataset = FashionMNIST(root=args.data_root, mode="test")
 
     model = Model(seed_network())
-    model.prepare(torch.optim.Adam(model.parameters(), lr=LEARNING_RATE), nn.CrossEntropyLoss(), Accuracy())
+    model.prepare(
+        torch.optim.Adam(model.parameters(), lr=LEARNING_RATE), nn.CrossEntropyLoss(), Accuracy()
+    )
     started = time.perf_counter()
-    model.fit(train_dataset, epochs=args.epochs, batch_size=BATCH_SIZE, shuffle=True,
-              log_freq=PRINT_EVERY, num_iters=args.num_iters)
+    model.fit(
+        train_dataset,
+        epochs=args.epochs,
+        batch_size=BATCH_SIZE,
+        shuffle=True,
+        log_freq=PRINT_EVERY,
+        num_iters=args.num_iters,
+    )
     fit_seconds = time.perf_counter() - started
 
     results = model.evaluate(test_dataset, batch_size=BATCH_SIZE, log_freq=PRINT_EVERY)
     results["fit_seconds"] = fit_seconds
-    model.save(os.path.join(args.output, "model"), training=False)  # every rank calls it; rank 0 writes
+    model.save(
+        os.path.join(args.output, "model"), training=False
+    )  # every rank calls it; rank 0 writes
     if is_main():
         print(json.dumps({name: round(value, 4) for name, value in results.items()}), flush=True)
     return results

@@ -92,9 +92,19 @@ class DistributedBatchSampler(BatchSampler):
     the start of each epoch, so each epoch gets a fresh shuffle.
     """
 
-    def __init__(self, dataset: Sized, batch_size: int, num_replicas: int, rank: int,
-                 shuffle: bool = False, drop_last: bool = False, seed: int = 0) -> None:
-        shard = DistributedSampler(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+    def __init__(
+        self,
+        dataset: Sized,
+        batch_size: int,
+        num_replicas: int,
+        rank: int,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        seed: int = 0,
+    ) -> None:
+        shard = DistributedSampler(
+            dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed
+        )
         super().__init__(shard, batch_size, drop_last)
 
     def set_epoch(self, epoch: int) -> None:
@@ -116,29 +126,59 @@ def main(argv: list[str] | None = None) -> dict[str, float | list[float]]:
 
     # Model first: it joins the process group, so rank() and world_size() are known below.
     model = Model(MyNet(num_classes=10))
-    model.prepare(torch.optim.Adam(model.parameters(), lr=LEARNING_RATE), nn.CrossEntropyLoss(), Accuracy())
+    model.prepare(
+        torch.optim.Adam(model.parameters(), lr=LEARNING_RATE), nn.CrossEntropyLoss(), Accuracy()
+    )
 
     cifar10_train = Cifar10(root=args.data_root, mode="train")
     cifar10_test = Cifar10(root=args.data_root, mode="test")
-    train_sampler = DistributedBatchSampler(cifar10_train, BATCH_SIZE, num_replicas=world_size(), rank=rank(),
-                                            shuffle=True, drop_last=True, seed=args.seed)
-    train_loader = DataLoader(cifar10_train, batch_sampler=train_sampler, num_workers=args.num_workers)
+    train_sampler = DistributedBatchSampler(
+        cifar10_train,
+        BATCH_SIZE,
+        num_replicas=world_size(),
+        rank=rank(),
+        shuffle=True,
+        drop_last=True,
+        seed=args.seed,
+    )
+    train_loader = DataLoader(
+        cifar10_train, batch_sampler=train_sampler, num_workers=args.num_workers
+    )
     valid_loader = DataLoader(cifar10_test, batch_size=BATCH_SIZE, num_workers=args.num_workers)
 
     started = time.perf_counter()
-    history = model.fit(train_loader, eval_data=valid_loader, epochs=args.epochs, num_iters=args.num_iters,
-                        log_freq=1000)
+    history = model.fit(
+        train_loader,
+        eval_data=valid_loader,
+        epochs=args.epochs,
+        num_iters=args.num_iters,
+        log_freq=1000,
+    )
     fit_seconds = time.perf_counter() - started
-    model.save(os.path.join(args.output, "model"), training=False)  # every rank calls it; rank 0 writes
+    model.save(
+        os.path.join(args.output, "model"), training=False
+    )  # every rank calls it; rank 0 writes
 
     val_acc_history, val_loss_history = history.history["val_acc"], history.history["val_loss"]
     results: dict[str, float | list[float]] = {
-        "loss": val_loss_history[-1], "acc": val_acc_history[-1],
-        "val_acc_history": val_acc_history, "val_loss_history": val_loss_history, "fit_seconds": fit_seconds,
+        "loss": val_loss_history[-1],
+        "acc": val_acc_history[-1],
+        "val_acc_history": val_acc_history,
+        "val_loss_history": val_loss_history,
+        "fit_seconds": fit_seconds,
     }
     if is_main():
-        print(json.dumps({name: [round(v, 4) for v in value] if isinstance(value, list) else round(value, 4)
-                          for name, value in results.items()}), flush=True)
+        print(
+            json.dumps(
+                {
+                    name: [round(v, 4) for v in value]
+                    if isinstance(value, list)
+                    else round(value, 4)
+                    for name, value in results.items()
+                }
+            ),
+            flush=True,
+        )
     return results
 
 

@@ -57,12 +57,17 @@ class Residual(nn.Module):
     stride, so the input matches the block's new channel count and size.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, use_1x1conv: bool = False,
-                 strides: int = 1) -> None:
+    def __init__(
+        self, in_channels: int, out_channels: int, use_1x1conv: bool = False, strides: int = 1
+    ) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1, stride=strides)
         self.conv2 = nn.Conv2d(out_channels, out_channels, kernel_size=3, padding=1)
-        self.conv3 = nn.Conv2d(in_channels, out_channels, kernel_size=1, stride=strides) if use_1x1conv else None
+        self.conv3 = (
+            nn.Conv2d(in_channels, out_channels, kernel_size=1, stride=strides)
+            if use_1x1conv
+            else None
+        )
         self.bn1 = nn.BatchNorm2d(out_channels)
         self.bn2 = nn.BatchNorm2d(out_channels)
 
@@ -73,7 +78,9 @@ class Residual(nn.Module):
         return F.relu(y + shortcut)
 
 
-def resnet_stage(in_channels: int, out_channels: int, num_residuals: int, first_stage: bool = False) -> nn.Sequential:
+def resnet_stage(
+    in_channels: int, out_channels: int, num_residuals: int, first_stage: bool = False
+) -> nn.Sequential:
     """Residual blocks; every stage but the first starts by halving the resolution."""
     blocks = []
     for i in range(num_residuals):
@@ -135,31 +142,45 @@ def main(argv: list[str] | None = None) -> dict[str, float | int]:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=256, help="per process")
     parser.add_argument("--lr", type=float, default=None, help="default: 0.1 x number of processes")
-    parser.add_argument("--subset", type=int, default=None, help="train on the first N training images")
-    parser.add_argument("--test-subset", type=int, default=None, help="evaluate on the first N test images")
+    parser.add_argument(
+        "--subset", type=int, default=None, help="train on the first N training images"
+    )
+    parser.add_argument(
+        "--test-subset", type=int, default=None, help="evaluate on the first N test images"
+    )
     parser.add_argument("--output", default=os.path.join("output", "resnet18_fashion"))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
 
     train_dataset = _first(FashionMNIST(root=args.data_root, mode="train"), args.subset, "--subset")
-    test_dataset = _first(FashionMNIST(root=args.data_root, mode="test"), args.test_subset, "--test-subset")
+    test_dataset = _first(
+        FashionMNIST(root=args.data_root, mode="test"), args.test_subset, "--test-subset"
+    )
 
     network = resnet18(num_classes=10)
     network.apply(init_weights)
     model = Model(network)  # joins the process group when launched on several processes
     processes = world_size()
-    lr = args.lr if args.lr is not None else 0.1 * processes  # linear scaling: global batch 256 x processes
+    lr = (
+        args.lr if args.lr is not None else 0.1 * processes
+    )  # linear scaling: global batch 256 x processes
     model.prepare(torch.optim.SGD(model.parameters(), lr=lr), nn.CrossEntropyLoss(), Accuracy())
 
     timer = EpochTimer()
     model.fit(train_dataset, epochs=args.epochs, batch_size=args.batch_size, callbacks=[timer])
     results = model.evaluate(test_dataset, batch_size=args.batch_size)
-    model.save(os.path.join(args.output, "model"), training=False)  # every rank calls it; rank 0 writes
+    model.save(
+        os.path.join(args.output, "model"), training=False
+    )  # every rank calls it; rank 0 writes
     # Counts stay ints, so the JSON line prints 512, not 512.0.
-    results.update(seconds_per_epoch=sum(timer.seconds) / len(timer.seconds), lr=lr,
-                   global_batch=args.batch_size * processes, world_size=processes,
-                   train_images=len(train_dataset))
+    results.update(
+        seconds_per_epoch=sum(timer.seconds) / len(timer.seconds),
+        lr=lr,
+        global_batch=args.batch_size * processes,
+        world_size=processes,
+        train_images=len(train_dataset),
+    )
     if is_main():
         print(json.dumps({name: round(value, 4) for name, value in results.items()}), flush=True)
     return results

@@ -60,8 +60,14 @@ def train(args: argparse.Namespace) -> dict[str, float | int]:
         Accuracy(topk=(1, 2)),
     )
     started = time.perf_counter()
-    model.fit(train_dataset, epochs=args.epochs, batch_size=64, log_freq=400, num_iters=args.num_iters,
-              save_dir=os.path.join(args.output, "checkpoints"))
+    model.fit(
+        train_dataset,
+        epochs=args.epochs,
+        batch_size=64,
+        log_freq=400,
+        num_iters=args.num_iters,
+        save_dir=os.path.join(args.output, "checkpoints"),
+    )
     fit_seconds = time.perf_counter() - started
     results = model.evaluate(test_dataset, batch_size=64, log_freq=100)
     # world_size is a count: an int, so the JSON line prints 2, not 2.0.
@@ -75,14 +81,24 @@ def main(argv: list[str] | None = None) -> dict[str, float | int]:
     parser.add_argument("--num-iters", type=int, default=None)
     parser.add_argument("--output", default=os.path.join("output", "spawn_train"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--nprocs", type=int, default=2,
-                        help="processes to start; -1: one per GPU in --gpus, else per visible GPU, else per CPU core")
-    parser.add_argument("--gpus", default=None, help="device numbers to use, e.g. 4,5 (Paddle's gpus=)")
-    parser.add_argument("--log-dir", default=None, help="keep each process's output in LOG_DIR/workerlog.<rank>")
+    parser.add_argument(
+        "--nprocs",
+        type=int,
+        default=2,
+        help="processes to start; -1: one per GPU in --gpus, else per visible GPU, else per CPU core",
+    )
+    parser.add_argument(
+        "--gpus", default=None, help="device numbers to use, e.g. 4,5 (Paddle's gpus=)"
+    )
+    parser.add_argument(
+        "--log-dir", default=None, help="keep each process's output in LOG_DIR/workerlog.<rank>"
+    )
     args = parser.parse_args(argv)
 
     # The parent only launches: it never joins the process group itself.
-    per_rank = hapi.spawn(train, args=(args,), nprocs=args.nprocs, gpus=args.gpus, log_dir=args.log_dir)
+    per_rank = hapi.spawn(
+        train, args=(args,), nprocs=args.nprocs, gpus=args.gpus, log_dir=args.log_dir
+    )
     results = per_rank[0]
     print(json.dumps({name: round(value, 4) for name, value in results.items()}), flush=True)
     return results

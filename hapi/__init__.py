@@ -9,7 +9,7 @@ even where a ``callbacks.py`` of the user's hides the top-level one.
 """
 
 # First: every hapi module imports its callbacks as ``hapi.callbacks``, which this provides.
-from hapi._callbacks import callbacks
+from hapi._callbacks import callbacks  # isort: skip
 from hapi import metrics
 from hapi.distributed.strategies import DDP, FSDP
 from hapi.launch import spawn

@@ -65,7 +65,8 @@ def _first_process() -> bool:
     """False in the processes a job starts besides its first: torchrun's ranks > 0 (``RANK``) and
     the children of ``hapi.spawn`` or of spawned DataLoader workers, which import hapi again."""
     child = multiprocessing.parent_process() is not None or getattr(
-        multiprocessing.current_process(), "_inheriting", False)  # set while a spawned child imports
+        multiprocessing.current_process(), "_inheriting", False
+    )  # set while a spawned child imports
     return os.environ.get("RANK", "0") == "0" and not child
 
 
@@ -79,8 +80,10 @@ def _load_own_package() -> types.ModuleType:
     """Load torch-hapi's callbacks package from its installed directory as ``hapi.callbacks``."""
     init = os.path.join(HOME, "__init__.py")
     if not os.path.isfile(init):
-        raise ImportError(f"torch-hapi's callbacks package is missing: expected {init} beside hapi/. "
-                          "Reinstall torch-hapi (pip install --force-reinstall torch-hapi).")
+        raise ImportError(
+            f"torch-hapi's callbacks package is missing: expected {init} beside hapi/. "
+            "Reinstall torch-hapi (pip install --force-reinstall torch-hapi)."
+        )
     spec = importlib.util.spec_from_file_location(NAME, init, submodule_search_locations=[HOME])
     module = importlib.util.module_from_spec(spec)
     sys.modules[NAME] = module
@@ -104,8 +107,11 @@ def _resolve() -> types.ModuleType:
     package = _load_own_package()
     _alias_submodules(package, NAME)
     if origin is not None and _first_process():
-        print(f"torch-hapi: {_shown(origin)} shadows torch-hapi's callbacks package; torch-hapi uses its own "
-              "(importable as hapi.callbacks), and `import callbacks` gives yours.", file=sys.stderr)
+        print(
+            f"torch-hapi: {_shown(origin)} shadows torch-hapi's callbacks package; torch-hapi uses its own "
+            "(importable as hapi.callbacks), and `import callbacks` gives yours.",
+            file=sys.stderr,
+        )
     return package
 
 

@@ -24,28 +24,38 @@ def _count(value: Any, name: str) -> int | None:
         )
     count = value if isinstance(value, int) else len(value)
     if count < (1 if name == "inputs" else 0):
-        raise ValueError(f"{name} must count at least {1 if name == 'inputs' else 0}; received {value!r}.")
+        raise ValueError(
+            f"{name} must count at least {1 if name == 'inputs' else 0}; received {value!r}."
+        )
     return count
 
 
 def _names(value: Any) -> list[str] | None:
     """``labels=["labels"]``: the keys of a dict batch that hold labels."""
-    if isinstance(value, Sequence) and not isinstance(value, str) and value and all(
-            isinstance(item, str) for item in value):
+    if (
+        isinstance(value, Sequence)
+        and not isinstance(value, str)
+        and value
+        and all(isinstance(item, str) for item in value)
+    ):
         return list(value)
     return None
 
 
 def _as_batch(values: Any, name: str) -> list[torch.Tensor]:
     """``train_batch``'s inputs/labels: a tensor/array or a list of them."""
-    items = [] if values is None else (list(values) if isinstance(values, (list, tuple)) else [values])
+    items = (
+        [] if values is None else (list(values) if isinstance(values, (list, tuple)) else [values])
+    )
     tensors = []
     for item in items:
         if isinstance(item, np.ndarray):
             item = torch.from_numpy(item)
         if not torch.is_tensor(item):
-            raise TypeError(f"{name} must be tensors or NumPy arrays (or a list of them); "
-                            f"received {type(item).__name__}.")
+            raise TypeError(
+                f"{name} must be tensors or NumPy arrays (or a list of them); "
+                f"received {type(item).__name__}."
+            )
         tensors.append(item)
     return tensors
 
@@ -69,8 +79,13 @@ class BatchSplitter:
     label keys go to the network too, which then computes its own loss.
     """
 
-    def __init__(self, device: torch.device, n_inputs: int | None, n_labels: int | None,
-                 label_keys: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        n_inputs: int | None,
+        n_labels: int | None,
+        label_keys: Sequence[str] | None = None,
+    ) -> None:
         self.device = device
         self.n_inputs = n_inputs
         self.n_labels = n_labels
@@ -82,15 +97,22 @@ class BatchSplitter:
     def for_model(cls, device: torch.device, inputs: Any, labels: Any) -> "BatchSplitter":
         """From ``Model(inputs=, labels=)``: counts, or lists whose length counts (label names
         also name a dict batch's label keys)."""
-        return cls(device, _count(inputs, "inputs"), _count(labels, "labels"), label_keys=_names(labels))
+        return cls(
+            device, _count(inputs, "inputs"), _count(labels, "labels"), label_keys=_names(labels)
+        )
 
     def user_batch(self, inputs: Any, labels: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """``train_batch``'s inputs and labels (tensors or arrays, one or a list) on the device."""
-        return (self._to_device(_as_batch(inputs, "inputs")), self._to_device(_as_batch(labels, "labels")))
+        return (
+            self._to_device(_as_batch(inputs, "inputs")),
+            self._to_device(_as_batch(labels, "labels")),
+        )
 
     def _to_device(self, items: Iterable[Any]) -> list[Any]:
-        return [item.to(self.device, non_blocking=self.non_blocking) if torch.is_tensor(item) else item
-                for item in items]
+        return [
+            item.to(self.device, non_blocking=self.non_blocking) if torch.is_tensor(item) else item
+            for item in items
+        ]
 
     def split(self, batch: Any, need_labels: bool = True) -> tuple[list[Any], list[Any]]:
         if isinstance(batch, dict):
@@ -99,11 +121,14 @@ class BatchSplitter:
             return self._to_device([batch]), []
         batch = list(batch)
         if self.n_inputs is not None:
-            inputs = batch[:self.n_inputs]
-            rest = batch[self.n_inputs:]
-            labels = rest[:self.n_labels] if self.n_labels is not None else rest
+            inputs = batch[: self.n_inputs]
+            rest = batch[self.n_inputs :]
+            labels = rest[: self.n_labels] if self.n_labels is not None else rest
         elif self.n_labels is not None:
-            inputs, labels = batch[:len(batch) - self.n_labels], batch[len(batch) - self.n_labels:]
+            inputs, labels = (
+                batch[: len(batch) - self.n_labels],
+                batch[len(batch) - self.n_labels :],
+            )
         elif len(batch) == 1:
             inputs, labels = batch, []
         else:
@@ -134,8 +159,11 @@ class BatchSplitter:
     @staticmethod
     def length(batch: Any) -> int:
         """Samples in a whole batch (tuple, dict or tensor)."""
-        values = list(batch.values()) if isinstance(batch, dict) else (
-            list(batch) if isinstance(batch, (tuple, list)) else [batch])
+        values = (
+            list(batch.values())
+            if isinstance(batch, dict)
+            else (list(batch) if isinstance(batch, (tuple, list)) else [batch])
+        )
         return batch_length(values, [])
 
     def _split_dict(self, batch: dict, need_labels: bool) -> tuple[list[Any], list[Any]]:
@@ -146,15 +174,19 @@ class BatchSplitter:
                 raise KeyError(
                     f"A batch is a dict with keys {sorted(batch)}, without the label keys {missing} "
                     f"that Model(labels={keys}) names. Name the keys your data set returns, e.g. "
-                    f"Model(network, labels={[k for k in sorted(batch) if 'label' in k] or ['labels']}).")
+                    f"Model(network, labels={[k for k in sorted(batch) if 'label' in k] or ['labels']})."
+                )
         else:
             keys = [next((key for key in DEFAULT_LABEL_KEYS if key in batch), None)]
             keys = [key for key in keys if key is not None]
-        features = {key: value for key, value in batch.items()
-                    if self.labels_to_network or key not in keys}
+        features = {
+            key: value for key, value in batch.items() if self.labels_to_network or key not in keys
+        }
         if not features:
-            raise ValueError(f"A dict batch with keys {sorted(batch)} leaves no network inputs: every "
-                             f"key is a label key ({keys}).")
+            raise ValueError(
+                f"A dict batch with keys {sorted(batch)} leaves no network inputs: every "
+                f"key is a label key ({keys})."
+            )
         inputs = KeywordInputs(zip(features, self._to_device(features.values())))
         labels = self._to_device(batch[key] for key in keys if key in batch) if need_labels else []
         return [inputs], labels
@@ -162,8 +194,14 @@ class BatchSplitter:
 
 def batch_length(inputs: list[Any], labels: list[Any]) -> int:
     """Samples in a batch: the first dimension of its first tensor."""
-    for item in (*labels, *(value for item in inputs
-                             for value in (item.values() if isinstance(item, KeywordInputs) else [item]))):
+    for item in (
+        *labels,
+        *(
+            value
+            for item in inputs
+            for value in (item.values() if isinstance(item, KeywordInputs) else [item])
+        ),
+    ):
         if torch.is_tensor(item) and item.ndim > 0:
             return int(item.shape[0])
     return 1

@@ -34,8 +34,15 @@ import torch
 from torch import nn
 
 from hapi import distributed
-from hapi.checkpoint_write import (CheckpointError, _background, _detail, _plain, _refuse_unsafe, _staging,
-                                   write_file)
+from hapi.checkpoint_write import (
+    CheckpointError,
+    _background,
+    _detail,
+    _plain,
+    _refuse_unsafe,
+    _staging,
+    write_file,
+)
 
 FORMAT = "torch-hapi"
 VERSION = 1
@@ -44,8 +51,6 @@ MANIFEST = "checkpoint.pt"  # in the directory of a sharded checkpoint
 
 # The global torch's weights-only unpickler refused, e.g. "GLOBAL posix.system".
 _GLOBAL = re.compile(r"GLOBAL [A-Za-z_]\w*(\.[A-Za-z_]\w*)+(\s|$)")
-
-
 
 
 def resolve_path(path: str | os.PathLike) -> str:
@@ -58,8 +63,12 @@ def resolve_path(path: str | os.PathLike) -> str:
     return path if path.endswith((".pt", ".pth")) else path + SUFFIX
 
 
-def save_sharded(path: str | os.PathLike, state: dict[str, Any],
-                 write_shards: Callable[..., Callable[[], None]], wait: bool = True) -> str:
+def save_sharded(
+    path: str | os.PathLike,
+    state: dict[str, Any],
+    write_shards: Callable[..., Callable[[], None]],
+    wait: bool = True,
+) -> str:
     """A sharded checkpoint: a directory ``path`` with a manifest and a directory of shards.
 
     ``write_shards(directory, then_on_main=..., wait=...)`` is the collective
@@ -103,7 +112,9 @@ def _agree(action: Callable[[], None], target: str) -> None:
     if distributed.any_true(failure is not None):
         if failure is not None:
             raise failure
-        raise CheckpointError(f"Another process failed to write the checkpoint {target!r}; see its error.")
+        raise CheckpointError(
+            f"Another process failed to write the checkpoint {target!r}; see its error."
+        )
 
 
 def wait_for_writes() -> None:
@@ -142,10 +153,16 @@ def save_state(path: str | os.PathLike, state: dict[str, Any], wait: bool = True
         _refuse_unsafe(plain, target)  # now, not in the background
         # Backups rewrite one file again and again: its previous blocks are reused.
         staged = _staging.copy(plain)  # the previous write has ended (save_state waited for it)
-        _background.start(functools.partial(write_file, staged, target, reuse_previous=True), target)
+        _background.start(
+            functools.partial(write_file, staged, target, reuse_previous=True), target
+        )
 
-    distributed.on_main(write if wait else start, lambda: CheckpointError(
-        f"Rank 0 could not write the checkpoint {target!r}; see its error."))
+    distributed.on_main(
+        write if wait else start,
+        lambda: CheckpointError(
+            f"Rank 0 could not write the checkpoint {target!r}; see its error."
+        ),
+    )
     return target
 
 
@@ -168,8 +185,11 @@ def _existing_file(path: str | os.PathLike) -> str:
     if found:
         return found[0]
     directory = os.path.dirname(os.path.abspath(given)) or "."
-    nearby = sorted(name for name in os.listdir(directory) if name.endswith((".pt", ".pth"))) \
-        if os.path.isdir(directory) else []
+    nearby = (
+        sorted(name for name in os.listdir(directory) if name.endswith((".pt", ".pth")))
+        if os.path.isdir(directory)
+        else []
+    )
     hint = f" Checkpoints in {directory}: {nearby}." if nearby else ""
     raise FileNotFoundError(
         f"No checkpoint found at {given!r} (tried {', '.join(repr(c) for c in candidates)})."
@@ -218,11 +238,23 @@ def load_freshest_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
             with open(found, "rb") as handle:
                 payload = handle.read()
             state = _parse(io.BytesIO(payload), found)
-            copies.append((tuple(state.get(key, 0) for key in ("step", "epoch", "epoch_step")), payload, state))
-        return max(copies, key=lambda copy: copy[0]) if copies else None  # None: another machine may have one
+            copies.append(
+                (
+                    tuple(state.get(key, 0) for key in ("step", "epoch", "epoch_step")),
+                    payload,
+                    state,
+                )
+            )
+        return (
+            max(copies, key=lambda copy: copy[0]) if copies else None
+        )  # None: another machine may have one
 
-    freshest = distributed.broadcast_freshest(read, lambda source: CheckpointError(
-        f"Rank {source} could not read its copy of {file!r}; see its error."))
+    freshest = distributed.broadcast_freshest(
+        read,
+        lambda source: CheckpointError(
+            f"Rank {source} could not read its copy of {file!r}; see its error."
+        ),
+    )
     if freshest is None:
         raise FileNotFoundError(f"No process found a checkpoint at {file!r} on its machine.")
     payload, state = freshest
@@ -315,17 +347,21 @@ def match_state_dict(
             "Load it into the network it came from, or pass skip_mismatch=True to load "
             "only the tensors whose names and shapes match."
         )
-    loadable = {
-        k: v for k, v in saved.items() if k in expected and v.shape == expected[k].shape
-    }
-    skipped = sorted(set(missing) | set(unexpected) | {k for k in saved if k in expected and k not in loadable})
+    loadable = {k: v for k, v in saved.items() if k in expected and v.shape == expected[k].shape}
+    skipped = sorted(
+        set(missing) | set(unexpected) | {k for k in saved if k in expected and k not in loadable}
+    )
     return loadable, skipped
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, optimizer_state: dict,
-                         saved_type: str | None, source: str,
-                         load: Callable[[dict], None] | None = None,
-                         keep_hyperparameters: bool = False) -> None:
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer,
+    optimizer_state: dict,
+    saved_type: str | None,
+    source: str,
+    load: Callable[[dict], None] | None = None,
+    keep_hyperparameters: bool = False,
+) -> None:
     """Load a saved optimizer state, refusing one from another optimizer class.
 
     ``load(state)`` puts it in (the strategy's way: sharded under FSDP);
@@ -337,7 +373,10 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, optimizer_state: dict
     ``load_state_dict`` would silently take the file's: fine-tuning at 1e-4
     from a checkpoint trained at 1e-3 would train at 1e-3.
     """
-    given = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+    given = [
+        {key: value for key, value in group.items() if key != "params"}
+        for group in optimizer.param_groups
+    ]
     try:
         if saved_type is not None and saved_type != type(optimizer).__name__:
             raise ValueError(f"it was saved from a {saved_type} optimizer")
@@ -369,13 +408,21 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, optimizer_state: dict
             f"{type(optimizer).__name__} given to prepare(): {'; '.join(differences)}. Training uses "
             "the settings given to prepare(); the per-parameter state (momentum, moments, step "
             "counts) comes from the file. To train with the file's settings, build the optimizer "
-            "with them.", stacklevel=3)
+            "with them.",
+            stacklevel=3,
+        )
 
 
 def _same_setting(saved: Any, given: Any) -> bool:
     if torch.is_tensor(saved) or torch.is_tensor(given):
-        return torch.is_tensor(saved) and torch.is_tensor(given) and torch.equal(saved.cpu(), given.cpu())
+        return (
+            torch.is_tensor(saved)
+            and torch.is_tensor(given)
+            and torch.equal(saved.cpu(), given.cpu())
+        )
     try:
-        return bool(saved == given) or (isinstance(saved, (tuple, list)) and list(saved) == list(given))
+        return bool(saved == given) or (
+            isinstance(saved, (tuple, list)) and list(saved) == list(given)
+        )
     except (TypeError, ValueError, RuntimeError):
         return saved is given

@@ -56,9 +56,11 @@ class _BackgroundWrite:
             self._thread = None
         error, self._error = self._error, None
         if error is not None:
-            raise CheckpointError(f"Writing the checkpoint {self._target!r} in the background failed "
-                                  f"({type(error).__name__}: {error}); the previous file there is "
-                                  "unchanged.") from error
+            raise CheckpointError(
+                f"Writing the checkpoint {self._target!r} in the background failed "
+                f"({type(error).__name__}: {error}); the previous file there is "
+                "unchanged."
+            ) from error
 
 
 _background = _BackgroundWrite()
@@ -87,8 +89,13 @@ class _Staging:
     def _copy(self, value: Any, previous: Any) -> Any:
         if torch.is_tensor(value):
             buffer = next(previous, None)
-            if (buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype
-                    or buffer.layout != value.layout or not value.is_contiguous()):
+            if (
+                buffer is None
+                or buffer.shape != value.shape
+                or buffer.dtype != value.dtype
+                or buffer.layout != value.layout
+                or not value.is_contiguous()
+            ):
                 buffer = value.detach().to("cpu", copy=True)
             else:
                 buffer.copy_(value.detach())
@@ -129,14 +136,18 @@ def write_file(state: dict[str, Any], target: str, reuse_previous: bool = False)
     """
     plain = _plain(state)
     try:
-        with atomic_write(target, "wb", verify=_loads_safely, reuse_previous=reuse_previous) as handle:
+        with atomic_write(
+            target, "wb", verify=_loads_safely, reuse_previous=reuse_previous
+        ) as handle:
             torch.save(plain, handle)  # an object pickle cannot even write fails here
     except (pickle.PicklingError, pickle.UnpicklingError, AttributeError, TypeError) as error:
         offender = _first_unsafe(plain, "checkpoint")
         if offender is None and not isinstance(error, pickle.UnpicklingError):
             raise
-        raise _unsafe_entry(target, f"{offender[0]} is a {offender[1]}" if offender
-                            else f"an entry: {_detail(error)}") from error
+        raise _unsafe_entry(
+            target,
+            f"{offender[0]} is a {offender[1]}" if offender else f"an entry: {_detail(error)}",
+        ) from error
 
 
 def _detail(error: BaseException) -> str:
@@ -166,8 +177,19 @@ def _unsafe_entry(target: str, where: str) -> CheckpointError:
     )
 
 
-_PLAIN_LEAVES = (torch.Tensor, str, bytes, int, float, complex, bool, type(None), torch.dtype,
-                 torch.device, torch.Size)
+_PLAIN_LEAVES = (
+    torch.Tensor,
+    str,
+    bytes,
+    int,
+    float,
+    complex,
+    bool,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.Size,
+)
 
 
 def _plain(value: Any) -> Any:
@@ -192,7 +214,9 @@ def _first_unsafe(value: Any, path: str) -> tuple[str, str] | None:
             found = _first_unsafe(item, f"{path}[{key!r}]")
             if found:
                 return found
-        return None if type(value) in (dict, collections.OrderedDict) else (path, type(value).__name__)
+        return (
+            None if type(value) in (dict, collections.OrderedDict) else (path, type(value).__name__)
+        )
     if type(value) in (list, tuple):
         for index, item in enumerate(value):
             found = _first_unsafe(item, f"{path}[{index}]")

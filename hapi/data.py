@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, default_collate
 
-from hapi.callbacks.checks import require_int
 from hapi import distributed
+from hapi.callbacks.checks import require_int
 from hapi.seeded_loader import SeededLoader, may_draw_random_numbers
 
 ACCEPTED = (
@@ -39,7 +39,9 @@ def describe(values: Any) -> str:
         return "{" + ", ".join(f"{key}: {describe(value)}" for key, value in values.items()) + "}"
     if isinstance(values, (list, tuple)):
         kinds = {type(v).__name__ for v in values}
-        if values and not any(torch.is_tensor(v) or isinstance(v, (np.ndarray, list, tuple)) for v in values):
+        if values and not any(
+            torch.is_tensor(v) or isinstance(v, (np.ndarray, list, tuple)) for v in values
+        ):
             return f"{type(values).__name__} of {len(values)} {'/'.join(sorted(kinds))}"
         return "(" + ", ".join(describe(v) for v in values) + ")"
     return type(values).__name__
@@ -138,8 +140,11 @@ def as_dataset(data: Any, role: str) -> Dataset:
         return TensorBatches(*data.tensors)
     if isinstance(data, Dataset):
         return data
-    if isinstance(data, (tuple, list)) and data and all(
-            torch.is_tensor(a) or isinstance(a, np.ndarray) for a in data):
+    if (
+        isinstance(data, (tuple, list))
+        and data
+        and all(torch.is_tensor(a) or isinstance(a, np.ndarray) for a in data)
+    ):
         tensors = [_as_tensor(a, i, role) for i, a in enumerate(data)]
         lengths = [len(t) for t in tensors]
         if len(set(lengths)) != 1:
@@ -197,9 +202,11 @@ class NonEmpty:
             empty = False
             yield batch
         if empty:
-            raise ValueError(f"{self.role} is empty: it yielded no batch, so there is nothing to "
-                             "iterate over. Check the data source (an IterableDataset that yields "
-                             "nothing, or a filter that drops everything).")
+            raise ValueError(
+                f"{self.role} is empty: it yielded no batch, so there is nothing to "
+                "iterate over. Check the data source (an IterableDataset that yields "
+                "nothing, or a filter that drops everything)."
+            )
 
 
 def _checked(loader: Iterable, role: str, batch_size: int | None, drop_last: bool) -> Iterable:
@@ -210,15 +217,25 @@ def _checked(loader: Iterable, role: str, batch_size: int | None, drop_last: boo
     if batches == 0 and not drop_last and isinstance(dataset, Dataset) and len(dataset) > 0:
         return loader  # data set smaller than the process count: this process's shard is empty
     if batches == 0:
-        reason = (f" with batch_size={batch_size} and drop_last=True" if drop_last else "")
-        raise ValueError(f"{role} is empty: it gives no batch{reason}, so there is nothing to "
-                         "iterate over." + (" Lower batch_size or set drop_last=False." if drop_last else ""))
+        reason = f" with batch_size={batch_size} and drop_last=True" if drop_last else ""
+        raise ValueError(
+            f"{role} is empty: it gives no batch{reason}, so there is nothing to "
+            "iterate over." + (" Lower batch_size or set drop_last=False." if drop_last else "")
+        )
     return loader
 
 
-def make_loader(data: Any, *, role: str, batch_size: int, shuffle: bool = False,
-                drop_last: bool = False, num_workers: int = 0, seed: int = 0,
-                device: torch.device = torch.device("cpu")) -> Iterable:
+def make_loader(
+    data: Any,
+    *,
+    role: str,
+    batch_size: int,
+    shuffle: bool = False,
+    drop_last: bool = False,
+    num_workers: int = 0,
+    seed: int = 0,
+    device: torch.device = torch.device("cpu"),
+) -> Iterable:
     """The iterable of batches one pass over ``data`` uses on this process.
 
     For a GPU ``device``: in-memory data that fits is copied there once and
@@ -233,8 +250,11 @@ def make_loader(data: Any, *, role: str, batch_size: int, shuffle: bool = False,
         raise ValueError(f"{role} is None; pass {ACCEPTED}.")
     if isinstance(data, DataLoader):
         return _checked(_resharded(data, role, seed), role, data.batch_size, data.drop_last)
-    require_int({"train_data": "fit", "eval_data": "evaluate", "test_data": "predict"}.get(role, role),
-                "batch_size", batch_size)
+    require_int(
+        {"train_data": "fit", "eval_data": "evaluate", "test_data": "predict"}.get(role, role),
+        "batch_size",
+        batch_size,
+    )
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"num_workers must be an integer >= 0; received {num_workers!r}.")
     dataset = as_dataset(data, role)
@@ -244,22 +264,47 @@ def make_loader(data: Any, *, role: str, batch_size: int, shuffle: bool = False,
                 f"{role} is an IterableDataset: torch-hapi cannot split a stream, so each of the "
                 f"{distributed.world_size()} processes reads all of it unless it shards itself by "
                 "rank (hapi.distributed.rank(), world_size()); every process must then yield the "
-                "same number of batches.", stacklevel=3)
-        return NonEmpty(DataLoader(dataset, batch_size=batch_size, drop_last=drop_last,
-                                   num_workers=num_workers, collate_fn=ExplainingCollate(role),
-                                   generator=torch.Generator()), role)
+                "same number of batches.",
+                stacklevel=3,
+            )
+        return NonEmpty(
+            DataLoader(
+                dataset,
+                batch_size=batch_size,
+                drop_last=drop_last,
+                num_workers=num_workers,
+                collate_fn=ExplainingCollate(role),
+                generator=torch.Generator(),
+            ),
+            role,
+        )
     if len(dataset) == 0:
         raise ValueError(f"{role} is empty (0 samples); there is nothing to iterate over.")
-    resident = (device_resident(dataset, device, free_device_memory(device))
-                if num_workers == 0 else dataset)
+    resident = (
+        device_resident(dataset, device, free_device_memory(device))
+        if num_workers == 0
+        else dataset
+    )
     pin_memory = device.type == "cuda" and resident is dataset  # pinned only for host data
     dataset = resident
     training = role == "train_data"
-    sampler = distributed.train_sampler(dataset, shuffle, seed) if training else distributed.eval_sampler(dataset)
-    loader = _loader(dataset, training=training, seed=seed, batch_size=batch_size, sampler=sampler,
-                     drop_last=drop_last, num_workers=num_workers, pin_memory=pin_memory,
-                     persistent_workers=num_workers > 0 and not training,
-                     collate_fn=ExplainingCollate(role))
+    sampler = (
+        distributed.train_sampler(dataset, shuffle, seed)
+        if training
+        else distributed.eval_sampler(dataset)
+    )
+    loader = _loader(
+        dataset,
+        training=training,
+        seed=seed,
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=drop_last,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0 and not training,
+        collate_fn=ExplainingCollate(role),
+    )
     return _checked(loader, role, batch_size, drop_last)
 
 
@@ -292,9 +337,15 @@ def _resharded(loader: DataLoader, role: str, seed: int) -> DataLoader:
     if share is None:
         return loader
     return _loader(
-        loader.dataset, training=training, seed=seed, **share,
-        num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
-        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+        loader.dataset,
+        training=training,
+        seed=seed,
+        **share,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
         persistent_workers=loader.persistent_workers and not training,
         prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
     )
@@ -339,5 +390,3 @@ def with_last(iterable: Iterable) -> Iterator[tuple[Any, bool]]:
         yield current, False
         current = upcoming
     yield current, True
-
-

@@ -42,7 +42,15 @@ _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _STDLIB_DIR = os.path.abspath(sysconfig.get_paths()["stdlib"])
 _SITE_MARKERS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 # Libraries torch calls while tracing: a frame there is torch's work, not the network's.
-_TORCH_HELPERS = {"sympy", "mpmath", "numpy", "optree", "typing_extensions", "functorch", "networkx"}
+_TORCH_HELPERS = {
+    "sympy",
+    "mpmath",
+    "numpy",
+    "optree",
+    "typing_extensions",
+    "functorch",
+    "networkx",
+}
 
 
 def export_path(path: str | os.PathLike) -> str:
@@ -51,8 +59,9 @@ def export_path(path: str | os.PathLike) -> str:
     return path if path.endswith(SUFFIX) else path + SUFFIX
 
 
-def export_network(network: nn.Module, path: str | os.PathLike, example_inputs: Any,
-                   dynamic_batch: bool = True) -> str:
+def export_network(
+    network: nn.Module, path: str | os.PathLike, example_inputs: Any, dynamic_batch: bool = True
+) -> str:
     """Trace ``network`` with ``torch.export`` on ``example_inputs`` and save it to a ``.pt2`` file.
 
     Args:
@@ -105,26 +114,37 @@ def export_network(network: nn.Module, path: str | os.PathLike, example_inputs: 
 
 def _as_inputs(example_inputs: Any, device: torch.device | None) -> tuple[torch.Tensor, ...]:
     """``example_inputs`` as the tuple of positional tensors ``torch.export`` traces with."""
-    accepted = ("a tensor or NumPy array (one input) or a tuple/list of them (one per positional "
-                "argument of forward)")
+    accepted = (
+        "a tensor or NumPy array (one input) or a tuple/list of them (one per positional "
+        "argument of forward)"
+    )
     items = list(example_inputs) if isinstance(example_inputs, (tuple, list)) else [example_inputs]
     if not items:
-        raise TypeError(f"example_inputs is an empty {type(example_inputs).__name__}; export needs "
-                        f"{accepted}, e.g. model.export(path, x_test[:4]).")
+        raise TypeError(
+            f"example_inputs is an empty {type(example_inputs).__name__}; export needs "
+            f"{accepted}, e.g. model.export(path, x_test[:4])."
+        )
     tensors = []
     for position, item in enumerate(items):
         if isinstance(item, np.ndarray):
             try:
                 item = torch.from_numpy(np.ascontiguousarray(item))
             except TypeError as error:
-                raise TypeError(f"example_inputs[{position}] is a NumPy array of dtype {item.dtype}, "
-                                f"which a tensor cannot hold: {error}. Convert it to a numeric dtype "
-                                "first.") from error
+                raise TypeError(
+                    f"example_inputs[{position}] is a NumPy array of dtype {item.dtype}, "
+                    f"which a tensor cannot hold: {error}. Convert it to a numeric dtype "
+                    "first."
+                ) from error
         if not torch.is_tensor(item):
-            where = "example_inputs" if len(items) == 1 and item is example_inputs else \
-                f"example_inputs[{position}]"
-            raise TypeError(f"{where} is {type(item).__name__}; export needs {accepted}. Received "
-                            f"{describe(example_inputs)}.")
+            where = (
+                "example_inputs"
+                if len(items) == 1 and item is example_inputs
+                else f"example_inputs[{position}]"
+            )
+            raise TypeError(
+                f"{where} is {type(item).__name__}; export needs {accepted}. Received "
+                f"{describe(example_inputs)}."
+            )
         tensors.append(item if device is None else item.to(device))
     return tuple(tensors)
 
@@ -174,9 +194,11 @@ def _first_lines(message: str, limit: int = 400) -> str:
     if not lines:
         return "(no message)"
     # torch's own hints in detail lines name its API (mark_dynamic, Dim.DYNAMIC), not export()'s: cut them.
-    kept = [lines[0]] + [line.split(" If you're using")[0] for line in lines[1:4] if line.startswith("- ")]
+    kept = [lines[0]] + [
+        line.split(" If you're using")[0] for line in lines[1:4] if line.startswith("- ")
+    ]
     text = " ".join(kept).rstrip(".")
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _network_files(network: nn.Module) -> set[str]:
@@ -210,7 +232,11 @@ def _user_location(error: BaseException, network: nn.Module) -> str:
     preferred (it is the line of ``forward`` to change); otherwise the deepest
     frame outside torch and the standard library.
     """
-    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if _is_user_file(frame.filename)]
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if _is_user_file(frame.filename)
+    ]
     own = _network_files(network)
     frames = [frame for frame in frames if os.path.abspath(frame.filename) in own] or frames
     if not frames:
@@ -222,22 +248,29 @@ def _user_location(error: BaseException, network: nn.Module) -> str:
 
 def _advice(message: str, dynamic_batch: bool) -> str:
     if "data-dependent" in message or "data dependent" in message:
-        return ("forward branches on, or sizes a tensor by, the values of a tensor (`if x.sum() > 0`, "
-                "`.item()`, `int(tensor)`), while an exported program is one graph for every input. "
-                "Write value-dependent branches with torch.cond(pred, true_fn, false_fn, (x,)) or "
-                "torch.where, or move that logic out of forward.")
+        return (
+            "forward branches on, or sizes a tensor by, the values of a tensor (`if x.sum() > 0`, "
+            "`.item()`, `int(tensor)`), while an exported program is one graph for every input. "
+            "Write value-dependent branches with torch.cond(pred, true_fn, false_fn, (x,)) or "
+            "torch.where, or move that logic out of forward."
+        )
     if dynamic_batch and ("specialized" in message or "Constraints violated" in message):
-        return ("forward fixes the batch size (e.g. x.view(4, -1) or a shape check against the example's "
-                "batch), so the program cannot take any batch size. Use x.shape[0] or -1 instead of a "
-                "constant, or pass dynamic_batch=False to export for the example's batch size only.")
-    return ("torch.export traces forward with symbolic tensors: it needs tensor operations, not Python "
-            "that inspects tensor values, does I/O or calls libraries that do not accept tensors. Change "
-            "the line above, or try torch.export.draft_export(network, example_inputs) to list every "
-            "problem at once.")
+        return (
+            "forward fixes the batch size (e.g. x.view(4, -1) or a shape check against the example's "
+            "batch), so the program cannot take any batch size. Use x.shape[0] or -1 instead of a "
+            "constant, or pass dynamic_batch=False to export for the example's batch size only."
+        )
+    return (
+        "torch.export traces forward with symbolic tensors: it needs tensor operations, not Python "
+        "that inspects tensor values, does I/O or calls libraries that do not accept tensors. Change "
+        "the line above, or try torch.export.draft_export(network, example_inputs) to list every "
+        "problem at once."
+    )
 
 
 def _explain(network: nn.Module, error: BaseException, dynamic_batch: bool) -> str:
     message = str(error)
-    return (f"torch.export could not export {type(network).__name__}: {type(error).__name__}: "
-            f"{_first_lines(message)}{_user_location(error, network)}. {_advice(message, dynamic_batch)}")
-
+    return (
+        f"torch.export could not export {type(network).__name__}: {type(error).__name__}: "
+        f"{_first_lines(message)}{_user_location(error, network)}. {_advice(message, dynamic_batch)}"
+    )

@@ -39,7 +39,9 @@ def _visible_devices(gpus: str | Sequence[int] | None) -> str | None:
     items = gpus.split(",") if isinstance(gpus, str) else list(gpus)
     ids = [str(item).strip() for item in items if str(item).strip() != ""]
     if not ids or not all(item.isdigit() for item in ids):
-        raise ValueError(f"gpus must list device numbers, e.g. gpus='4,5' or gpus=[4, 5]; received {gpus!r}.")
+        raise ValueError(
+            f"gpus must list device numbers, e.g. gpus='4,5' or gpus=[4, 5]; received {gpus!r}."
+        )
     return ",".join(ids)
 
 
@@ -48,7 +50,9 @@ def resolve_nprocs(nprocs: int, visible_devices: str | None) -> int:
     import torch
 
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or (nprocs < 1 and nprocs != -1):
-        raise ValueError(f"nprocs must be a positive integer or -1 (one per device); received {nprocs!r}.")
+        raise ValueError(
+            f"nprocs must be a positive integer or -1 (one per device); received {nprocs!r}."
+        )
     if nprocs != -1:
         return nprocs
     if visible_devices is not None:
@@ -73,8 +77,13 @@ def _environment(updates: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = -1,
-          gpus: str | Sequence[int] | None = None, log_dir: str | None = None) -> dict[int, Any]:
+def spawn(
+    fn: Callable[..., Any],
+    args: tuple = (),
+    nprocs: int = -1,
+    gpus: str | Sequence[int] | None = None,
+    log_dir: str | None = None,
+) -> dict[int, Any]:
     """Run ``fn(*args)`` in ``nprocs`` local processes that train together.
 
     Args:
@@ -116,13 +125,24 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = -1,
         )
     count = resolve_nprocs(nprocs, visible)
     run_id = f"hapi-{uuid.uuid4().hex[:8]}"
-    logs = DefaultLogsSpecs(log_dir=log_dir, redirects=Std.ALL, tee={0: Std.ALL}) if log_dir \
+    logs = (
+        DefaultLogsSpecs(log_dir=log_dir, redirects=Std.ALL, tee={0: Std.ALL})
+        if log_dir
         else DefaultLogsSpecs(log_dir=os.devnull)
+    )
     config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=count, run_id=run_id,
-        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}",
-        rdzv_configs={"timeout": 120}, max_restarts=0, monitor_interval=0.1,
-        start_method="spawn", logs_specs=logs, shutdown_timeout=5,
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=count,
+        run_id=run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        rdzv_configs={"timeout": 120},
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+        logs_specs=logs,
+        shutdown_timeout=5,
     )
     updates = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
     if count > 1 and "OMP_NUM_THREADS" not in os.environ:
@@ -158,31 +178,41 @@ def _failure_report(error: Any, error_dir: str, count: int, log_dir: str | None)
     """The first child's own traceback, or what the launcher knows when it left none."""
     # The first report written is the root cause; later ones are ranks that
     # lost their peer ("Connection closed by peer") because of it.
-    reports = sorted((name for name in os.listdir(error_dir) if name.startswith("error.")),
-                     key=lambda name: os.stat(os.path.join(error_dir, name)).st_mtime_ns)
+    reports = sorted(
+        (name for name in os.listdir(error_dir) if name.startswith("error.")),
+        key=lambda name: os.stat(os.path.join(error_dir, name)).st_mtime_ns,
+    )
     where = f" Each process's output is in {log_dir}." if log_dir else ""
     if reports:
         rank = reports[0].split(".", 1)[1]
         with open(os.path.join(error_dir, reports[0])) as handle:
-            return (f"Process {rank} of {count} started by hapi.spawn raised an error; the other "
-                    f"processes were stopped.{where}\n{handle.read().rstrip()}")
+            return (
+                f"Process {rank} of {count} started by hapi.spawn raised an error; the other "
+                f"processes were stopped.{where}\n{handle.read().rstrip()}"
+            )
     rank, failure = error.get_first_failure()
     return (
         f"Process {rank} of {count} started by hapi.spawn died with exit code {failure.exitcode} "
         f"before it could report an error (its output is above).{where} If it says the process "
         "was started 'before the current process has finished its bootstrapping phase', call "
-        "hapi.spawn under `if __name__ == \"__main__\":`, since each child imports your script."
+        'hapi.spawn under `if __name__ == "__main__":`, since each child imports your script.'
     )
 
 
 def _name_worker_logs(log_dir: str, run_id: str) -> None:
     """Give the launcher's per-rank files Paddle's names, ``workerlog.<rank>``."""
     # The launcher writes <log_dir>/<run_id>_<suffix>/attempt_<n>/<local_rank>/{stdout,stderr}.log.
-    for attempt_dir in sorted(glob.glob(os.path.join(glob.escape(log_dir), f"{run_id}*", "attempt_*"))):
+    for attempt_dir in sorted(
+        glob.glob(os.path.join(glob.escape(log_dir), f"{run_id}*", "attempt_*"))
+    ):
         for rank in sorted(os.listdir(attempt_dir)):
             for stream in ("stdout.log", "stderr.log"):
                 source = os.path.join(attempt_dir, rank, stream)
                 if os.path.exists(source):
-                    with open(source, encoding="utf-8", errors="replace") as part, \
-                            open(os.path.join(log_dir, f"workerlog.{rank}"), "a", encoding="utf-8") as log:
+                    with (
+                        open(source, encoding="utf-8", errors="replace") as part,
+                        open(
+                            os.path.join(log_dir, f"workerlog.{rank}"), "a", encoding="utf-8"
+                        ) as log,
+                    ):
                         log.write(part.read())

@@ -27,9 +27,9 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from hapi.callbacks import CallbackList
 from hapi import distributed
 from hapi.batches import BatchSplitter, batch_length
+from hapi.callbacks import CallbackList
 from hapi.data import num_batches, start_at, with_last
 from hapi.metrics import MetricSet
 from hapi.steps import Stepper, as_list
@@ -99,16 +99,29 @@ def _accumulation(step: int, is_last: bool, every: int, steps: int | None) -> tu
     return (step + 1) % every == 0 or is_last, 1.0 / group_size
 
 
-def fit_loop(model: Any, parts: Parts, train_loader: Iterable, eval_loader: Iterable | None,
-             cbks: CallbackList, *, epochs: int, eval_freq: int, log_freq: int,
-             accumulate_grad_batches: int, num_iters: int | None,
-             eval_steps: int | None = None) -> dict[str, float]:
+def fit_loop(
+    model: Any,
+    parts: Parts,
+    train_loader: Iterable,
+    eval_loader: Iterable | None,
+    cbks: CallbackList,
+    *,
+    epochs: int,
+    eval_freq: int,
+    log_freq: int,
+    accumulate_grad_batches: int,
+    num_iters: int | None,
+    eval_steps: int | None = None,
+) -> dict[str, float]:
     """Train ``epochs`` epochs (fewer when stopped); returns the last epoch's logs."""
     logs: dict[str, float] = {}
     parts.stepper.optimizer.zero_grad(set_to_none=True)  # nothing left from a stopped accumulation
     cbks.on_train_begin()  # a resume (BackupAndRestore) moves model.epoch / model.epoch_step here
-    budget = _Budget(None if num_iters is None else
-                     num_iters - model.epoch * (num_batches(train_loader) or 0) - model.epoch_step)
+    budget = _Budget(
+        None
+        if num_iters is None
+        else num_iters - model.epoch * (num_batches(train_loader) or 0) - model.epoch_step
+    )
     for epoch in range(model.epoch, epochs):
         distributed.set_epoch(train_loader, epoch)
         cbks.on_epoch_begin(epoch)
@@ -120,11 +133,22 @@ def fit_loop(model: Any, parts: Parts, train_loader: Iterable, eval_loader: Iter
                 _evaluate_mid_epoch(parts, eval_loader, cbks, log_freq)
 
         logs, batches_done = _train_epoch(
-            model, parts, train_loader, cbks, log_freq=log_freq, accumulate=accumulate_grad_batches,
-            first_step=model.epoch_step, stop_step=budget.stop_step(model.epoch_step),
-            after_update=None if eval_loader is None or eval_steps is None else evaluate_after_update)
+            model,
+            parts,
+            train_loader,
+            cbks,
+            log_freq=log_freq,
+            accumulate=accumulate_grad_batches,
+            first_step=model.epoch_step,
+            stop_step=budget.stop_step(model.epoch_step),
+            after_update=None
+            if eval_loader is None or eval_steps is None
+            else evaluate_after_update,
+        )
         if ends_with_evaluation:
-            distributed.sync_from_main(parts.stepper.eval_network)  # one model's statistics everywhere
+            distributed.sync_from_main(
+                parts.stepper.eval_network
+            )  # one model's statistics everywhere
             val_logs = evaluate_loop(parts, eval_loader, cbks, log_freq=log_freq, num_iters=None)
             logs.update({f"val_{name}": value for name, value in val_logs.items()})
         model.epoch, model.epoch_step = epoch + 1, 0
@@ -140,15 +164,26 @@ def _evaluate_mid_epoch(parts: Parts, loader: Iterable, cbks: CallbackList, log_
     """An evaluation every ``eval_steps`` optimizer steps; the epoch's running figures carry on after it."""
     training_figures = parts.metrics.state_dict()
     distributed.sync_from_main(parts.stepper.eval_network)
-    evaluate_loop(parts, loader, cbks, log_freq=log_freq, num_iters=None)  # figures: on_eval_end's logs
+    evaluate_loop(
+        parts, loader, cbks, log_freq=log_freq, num_iters=None
+    )  # figures: on_eval_end's logs
     parts.metrics.load_state_dict(training_figures)
     parts.metrics.use_metrics = parts.train_step is None
     parts.stepper.network.train()
 
 
-def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList, *,
-                 log_freq: int, accumulate: int, first_step: int, stop_step: int | None,
-                 after_update: Callable[[bool], None] | None = None) -> tuple[dict[str, float], int]:
+def _train_epoch(
+    model: Any,
+    parts: Parts,
+    loader: Iterable,
+    cbks: CallbackList,
+    *,
+    log_freq: int,
+    accumulate: int,
+    first_step: int,
+    stop_step: int | None,
+    after_update: Callable[[bool], None] | None = None,
+) -> tuple[dict[str, float], int]:
     """One epoch from batch ``first_step`` (non-zero when resuming mid-epoch) to ``stop_step``
     (``num_iters``' end) or the loader's end; ``after_update(is_last)`` follows each update."""
     stepper, metrics, splitter = parts.stepper, parts.metrics, parts.splitter
@@ -157,8 +192,10 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
     notify_end = cbks.wants("on_train_batch_end")
     before_update = None
     if cbks.wants("on_before_optimizer_step"):
+
         def before_update() -> None:
             cbks.on_before_optimizer_step(step)
+
     # Two collectives run mid-epoch only for batch callbacks: reading the figures
     # (for on_train_batch_end) and agreeing on a stop request (only a batch
     # callback can make one mid-epoch). Every process must run them alike, also
@@ -171,7 +208,9 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
         metrics.reset()  # a resumed epoch keeps the running figures restored with it
     done = 0
     figures: dict[str, float] | None = None  # the last figures read, if read after the last batch
-    for step, (batch, is_last) in enumerate(with_last(start_at(loader, first_step)), start=first_step):
+    for step, (batch, is_last) in enumerate(
+        with_last(start_at(loader, first_step)), start=first_step
+    ):
         is_last = is_last or step + 1 == stop_step
         if notify_begin:
             cbks.on_train_batch_begin(step)
@@ -184,8 +223,9 @@ def _train_epoch(model: Any, parts: Parts, loader: Iterable, cbks: CallbackList,
         else:
             inputs, labels = splitter.split(batch)
             update, loss_scale = _accumulation(step, is_last, accumulate, steps)
-            loss, outputs = stepper.train(inputs, labels, loss_scale=loss_scale, update=update,
-                                          before_update=before_update)
+            loss, outputs = stepper.train(
+                inputs, labels, loss_scale=loss_scale, update=update, before_update=before_update
+            )
             batch_size = batch_length(inputs, labels)
             metrics.update(loss, outputs, labels, batch_size)
             metrics.add_figures(stepper.loss_parts, batch_size)  # per-output losses, if any
@@ -216,17 +256,22 @@ def _train_figures(stepper: Stepper, metrics: MetricSet) -> dict[str, float]:
 
 def _figures_of(returned: Any, step_name: str) -> dict[str, Any]:
     if not isinstance(returned, dict):
-        raise TypeError(f"{step_name} must return a dict of figures to log, e.g. {{'loss': loss}}; "
-                        f"received {type(returned).__name__}.")
+        raise TypeError(
+            f"{step_name} must return a dict of figures to log, e.g. {{'loss': loss}}; "
+            f"received {type(returned).__name__}."
+        )
     return returned
 
 
-def evaluate_loop(parts: Parts, loader: Iterable, cbks: CallbackList, *, log_freq: int,
-                  num_iters: int | None) -> dict[str, float]:
+def evaluate_loop(
+    parts: Parts, loader: Iterable, cbks: CallbackList, *, log_freq: int, num_iters: int | None
+) -> dict[str, float]:
     """One pass over evaluation data; returns the figures over all of it."""
     stepper, metrics, splitter = parts.stepper, parts.metrics, parts.splitter
     notify_begin = cbks.wants("on_eval_batch_begin")
-    cbks.on_eval_begin({"steps": _limit(num_batches(loader), num_iters), "metrics": metrics.names()})
+    cbks.on_eval_begin(
+        {"steps": _limit(num_batches(loader), num_iters), "metrics": metrics.names()}
+    )
     stepper.network.eval()
     metrics.reset()
     metrics.use_metrics = parts.eval_step is None
@@ -240,7 +285,9 @@ def evaluate_loop(parts: Parts, loader: Iterable, cbks: CallbackList, *, log_fre
                 batch = splitter.to_device(batch)
                 batch_size = splitter.length(batch)
                 with torch.no_grad():
-                    metrics.update_figures(_figures_of(parts.eval_step(batch), "eval_step"), batch_size)
+                    metrics.update_figures(
+                        _figures_of(parts.eval_step(batch), "eval_step"), batch_size
+                    )
             else:
                 inputs, labels = splitter.split(batch)
                 loss, outputs = stepper.evaluate(inputs, labels)
@@ -250,7 +297,9 @@ def evaluate_loop(parts: Parts, loader: Iterable, cbks: CallbackList, *, log_fre
                     metrics.add_figures(stepper.loss_parts, batch_size)
             # Running figures stay local, and only the last batch's are reduced
             # (each process has one).
-            figures = metrics.compute(sync=is_last) if _figures_due(step, is_last, log_freq) else None
+            figures = (
+                metrics.compute(sync=is_last) if _figures_due(step, is_last, log_freq) else None
+            )
             cbks.on_eval_batch_end(step, _batch_logs(batch_size, figures, metrics))
             if is_last:
                 break

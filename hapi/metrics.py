@@ -39,11 +39,15 @@ class Accuracy(torchmetrics.Metric):
         super().__init__(**kwargs)
         topk = tuple(topk) if isinstance(topk, (tuple, list)) else (topk,)
         if not topk or any(not isinstance(k, int) or k < 1 for k in topk):
-            raise ValueError(f"topk must be positive integers, e.g. (1,) or (1, 5); received {topk!r}.")
+            raise ValueError(
+                f"topk must be positive integers, e.g. (1,) or (1, 5); received {topk!r}."
+            )
         self.topk = topk
         self.maxk = max(topk)
         self.name = name or "acc"
-        self.add_state("correct", default=torch.zeros(len(topk), dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state(
+            "correct", default=torch.zeros(len(topk), dtype=torch.long), dist_reduce_fx="sum"
+        )
         self.add_state("total", default=torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
 
     def names(self) -> list[str]:
@@ -109,8 +113,14 @@ def normalise_metrics(metrics: Any) -> dict[str, torchmetrics.Metric]:
     """
     if metrics is None:
         return {}
-    if isinstance(metrics, (list, tuple)) and metrics and all(
-            isinstance(per_output, (list, tuple, dict)) or per_output is None for per_output in metrics):
+    if (
+        isinstance(metrics, (list, tuple))
+        and metrics
+        and all(
+            isinstance(per_output, (list, tuple, dict)) or per_output is None
+            for per_output in metrics
+        )
+    ):
         # One list per output (Keras' multi-output form): metrics[i] sees output i and label i.
         named = {}
         for position, per_output in enumerate(metrics):
@@ -147,7 +157,8 @@ def _output_pair(outputs: list, labels: list, position: int, key: str) -> tuple[
         raise ValueError(
             f"The metric {key!r} is for output {position}, but a batch gave {len(outputs)} outputs "
             f"{describe(outputs)} and {len(labels)} labels {describe(labels)}. Give one list of metrics "
-            "per output, and one label per output (Model(labels=...) counts them).")
+            "per output, and one label per output (Model(labels=...) counts them)."
+        )
     return [outputs[position]], [labels[position]]
 
 
@@ -182,10 +193,13 @@ class MetricSet:
     def names(self) -> list[str]:
         """The logged names, ``"loss"`` first (known before any data is seen)."""
         names = (["loss"] if self.with_loss else []) + sorted(self._figure_sums)
-        for key, metric in (self.metrics.items() if self.use_metrics else ()):
+        for key, metric in self.metrics.items() if self.use_metrics else ():
             if isinstance(metric, Accuracy):
-                names += [key] if metric.names() == [metric.name] else [
-                    f"{key}_top{k}" for k in metric.topk]
+                names += (
+                    [key]
+                    if metric.names() == [metric.name]
+                    else [f"{key}_top{k}" for k in metric.topk]
+                )
             elif isinstance(metric, torchmetrics.MetricCollection):
                 names += list(metric.keys(keep_base=False))
             else:
@@ -194,24 +208,42 @@ class MetricSet:
 
     def state_dict(self) -> dict[str, Any]:
         """The running sums of the pass in progress (for a resume mid-epoch)."""
+
         def on_cpu(value: Any) -> Any:
             return value.cpu() if torch.is_tensor(value) else [v.cpu() for v in value]
 
-        return {"loss_sum": None if self._loss_sum is None else self._loss_sum.cpu(), "samples": self._samples,
-                "figures": {name: total.cpu() for name, total in self._figure_sums.items()},
-                "metrics": [{name: on_cpu(value) for name, value in metric.metric_state.items()}
-                            for metric in _leaves(self.metrics.values())]}
+        return {
+            "loss_sum": None if self._loss_sum is None else self._loss_sum.cpu(),
+            "samples": self._samples,
+            "figures": {name: total.cpu() for name, total in self._figure_sums.items()},
+            "metrics": [
+                {name: on_cpu(value) for name, value in metric.metric_state.items()}
+                for metric in _leaves(self.metrics.values())
+            ],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        device = next((t.device for m in _leaves(self.metrics.values()) for t in m.metric_state.values()
-                       if torch.is_tensor(t)), torch.device("cpu"))
+        device = next(
+            (
+                t.device
+                for m in _leaves(self.metrics.values())
+                for t in m.metric_state.values()
+                if torch.is_tensor(t)
+            ),
+            torch.device("cpu"),
+        )
         self._loss_sum = None if state["loss_sum"] is None else state["loss_sum"].to(device)
         self._samples = int(state["samples"])
-        self._figure_sums = {name: total.to(device) for name, total in state.get("figures", {}).items()}
+        self._figure_sums = {
+            name: total.to(device) for name, total in state.get("figures", {}).items()
+        }
         for metric, saved in zip(_leaves(self.metrics.values()), state["metrics"]):
             for name, value in saved.items():
-                setattr(metric, name, value.to(device) if torch.is_tensor(value)
-                        else [v.to(device) for v in value])
+                setattr(
+                    metric,
+                    name,
+                    value.to(device) if torch.is_tensor(value) else [v.to(device) for v in value],
+                )
 
     def reset(self) -> None:
         self._loss_sum = None
@@ -221,8 +253,13 @@ class MetricSet:
             metric.reset()
 
     @torch.no_grad()
-    def update(self, loss: torch.Tensor | None, outputs: list[torch.Tensor],
-               labels: list[torch.Tensor], batch_size: int) -> None:
+    def update(
+        self,
+        loss: torch.Tensor | None,
+        outputs: list[torch.Tensor],
+        labels: list[torch.Tensor],
+        batch_size: int,
+    ) -> None:
         """Accumulate one batch; ``metric.update(*outputs, *labels)`` (under no_grad)."""
         if loss is not None:
             self.with_loss = True  # a network that computes its own loss (prepare got none)
@@ -232,7 +269,11 @@ class MetricSet:
         self._samples += batch_size
         for key, metric in self.metrics.items():
             position = getattr(metric, "_hapi_output", None)
-            pair = (outputs, labels) if position is None else _output_pair(outputs, labels, position, key)
+            pair = (
+                (outputs, labels)
+                if position is None
+                else _output_pair(outputs, labels, position, key)
+            )
             try:
                 metric.update(*pair[0], *pair[1])
             except TypeError as error:
@@ -256,8 +297,10 @@ class MetricSet:
         for name, value in figures.items():
             value = torch.as_tensor(value).detach()
             if value.numel() != 1:
-                raise ValueError(f"train_step/eval_step returned {name!r} with {value.numel()} elements; "
-                                 "return scalars (a float or a one-element tensor) to log.")
+                raise ValueError(
+                    f"train_step/eval_step returned {name!r} with {value.numel()} elements; "
+                    "return scalars (a float or a one-element tensor) to log."
+                )
             if name == "loss":
                 self.with_loss = True
                 if self._loss_sum is None:
@@ -266,7 +309,9 @@ class MetricSet:
                 continue
             total = self._figure_sums.get(name)
             if total is None:
-                total = self._figure_sums[name] = torch.zeros((), dtype=torch.float64, device=value.device)
+                total = self._figure_sums[name] = torch.zeros(
+                    (), dtype=torch.float64, device=value.device
+                )
             total.add_(value.reshape(()).double(), alpha=batch_size)
 
     def compute(self, sync: bool = True) -> dict[str, float]:
@@ -275,10 +320,17 @@ class MetricSet:
         With ``sync`` (a collective: every process must call it) the figures
         cover every process's samples; without, only this process's.
         """
-        loss_sum = self._loss_sum if self._loss_sum is not None else torch.zeros((), dtype=torch.float64)
+        loss_sum = (
+            self._loss_sum if self._loss_sum is not None else torch.zeros((), dtype=torch.float64)
+        )
         figure_names = sorted(self._figure_sums)  # the same on every process: the same step code
-        totals = torch.stack([loss_sum.double().cpu(), torch.tensor(float(self._samples), dtype=torch.float64),
-                              *(self._figure_sums[name].cpu() for name in figure_names)])
+        totals = torch.stack(
+            [
+                loss_sum.double().cpu(),
+                torch.tensor(float(self._samples), dtype=torch.float64),
+                *(self._figure_sums[name].cpu() for name in figure_names),
+            ]
+        )
         if sync:
             totals = distributed.all_reduce_sum(totals)
         self.counted = int(totals[1].item())
@@ -304,7 +356,7 @@ class MetricSet:
             metric = self.metrics[key]
             named = value.items() if isinstance(value, dict) else [(key, value)]
             for sub, sub_value in named:
-                name = key + sub[len(metric.name):] if isinstance(metric, Accuracy) else sub
+                name = key + sub[len(metric.name) :] if isinstance(metric, Accuracy) else sub
                 if name in results:
                     raise ValueError(
                         f"Two metrics log the name {name!r} (the second from metrics[{key!r}]); give "
@@ -335,5 +387,3 @@ def _to_float(value: Any, name: str) -> float:
             )
         return float(value.item())
     return float(value)
-
-

@@ -30,8 +30,14 @@ class ModelFiles:
         """
         return self._strategy.shards_weights
 
-    def save(self, path: str | os.PathLike, training: bool = True, resumable: bool = False,
-             sharded: bool = False, wait: bool = True) -> str:
+    def save(
+        self,
+        path: str | os.PathLike,
+        training: bool = True,
+        resumable: bool = False,
+        sharded: bool = False,
+        wait: bool = True,
+    ) -> str:
         """Write a checkpoint to ``path`` (+ ``.pt``) atomically; returns the file.
 
         With ``training=True`` the file holds the network, optimizer, gradient
@@ -62,35 +68,66 @@ class ModelFiles:
             state["network"] = self._strategy.full_state_dict(self._network)
         if training:
             optimizer_state, optimizer_type = (
-                (None if sharded else self._strategy.full_optimizer_state(self._network, self._optimizer),
-                 type(self._optimizer).__name__)
-                if self._optimizer is not None else self._pending_optimizer or (None, None))
-            state.update({
-                "optimizer": optimizer_state,
-                "optimizer_type": optimizer_type,
-                "scaler": self._scaler.state_dict() if self._scaler is not None else self._pending_scaler_state,
-                "epoch": self.epoch,
-                "epoch_step": self.epoch_step,
-                "step": self.step,
-                "rng": resuming.rng_state(),
-            })
-            if len(self._optimizers) > 1:  # a train_step of the user's own: every optimizer, by name
+                (
+                    None
+                    if sharded
+                    else self._strategy.full_optimizer_state(self._network, self._optimizer),
+                    type(self._optimizer).__name__,
+                )
+                if self._optimizer is not None
+                else self._pending_optimizer or (None, None)
+            )
+            state.update(
+                {
+                    "optimizer": optimizer_state,
+                    "optimizer_type": optimizer_type,
+                    "scaler": self._scaler.state_dict()
+                    if self._scaler is not None
+                    else self._pending_scaler_state,
+                    "epoch": self.epoch,
+                    "epoch_step": self.epoch_step,
+                    "step": self.step,
+                    "rng": resuming.rng_state(),
+                }
+            )
+            if (
+                len(self._optimizers) > 1
+            ):  # a train_step of the user's own: every optimizer, by name
                 if sharded:
-                    raise ValueError("save(sharded=True) holds one optimizer; this Model has "
-                                     f"{len(self._optimizers)}. Save with sharded=False.")
-                state.update(optimizer=None, optimizer_type=None, optimizers={
-                    name: self._strategy.full_optimizer_state(self._network, optimizer)
-                    for name, optimizer in self._optimizers.items()},
-                    optimizer_types={name: type(o).__name__ for name, o in self._optimizers.items()})
+                    raise ValueError(
+                        "save(sharded=True) holds one optimizer; this Model has "
+                        f"{len(self._optimizers)}. Save with sharded=False."
+                    )
+                state.update(
+                    optimizer=None,
+                    optimizer_type=None,
+                    optimizers={
+                        name: self._strategy.full_optimizer_state(self._network, optimizer)
+                        for name, optimizer in self._optimizers.items()
+                    },
+                    optimizer_types={
+                        name: type(o).__name__ for name, o in self._optimizers.items()
+                    },
+                )
             if resumable and self._fit_run is not None:
                 run = self._fit_run
                 state["fit"] = resuming.fit_state(
-                    run.data_seed, distributed.consumed_items(run.train_loader, self.epoch_step),
-                    state["rng"], self._metrics, run.callbacks)
+                    run.data_seed,
+                    distributed.consumed_items(run.train_loader, self.epoch_step),
+                    state["rng"],
+                    self._metrics,
+                    run.callbacks,
+                )
         if sharded:
             optimizer = self._optimizer if training else None
-            return checkpoint.save_sharded(path, state, functools.partial(
-                distributed.save_shards, network=self._network, optimizer=optimizer), wait=wait)
+            return checkpoint.save_sharded(
+                path,
+                state,
+                functools.partial(
+                    distributed.save_shards, network=self._network, optimizer=optimizer
+                ),
+                wait=wait,
+            )
         return checkpoint.save_state(path, state, wait=wait)
 
     def wait_for_saves(self) -> None:
@@ -102,8 +139,13 @@ class ModelFiles:
         checkpoint.wait_for_writes()
         checkpoint_write.release_staging()
 
-    def load(self, path: str | os.PathLike, skip_mismatch: bool = False,
-             reset_optimizer: bool = False, resume: bool = False) -> None:
+    def load(
+        self,
+        path: str | os.PathLike,
+        skip_mismatch: bool = False,
+        reset_optimizer: bool = False,
+        resume: bool = False,
+    ) -> None:
         """Restore a checkpoint written by :meth:`save` (or a plain state_dict).
 
         Args:
@@ -138,24 +180,36 @@ class ModelFiles:
             resuming.check_resumable(file, state)
         else:
             file, state = checkpoint.load_state(path)
-        skipped = (self._load_shards(file, state, skip_mismatch) if "shards" in state
-                   else self._load_weights(file, state, skip_mismatch))
+        skipped = (
+            self._load_shards(file, state, skip_mismatch)
+            if "shards" in state
+            else self._load_weights(file, state, skip_mismatch)
+        )
         if skipped:
-            warnings.warn(f"Loaded {file!r} partially; skipped {len(skipped)} tensors whose name or "
-                          f"shape do not match this network: {skipped}.", stacklevel=2)
+            warnings.warn(
+                f"Loaded {file!r} partially; skipped {len(skipped)} tensors whose name or "
+                f"shape do not match this network: {skipped}.",
+                stacklevel=2,
+            )
         optimizer_state, optimizer_shards = state.get("optimizer"), state.get("optimizer_shards")
         if (optimizer_state is not None or optimizer_shards is not None) and not reset_optimizer:
             if skipped:
-                warnings.warn("The optimizer state in the checkpoint was not loaded because the "
-                              "network's weights did not match it.", stacklevel=2)
+                warnings.warn(
+                    "The optimizer state in the checkpoint was not loaded because the "
+                    "network's weights did not match it.",
+                    stacklevel=2,
+                )
             elif self._optimizer is not None:
                 self._restore_optimizer(file, state, keep_hyperparameters=not resume)
             elif optimizer_shards is None:
                 self._pending_optimizer = (optimizer_state, state.get("optimizer_type"))
             else:  # shards are read into the optimizer's own (sharded) state: it must exist
-                warnings.warn(f"The optimizer state in the sharded checkpoint {file!r} was not loaded: "
-                              "this Model has no optimizer yet. Call prepare(optimizer=...) before load() "
-                              "to restore it.", stacklevel=2)
+                warnings.warn(
+                    f"The optimizer state in the sharded checkpoint {file!r} was not loaded: "
+                    "this Model has no optimizer yet. Call prepare(optimizer=...) before load() "
+                    "to restore it.",
+                    stacklevel=2,
+                )
         if state.get("optimizers") is not None and not reset_optimizer and not skipped:
             self._restore_optimizers(file, state, keep_hyperparameters=not resume)
         if state.get("scaler") is not None:
@@ -170,15 +224,19 @@ class ModelFiles:
             self._resume_fit(file, state)
 
     def _load_weights(self, file: str, state: dict, skip_mismatch: bool) -> list[str]:
-        weights, skipped = checkpoint.match_state_dict(self._network, state["network"], file, skip_mismatch)
+        weights, skipped = checkpoint.match_state_dict(
+            self._network, state["network"], file, skip_mismatch
+        )
         self._strategy.load_state_dict(self._network, weights, strict=not skipped)
         return skipped
 
     def _load_shards(self, file: str, state: dict, skip_mismatch: bool) -> list[str]:
         """A sharded checkpoint's weights, resharded for this run (collectives)."""
         directory = checkpoint.shards_directory(file, state)
-        saved = {key: torch.empty(shape, device="meta")
-                 for key, shape in distributed.saved_shapes(directory).items()}
+        saved = {
+            key: torch.empty(shape, device="meta")
+            for key, shape in distributed.saved_shapes(directory).items()
+        }
         weights, skipped = checkpoint.match_state_dict(self._network, saved, file, skip_mismatch)
         distributed.load_shards(directory, self._network, set(weights))
         return skipped
@@ -191,14 +249,24 @@ class ModelFiles:
         """
         shards = state.get("optimizer_shards")
         if shards is None:
-            self._load_optimizer_state(state["optimizer"], state.get("optimizer_type"), source=file,
-                                       keep_hyperparameters=keep_hyperparameters)
+            self._load_optimizer_state(
+                state["optimizer"],
+                state.get("optimizer_type"),
+                source=file,
+                keep_hyperparameters=keep_hyperparameters,
+            )
             return
         directory = checkpoint.shards_directory(file, state)
         checkpoint.load_optimizer_state(
-            self._optimizer, {"param_groups": shards["param_groups"]}, state.get("optimizer_type"), file,
-            load=lambda _: distributed.load_optimizer_shards(directory, self._network, self._optimizer, shards),
-            keep_hyperparameters=keep_hyperparameters)
+            self._optimizer,
+            {"param_groups": shards["param_groups"]},
+            state.get("optimizer_type"),
+            file,
+            load=lambda _: distributed.load_optimizer_shards(
+                directory, self._network, self._optimizer, shards
+            ),
+            keep_hyperparameters=keep_hyperparameters,
+        )
 
     def _restore_optimizers(self, file: str, state: dict, keep_hyperparameters: bool) -> None:
         """Several optimizers (a train_step of the user's own), matched by name."""
@@ -208,13 +276,21 @@ class ModelFiles:
                 f"{file!r} holds the states of optimizers {sorted(saved)}, but this Model was prepared "
                 f"with {sorted(self._optimizers) or 'none'}; they were not loaded. Call prepare() with "
                 "the same optimizers (a list in the same order, or a dict with the same names) before "
-                "load().", stacklevel=3)
+                "load().",
+                stacklevel=3,
+            )
             return
         for name, optimizer_state in saved.items():
             checkpoint.load_optimizer_state(
-                self._optimizers[name], optimizer_state, state["optimizer_types"][name], f"{file} ({name!r})",
-                load=functools.partial(self._strategy.load_optimizer_state, self._network, self._optimizers[name]),
-                keep_hyperparameters=keep_hyperparameters)
+                self._optimizers[name],
+                optimizer_state,
+                state["optimizer_types"][name],
+                f"{file} ({name!r})",
+                load=functools.partial(
+                    self._strategy.load_optimizer_state, self._network, self._optimizers[name]
+                ),
+                keep_hyperparameters=keep_hyperparameters,
+            )
 
     def _resume_fit(self, file: str, state: dict) -> None:
         """Put the running fit back where the file left it."""
@@ -229,14 +305,28 @@ class ModelFiles:
                 distributed.resume_at(run.train_loader, self.epoch, done)
             self.epoch_step = 0
 
-    def _load_optimizer_state(self, optimizer_state: dict, saved_type: str | None, *,
-                              source: str, keep_hyperparameters: bool) -> None:
+    def _load_optimizer_state(
+        self,
+        optimizer_state: dict,
+        saved_type: str | None,
+        *,
+        source: str,
+        keep_hyperparameters: bool,
+    ) -> None:
         checkpoint.load_optimizer_state(
-            self._optimizer, optimizer_state, saved_type, source,
-            load=lambda state: self._strategy.load_optimizer_state(self._network, self._optimizer, state),
-            keep_hyperparameters=keep_hyperparameters)
+            self._optimizer,
+            optimizer_state,
+            saved_type,
+            source,
+            load=lambda state: self._strategy.load_optimizer_state(
+                self._network, self._optimizer, state
+            ),
+            keep_hyperparameters=keep_hyperparameters,
+        )
 
-    def export(self, path: str | os.PathLike, example_inputs: Any, dynamic_batch: bool = True) -> str:
+    def export(
+        self, path: str | os.PathLike, example_inputs: Any, dynamic_batch: bool = True
+    ) -> str:
         """The network for inference through ``torch.export``; see :func:`hapi.export.export_network`.
 
         ``torch.export.load(path).module()`` runs it with no torch-hapi. Every process
@@ -245,6 +335,11 @@ class ModelFiles:
         from hapi.export import export_network, export_path  # torch.export only when exporting
 
         distributed.on_main(  # every process calls it, rank 0 writes (like save)
-            lambda: export_network(self._network, path, example_inputs, dynamic_batch=dynamic_batch),
-            lambda: RuntimeError(f"Rank 0 could not export to {export_path(path)!r}; see its error."))
+            lambda: export_network(
+                self._network, path, example_inputs, dynamic_batch=dynamic_batch
+            ),
+            lambda: RuntimeError(
+                f"Rank 0 could not export to {export_path(path)!r}; see its error."
+            ),
+        )
         return export_path(path)

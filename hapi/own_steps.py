@@ -23,12 +23,19 @@ def named_optimizers(optimizer: Any) -> dict[str, torch.optim.Optimizer]:
         return {}
     if isinstance(optimizer, torch.optim.Optimizer):
         return {"0": optimizer}
-    items = (list(optimizer.items()) if isinstance(optimizer, dict)
-             else list(enumerate(optimizer)) if isinstance(optimizer, (list, tuple)) else None)
+    items = (
+        list(optimizer.items())
+        if isinstance(optimizer, dict)
+        else list(enumerate(optimizer))
+        if isinstance(optimizer, (list, tuple))
+        else None
+    )
     if not items or not all(isinstance(o, torch.optim.Optimizer) for _, o in items):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, or a list or dict of them (for a "
-                        f"train_step of your own); received {optimizer!r:.200}. Example: "
-                        "torch.optim.Adam(model.parameters(), lr=1e-3).")
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer, or a list or dict of them (for a "
+            f"train_step of your own); received {optimizer!r:.200}. Example: "
+            "torch.optim.Adam(model.parameters(), lr=1e-3)."
+        )
     return {str(name): o for name, o in items}
 
 
@@ -77,14 +84,18 @@ class OwnSteps:
         """
         chosen = optimizer if optimizer is not None else self._optimizer
         if chosen is None or all(chosen is not o for o in self._optimizers.values()):
-            raise ValueError(f"optimizer_step() got {type(chosen).__name__}, which is not one of the "
-                             f"optimizers given to prepare() ({sorted(self._optimizers)}); pass one of "
-                             "self.optimizers.")
+            raise ValueError(
+                f"optimizer_step() got {type(chosen).__name__}, which is not one of the "
+                f"optimizers given to prepare() ({sorted(self._optimizers)}); pass one of "
+                "self.optimizers."
+            )
         run = self._fit_run
         before_update = None
         if run is not None and run.callbacks.wants("on_before_optimizer_step"):
+
             def before_update() -> None:
                 run.callbacks.on_before_optimizer_step(self.epoch_step)
+
         self._parts("train_step").stepper.update(chosen, before_update, average=True)
 
     def autocast(self) -> contextlib.AbstractContextManager:

@@ -40,19 +40,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     saved_np = state["numpy"]
-    np.random.set_state((
-        "MT19937",
-        saved_np["keys"].numpy().astype(np.uint32),
-        saved_np["pos"],
-        saved_np["has_gauss"],
-        saved_np["cached_gaussian"],
-    ))
+    np.random.set_state(
+        (
+            "MT19937",
+            saved_np["keys"].numpy().astype(np.uint32),
+            saved_np["pos"],
+            saved_np["has_gauss"],
+            saved_np["cached_gaussian"],
+        )
+    )
     python = state["python"]
     random.setstate((python[0], tuple(python[1:-1]), python[-1]))
 
 
-def fit_state(data_seed: int, epoch_items: int | None, rng: dict[str, Any], metrics: Any,
-              callbacks: Any) -> dict[str, Any]:
+def fit_state(
+    data_seed: int, epoch_items: int | None, rng: dict[str, Any], metrics: Any, callbacks: Any
+) -> dict[str, Any]:
     """What resuming a fit needs beyond the model (collective: every process calls it).
 
     Random streams and running sums differ between processes, so each rank's
@@ -97,26 +100,34 @@ def restore_fit(saved: dict[str, Any], file: str, metrics: Any, callbacks: Any) 
         set_rng_state(own["rng"])
         metrics.load_state_dict(own["metrics"])
     else:
-        epoch = ("the rest of the interrupted epoch is split across the processes there are now (each "
-                 "remaining sample trained once); random streams and that epoch's running figures start "
-                 "afresh, so results differ from an uninterrupted run"
-                 if saved.get("epoch_items") is not None else
-                 "the data splits differently, so the interrupted epoch restarts from its first batch "
-                 "with fresh random streams; results will differ from an uninterrupted run")
+        epoch = (
+            "the rest of the interrupted epoch is split across the processes there are now (each "
+            "remaining sample trained once); random streams and that epoch's running figures start "
+            "afresh, so results differ from an uninterrupted run"
+            if saved.get("epoch_items") is not None
+            else "the data splits differently, so the interrupted epoch restarts from its first batch "
+            "with fresh random streams; results will differ from an uninterrupted run"
+        )
         warnings.warn(
             f"Resuming from {file!r}, saved by {len(saved['per_rank'])} processes, on "
             f"{distributed.world_size()}: the weights, optimizer and callbacks are restored, and "
-            f"{epoch}.", stacklevel=4)
+            f"{epoch}.",
+            stacklevel=4,
+        )
     callbacks = list(callbacks)
     names = [name for name, _ in saved["callbacks"]]
     if names != [type(c).__name__ for c in callbacks]:
         warnings.warn(
             f"Resuming from {file!r}: its callbacks {names} differ from this fit's "
             f"{[type(c).__name__ for c in callbacks]}; callbacks are matched by class name in "
-            "order, and the others start afresh.", stacklevel=4)
+            "order, and the others start afresh.",
+            stacklevel=4,
+        )
     pending = list(saved["callbacks"])
     for callback in callbacks:
-        match = next((i for i, (name, _) in enumerate(pending) if name == type(callback).__name__), None)
+        match = next(
+            (i for i, (name, _) in enumerate(pending) if name == type(callback).__name__), None
+        )
         if match is not None:
             callback.load_state_dict(pending.pop(match)[1])
     return own is not None

@@ -102,8 +102,10 @@ class SeededLoader(DataLoader):
     def __init__(self, dataset: Any, **kwargs: Any) -> None:
         super().__init__(SeededDataset(dataset), **kwargs)
         if distributed.resumable(self) is None:
-            raise TypeError("SeededLoader needs a sampler torch-hapi built (ResumableSampler or a "
-                            "shard of the user's), which knows the seed and the epoch.")
+            raise TypeError(
+                "SeededLoader needs a sampler torch-hapi built (ResumableSampler or a "
+                "shard of the user's), which knows the seed and the epoch."
+            )
         self._start = (0, 0)  # (epoch, position of its first batch) of a resumed epoch
 
     def start_at(self, position: int) -> None:

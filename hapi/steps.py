@@ -34,16 +34,25 @@ def check_amp(amp: Any) -> str | None:
 def check_clipping(clip_grad_norm: Any, clip_grad_value: Any) -> tuple[float | None, float | None]:
     """``prepare``'s clipping bounds: positive numbers, at most one of the two (as in Keras)."""
     for name, value in (("clip_grad_norm", clip_grad_norm), ("clip_grad_value", clip_grad_value)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not value > 0 or value == float("inf")):
-            raise ValueError(f"{name} must be a positive finite number (or None); received {value!r}.")
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not value > 0
+            or value == float("inf")
+        ):
+            raise ValueError(
+                f"{name} must be a positive finite number (or None); received {value!r}."
+            )
     if clip_grad_norm is not None and clip_grad_value is not None:
         raise ValueError(
             f"prepare() got clip_grad_norm={clip_grad_norm!r} and clip_grad_value={clip_grad_value!r}; "
             "choose one: clip_grad_norm scales all gradients together to a total L2 norm, "
-            "clip_grad_value clips each element on its own.")
-    return (None if clip_grad_norm is None else float(clip_grad_norm),
-            None if clip_grad_value is None else float(clip_grad_value))
+            "clip_grad_value clips each element on its own."
+        )
+    return (
+        None if clip_grad_norm is None else float(clip_grad_norm),
+        None if clip_grad_value is None else float(clip_grad_value),
+    )
 
 
 class PerOutputLoss:
@@ -55,8 +64,10 @@ class PerOutputLoss:
 
     def __init__(self, losses: list[Callable], weights: list[float] | None) -> None:
         if weights is not None and len(weights) != len(losses):
-            raise ValueError(f"loss_weights has {len(weights)} entries for {len(losses)} losses; give one "
-                             "weight per output's loss.")
+            raise ValueError(
+                f"loss_weights has {len(weights)} entries for {len(losses)} losses; give one "
+                "weight per output's loss."
+            )
         self.losses = losses
         self.weights = [1.0] * len(losses) if weights is None else [float(w) for w in weights]
 
@@ -72,7 +83,8 @@ class PerOutputLoss:
                 f"prepare(loss=[...]) has {len(self.losses)} losses, one per output, but a batch gave "
                 f"{len(outputs)} outputs {describe(outputs)} and {len(labels)} labels {describe(labels)}. "
                 "Give the network one output per loss, and the data one label per output "
-                "(Model(labels=...) counts them).")
+                "(Model(labels=...) counts them)."
+            )
         return [loss(output, label) for loss, output, label in zip(self.losses, outputs, labels)]
 
 
@@ -81,17 +93,23 @@ def check_loss(loss: Any, loss_weights: Sequence[float] | None) -> Any:
     if isinstance(loss, (list, tuple)):  # one loss per output (Keras)
         for index, part in enumerate(loss):
             if isinstance(part, type) or not callable(part):
-                raise TypeError(f"loss[{index}] must be a loss instance, callable as loss(output, label); "
-                                f"received {part!r}.")
+                raise TypeError(
+                    f"loss[{index}] must be a loss instance, callable as loss(output, label); "
+                    f"received {part!r}."
+                )
         loss = PerOutputLoss(list(loss), None if loss_weights is None else list(loss_weights))
     elif loss_weights is not None:
-        raise ValueError("loss_weights weighs per-output losses: pass loss=[loss_0, loss_1, ...] with it.")
+        raise ValueError(
+            "loss_weights weighs per-output losses: pass loss=[loss_0, loss_1, ...] with it."
+        )
     if isinstance(loss, type):
-        raise TypeError(f"loss is the class {loss.__name__}; pass an instance, e.g. "
-                        f"{loss.__name__}().")
+        raise TypeError(
+            f"loss is the class {loss.__name__}; pass an instance, e.g. {loss.__name__}()."
+        )
     if loss is not None and not callable(loss):
-        raise TypeError(f"loss must be callable as loss(outputs, labels); received "
-                        f"{type(loss).__name__}.")
+        raise TypeError(
+            f"loss must be callable as loss(outputs, labels); received {type(loss).__name__}."
+        )
     return loss
 
 
@@ -104,9 +122,14 @@ def _outputs_and_loss(result: Any) -> tuple[list[Any], torch.Tensor | None]:
     """A network's return value as (outputs, its own loss or None); see :meth:`Stepper.forward`."""
     if isinstance(result, dict):
         if "logits" in result or "loss" in result:
-            return ([result["logits"]] if result.get("logits") is not None else []), result.get("loss")
-    elif not torch.is_tensor(result) and not isinstance(result, (list, tuple)) and (
-            hasattr(result, "logits") or hasattr(result, "loss")):
+            return ([result["logits"]] if result.get("logits") is not None else []), result.get(
+                "loss"
+            )
+    elif (
+        not torch.is_tensor(result)
+        and not isinstance(result, (list, tuple))
+        and (hasattr(result, "logits") or hasattr(result, "loss"))
+    ):
         logits = getattr(result, "logits", None)
         return ([] if logits is None else [logits]), getattr(result, "loss", None)
     return as_list(result), None
@@ -158,7 +181,9 @@ class Stepper:
         """The network's outputs as a list; see :meth:`forward`."""
         return self.forward(network, inputs)[0]
 
-    def forward(self, network: nn.Module, inputs: list[Any]) -> tuple[list[Any], torch.Tensor | None]:
+    def forward(
+        self, network: nn.Module, inputs: list[Any]
+    ) -> tuple[list[Any], torch.Tensor | None]:
         """``network(*inputs)`` (``network(**inputs)`` for a dict batch): its outputs, and its own loss.
 
         An output with ``loss``/``logits`` (a dict key or an attribute, as
@@ -189,15 +214,20 @@ class Stepper:
     def own_loss(self, network_loss: torch.Tensor | None) -> torch.Tensor:
         """The loss the network computed itself, trained when ``prepare`` got no loss."""
         if network_loss is None:
-            name = type(distributed.unwrap(getattr(self.network, "_orig_mod", self.network))).__name__
+            name = type(
+                distributed.unwrap(getattr(self.network, "_orig_mod", self.network))
+            ).__name__
             raise RuntimeError(
                 f"prepare() got no loss, so the network's own loss is trained, but {name} returned "
                 "no 'loss'. Pass a loss to prepare(loss=...), or return it from forward as a dict "
                 "entry or attribute 'loss' (Hugging Face models do when the batch has 'labels'; with "
-                "dict batches the label keys go to the network when prepare() has no loss).")
+                "dict batches the label keys go to the network when prepare() has no loss)."
+            )
         if not torch.is_tensor(network_loss) or network_loss.numel() != 1:
-            raise ValueError(f"The network's own 'loss' must be a scalar tensor; received "
-                             f"{describe(network_loss)}.")
+            raise ValueError(
+                f"The network's own 'loss' must be a scalar tensor; received "
+                f"{describe(network_loss)}."
+            )
         return network_loss.reshape(())
 
     @staticmethod
@@ -215,7 +245,9 @@ class Stepper:
         try:
             if isinstance(self.loss_fn, PerOutputLoss):
                 parts = self.loss_fn.parts(outputs, labels)
-                self.loss_parts = {f"output_{i}_loss": part.detach() for i, part in enumerate(parts)}
+                self.loss_parts = {
+                    f"output_{i}_loss": part.detach() for i, part in enumerate(parts)
+                }
                 loss = sum(weight * part for weight, part in zip(self.loss_fn.weights, parts))
             else:
                 loss = self.loss_fn(*outputs, *labels)
@@ -236,9 +268,15 @@ class Stepper:
             )
         return loss if loss.dim() == 0 else loss.reshape(())
 
-    def train(self, inputs: list[torch.Tensor], labels: list[torch.Tensor], *,
-              loss_scale: float = 1.0, update: bool = True,
-              before_update: Callable[[], None] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def train(
+        self,
+        inputs: list[torch.Tensor],
+        labels: list[torch.Tensor],
+        *,
+        loss_scale: float = 1.0,
+        update: bool = True,
+        before_update: Callable[[], None] | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Forward and backward one batch; step the optimizer when ``update``.
 
         ``loss_scale`` divides the loss over an accumulation group (1/k), so
@@ -249,8 +287,11 @@ class Stepper:
         with self.strategy.no_sync(self.network, skip_gradient_sync=not update):
             with self.autocast():
                 outputs, network_loss = self.forward(self.network, inputs)
-                loss = (self.compute_loss(outputs, labels) if self.loss_fn is not None
-                        else self.own_loss(network_loss))
+                loss = (
+                    self.compute_loss(outputs, labels)
+                    if self.loss_fn is not None
+                    else self.own_loss(network_loss)
+                )
             scaled = loss * loss_scale if loss_scale != 1.0 else loss
             if self.scaler is not None:
                 scaled = self.scaler.scale(scaled)
@@ -268,8 +309,12 @@ class Stepper:
         """``loss.backward()``, through the gradient scaler under fp16 (for a user's own step)."""
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
-    def update(self, optimizer: torch.optim.Optimizer, before_update: Callable[[], None] | None = None,
-               average: bool = False) -> None:
+    def update(
+        self,
+        optimizer: torch.optim.Optimizer,
+        before_update: Callable[[], None] | None = None,
+        average: bool = False,
+    ) -> None:
         """One update of ``optimizer`` from the gradients in its parameters, then zero them.
 
         ``average``: first average the gradients over the processes (a user's
@@ -287,7 +332,9 @@ class Stepper:
         self._clip(parameters)
         if self.scaler is not None:
             self.scaler.step(optimizer)
-            if not average:  # a user's step may update several optimizers: the loop updates the scale
+            if (
+                not average
+            ):  # a user's step may update several optimizers: the loop updates the scale
                 self.scaler.update()
         else:
             optimizer.step()
@@ -307,8 +354,9 @@ class Stepper:
             self.grad_norm = self.strategy.clip_grad_norm(parameters, self.clip_grad_norm).detach()
 
     @torch.no_grad()
-    def evaluate(self, inputs: list[torch.Tensor], labels: list[torch.Tensor]
-                 ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    def evaluate(
+        self, inputs: list[torch.Tensor], labels: list[torch.Tensor]
+    ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         with self.autocast():
             outputs, network_loss = self.forward(self.eval_network, inputs)
             if self.loss_fn is not None:

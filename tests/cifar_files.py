@@ -38,8 +38,9 @@ def make_cifar_images(labels, rng) -> np.ndarray:
     images = rng.integers(0, 64, size=(len(labels), 3, 32, 32), dtype=np.uint8)
     for i, label in enumerate(labels):
         row, col = divmod(int(label), 4)
-        images[i, int(label) % 3, row * 8:(row + 1) * 8, col * 8:(col + 1) * 8] = rng.integers(
-            192, 256, size=(8, 8), dtype=np.uint8)
+        images[i, int(label) % 3, row * 8 : (row + 1) * 8, col * 8 : (col + 1) * 8] = rng.integers(
+            192, 256, size=(8, 8), dtype=np.uint8
+        )
     return images
 
 
@@ -80,7 +81,10 @@ def write_cifar_binary(
     rng = np.random.default_rng(seed)
     expected = {}
     members: dict[str, bytes] = {}
-    for split, count, files in (("train", 5 * train_per_batch, TRAIN_FILES), ("test", test, (TEST_FILE,))):
+    for split, count, files in (
+        ("train", 5 * train_per_batch, TRAIN_FILES),
+        ("test", test, (TEST_FILE,)),
+    ):
         labels = rng.permutation(np.arange(count) % 10).astype(np.int64)
         images = make_cifar_images(labels, rng)
         expected[split] = (images, labels)

@@ -52,21 +52,50 @@ class Recorder(Callback):
     def _record(self, hook, arg=None, logs=None):
         self.calls.append((hook, arg, tuple(sorted(logs or {}))))
 
-    def on_train_begin(self, logs=None): self._record("on_train_begin", logs=logs)
-    def on_train_end(self, logs=None): self._record("on_train_end", logs=logs)
-    def on_epoch_begin(self, epoch, logs=None): self._record("on_epoch_begin", epoch, logs)
-    def on_epoch_end(self, epoch, logs=None): self._record("on_epoch_end", epoch, logs)
-    def on_train_batch_begin(self, step, logs=None): self._record("on_train_batch_begin", step, logs)
-    def on_before_optimizer_step(self, step, logs=None): self._record("on_before_optimizer_step", step, logs)
-    def on_train_batch_end(self, step, logs=None): self._record("on_train_batch_end", step, logs)
-    def on_eval_begin(self, logs=None): self._record("on_eval_begin", logs=logs)
-    def on_eval_end(self, logs=None): self._record("on_eval_end", logs=logs)
-    def on_eval_batch_begin(self, step, logs=None): self._record("on_eval_batch_begin", step, logs)
-    def on_eval_batch_end(self, step, logs=None): self._record("on_eval_batch_end", step, logs)
-    def on_predict_begin(self, logs=None): self._record("on_predict_begin", logs=logs)
-    def on_predict_end(self, logs=None): self._record("on_predict_end", logs=logs)
-    def on_predict_batch_begin(self, step, logs=None): self._record("on_predict_batch_begin", step, logs)
-    def on_predict_batch_end(self, step, logs=None): self._record("on_predict_batch_end", step, logs)
+    def on_train_begin(self, logs=None):
+        self._record("on_train_begin", logs=logs)
+
+    def on_train_end(self, logs=None):
+        self._record("on_train_end", logs=logs)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._record("on_epoch_begin", epoch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._record("on_epoch_end", epoch, logs)
+
+    def on_train_batch_begin(self, step, logs=None):
+        self._record("on_train_batch_begin", step, logs)
+
+    def on_before_optimizer_step(self, step, logs=None):
+        self._record("on_before_optimizer_step", step, logs)
+
+    def on_train_batch_end(self, step, logs=None):
+        self._record("on_train_batch_end", step, logs)
+
+    def on_eval_begin(self, logs=None):
+        self._record("on_eval_begin", logs=logs)
+
+    def on_eval_end(self, logs=None):
+        self._record("on_eval_end", logs=logs)
+
+    def on_eval_batch_begin(self, step, logs=None):
+        self._record("on_eval_batch_begin", step, logs)
+
+    def on_eval_batch_end(self, step, logs=None):
+        self._record("on_eval_batch_end", step, logs)
+
+    def on_predict_begin(self, logs=None):
+        self._record("on_predict_begin", logs=logs)
+
+    def on_predict_end(self, logs=None):
+        self._record("on_predict_end", logs=logs)
+
+    def on_predict_batch_begin(self, step, logs=None):
+        self._record("on_predict_batch_begin", step, logs)
+
+    def on_predict_batch_end(self, step, logs=None):
+        self._record("on_predict_batch_end", step, logs)
 
 
 @pytest.fixture

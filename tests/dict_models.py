@@ -42,8 +42,11 @@ class TokenData(Dataset):
         return len(self.labels)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[index], "attention_mask": self.mask[index],
-                self.label_key: self.labels[index]}
+        return {
+            "input_ids": self.ids[index],
+            "attention_mask": self.mask[index],
+            self.label_key: self.labels[index],
+        }
 
 
 def hand_loop(data: TokenData, batch: int, epochs: int, lr: float) -> TinyClassifier:

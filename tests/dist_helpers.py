@@ -15,26 +15,47 @@ WORKER = pathlib.Path(__file__).resolve().parent / "distributed" / "worker.py"
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                        "MASTER_PORT", "GLOO_SOCKET_IFNAME")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "GLOO_SOCKET_IFNAME",
+        )
+    }
     # One thread per process: two processes share this machine's two cores.
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra})
     return env
 
 
-def run_bounded(command: list[str], timeout: float, env: dict[str, str],
-                cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
+def run_bounded(
+    command: list[str], timeout: float, env: dict[str, str], cwd: str | os.PathLike | None = None
+) -> subprocess.CompletedProcess:
     """Run in a new session; on timeout kill the whole group, workers included."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=env, start_new_session=True, cwd=cwd)
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        cwd=cwd,
+    )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
-        raise AssertionError(f"{' '.join(command)} did not finish in {timeout} s:\n"
-                             f"{stdout[-3000:]}\n{stderr[-5000:]}") from None
+        raise AssertionError(
+            f"{' '.join(command)} did not finish in {timeout} s:\n"
+            f"{stdout[-3000:]}\n{stderr[-5000:]}"
+        ) from None
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
@@ -42,8 +63,10 @@ def torchrun(args: list[str], timeout: float = 180, check: bool = True, **env: s
     command = [sys.executable, "-m", "torch.distributed.run", *args]
     result = run_bounded(command, timeout, child_env(**env))
     if check and result.returncode != 0:
-        raise AssertionError(f"{' '.join(command)} failed ({result.returncode}):\n"
-                             f"{result.stdout[-4000:]}\n{result.stderr[-6000:]}")
+        raise AssertionError(
+            f"{' '.join(command)} failed ({result.returncode}):\n"
+            f"{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
+        )
     return result
 
 
@@ -66,18 +89,38 @@ def single_process_weights() -> list[float]:
     return worker.flat_weights(model)
 
 
-def two_machines(port: int, rdzv_id: str, script_args: list[list[str]], options: tuple[str, ...] = (),
-                 timeout: float = 180, **env: str) -> list[str]:
+def two_machines(
+    port: int,
+    rdzv_id: str,
+    script_args: list[list[str]],
+    options: tuple[str, ...] = (),
+    timeout: float = 180,
+    **env: str,
+) -> list[str]:
     """Two torchrun agents, one process each, meeting through a c10d rendezvous on
     127.0.0.1 as two machines would; node N runs ``script_args[N]``. Returns their
     outputs once both have exited with 0."""
     agents = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-             f"--node-rank={node}", *options, "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-             f"--rdzv-id={rdzv_id}", *arguments],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(**env),
-            start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                f"--node-rank={node}",
+                *options,
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                f"--rdzv-id={rdzv_id}",
+                *arguments,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=child_env(**env),
+            start_new_session=True,
+        )
         for node, arguments in enumerate(script_args)
     ]
     try:

@@ -35,7 +35,9 @@ def write_idx_images(path, images) -> None:
     """Write a uint8 array ``[N, rows, cols]`` as an IDX3 image file."""
     images = np.asarray(images)
     if images.dtype != np.uint8 or images.ndim != 3:
-        raise ValueError(f"images must be a uint8 array [N, rows, cols]; got {images.dtype} {images.shape}")
+        raise ValueError(
+            f"images must be a uint8 array [N, rows, cols]; got {images.dtype} {images.shape}"
+        )
     header = struct.pack(">IIII", IMAGE_MAGIC, *images.shape)
     _write(path, header + np.ascontiguousarray(images).tobytes())
 
@@ -43,8 +45,14 @@ def write_idx_images(path, images) -> None:
 def write_idx_labels(path, labels) -> None:
     """Write an integer array ``[N]`` (values 0..255) as an IDX1 label file."""
     labels = np.asarray(labels)
-    if labels.ndim != 1 or labels.dtype.kind not in "iu" or (labels.size and (labels.min() < 0 or labels.max() > 255)):
-        raise ValueError(f"labels must be a 1-d integer array with values 0..255; got {labels.dtype} {labels.shape}")
+    if (
+        labels.ndim != 1
+        or labels.dtype.kind not in "iu"
+        or (labels.size and (labels.min() < 0 or labels.max() > 255))
+    ):
+        raise ValueError(
+            f"labels must be a 1-d integer array with values 0..255; got {labels.dtype} {labels.shape}"
+        )
     header = struct.pack(">II", LABEL_MAGIC, len(labels))
     _write(path, header + labels.astype(np.uint8).tobytes())
 
@@ -56,7 +64,7 @@ def make_images(labels, rng) -> np.ndarray:
     for i, label in enumerate(labels):
         row, col = divmod(int(label), 4)
         cell = rng.integers(192, 256, size=(7, 7), dtype=np.uint8)
-        images[i, row * 7:(row + 1) * 7, col * 7:(col + 1) * 7] = cell
+        images[i, row * 7 : (row + 1) * 7, col * 7 : (col + 1) * 7] = cell
     return images
 
 

@@ -43,8 +43,12 @@ class GAN(Model):
 def gan_model(seed: int = 0) -> GAN:
     torch.manual_seed(seed)
     model = GAN(Pair())
-    model.prepare([torch.optim.Adam(model.network.generator.parameters(), lr=1e-3),
-                   torch.optim.SGD(model.network.discriminator.parameters(), lr=0.05, momentum=0.9)])
+    model.prepare(
+        [
+            torch.optim.Adam(model.network.generator.parameters(), lr=1e-3),
+            torch.optim.SGD(model.network.discriminator.parameters(), lr=0.05, momentum=0.9),
+        ]
+    )
     return model
 
 

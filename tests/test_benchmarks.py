@@ -14,7 +14,6 @@ import re
 import sys
 
 import pytest
-
 from dist_helpers import child_env, run_bounded
 from idx_files import make_mnist_dir
 
@@ -23,25 +22,65 @@ NUMBER = r"[0-9][0-9,.]*"
 
 # script, its arguments, and the rows its table must have (row name -> what follows it)
 CASES = {
-    "bench_framework.py": (["--repeats", "1", "--samples", "256"],
-                           ["hand-written loop", "Model.fit verbose=0", "Model.fit verbose=2 (lines)",
-                            "Model.fit verbose=1 (tqdm bar)"]),
-    "bench_datapath.py": (["--repeats", "1", "--samples", "256"],
-                          ["hand loop, torchvision-style view", "hand loop, hapi per-sample __getitem__",
-                           "Model.fit on hapi FashionMNIST", "hapi loader, loading only"]),
-    "bench_memory.py": (["--samples", "256"],
-                        ["hand-written loop", "Model.fit (with Accuracy top-1/2)"]),
-    "bench_compile_amp.py": (["--repeats", "1", "--samples", "128"],
-                             ["default", "amp='bf16'", "compile=True"]),
-    "bench_backup.py": (["--repeats", "1", "--steps", "6", "--save-freq", "2", "--width", "64",
-                         "--threads", "1", "--paired-steps", "12"],
-                        ["no backup", "BackupAndRestore(save_freq=2), background write",
-                         "the same, blocking write"]),
+    "bench_framework.py": (
+        ["--repeats", "1", "--samples", "256"],
+        [
+            "hand-written loop",
+            "Model.fit verbose=0",
+            "Model.fit verbose=2 (lines)",
+            "Model.fit verbose=1 (tqdm bar)",
+        ],
+    ),
+    "bench_datapath.py": (
+        ["--repeats", "1", "--samples", "256"],
+        [
+            "hand loop, torchvision-style view",
+            "hand loop, hapi per-sample __getitem__",
+            "Model.fit on hapi FashionMNIST",
+            "hapi loader, loading only",
+        ],
+    ),
+    "bench_memory.py": (
+        ["--samples", "256"],
+        ["hand-written loop", "Model.fit (with Accuracy top-1/2)"],
+    ),
+    "bench_compile_amp.py": (
+        ["--repeats", "1", "--samples", "128"],
+        ["default", "amp='bf16'", "compile=True"],
+    ),
+    "bench_backup.py": (
+        [
+            "--repeats",
+            "1",
+            "--steps",
+            "6",
+            "--save-freq",
+            "2",
+            "--width",
+            "64",
+            "--threads",
+            "1",
+            "--paired-steps",
+            "12",
+        ],
+        [
+            "no backup",
+            "BackupAndRestore(save_freq=2), background write",
+            "the same, blocking write",
+        ],
+    ),
     "bench_fsdp_memory.py": (["--width", "64"], ["ddp", "fsdp"]),
-    "bench_scaling.py": (["--repeats", "2", "--samples", "512", "--plain"],
-                         ["Model.fit | 1 | 1", "Model.fit | 1 | 2", "Model.fit | 2 | 1",
-                          "hand-written loop | 1 | 1", "hand-written loop (DDP, Gloo) | 2 | 1",
-                          "two hand-written loops, no communication | 2 | 1"]),
+    "bench_scaling.py": (
+        ["--repeats", "2", "--samples", "512", "--plain"],
+        [
+            "Model.fit | 1 | 1",
+            "Model.fit | 1 | 2",
+            "Model.fit | 2 | 1",
+            "hand-written loop | 1 | 1",
+            "hand-written loop (DDP, Gloo) | 2 | 1",
+            "two hand-written loops, no communication | 2 | 1",
+        ],
+    ),
 }
 
 
@@ -76,14 +115,20 @@ def data_home(tmp_path_factory):
 def test_benchmark_prints_its_table(script, data_home):
     arguments, rows = CASES[script]
     # Run from benchmarks/, as the README says; each script finds common.py beside it.
-    result = run_bounded([sys.executable, str(BENCHMARKS / script), *arguments], timeout=240,
-                         env=child_env(HAPI_DATA_HOME=str(data_home)), cwd=BENCHMARKS)
-    assert result.returncode == 0, f"{script} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    result = run_bounded(
+        [sys.executable, str(BENCHMARKS / script), *arguments],
+        timeout=240,
+        env=child_env(HAPI_DATA_HOME=str(data_home)),
+        cwd=BENCHMARKS,
+    )
+    assert result.returncode == 0, (
+        f"{script} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    )
     table_lines = [line for line in result.stdout.splitlines() if line.startswith("| ")]
     for row in rows:
         matching = [line for line in table_lines if line.startswith(f"| {row} |")]
         assert matching, f"{script} printed no row {row!r}:\n{result.stdout}"
-        figures = matching[0][len(f"| {row} |"):]
+        figures = matching[0][len(f"| {row} |") :]
         assert re.search(NUMBER, figures), f"{script}'s row {row!r} has no figures: {matching[0]}"
     for pattern in VERDICTS.get(script, []):
         found = re.search(pattern, result.stdout, re.MULTILINE)
@@ -93,15 +138,22 @@ def test_benchmark_prints_its_table(script, data_home):
 def test_bench_framework_verdict_follows_the_ratio_of_medians(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     bench = importlib.import_module("bench_framework")
-    times = {"hand-written loop": [1.00, 1.00, 1.00],
-             "Model.fit verbose=0": [1.01, 1.049, 1.10],  # median 1.049x: the newcomer's figure
-             "Model.fit verbose=2 (lines)": [1.00, 1.02, 1.04],  # median 1.02x, target 1.03x
-             "Model.fit verbose=1 (tqdm bar)": [1.031, 1.05, 1.06]}  # all above 1.03x
-    rows = {line.split(" | ")[0][2:]: line for line in bench.with_verdicts(times, "t").splitlines()
-            if line.startswith("| ")}
+    times = {
+        "hand-written loop": [1.00, 1.00, 1.00],
+        "Model.fit verbose=0": [1.01, 1.049, 1.10],  # median 1.049x: the newcomer's figure
+        "Model.fit verbose=2 (lines)": [1.00, 1.02, 1.04],  # median 1.02x, target 1.03x
+        "Model.fit verbose=1 (tqdm bar)": [1.031, 1.05, 1.06],
+    }  # all above 1.03x
+    rows = {
+        line.split(" | ")[0][2:]: line
+        for line in bench.with_verdicts(times, "t").splitlines()
+        if line.startswith("| ")
+    }
     assert rows["Model.fit verbose=0"].endswith(
-        "| <= 1.02x | NOT met (target inside the spread: within noise) | 1.010..1.100 |")
+        "| <= 1.02x | NOT met (target inside the spread: within noise) | 1.010..1.100 |"
+    )
     assert rows["Model.fit verbose=2 (lines)"].endswith(
-        "| <= 1.03x | met (target inside the spread: within noise) | 1.000..1.040 |")
+        "| <= 1.03x | met (target inside the spread: within noise) | 1.000..1.040 |"
+    )
     assert rows["Model.fit verbose=1 (tqdm bar)"].endswith("| <= 1.03x | NOT met | 1.031..1.060 |")
     assert rows["hand-written loop"].endswith("| — | baseline | 1.000..1.000 |")

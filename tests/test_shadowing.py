@@ -46,18 +46,22 @@ print("checkpoint written:", os.path.isfile(os.path.join("ckpt", "final.pt")))
 def _run(directory: pathlib.Path, files: dict[str, str], **env: str):
     for name, text in files.items():
         (directory / name).write_text(textwrap.dedent(text))
-    result = run_bounded([sys.executable, "script.py"], timeout=60, env=child_env(**env), cwd=directory)
+    result = run_bounded(
+        [sys.executable, "script.py"], timeout=60, env=child_env(**env), cwd=directory
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return result
 
 
 def test_a_users_callbacks_py_beside_the_script_does_not_break_hapi(tmp_path):
     users = "class MyCallback:\n    pass\n"
-    script = ("from hapi import Model\nimport callbacks\n"
-              "print('user module:', callbacks.MyCallback.__name__)\n"
-              "from hapi.callbacks import Callback\n"
-              "class Seen(Callback):\n    epochs = 0\n"
-              "    def on_epoch_end(self, epoch, logs=None):\n        Seen.epochs += 1\n" + TRAIN)
+    script = (
+        "from hapi import Model\nimport callbacks\n"
+        "print('user module:', callbacks.MyCallback.__name__)\n"
+        "from hapi.callbacks import Callback\n"
+        "class Seen(Callback):\n    epochs = 0\n"
+        "    def on_epoch_end(self, epoch, logs=None):\n        Seen.epochs += 1\n" + TRAIN
+    )
     result = _run(tmp_path, {"callbacks.py": users, "script.py": script})
     assert "user module: MyCallback" in result.stdout
     assert "history: True 1" in result.stdout
@@ -66,9 +70,10 @@ def test_a_users_callbacks_py_beside_the_script_does_not_break_hapi(tmp_path):
     assert "restore is a Callback: True" in result.stdout
     assert "checkpoint written: True" in result.stdout
     notices = [line for line in result.stderr.splitlines() if NOTICE in line]
-    assert notices == ["torch-hapi: ./callbacks.py shadows torch-hapi's callbacks package; torch-hapi uses "
-                       "its own (importable as hapi.callbacks), and `import callbacks` gives yours."], \
-        result.stderr
+    assert notices == [
+        "torch-hapi: ./callbacks.py shadows torch-hapi's callbacks package; torch-hapi uses "
+        "its own (importable as hapi.callbacks), and `import callbacks` gives yours."
+    ], result.stderr
 
 
 def test_a_users_callbacks_py_may_itself_build_on_hapi_callbacks(tmp_path):
@@ -96,7 +101,6 @@ def test_without_shadowing_hapi_callbacks_is_the_callbacks_package():
     import callbacks
     import callbacks.checkpoint
     import callbacks.run
-
     import hapi
     import hapi.callbacks
     from hapi import _callbacks

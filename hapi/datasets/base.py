@@ -85,7 +85,9 @@ class _ImageDataset(Dataset):
         download: bool = False,
     ):
         if mode not in _MODES:
-            raise ValueError(f"{type(self).__name__}: mode must be 'train' or 'test'; received {mode!r}.")
+            raise ValueError(
+                f"{type(self).__name__}: mode must be 'train' or 'test'; received {mode!r}."
+            )
         self.mode = mode
         self.transform = transform
         images, labels, self.root = self._load(root, download)
@@ -146,7 +148,9 @@ class _ImageDataset(Dataset):
         return moved
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(mode={self.mode!r}, len={len(self)}, root={str(self.root)!r})"
+        return (
+            f"{type(self).__name__}(mode={self.mode!r}, len={len(self)}, root={str(self.root)!r})"
+        )
 
     def _search_dirs(self, root) -> list[Path]:
         if root is not None:
@@ -158,7 +162,9 @@ class _ImageDataset(Dataset):
         raise NotImplementedError
 
 
-def _fetch(dataset: _ImageDataset, filename: str, target: Path, check: Callable[[bytes, Path], Any]) -> Any:
+def _fetch(
+    dataset: _ImageDataset, filename: str, target: Path, check: Callable[[bytes, Path], Any]
+) -> Any:
     """Download ``filename`` from the first of ``dataset.mirrors`` that serves good bytes.
 
     ``check(data, path)`` must raise :class:`DatasetError` on bad content, so

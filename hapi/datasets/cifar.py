@@ -11,11 +11,20 @@ from typing import BinaryIO
 
 import numpy as np
 
-from hapi.datasets.base import (_GZIP_MAGIC, _NUM_CLASSES, DatasetError, _download_dir, _fetch,
-                                _ImageDataset, _read_bytes)
+from hapi.datasets.base import (
+    _GZIP_MAGIC,
+    _NUM_CLASSES,
+    DatasetError,
+    _download_dir,
+    _fetch,
+    _ImageDataset,
+    _read_bytes,
+)
 
 _CIFAR_SIDE = 32
-_CIFAR_RECORD = 1 + 3 * _CIFAR_SIDE * _CIFAR_SIDE  # 3073: a label byte, then the red, green, blue planes
+_CIFAR_RECORD = (
+    1 + 3 * _CIFAR_SIDE * _CIFAR_SIDE
+)  # 3073: a label byte, then the red, green, blue planes
 _CIFAR_TARBALL = "cifar-10-binary.tar.gz"
 _CIFAR_DIR = "cifar-10-batches-bin"
 _CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
@@ -25,7 +34,12 @@ _CIFAR_FILES = {
 }
 _CIFAR_OTHER_MEMBERS = ("batches.meta.txt", "readme.html")
 # Names from the Python (pickle) release, refused with directions to the binary one.
-_CIFAR_PYTHON_NAMES = ("cifar-10-python.tar.gz", "cifar-10-batches-py", "data_batch_1", "test_batch")
+_CIFAR_PYTHON_NAMES = (
+    "cifar-10-python.tar.gz",
+    "cifar-10-batches-py",
+    "data_batch_1",
+    "test_batch",
+)
 
 
 class Cifar10(_ImageDataset):
@@ -68,7 +82,18 @@ class Cifar10(_ImageDataset):
     name = "cifar-10"
     system_dir = "/usr/share/datasets/cifar-10"
     mirrors = ["https://www.cs.toronto.edu/~kriz/"]
-    classes = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    classes = [
+        "airplane",
+        "automobile",
+        "bird",
+        "cat",
+        "deer",
+        "dog",
+        "frog",
+        "horse",
+        "ship",
+        "truck",
+    ]
 
     def _load(self, root, download: bool) -> tuple[np.ndarray, np.ndarray, Path]:
         names = _CIFAR_FILES[self.mode]
@@ -76,19 +101,29 @@ class Cifar10(_ImageDataset):
         location = self._locate(root, download)
         if location is None:  # nothing local, download=True
             target = _download_dir(self.name, root)
-            every = _CIFAR_FILES["train"] + _CIFAR_FILES["test"]  # the tarball serves both modes: check both
-            parsed = _fetch(self, _CIFAR_TARBALL, target,
-                            lambda data, path: _read_cifar_tarball(io.BytesIO(data), path, every, hint))
+            every = (
+                _CIFAR_FILES["train"] + _CIFAR_FILES["test"]
+            )  # the tarball serves both modes: check both
+            parsed = _fetch(
+                self,
+                _CIFAR_TARBALL,
+                target,
+                lambda data, path: _read_cifar_tarball(io.BytesIO(data), path, every, hint),
+            )
             return (*_join_batches([parsed[n] for n in names]), target)
         directory, tarball = location
         if tarball is None:
-            batches = [_parse_cifar(_read_bytes(directory / n, hint), directory / n, hint) for n in names]
+            batches = [
+                _parse_cifar(_read_bytes(directory / n, hint), directory / n, hint) for n in names
+            ]
         else:
             try:
                 with open(tarball, "rb") as handle:
                     parsed = _read_cifar_tarball(handle, tarball, names, hint)
             except OSError as error:
-                raise DatasetError(f"{tarball}: cannot be read ({error}). {hint}", tarball) from error
+                raise DatasetError(
+                    f"{tarball}: cannot be read ({error}). {hint}", tarball
+                ) from error
             batches = [parsed[n] for n in names]
         return (*_join_batches(batches), directory)
 
@@ -103,7 +138,9 @@ class Cifar10(_ImageDataset):
             for directory in (base, base / _CIFAR_DIR):
                 tried.append(directory)
                 present = [n for n in names if (directory / n).is_file()]
-                if present and len(present) < len(names):  # a broken extraction is an error, not a miss
+                if present and len(present) < len(
+                    names
+                ):  # a broken extraction is an error, not a miss
                     missing = [n for n in names if n not in present]
                     raise DatasetError(
                         f"{directory / missing[0]}: missing; {directory} has {', '.join(present)} but not "
@@ -113,7 +150,9 @@ class Cifar10(_ImageDataset):
                     )
                 if present:
                     return directory, None
-                python_release += [directory / n for n in _CIFAR_PYTHON_NAMES if (directory / n).exists()]
+                python_release += [
+                    directory / n for n in _CIFAR_PYTHON_NAMES if (directory / n).exists()
+                ]
             tarball = base / _CIFAR_TARBALL
             tried.append(tarball)
             if tarball.is_file():
@@ -121,7 +160,9 @@ class Cifar10(_ImageDataset):
         if download:
             return None
         if python_release:
-            raise _python_release_error(", ".join(map(str, python_release)), python_release[0], self._hint())
+            raise _python_release_error(
+                ", ".join(map(str, python_release)), python_release[0], self._hint()
+            )
         listed = "\n".join(f"  {d}" for d in tried)
         raise FileNotFoundError(
             f"{type(self).__name__}(mode={self.mode!r}): found neither {', '.join(names)} "
@@ -178,8 +219,10 @@ def _read_cifar_tarball(
         raise fail("not a gzip file, so not cifar-10-binary.tar.gz")
     handle.seek(0)
     wanted = {f"{_CIFAR_DIR}/{n}": n for n in names}
-    allowed = {_CIFAR_DIR} | {f"{_CIFAR_DIR}/{n}" for n in
-                              _CIFAR_FILES["train"] + _CIFAR_FILES["test"] + _CIFAR_OTHER_MEMBERS}
+    allowed = {_CIFAR_DIR} | {
+        f"{_CIFAR_DIR}/{n}"
+        for n in _CIFAR_FILES["train"] + _CIFAR_FILES["test"] + _CIFAR_OTHER_MEMBERS
+    }
     payloads: dict[str, bytes] = {}
     try:
         with gzip.GzipFile(fileobj=handle, mode="rb") as stream:
@@ -189,8 +232,10 @@ def _read_cifar_tarball(
                     if member_name.split("/")[0] == "cifar-10-batches-py":
                         raise _python_release_error(str(path), path, hint)
                     if member_name not in allowed:
-                        raise fail(f"unexpected member {member.name!r}; the binary release holds only "
-                                   f"{_CIFAR_DIR}/ with the six .bin batches, batches.meta.txt and readme.html")
+                        raise fail(
+                            f"unexpected member {member.name!r}; the binary release holds only "
+                            f"{_CIFAR_DIR}/ with the six .bin batches, batches.meta.txt and readme.html"
+                        )
                     if member_name not in wanted:
                         continue
                     if not member.isfile():
@@ -198,30 +243,40 @@ def _read_cifar_tarball(
                     if member_name in payloads:
                         raise fail(f"member {member_name} appears twice")
                     payloads[member_name] = archive.extractfile(member).read()
-            while stream.read(1 << 20):  # the rest of the stream: GzipFile checks CRC and length at its end
+            while stream.read(
+                1 << 20
+            ):  # the rest of the stream: GzipFile checks CRC and length at its end
                 pass
     except (tarfile.TarError, OSError, EOFError, zlib.error) as error:
-        raise fail(f"damaged gzip or tar data ({type(error).__name__}: {str(error) or 'truncated'})") from error
+        raise fail(
+            f"damaged gzip or tar data ({type(error).__name__}: {str(error) or 'truncated'})"
+        ) from error
     missing = [m for m in wanted if m not in payloads]
     if missing:
         raise fail(f"member {', '.join(missing)} missing from the archive")
     return {wanted[m]: _parse_cifar(payloads[m], path, hint, member=m) for m in wanted}
 
 
-def _parse_cifar(data: bytes, path: Path, hint: str, member: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _parse_cifar(
+    data: bytes, path: Path, hint: str, member: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Check one binary batch: ``(images uint8 [N, 3, 32, 32], labels uint8 [N])``, views of ``data``."""
 
     def fail(what: str) -> DatasetError:
         if member is None:
             return DatasetError(f"{path}: {what}. Delete it and get good files. {hint}", path)
-        return DatasetError(f"{path} (member {member}): {what}. Delete {path.name} and download it again. "
-                            f"{hint}", path)
+        return DatasetError(
+            f"{path} (member {member}): {what}. Delete {path.name} and download it again. {hint}",
+            path,
+        )
 
     if not data:
         raise fail(f"empty, expected records of {_CIFAR_RECORD} bytes")
     if len(data) % _CIFAR_RECORD:
-        raise fail(f"length {len(data)} is not a multiple of {_CIFAR_RECORD} bytes per record "
-                   f"(1 label byte + {_CIFAR_RECORD - 1} pixel bytes): truncated, or not a CIFAR-10 binary batch")
+        raise fail(
+            f"length {len(data)} is not a multiple of {_CIFAR_RECORD} bytes per record "
+            f"(1 label byte + {_CIFAR_RECORD - 1} pixel bytes): truncated, or not a CIFAR-10 binary batch"
+        )
     records = np.frombuffer(data, dtype=np.uint8).reshape(-1, _CIFAR_RECORD)
     labels = records[:, 0]
     if int(labels.max()) >= _NUM_CLASSES:

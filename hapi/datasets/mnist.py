@@ -9,8 +9,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hapi.datasets.base import (_GZIP_MAGIC, _NUM_CLASSES, DatasetError, _download_dir, _fetch,
-                                _find_file, _ImageDataset, _read_bytes)
+from hapi.datasets.base import (
+    _GZIP_MAGIC,
+    _NUM_CLASSES,
+    DatasetError,
+    _download_dir,
+    _fetch,
+    _find_file,
+    _ImageDataset,
+    _read_bytes,
+)
 
 _IMAGE_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dimensions
 _LABEL_MAGIC = 2049  # 0x00000801: unsigned bytes, 1 dimension
@@ -25,7 +33,9 @@ class _IDXDataset(_ImageDataset):
     """Shared reader for MNIST-format data sets; subclasses set the class attributes."""
 
     def _as_float(self, images: torch.Tensor) -> torch.Tensor:
-        return super()._as_float(images.unsqueeze(1))  # grey images are stored without a channel axis
+        return super()._as_float(
+            images.unsqueeze(1)
+        )  # grey images are stored without a channel axis
 
     def _load(self, root, download: bool) -> tuple[np.ndarray, np.ndarray, Path]:
         image_path, label_path = self._locate(root, download)
@@ -64,8 +74,12 @@ class _IDXDataset(_ImageDataset):
             if path is None:
                 magic = _IMAGE_MAGIC if "images" in stem else _LABEL_MAGIC
                 path = target / f"{stem}.gz"
-                _fetch(self, path.name, target,
-                       lambda data, where, magic=magic: _parse_idx(data, where, magic, self._hint()))
+                _fetch(
+                    self,
+                    path.name,
+                    target,
+                    lambda data, where, magic=magic: _parse_idx(data, where, magic, self._hint()),
+                )
             paths.append(path)
         return paths[0], paths[1]
 
@@ -105,8 +119,18 @@ class FashionMNIST(_IDXDataset):
         "https://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
         "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
     ]
-    classes = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-               "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+    classes = [
+        "T-shirt/top",
+        "Trouser",
+        "Pullover",
+        "Dress",
+        "Coat",
+        "Sandal",
+        "Shirt",
+        "Sneaker",
+        "Bag",
+        "Ankle boot",
+    ]
 
     def _hint(self, offer_download: bool = True) -> str:
         return (
@@ -147,7 +171,9 @@ def _parse_idx(data: bytes, path: Path, magic: int, hint: str) -> np.ndarray:
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as error:
-            raise fail(f"damaged gzip data ({type(error).__name__}: {str(error) or 'truncated'})") from error
+            raise fail(
+                f"damaged gzip data ({type(error).__name__}: {str(error) or 'truncated'})"
+            ) from error
     is_images = magic == _IMAGE_MAGIC
     header = 16 if is_images else 8
     if len(data) < header:
@@ -161,7 +187,9 @@ def _parse_idx(data: bytes, path: Path, magic: int, hint: str) -> np.ndarray:
         raise fail(f"images are {int(fields[2])}x{int(fields[3])}, expected {_SIDE}x{_SIDE}")
     expected = header + count * (_SIDE * _SIDE if is_images else 1)
     if len(data) != expected:
-        raise fail(f"{len(data)} bytes after decompression, but its header ({count} items) implies {expected}")
+        raise fail(
+            f"{len(data)} bytes after decompression, but its header ({count} items) implies {expected}"
+        )
     array = np.frombuffer(data, dtype=np.uint8, offset=header)
     if is_images:
         return array.reshape(count, _SIDE, _SIDE).copy()  # copy: frombuffer arrays are read-only

@@ -22,30 +22,105 @@ peer that is alive but stuck at most ``HAPI_DIST_TIMEOUT`` seconds (default
 300) before it raises.
 """
 
-from hapi.distributed.collectives import (SyncFlag, all_reduce_sum, any_true, average_gradients, barrier,
-                                          broadcast_bytes, broadcast_freshest, gather_in_order,
-                                          gather_objects, on_main, own,
-                                          shared_seed, sync_from_main)
+from hapi.distributed.collectives import (
+    SyncFlag,
+    all_reduce_sum,
+    any_true,
+    average_gradients,
+    barrier,
+    broadcast_bytes,
+    broadcast_freshest,
+    gather_in_order,
+    gather_objects,
+    on_main,
+    own,
+    shared_seed,
+    sync_from_main,
+)
 from hapi.distributed.ddp import unwrap, wrap
 from hapi.distributed.env import DistributedSetupError
-from hapi.distributed.sharded import load as load_shards, load_optimizer as load_optimizer_shards
-from hapi.distributed.sharded import save as save_shards, saved_shapes
-from hapi.distributed.strategies import DDP, FSDP, Strategy, resolve as resolve_strategy
-from hapi.distributed.group import (backend_name, default_device, is_main, local_rank,
-                                    note_failure, rank, setup, teardown, world_size)
-from hapi.distributed.samplers import (BatchSamplerShard, ContiguousShardSampler, ResumableSampler,
-                                       SamplerShard, consumed_items, eval_sampler, loader_batch_size,
-                                       reshard, resume_at, resumable, set_epoch, set_seed, skip_batches,
-                                       skip_items, train_sampler)
+from hapi.distributed.group import (
+    backend_name,
+    default_device,
+    is_main,
+    local_rank,
+    note_failure,
+    rank,
+    setup,
+    teardown,
+    world_size,
+)
+from hapi.distributed.samplers import (
+    BatchSamplerShard,
+    ContiguousShardSampler,
+    ResumableSampler,
+    SamplerShard,
+    consumed_items,
+    eval_sampler,
+    loader_batch_size,
+    reshard,
+    resumable,
+    resume_at,
+    set_epoch,
+    set_seed,
+    skip_batches,
+    skip_items,
+    train_sampler,
+)
+from hapi.distributed.sharded import load as load_shards
+from hapi.distributed.sharded import load_optimizer as load_optimizer_shards
+from hapi.distributed.sharded import save as save_shards
+from hapi.distributed.sharded import saved_shapes
+from hapi.distributed.strategies import DDP, FSDP, Strategy
+from hapi.distributed.strategies import resolve as resolve_strategy
 
 __all__ = [
-    "load_shards", "load_optimizer_shards", "save_shards", "saved_shapes",
-    "DDP", "FSDP", "Strategy", "resolve_strategy", "broadcast_freshest", "on_main",
-    "BatchSamplerShard", "ContiguousShardSampler", "SamplerShard", "resumable", "skip_batches",
-    "consumed_items", "resume_at", "skip_items", "DistributedSetupError", "ResumableSampler", "SyncFlag",
+    "load_shards",
+    "load_optimizer_shards",
+    "save_shards",
+    "saved_shapes",
+    "DDP",
+    "FSDP",
+    "Strategy",
+    "resolve_strategy",
+    "broadcast_freshest",
+    "on_main",
+    "BatchSamplerShard",
+    "ContiguousShardSampler",
+    "SamplerShard",
+    "resumable",
+    "skip_batches",
+    "consumed_items",
+    "resume_at",
+    "skip_items",
+    "DistributedSetupError",
+    "ResumableSampler",
+    "SyncFlag",
     "all_reduce_sum",
-    "average_gradients", "any_true", "backend_name", "barrier", "broadcast_bytes", "default_device",
-    "eval_sampler", "gather_in_order", "gather_objects", "is_main", "loader_batch_size",
-    "local_rank", "note_failure", "own", "rank", "reshard", "set_epoch", "set_seed", "setup",
-    "shared_seed", "sync_from_main", "teardown", "train_sampler", "unwrap", "world_size", "wrap",
+    "average_gradients",
+    "any_true",
+    "backend_name",
+    "barrier",
+    "broadcast_bytes",
+    "default_device",
+    "eval_sampler",
+    "gather_in_order",
+    "gather_objects",
+    "is_main",
+    "loader_batch_size",
+    "local_rank",
+    "note_failure",
+    "own",
+    "rank",
+    "reshard",
+    "set_epoch",
+    "set_seed",
+    "setup",
+    "shared_seed",
+    "sync_from_main",
+    "teardown",
+    "train_sampler",
+    "unwrap",
+    "world_size",
+    "wrap",
 ]

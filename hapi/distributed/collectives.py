@@ -52,8 +52,12 @@ def broadcast_bytes(payload: bytes | None, source: int = 0) -> bytes | None:
         return None
     received = bytearray(payload if sending else total)
     for start in range(0, total, _BROADCAST_PIECE_BYTES):
-        piece = torch.frombuffer(received, dtype=torch.uint8, offset=start,
-                                 count=min(_BROADCAST_PIECE_BYTES, total - start))
+        piece = torch.frombuffer(
+            received,
+            dtype=torch.uint8,
+            offset=start,
+            count=min(_BROADCAST_PIECE_BYTES, total - start),
+        )
         on_device = _on_collective_device(piece)
         dist.broadcast(on_device, src=source)
         if not sending and on_device is not piece:
@@ -107,7 +111,9 @@ def gather_in_order(per_output: list[list[Any]]) -> list[list[Any]]:
     ranks = [outputs for outputs in gather_objects(per_output) if outputs]
     if not ranks:
         return []
-    return [[batch for outputs in ranks for batch in outputs[index]] for index in range(len(ranks[0]))]
+    return [
+        [batch for outputs in ranks for batch in outputs[index]] for index in range(len(ranks[0]))
+    ]
 
 
 def average_gradients(parameters: list[torch.Tensor]) -> None:
@@ -134,7 +140,7 @@ def average_gradients(parameters: list[torch.Tensor]) -> None:
     offset = 0
     for parameter in used:
         count = parameter.grad.numel()
-        parameter.grad.copy_(flat[offset:offset + count].view_as(parameter.grad))
+        parameter.grad.copy_(flat[offset : offset + count].view_as(parameter.grad))
         offset += count
 
 
@@ -155,7 +161,6 @@ class SyncFlag:
 
     def __reduce__(self):  # metrics may be deep-copied or pickled; a flag needs no state
         return (SyncFlag, ())
-
 
 
 def sync_from_main(module: Any, parameters: bool = False) -> None:
@@ -183,11 +188,13 @@ def sync_from_main(module: Any, parameters: bool = False) -> None:
             dist.broadcast(flat, src=0)
             offset = 0
             for tensor in members:
-                tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
+                tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
                 offset += tensor.numel()
 
 
-def on_main(action: Callable[[], Result], failed_elsewhere: Callable[[], Exception]) -> Result | None:
+def on_main(
+    action: Callable[[], Result], failed_elsewhere: Callable[[], Exception]
+) -> Result | None:
     """``action()`` on rank 0 only (``None`` elsewhere); every process waits for it.
 
     A failure (a full disk, say) reaches every process: rank 0 raises its own
@@ -207,8 +214,10 @@ def on_main(action: Callable[[], Result], failed_elsewhere: Callable[[], Excepti
     return result
 
 
-def broadcast_freshest(read: Callable[[], tuple[tuple, bytes, Any] | None],
-                       failed_elsewhere: Callable[[int], Exception]) -> tuple[bytes, Any] | None:
+def broadcast_freshest(
+    read: Callable[[], tuple[tuple, bytes, Any] | None],
+    failed_elsewhere: Callable[[int], Exception],
+) -> tuple[bytes, Any] | None:
     """The freshest of the machines' copies of something, on every process.
 
     One process per machine (local rank 0) calls ``read()``, which returns
@@ -231,7 +240,9 @@ def broadcast_freshest(read: Callable[[], tuple[tuple, bytes, Any] | None],
     failed = [source for source, (_, broken) in enumerate(per_rank) if broken]
     if failed:
         raise failed_elsewhere(failed[0])
-    copies = [(progress, -source) for source, (progress, _) in enumerate(per_rank) if progress is not None]
+    copies = [
+        (progress, -source) for source, (progress, _) in enumerate(per_rank) if progress is not None
+    ]
     if not copies:
         return None
     source = -max(copies)[1]

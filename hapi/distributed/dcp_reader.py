@@ -45,11 +45,18 @@ _DCP = "torch.distributed.checkpoint.metadata"
 # a constant: creating one runs no code beyond storing its fields.
 _ALLOWED: dict[tuple[str, str], Any] = {
     (_DCP, name): getattr(dcp_metadata, name)
-    for name in ("Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata",
-                 "TensorProperties", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING",
-                 # Harmless (an empty data class) and found in real files; allowed here so the
-                 # refusal below can name the entries that hold it.
-                 "BytesStorageMetadata")
+    for name in (
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorStorageMetadata",
+        "TensorProperties",
+        "ChunkStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+        # Harmless (an empty data class) and found in real files; allowed here so the
+        # refusal below can name the entries that hold it.
+        "BytesStorageMetadata",
+    )
 }
 _ALLOWED[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = _StorageInfo
 _ALLOWED[("torch", "Size")] = torch.Size
@@ -58,18 +65,29 @@ _ALLOWED[("torch", "Size")] = torch.Size
 # only function allowed.
 _ALLOWED[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
 # Constants (never called): every dtype; layouts and memory formats by name too.
-_ALLOWED.update({("torch", name): value for name, value in vars(torch).items()
-                 if isinstance(value, (torch.dtype, torch.layout, torch.memory_format))})
+_ALLOWED.update(
+    {
+        ("torch", name): value
+        for name, value in vars(torch).items()
+        if isinstance(value, (torch.dtype, torch.layout, torch.memory_format))
+    }
+)
 # StorageMeta.checkpoint_id is the save path, often a pathlib path: pickled as
 # pathlib.PosixPath (pathlib._local.PosixPath by Python 3.13, WindowsPath on
 # Windows). torch's load path never reads it, so it becomes a pure path, which
 # never touches the file system and builds on any OS and Python version.
-_ALLOWED.update({(module, name): pure
-                 for module in ("pathlib", "pathlib._local")
-                 for names, pure in ((("PosixPath", "PurePosixPath"), pathlib.PurePosixPath),
-                                     (("WindowsPath", "PureWindowsPath"), pathlib.PureWindowsPath),
-                                     (("Path", "PurePath"), pathlib.PurePath))
-                 for name in names})
+_ALLOWED.update(
+    {
+        (module, name): pure
+        for module in ("pathlib", "pathlib._local")
+        for names, pure in (
+            (("PosixPath", "PurePosixPath"), pathlib.PurePosixPath),
+            (("WindowsPath", "PureWindowsPath"), pathlib.PureWindowsPath),
+            (("Path", "PurePath"), pathlib.PurePath),
+        )
+        for name in names
+    }
+)
 
 
 class _Unsafe(Exception):
@@ -119,26 +137,40 @@ class SafeFileSystemReader(FileSystemReader):
         """Tensor entries only; stored items without transforms, in files of this directory."""
         if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
             self._refuse(f"its .metadata holds a {type(metadata).__name__}, not DCP Metadata")
-        others = [key for key, value in metadata.state_dict_metadata.items()
-                  if not isinstance(value, TensorStorageMetadata)]
+        others = [
+            key
+            for key, value in metadata.state_dict_metadata.items()
+            if not isinstance(value, TensorStorageMetadata)
+        ]
         if others:
-            self._refuse(f"its .metadata declares non-tensor entries {others[:5]}, which torch "
-                         "would read with torch.load(weights_only=False); torch-hapi saves "
-                         "tensors only")
+            self._refuse(
+                f"its .metadata declares non-tensor entries {others[:5]}, which torch "
+                "would read with torch.load(weights_only=False); torch-hapi saves "
+                "tensors only"
+            )
         storage = metadata.storage_data
         if not isinstance(storage, dict):
-            self._refuse(f"its .metadata has storage_data of type {type(storage).__name__}, not a dict")
+            self._refuse(
+                f"its .metadata has storage_data of type {type(storage).__name__}, not a dict"
+            )
         for item in storage.values():
             if not isinstance(item, _StorageInfo):
-                self._refuse(f"its .metadata stores an item as a {type(item).__name__}, not _StorageInfo")
+                self._refuse(
+                    f"its .metadata stores an item as a {type(item).__name__}, not _StorageInfo"
+                )
             if getattr(item, "transform_descriptors", None):
-                self._refuse(f"its .metadata asks for stream transforms {list(item.transform_descriptors)}")
+                self._refuse(
+                    f"its .metadata asks for stream transforms {list(item.transform_descriptors)}"
+                )
             if not _plain_file_name(item.relative_path):
-                self._refuse(f"its .metadata points at the data file {item.relative_path!r}, "
-                             "outside the checkpoint directory")
+                self._refuse(
+                    f"its .metadata points at the data file {item.relative_path!r}, "
+                    "outside the checkpoint directory"
+                )
 
     def _refuse(self, found: str) -> NoReturn:
         from hapi.checkpoint import CheckpointError  # hapi.checkpoint imports hapi.distributed
+
         raise CheckpointError(
             f"Sharded checkpoint {os.fspath(self.path)!r} was not loaded: {found}. torch-hapi refuses "
             "to run code from checkpoint files, and a checkpoint it wrote never holds this. If you "
@@ -147,6 +179,7 @@ class SafeFileSystemReader(FileSystemReader):
 
     def _damaged(self, path: Any, size: int, error: Exception) -> NoReturn:
         from hapi.checkpoint import CheckpointError  # hapi.checkpoint imports hapi.distributed
+
         raise CheckpointError(
             f"Sharded checkpoint {os.fspath(self.path)!r} is damaged: its metadata file "
             f"{os.fspath(path)!r} ({size} bytes) cannot be read ({type(error).__name__}: {error}). "
@@ -157,5 +190,10 @@ class SafeFileSystemReader(FileSystemReader):
 
 def _plain_file_name(name: Any) -> bool:
     """True for a bare file name: no directory part on POSIX or Windows, not '.' nor '..'."""
-    return (isinstance(name, str) and name not in ("", ".", "..") and "\0" not in name
-            and pathlib.PurePosixPath(name).name == name and pathlib.PureWindowsPath(name).name == name)
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "\0" not in name
+        and pathlib.PurePosixPath(name).name == name
+        and pathlib.PureWindowsPath(name).name == name
+    )

@@ -17,7 +17,9 @@ from hapi.distributed.env import env_int, timeout
 from hapi.distributed.group import rank, release_at_teardown, world_size
 
 
-def wrap(network: nn.Module, device: torch.device, ddp_options: dict[str, Any] | None = None) -> nn.Module:
+def wrap(
+    network: nn.Module, device: torch.device, ddp_options: dict[str, Any] | None = None
+) -> nn.Module:
     """The module training runs: DDP around ``network`` on several processes.
 
     ``ddp_options`` are the user's DistributedDataParallel keywords
@@ -27,7 +29,9 @@ def wrap(network: nn.Module, device: torch.device, ddp_options: dict[str, Any] |
     if world_size() == 1 or not any(p.requires_grad for p in network.parameters()):
         return network
     device_ids = [device.index] if device.type == "cuda" else None
-    wrapped = nn.parallel.DistributedDataParallel(network, device_ids=device_ids, **(ddp_options or {}))
+    wrapped = nn.parallel.DistributedDataParallel(
+        network, device_ids=device_ids, **(ddp_options or {})
+    )
     release_at_teardown(functools.partial(_release, weakref.ref(wrapped)))
     _average_through_shared_memory(wrapped, [p for p in network.parameters() if p.requires_grad])
     return wrapped
@@ -66,8 +70,11 @@ def _average_through_shared_memory(wrapped: nn.Module, trained: list[nn.Paramete
 
     def attach() -> str | None:
         try:
-            mapped.append(shared_memory.SharedMemoryAllReduce(reservation, rank(), peers,
-                                                              timeout().total_seconds()))
+            mapped.append(
+                shared_memory.SharedMemoryAllReduce(
+                    reservation, rank(), peers, timeout().total_seconds()
+                )
+            )
         except OSError as error:  # not rank 0's memory after all: another machine or namespace
             return str(error)
         return None
@@ -77,9 +84,13 @@ def _average_through_shared_memory(wrapped: nn.Module, trained: list[nn.Paramete
     finally:
         if rank() == 0:
             shared_memory.release(reservation)
-    refused = [f"rank {r} could not map rank 0's buffer: {why}" for r, why in enumerate(refusals) if why]
+    refused = [
+        f"rank {r} could not map rank 0's buffer: {why}" for r, why in enumerate(refusals) if why
+    ]
     if not refused:
-        unseen = [r for r, seen in enumerate(_everyone(lambda: mapped[0].everyone_attached())) if not seen]
+        unseen = [
+            r for r, seen in enumerate(_everyone(lambda: mapped[0].everyone_attached())) if not seen
+        ]
         if unseen:
             refused = [f"rank(s) {unseen} do not see every process's writes in the buffer"]
     if refused:
@@ -95,12 +106,20 @@ def _local_facts(network: nn.Module, trained: list[nn.Parameter]) -> dict[str, A
     reason = shared_memory.reason_not_to_use(network, trained)
     local_world = env_int("LOCAL_WORLD_SIZE", -1)  # set by launchers; -1 where they were not used
     if reason is None and local_world not in (-1, world_size()):
-        reason = (f"LOCAL_WORLD_SIZE={local_world} says the {world_size()} processes are not all "
-                  "on one machine")
+        reason = (
+            f"LOCAL_WORLD_SIZE={local_world} says the {world_size()} processes are not all "
+            "on one machine"
+        )
     host, boot_id = shared_memory.machine_identity()
     pid, start = shared_memory.process_identity()
-    return {"reason": reason, "host": host, "boot_id": boot_id, "pid": pid, "start": start,
-            "numel": sum(p.numel() for p in trained)}
+    return {
+        "reason": reason,
+        "host": host,
+        "boot_id": boot_id,
+        "pid": pid,
+        "start": start,
+        "numel": sum(p.numel() for p in trained),
+    }
 
 
 def _why_not(facts: list[dict[str, Any]]) -> str | None:
@@ -108,9 +127,13 @@ def _why_not(facts: list[dict[str, Any]]) -> str | None:
     reasons = [f"rank {r}: {fact['reason']}" for r, fact in enumerate(facts) if fact["reason"]]
     machines = {(fact["host"], fact["boot_id"]) for fact in facts}
     if len(machines) > 1 or any(not boot_id for _, boot_id in machines):
-        reasons.append(f"the processes are not all on one machine (hostname, boot id: {sorted(machines)})")
+        reasons.append(
+            f"the processes are not all on one machine (hostname, boot id: {sorted(machines)})"
+        )
     if len({fact["numel"] for fact in facts}) > 1:
-        reasons.append(f"the processes train different numbers of elements: {[f['numel'] for f in facts]}")
+        reasons.append(
+            f"the processes train different numbers of elements: {[f['numel'] for f in facts]}"
+        )
     return "; ".join(reasons) or None
 
 
@@ -155,4 +178,3 @@ def no_sync(wrapped: nn.Module, skip_gradient_sync: bool) -> Iterator[None]:
             yield
     else:
         yield
-

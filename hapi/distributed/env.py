@@ -58,9 +58,13 @@ def from_slurm() -> bool:
             warnings.warn(
                 f"This Slurm allocation has SLURM_NTASKS={os.environ['SLURM_NTASKS']} tasks, but the "
                 "script was not started by srun, so it trains as one process. Start it with "
-                "`srun python train.py` to train on all of them.", stacklevel=3)
+                "`srun python train.py` to train on all of them.",
+                stacklevel=3,
+            )
         return False
-    missing = [name for name in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_ID") if name not in os.environ]
+    missing = [
+        name for name in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_ID") if name not in os.environ
+    ]
     nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     if missing or not nodes:
         raise DistributedSetupError(
@@ -77,7 +81,8 @@ def from_slurm() -> bool:
         "WORLD_SIZE": str(step_tasks),
         "LOCAL_WORLD_SIZE": str(per_node[node] if node < len(per_node) else step_tasks),
         "MASTER_ADDR": os.environ.get("MASTER_ADDR") or first_host(nodes),
-        "MASTER_PORT": os.environ.get("MASTER_PORT") or str(20000 + env_int("SLURM_JOB_ID", 0) % 40000),
+        "MASTER_PORT": os.environ.get("MASTER_PORT")
+        or str(20000 + env_int("SLURM_JOB_ID", 0) % 40000),
     }
     os.environ.update(values)
     return True

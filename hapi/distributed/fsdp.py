@@ -24,12 +24,21 @@ from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy,
-                                    fully_shard)
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import DTensor
 
 from hapi.distributed.collectives import sync_from_main
@@ -50,8 +59,10 @@ def check_wrap(wrap: Any) -> tuple[type, ...] | None:
         return None
     classes = tuple(wrap) if isinstance(wrap, (set, frozenset, list, tuple)) else (wrap,)
     if not classes or not all(isinstance(c, type) and issubclass(c, nn.Module) for c in classes):
-        raise TypeError(f"hapi.FSDP(wrap=...) takes a set of nn.Module classes or a callable "
-                        f"module -> bool; received {wrap!r}.")
+        raise TypeError(
+            f"hapi.FSDP(wrap=...) takes a set of nn.Module classes or a callable "
+            f"module -> bool; received {wrap!r}."
+        )
     return classes
 
 
@@ -76,9 +87,16 @@ def _children_first(network: nn.Module, modules: list[nn.Module]) -> list[nn.Mod
     return sorted(modules, key=lambda m: -order[id(m)])
 
 
-def shard(network: nn.Module, device: torch.device, optimizer: torch.optim.Optimizer | None, *,
-          wrap: Any, reshard_after_forward: bool, cpu_offload: bool, amp_dtype: torch.dtype | None
-          ) -> nn.Module:
+def shard(
+    network: nn.Module,
+    device: torch.device,
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    wrap: Any,
+    reshard_after_forward: bool,
+    cpu_offload: bool,
+    amp_dtype: torch.dtype | None,
+) -> nn.Module:
     """Apply ``fully_shard`` to ``network`` in place; returns it (``model.network`` stays the user's).
 
     ``amp_dtype`` becomes the mixed-precision policy: parameters gathered in
@@ -89,33 +107,50 @@ def shard(network: nn.Module, device: torch.device, optimizer: torch.optim.Optim
     if is_sharded(network):
         return network
     names = {id(p): name for name, p in network.named_parameters()}
-    strangers = [p for group in (optimizer.param_groups if optimizer else []) for p in group["params"]
-                 if id(p) not in names]
+    strangers = [
+        p
+        for group in (optimizer.param_groups if optimizer else [])
+        for p in group["params"]
+        if id(p) not in names
+    ]
     if strangers:
         raise DistributedSetupError(
             f"The optimizer holds {len(strangers)} tensor(s) that are not parameters of "
             f"{type(network).__name__}; under FSDP every optimized tensor must belong to the "
             "network, whose parameters are replaced by their shards. Build the optimizer over "
-            "model.parameters().")
+            "model.parameters()."
+        )
     sync_from_main(network, parameters=True)  # one starting model, whatever each rank initialised
     saved_optimizer = optimizer.state_dict() if optimizer is not None and optimizer.state else None
     mesh = init_device_mesh(device.type, (world_size(),))
-    policy = (MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
-              if amp_dtype is not None else MixedPrecisionPolicy())
+    policy = (
+        MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
+        if amp_dtype is not None
+        else MixedPrecisionPolicy()
+    )
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if cpu_offload else OffloadPolicy()
-    options = {"mesh": mesh, "reshard_after_forward": reshard_after_forward, "mp_policy": policy,
-               "offload_policy": offload}
+    options = {
+        "mesh": mesh,
+        "reshard_after_forward": reshard_after_forward,
+        "mp_policy": policy,
+        "offload_policy": offload,
+    }
     units = selected_units(network, wrap)
     if amp_dtype is not None:
         # Normalisation layers keep float32 weights, as under autocast on one process,
         # which runs them in float32 (and batch_norm refuses bfloat16 weights beside
         # float32 running statistics).
-        norms = [m for m in network.modules() if isinstance(m, _NORMS) and m is not network
-                 and m not in units]
+        norms = [
+            m
+            for m in network.modules()
+            if isinstance(m, _NORMS) and m is not network and m not in units
+        ]
         units = _children_first(network, units + norms)
     for unit in [*units, network]:
         keep_float32 = amp_dtype is not None and isinstance(unit, _NORMS)
-        fully_shard(unit, **{**options, "mp_policy": MixedPrecisionPolicy()} if keep_float32 else options)
+        fully_shard(
+            unit, **{**options, "mp_policy": MixedPrecisionPolicy()} if keep_float32 else options
+        )
         unit._hapi_reshard_after_forward = reshard_after_forward  # restored after gathered()
     if optimizer is not None:
         _point_at_shards(network, optimizer, names)
@@ -124,7 +159,9 @@ def shard(network: nn.Module, device: torch.device, optimizer: torch.optim.Optim
     return network
 
 
-def _point_at_shards(network: nn.Module, optimizer: torch.optim.Optimizer, names: dict[int, str]) -> None:
+def _point_at_shards(
+    network: nn.Module, optimizer: torch.optim.Optimizer, names: dict[int, str]
+) -> None:
     """The optimizer's parameter groups, moved from the replaced parameters to the sharded ones."""
     current = dict(network.named_parameters())
     for group in optimizer.param_groups:
@@ -144,7 +181,9 @@ def full_state_dict(network: nn.Module) -> dict[str, torch.Tensor]:
 
 def load_state_dict(network: nn.Module, state: dict[str, torch.Tensor], strict: bool) -> None:
     """Full tensors (on every process) into the network, sharded as it is."""
-    set_model_state_dict(network, state, options=StateDictOptions(full_state_dict=True, strict=strict))
+    set_model_state_dict(
+        network, state, options=StateDictOptions(full_state_dict=True, strict=strict)
+    )
 
 
 def _parameter_names(network: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
@@ -161,25 +200,34 @@ def full_optimizer_state(network: nn.Module, optimizer: torch.optim.Optimizer) -
     numbers = {name: index for index, name in enumerate(_parameter_names(network, optimizer))}
     return {
         "state": {numbers[name]: value for name, value in by_name.get("state", {}).items()},
-        "param_groups": [{**group, "params": [numbers[name] for name in group["params"]]}
-                         for group in by_name.get("param_groups", [])],
+        "param_groups": [
+            {**group, "params": [numbers[name] for name in group["params"]]}
+            for group in by_name.get("param_groups", [])
+        ],
     }
 
 
-def load_optimizer_state(network: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+def load_optimizer_state(
+    network: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
     """A plain-layout optimizer state (full tensors, on every process) into a sharded optimizer."""
     names = _parameter_names(network, optimizer)
     saved_count = sum(len(group["params"]) for group in state["param_groups"])
     if saved_count != len(names) or len(state["param_groups"]) != len(optimizer.param_groups):
-        raise ValueError(f"it holds {saved_count} parameters in {len(state['param_groups'])} group(s), "
-                         f"the optimizer {len(names)} in {len(optimizer.param_groups)}")
+        raise ValueError(
+            f"it holds {saved_count} parameters in {len(state['param_groups'])} group(s), "
+            f"the optimizer {len(names)} in {len(optimizer.param_groups)}"
+        )
     by_name = {
         "state": {names[int(index)]: value for index, value in state["state"].items()},
-        "param_groups": [{**group, "params": [names[int(i)] for i in group["params"]]}
-                         for group in state["param_groups"]],
+        "param_groups": [
+            {**group, "params": [names[int(i)] for i in group["params"]]}
+            for group in state["param_groups"]
+        ],
     }
-    set_optimizer_state_dict(network, optimizer, by_name,
-                             options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(
+        network, optimizer, by_name, options=StateDictOptions(full_state_dict=True)
+    )
 
 
 @contextlib.contextmanager

@@ -99,13 +99,17 @@ def setup(device: str | torch.device | None = None) -> None:
     limit = timeout()
     try:
         dist.init_process_group(backend=backend, timeout=limit, **restart_safe_store(limit))
-    except Exception as error:  # torch raises several types (DistNetworkError, RuntimeError, ValueError)
+    except (
+        Exception
+    ) as error:  # torch raises several types (DistNetworkError, RuntimeError, ValueError)
         address = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-        hint = ("another program already listens on that port: pick a free one "
-                "(torchrun --master-port / --rdzv-endpoint, or MASTER_PORT)"
-                if "address already in use" in str(error).lower() or "EADDRINUSE" in str(error)
-                else "check that every process uses the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE, "
-                     "and that rank 0 is reachable")
+        hint = (
+            "another program already listens on that port: pick a free one "
+            "(torchrun --master-port / --rdzv-endpoint, or MASTER_PORT)"
+            if "address already in use" in str(error).lower() or "EADDRINUSE" in str(error)
+            else "check that every process uses the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE, "
+            "and that rank 0 is reachable"
+        )
         raise DistributedSetupError(
             f"Could not join the {backend} process group at {address} as rank "
             f"{os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}: {error}. Likely cause: {hint}."
@@ -197,5 +201,3 @@ def default_device(requested: str | torch.device | None = None) -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank() % torch.cuda.device_count())
     return torch.device("cpu")
-
-

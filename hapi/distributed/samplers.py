@@ -10,8 +10,14 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, RandomSampler, Sampler,
-                              SequentialSampler)
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
 
 from hapi.distributed.env import DistributedSetupError
 from hapi.distributed.group import rank, world_size
@@ -89,8 +95,9 @@ def train_sampler(dataset: Any, shuffle: bool, seed: int) -> ResumableSampler:
     to even the shards, as ``DistributedSampler`` does), so all ranks run the
     same number of steps and DDP's collectives line up.
     """
-    return ResumableSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle,
-                            seed=seed, drop_last=False)
+    return ResumableSampler(
+        dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle, seed=seed, drop_last=False
+    )
 
 
 class ContiguousShardSampler(Sampler[int]):
@@ -148,8 +155,12 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> dict[str, Any] | N
     rank_aware = isinstance(inner, DistributedSampler) or hasattr(batches, "set_epoch")
     if training and rank_aware:
         return None
-    if (loader.batch_size is None and batches is not None and not isinstance(batches, BatchSampler)
-            and not rank_aware):
+    if (
+        loader.batch_size is None
+        and batches is not None
+        and not isinstance(batches, BatchSampler)
+        and not rank_aware
+    ):
         return {"batch_sampler": BatchSamplerShard(batches, world_size(), rank(), seed, training)}
     batch_size = loader_batch_size(loader)
     if batches is None:
@@ -165,11 +176,18 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> dict[str, Any] | N
             "(e.g. BatchSampler(DistributedSampler(dataset), batch_size, drop_last)), or pass the "
             "Dataset and batch_size to fit()."
         )
-    drop_last = loader.drop_last if loader.batch_size is not None else bool(
-        getattr(batches, "drop_last", False))
+    drop_last = (
+        loader.drop_last
+        if loader.batch_size is not None
+        else bool(getattr(batches, "drop_last", False))
+    )
     if rank_aware or _plain_order(inner):
         shuffle = training and isinstance(inner, RandomSampler)
-        sampler = train_sampler(loader.dataset, shuffle, seed) if training else eval_sampler(loader.dataset)
+        sampler = (
+            train_sampler(loader.dataset, shuffle, seed)
+            if training
+            else eval_sampler(loader.dataset)
+        )
     else:
         sampler = SamplerShard(inner, world_size(), rank(), seed, training)
     return {"sampler": sampler, "batch_size": batch_size, "drop_last": drop_last}
@@ -179,8 +197,9 @@ def _plain_order(sampler: Any) -> bool:
     """torch's default orders, which a seeded shard of the whole data set reproduces."""
     if type(sampler) is SequentialSampler:
         return True
-    return (type(sampler) is RandomSampler and not sampler.replacement
-            and sampler._num_samples is None)
+    return (
+        type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None
+    )
 
 
 def _length(sampler: Any, what: str) -> int:
@@ -209,8 +228,9 @@ class _StreamShard:
     gathered in rank order come back in stream order.
     """
 
-    def __init__(self, source: Any, num_replicas: int, rank: int, seed: int, training: bool,
-                 what: str) -> None:
+    def __init__(
+        self, source: Any, num_replicas: int, rank: int, seed: int, training: bool, what: str
+    ) -> None:
         self.source, self.what = source, what
         self.num_replicas, self.rank, self.seed, self.training = num_replicas, rank, seed, training
         self.epoch = -1
@@ -235,9 +255,9 @@ class _StreamShard:
 
     def _share(self, stream: list) -> list:
         if self.training:
-            return strided_share(stream[self._skip:], stream, self.num_replicas, self.rank)
+            return strided_share(stream[self._skip :], stream, self.num_replicas, self.rank)
         shard = ContiguousShardSampler(len(stream), self.num_replicas, self.rank)
-        return stream[shard.start:shard.stop]
+        return stream[shard.start : shard.stop]
 
     def __iter__(self) -> Iterator[Any]:
         with seeded_streams(mix(self.seed, self.epoch, 0x5A3)):
@@ -268,16 +288,18 @@ class SamplerShard(_StreamShard, Sampler[int]):
     processes.
     """
 
-    def __init__(self, sampler: Sampler, num_replicas: int, rank: int, seed: int,
-                 training: bool) -> None:
+    def __init__(
+        self, sampler: Sampler, num_replicas: int, rank: int, seed: int, training: bool
+    ) -> None:
         super().__init__(sampler, num_replicas, rank, seed, training, "sampler")
 
 
 class BatchSamplerShard(_StreamShard, Sampler[list]):
     """This process's share of the batches a user's batch sampler yields (see :class:`_StreamShard`)."""
 
-    def __init__(self, batch_sampler: Any, num_replicas: int, rank: int, seed: int,
-                 training: bool) -> None:
+    def __init__(
+        self, batch_sampler: Any, num_replicas: int, rank: int, seed: int, training: bool
+    ) -> None:
         super().__init__(batch_sampler, num_replicas, rank, seed, training, "batch_sampler")
         self.batch_size = getattr(batch_sampler, "batch_size", None)
         self.drop_last = getattr(batch_sampler, "drop_last", False)
@@ -373,10 +395,14 @@ def set_seed(loader: Any, seed: int) -> None:
 def set_epoch(loader: Any, epoch: int) -> None:
     """Tell the sampler which epoch starts, so each epoch reshuffles (all ranks alike)."""
     batch_sampler = getattr(loader, "batch_sampler", None)
-    samplers = {id(s): s for s in (getattr(loader, "sampler", None), batch_sampler,
-                                   getattr(batch_sampler, "sampler", None))}
+    samplers = {
+        id(s): s
+        for s in (
+            getattr(loader, "sampler", None),
+            batch_sampler,
+            getattr(batch_sampler, "sampler", None),
+        )
+    }
     for sampler in samplers.values():  # e.g. BatchSampler(DistributedSampler(...)): the inner one
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
-
-

@@ -24,9 +24,13 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from hapi.distributed.dcp_reader import SafeFileSystemReader
 from hapi.distributed.env import timeout
@@ -37,7 +41,9 @@ from hapi.distributed.group import is_main, world_size
 def _quiet() -> Iterator[None]:
     """DCP warns on one process that it assumes one process; that is what one process means here."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        warnings.filterwarnings(
+            "ignore", message="torch.distributed is disabled", category=UserWarning
+        )
         yield
 
 
@@ -49,8 +55,13 @@ def _split(values: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, A
 def _named_groups(network: nn.Module, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
     """The optimizer's groups with parameters named, as torch's state-dict API names them."""
     names = {id(p): name for name, p in network.named_parameters()}
-    return [{**{k: v for k, v in group.items() if k != "params"},
-             "params": [names[id(p)] for p in group["params"]]} for group in optimizer.param_groups]
+    return [
+        {
+            **{k: v for k, v in group.items() if k != "params"},
+            "params": [names[id(p)] for p in group["params"]],
+        }
+        for group in optimizer.param_groups
+    ]
 
 
 _checkpoint_group: dist.ProcessGroup | None = None
@@ -72,8 +83,14 @@ def _background_group() -> dist.ProcessGroup | None:
     return _checkpoint_group
 
 
-def save(directory: str, network: nn.Module, optimizer: torch.optim.Optimizer | None, *,
-         then_on_main: Callable[[dict[str, Any] | None], None], wait: bool = True) -> Callable[[], None]:
+def save(
+    directory: str,
+    network: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    then_on_main: Callable[[dict[str, Any] | None], None],
+    wait: bool = True,
+) -> Callable[[], None]:
     """Write the network's and optimizer's tensors to ``directory``; a collective.
 
     ``then_on_main(rest)`` runs on rank 0 once every process's shards are
@@ -95,8 +112,11 @@ def save(directory: str, network: nn.Module, optimizer: torch.optim.Optimizer | 
             for name, values in by_name["state"].items():
                 tensors[name], plain_values[name] = _split(values)
             payload["optimizer"] = tensors
-        optimizer_rest = {"param_groups": groups, "plain_values": plain_values,
-                          "has_tensors": "optimizer" in payload}
+        optimizer_rest = {
+            "param_groups": groups,
+            "plain_values": plain_values,
+            "has_tensors": "optimizer" in payload,
+        }
     writer = dcp.FileSystemWriter(directory)
     main = is_main()
     if wait:
@@ -105,7 +125,9 @@ def save(directory: str, network: nn.Module, optimizer: torch.optim.Optimizer | 
         future = None
     else:
         with _quiet():
-            future = dcp.async_save(payload, storage_writer=writer, process_group=_background_group())
+            future = dcp.async_save(
+                payload, storage_writer=writer, process_group=_background_group()
+            )
 
     def complete() -> None:
         if future is not None:
@@ -120,8 +142,11 @@ def saved_shapes(directory: str) -> dict[str, torch.Size]:
     """The network entries of a sharded checkpoint and their full shapes, read safely."""
     metadata = SafeFileSystemReader(directory).read_metadata()
     prefix = "network."
-    return {key[len(prefix):]: entry.size for key, entry in metadata.state_dict_metadata.items()
-            if key.startswith(prefix)}
+    return {
+        key[len(prefix) :]: entry.size
+        for key, entry in metadata.state_dict_metadata.items()
+        if key.startswith(prefix)
+    }
 
 
 def load(directory: str, network: nn.Module, keys: set[str]) -> None:
@@ -133,10 +158,13 @@ def load(directory: str, network: nn.Module, keys: set[str]) -> None:
     set_model_state_dict(network, payload["network"], options=StateDictOptions(strict=False))
 
 
-def load_optimizer(directory: str, network: nn.Module, optimizer: torch.optim.Optimizer,
-                   saved: dict[str, Any]) -> None:
+def load_optimizer(
+    directory: str, network: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]
+) -> None:
     """The optimizer state :func:`save` wrote (``saved``: the manifest's part), resharded."""
-    state: dict[str, dict[str, Any]] = {name: dict(values) for name, values in saved["plain_values"].items()}
+    state: dict[str, dict[str, Any]] = {
+        name: dict(values) for name, values in saved["plain_values"].items()
+    }
     if saved["has_tensors"]:
         template = get_optimizer_state_dict(network, optimizer)  # creates the state to read into
         tensors = {name: _split(values)[0] for name, values in template["state"].items()}
@@ -145,4 +173,6 @@ def load_optimizer(directory: str, network: nn.Module, optimizer: torch.optim.Op
             dcp.load(payload, storage_reader=SafeFileSystemReader(directory))
         for name, values in payload["optimizer"].items():
             state.setdefault(name, {}).update(values)
-    set_optimizer_state_dict(network, optimizer, {"state": state, "param_groups": saved["param_groups"]})
+    set_optimizer_state_dict(
+        network, optimizer, {"state": state, "param_groups": saved["param_groups"]}
+    )

@@ -89,19 +89,31 @@ def reason_not_to_use(network: nn.Module, parameters: list[nn.Parameter]) -> str
     machine = platform.machine()
     if not sys.platform.startswith("linux") or machine.lower() not in ("x86_64", "amd64"):
         return f"the platform is {sys.platform} on {machine}; the buffer's protocol needs Linux on x86-64"
-    missing = [name for name in ("memfd_create", "posix_fallocate", "sched_yield") if not hasattr(os, name)]
+    missing = [
+        name for name in ("memfd_create", "posix_fallocate", "sched_yield") if not hasattr(os, name)
+    ]
     if missing:
         return f"this Python's os module lacks {', '.join(missing)}"
-    others = sorted({f"{p.dtype} on {p.device}" for p in parameters
-                     if p.device.type != "cpu" or p.dtype != torch.float32})
+    others = sorted(
+        {
+            f"{p.dtype} on {p.device}"
+            for p in parameters
+            if p.device.type != "cpu" or p.dtype != torch.float32
+        }
+    )
     if others:
         return f"parameters are {', '.join(others)}; the buffer holds float32 CPU gradients"
-    sparse = [f"{name or 'the network'} ({type(module).__name__})" for name, module in network.named_modules()
-              if getattr(module, "sparse", False) is True
-              and any(p.requires_grad for p in module.parameters(recurse=False))]
+    sparse = [
+        f"{name or 'the network'} ({type(module).__name__})"
+        for name, module in network.named_modules()
+        if getattr(module, "sparse", False) is True
+        and any(p.requires_grad for p in module.parameters(recurse=False))
+    ]
     if sparse:
-        return (f"{', '.join(sparse)} has sparse=True: its gradients are sparse tensors, "
-                "which Gloo's all-reduce adds but the buffer's rows cannot")
+        return (
+            f"{', '.join(sparse)} has sparse=True: its gradients are sparse tensors, "
+            "which Gloo's all-reduce adds but the buffer's rows cannot"
+        )
     return None
 
 
@@ -178,31 +190,45 @@ class SharedMemoryAllReduce:
     the processes then keep Gloo's all-reduce.
     """
 
-    def __init__(self, reservation: Reservation, rank: int, peers: list[tuple[int, int]],
-                 timeout_s: float) -> None:
+    def __init__(
+        self, reservation: Reservation, rank: int, peers: list[tuple[int, int]], timeout_s: float
+    ) -> None:
         self.world, self.rank, self.timeout_s = reservation.world, rank, timeout_s
         self.numel, self.peers, self.calls = reservation.numel, list(peers), 0
         if len(self.peers) != self.world:
-            raise ValueError(f"peers must name the buffer's {self.world} processes; received "
-                             f"{len(self.peers)}: {self.peers}")
+            raise ValueError(
+                f"peers must name the buffer's {self.world} processes; received "
+                f"{len(self.peers)}: {self.peers}"
+            )
         for other, (pid, start) in enumerate(self.peers):
             if _start_time(pid) != start:
-                raise OSError(f"rank {other}'s process {pid} (started at tick {start}) is not visible "
-                              "in this process's /proc: another machine, container or process namespace")
+                raise OSError(
+                    f"rank {other}'s process {pid} (started at tick {start}) is not visible "
+                    "in this process's /proc: another machine, container or process namespace"
+                )
         size = _size(self.numel, self.world)
         self._mapping = _map_checked(reservation, size)
         self._token = reservation.token
-        self.lines = np.ndarray((self.world, _LINE // 8), np.int64, buffer=self._mapping, offset=_LINE)
-        self.rows = torch.from_numpy(np.ndarray((2, self.world, self.numel), np.float32,
-                                                buffer=self._mapping, offset=_rows_offset(self.world)))
+        self.lines = np.ndarray(
+            (self.world, _LINE // 8), np.int64, buffer=self._mapping, offset=_LINE
+        )
+        self.rows = torch.from_numpy(
+            np.ndarray(
+                (2, self.world, self.numel),
+                np.float32,
+                buffer=self._mapping,
+                offset=_rows_offset(self.world),
+            )
+        )
         self._published = self.lines[:, _PUBLISHED]
         self.lines[rank, _PID] = os.getpid()
 
     def everyone_attached(self) -> bool:
         """Whether this process sees every process's id in its line and rank 0's token: once all
         have mapped the buffer, proof that they share one memory."""
-        return (bytes(self._mapping[:_TOKEN_BYTES]) == self._token
-                and self.lines[:, _PID].tolist() == [pid for pid, _ in self.peers])
+        return bytes(self._mapping[:_TOKEN_BYTES]) == self._token and self.lines[
+            :, _PID
+        ].tolist() == [pid for pid, _ in self.peers]
 
     def close(self) -> None:
         """Unmap the buffer (the state is unusable afterwards)."""
@@ -329,7 +355,7 @@ def _start_time(pid: int) -> int | None:
     except OSError:
         return None
     try:
-        fields = stat[stat.rindex(b")") + 2:].split()  # the command name may hold spaces and ')'
+        fields = stat[stat.rindex(b")") + 2 :].split()  # the command name may hold spaces and ')'
         state, start = fields[0], int(fields[19])
     except (ValueError, IndexError):  # an exiting process's file can read back empty
         return None

@@ -45,8 +45,9 @@ def restart_safe_store(timeout: datetime.timedelta) -> dict[str, Any]:
         _bind_gloo_where_others_reach(agent_host, agent_port)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
-    agent_store = dist.TCPStore(agent_host, agent_port, world_size=processes, is_master=False,
-                                timeout=timeout)
+    agent_store = dist.TCPStore(
+        agent_host, agent_port, world_size=processes, is_master=False, timeout=timeout
+    )
     if this_rank == 0:
         hosts = _addresses_others_reach(agent_host, agent_port, spans_machines)
         store = _publish_new_store(agent_store, hosts, processes, timeout)
@@ -80,18 +81,23 @@ def leave_attempt_store(limit: datetime.timedelta) -> None:
             store.wait([f"hapi/left/{other}" for other in range(1, processes)], limit)
         else:
             store.set(f"hapi/left/{this_rank}", "done")
-    except (RuntimeError, ValueError):  # a peer that died, or rank 0 already gone: nothing to wait for
+    except (
+        RuntimeError,
+        ValueError,
+    ):  # a peer that died, or rank 0 already gone: nothing to wait for
         pass
 
 
-def _publish_new_store(agent_store: dist.Store, hosts: list[str], processes: int,
-                       timeout: datetime.timedelta) -> dist.Store:
+def _publish_new_store(
+    agent_store: dist.Store, hosts: list[str], processes: int, timeout: datetime.timedelta
+) -> dist.Store:
     """Rank 0: a store on a free port; its addresses, port and token published in ``agent_store``.
 
     The store listens on every address of this machine, so each of ``hosts`` reaches it.
     """
-    store = dist.TCPStore(hosts[0], 0, world_size=processes, is_master=True, timeout=timeout,
-                          wait_for_workers=False)
+    store = dist.TCPStore(
+        hosts[0], 0, world_size=processes, is_master=True, timeout=timeout, wait_for_workers=False
+    )
     token = uuid.uuid4().hex
     store.set(_TOKEN_KEY, token)
     agent_store.set(_PUBLISHED_KEY, f"{','.join(hosts)} {store.port} {token}")
@@ -115,7 +121,9 @@ def _addresses_others_reach(agent_host: str, agent_port: int, spans_machines: bo
     if not spans_machines or not _is_loopback(seen):
         return [seen]
     others = [address for _, address in _machine_addresses() if not _is_loopback(address)]
-    others.sort(key=lambda address: ipaddress.ip_address(address).version)  # IPv4 first, else in interface order
+    others.sort(
+        key=lambda address: ipaddress.ip_address(address).version
+    )  # IPv4 first, else in interface order
     return list(dict.fromkeys(others)) or [seen]
 
 
@@ -130,8 +138,9 @@ def _address_seen_from(host: str, port: int) -> str:
         return probe.getsockname()[0]
 
 
-def _join_published_store(agent_store: dist.Store, processes: int,
-                          timeout: datetime.timedelta) -> dist.Store:
+def _join_published_store(
+    agent_store: dist.Store, processes: int, timeout: datetime.timedelta
+) -> dist.Store:
     """Rank 0's store for this attempt, once its publication is this attempt's.
 
     The publication may name several addresses of rank 0's machine: the
@@ -143,18 +152,23 @@ def _join_published_store(agent_store: dist.Store, processes: int,
         hosts, port, token = agent_store.get(_PUBLISHED_KEY).decode().split()
         for host in hosts.split(","):
             try:
-                store = dist.TCPStore(host, int(port), world_size=processes, is_master=False,
-                                      timeout=probe_timeout)
+                store = dist.TCPStore(
+                    host, int(port), world_size=processes, is_master=False, timeout=probe_timeout
+                )
                 if store.get(_TOKEN_KEY).decode() == token:
                     store.set_timeout(timeout)
                     return store
-            except (RuntimeError, ValueError):  # torch's store errors (DistNetworkError, ...) are RuntimeErrors
+            except (
+                RuntimeError,
+                ValueError,
+            ):  # torch's store errors (DistNetworkError, ...) are RuntimeErrors
                 pass  # an earlier attempt's publication (its rank 0 is gone), or an address not reached from here
         if time.monotonic() > deadline:
             raise DistributedSetupError(
                 f"Rank 0 did not publish a reachable store within {timeout.total_seconds():.0f} s "
                 f"(last published: port {port} at {hosts.replace(',', ', ')}). Check that this machine "
-                "can reach rank 0's machine on any port, or raise HAPI_DIST_TIMEOUT.")
+                "can reach rank 0's machine on any port, or raise HAPI_DIST_TIMEOUT."
+            )
         time.sleep(0.2)
 
 
@@ -197,8 +211,12 @@ class _InterfaceAddress(ctypes.Structure):
     """The leading fields of C's ``struct ifaddrs`` (only read, never allocated here)."""
 
 
-_InterfaceAddress._fields_ = [("next", ctypes.POINTER(_InterfaceAddress)), ("name", ctypes.c_char_p),
-                              ("flags", ctypes.c_uint), ("address", ctypes.c_void_p)]
+_InterfaceAddress._fields_ = [
+    ("next", ctypes.POINTER(_InterfaceAddress)),
+    ("name", ctypes.c_char_p),
+    ("flags", ctypes.c_uint),
+    ("address", ctypes.c_void_p),
+]
 _IFF_UP = 0x1
 
 

@@ -33,12 +33,19 @@ class Strategy:
         """Whether each process holds only a shard of the weights (then backups are sharded too)."""
         return False
 
-    def wrap_network(self, network: nn.Module, device: torch.device, optimizer: torch.optim.Optimizer | None,
-             amp_dtype: torch.dtype | None) -> nn.Module:
+    def wrap_network(
+        self,
+        network: nn.Module,
+        device: torch.device,
+        optimizer: torch.optim.Optimizer | None,
+        amp_dtype: torch.dtype | None,
+    ) -> nn.Module:
         """The module training runs (``network`` itself on one process)."""
         return network
 
-    def no_sync(self, wrapped: nn.Module, skip_gradient_sync: bool) -> contextlib.AbstractContextManager:
+    def no_sync(
+        self, wrapped: nn.Module, skip_gradient_sync: bool
+    ) -> contextlib.AbstractContextManager:
         """Inside: a backward keeps its gradients local (an accumulation step)."""
         return ddp.no_sync(wrapped, skip_gradient_sync)
 
@@ -57,15 +64,20 @@ class Strategy:
         """The weights as full tensors (on rank 0 at least; a collective under FSDP)."""
         return network.state_dict()
 
-    def load_state_dict(self, network: nn.Module, state: dict[str, torch.Tensor], strict: bool) -> None:
+    def load_state_dict(
+        self, network: nn.Module, state: dict[str, torch.Tensor], strict: bool
+    ) -> None:
         network.load_state_dict(state, strict=strict)
 
-    def full_optimizer_state(self, network: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    def full_optimizer_state(
+        self, network: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, Any]:
         """``optimizer.state_dict()``'s layout: full tensors, parameters numbered."""
         return optimizer.state_dict()
 
-    def load_optimizer_state(self, network: nn.Module, optimizer: torch.optim.Optimizer,
-                             state: dict[str, Any]) -> None:
+    def load_optimizer_state(
+        self, network: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> None:
         optimizer.load_state_dict(state)
 
 
@@ -86,12 +98,21 @@ class DDP(Strategy):
 
     name = "ddp"
 
-    def __init__(self, find_unused_parameters: bool = False, static_graph: bool = False,
-                 sync_batchnorm: bool = False, **ddp_kwargs: Any) -> None:
-        reserved = sorted({"module", "device_ids", "output_device", "process_group"} & set(ddp_kwargs))
+    def __init__(
+        self,
+        find_unused_parameters: bool = False,
+        static_graph: bool = False,
+        sync_batchnorm: bool = False,
+        **ddp_kwargs: Any,
+    ) -> None:
+        reserved = sorted(
+            {"module", "device_ids", "output_device", "process_group"} & set(ddp_kwargs)
+        )
         if reserved:
-            raise TypeError(f"hapi.DDP sets {', '.join(reserved)} itself (from the Model's device and "
-                            f"the process group); received {reserved}. Leave them out.")
+            raise TypeError(
+                f"hapi.DDP sets {', '.join(reserved)} itself (from the Model's device and "
+                f"the process group); received {reserved}. Leave them out."
+            )
         self.find_unused_parameters = bool(find_unused_parameters)
         self.static_graph = bool(static_graph)
         self.sync_batchnorm = bool(sync_batchnorm)
@@ -111,16 +132,25 @@ class DDP(Strategy):
         if isinstance(network, nn.modules.batchnorm._BatchNorm):
             raise DistributedSetupError(
                 "hapi.DDP(sync_batchnorm=True) converts the BatchNorm layers inside the network, but "
-                "the network itself is a BatchNorm layer; wrap it in an nn.Sequential first.")
+                "the network itself is a BatchNorm layer; wrap it in an nn.Sequential first."
+            )
         for name, child in network.named_children():  # in place: model.network stays the user's
             setattr(network, name, nn.SyncBatchNorm.convert_sync_batchnorm(child))
 
     def ddp_options(self) -> dict[str, Any]:
-        return {"find_unused_parameters": self.find_unused_parameters,
-                "static_graph": self.static_graph, **self.ddp_kwargs}
+        return {
+            "find_unused_parameters": self.find_unused_parameters,
+            "static_graph": self.static_graph,
+            **self.ddp_kwargs,
+        }
 
-    def wrap_network(self, network: nn.Module, device: torch.device, optimizer: torch.optim.Optimizer | None,
-             amp_dtype: torch.dtype | None) -> nn.Module:
+    def wrap_network(
+        self,
+        network: nn.Module,
+        device: torch.device,
+        optimizer: torch.optim.Optimizer | None,
+        amp_dtype: torch.dtype | None,
+    ) -> nn.Module:
         if world_size() == 1:
             return network
         self.prepare_network(network, device)
@@ -130,8 +160,9 @@ class DDP(Strategy):
         return isinstance(other, DDP) and vars(self) == vars(other)
 
     def __repr__(self) -> str:
-        options = ", ".join(f"{k}={v!r}" for k, v in {**vars(self), **self.ddp_kwargs}.items()
-                            if k != "ddp_kwargs")
+        options = ", ".join(
+            f"{k}={v!r}" for k, v in {**vars(self), **self.ddp_kwargs}.items() if k != "ddp_kwargs"
+        )
         return f"hapi.DDP({options})"
 
 
@@ -150,8 +181,12 @@ class FSDP(Strategy):
 
     name = "fsdp"
 
-    def __init__(self, wrap: set[type] | Callable[[nn.Module], bool] | None = None,
-                 reshard_after_forward: bool = True, cpu_offload: bool = False) -> None:
+    def __init__(
+        self,
+        wrap: set[type] | Callable[[nn.Module], bool] | None = None,
+        reshard_after_forward: bool = True,
+        cpu_offload: bool = False,
+    ) -> None:
         fsdp.check_wrap(wrap)
         self.wrap = wrap
         self.reshard_after_forward = bool(reshard_after_forward)
@@ -161,16 +196,29 @@ class FSDP(Strategy):
     def shards_weights(self) -> bool:
         return world_size() > 1
 
-    def wrap_network(self, network: nn.Module, device: torch.device, optimizer: torch.optim.Optimizer | None,
-                     amp_dtype: torch.dtype | None) -> nn.Module:
-        return fsdp.shard(network, device, optimizer, wrap=self.wrap,
-                          reshard_after_forward=self.reshard_after_forward,
-                          cpu_offload=self.cpu_offload, amp_dtype=amp_dtype)
+    def wrap_network(
+        self,
+        network: nn.Module,
+        device: torch.device,
+        optimizer: torch.optim.Optimizer | None,
+        amp_dtype: torch.dtype | None,
+    ) -> nn.Module:
+        return fsdp.shard(
+            network,
+            device,
+            optimizer,
+            wrap=self.wrap,
+            reshard_after_forward=self.reshard_after_forward,
+            cpu_offload=self.cpu_offload,
+            amp_dtype=amp_dtype,
+        )
 
     # Until the network is sharded (one process, or before training wraps it)
     # it is a plain module: the base class's behaviour.
 
-    def no_sync(self, wrapped: nn.Module, skip_gradient_sync: bool) -> contextlib.AbstractContextManager:
+    def no_sync(
+        self, wrapped: nn.Module, skip_gradient_sync: bool
+    ) -> contextlib.AbstractContextManager:
         if not fsdp.is_sharded(wrapped):
             return super().no_sync(wrapped, skip_gradient_sync)
         return fsdp.no_sync(wrapped, skip_gradient_sync)
@@ -183,7 +231,8 @@ class FSDP(Strategy):
             raise DistributedSetupError(
                 f"{model_class} overrides train_step, which runs the plain network; FSDP shards the "
                 "network and needs its own forward. Use strategy='ddp' (every process holds the whole "
-                "model, gradients are averaged in optimizer_step), or the built-in step with FSDP.")
+                "model, gradients are averaged in optimizer_step), or the built-in step with FSDP."
+            )
 
     def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
         return fsdp.clip_grad_norm(parameters, max_norm)
@@ -193,19 +242,24 @@ class FSDP(Strategy):
             return super().full_state_dict(network)
         return fsdp.full_state_dict(network)
 
-    def load_state_dict(self, network: nn.Module, state: dict[str, torch.Tensor], strict: bool) -> None:
+    def load_state_dict(
+        self, network: nn.Module, state: dict[str, torch.Tensor], strict: bool
+    ) -> None:
         if not fsdp.is_sharded(network):
             super().load_state_dict(network, state, strict)
         else:
             fsdp.load_state_dict(network, state, strict)
 
-    def full_optimizer_state(self, network: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    def full_optimizer_state(
+        self, network: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, Any]:
         if not fsdp.is_sharded(network):
             return super().full_optimizer_state(network, optimizer)
         return fsdp.full_optimizer_state(network, optimizer)
 
-    def load_optimizer_state(self, network: nn.Module, optimizer: torch.optim.Optimizer,
-                             state: dict[str, Any]) -> None:
+    def load_optimizer_state(
+        self, network: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> None:
         if not fsdp.is_sharded(network):
             super().load_optimizer_state(network, optimizer, state)
         else:
@@ -215,8 +269,10 @@ class FSDP(Strategy):
         return isinstance(other, FSDP) and vars(self) == vars(other)
 
     def __repr__(self) -> str:
-        return (f"hapi.FSDP(wrap={self.wrap!r}, reshard_after_forward={self.reshard_after_forward}, "
-                f"cpu_offload={self.cpu_offload})")
+        return (
+            f"hapi.FSDP(wrap={self.wrap!r}, reshard_after_forward={self.reshard_after_forward}, "
+            f"cpu_offload={self.cpu_offload})"
+        )
 
 
 def resolve(strategy: Any) -> DDP | FSDP:
@@ -232,9 +288,13 @@ def resolve(strategy: Any) -> DDP | FSDP:
     elif isinstance(strategy, (DDP, FSDP)):
         chosen = strategy
     elif isinstance(strategy, str):
-        raise ValueError(f"strategy must be 'auto', 'ddp' or 'fsdp' (or hapi.DDP(...) / hapi.FSDP(...)); "
-                         f"received {strategy!r}.")
+        raise ValueError(
+            f"strategy must be 'auto', 'ddp' or 'fsdp' (or hapi.DDP(...) / hapi.FSDP(...)); "
+            f"received {strategy!r}."
+        )
     else:
-        raise TypeError(f"strategy must be None, 'auto', 'ddp', 'fsdp', hapi.DDP(...) or hapi.FSDP(...); "
-                        f"received {type(strategy).__name__}.")
+        raise TypeError(
+            f"strategy must be None, 'auto', 'ddp', 'fsdp', hapi.DDP(...) or hapi.FSDP(...); "
+            f"received {type(strategy).__name__}."
+        )
     return chosen

@@ -40,7 +40,17 @@ def attach(callback, model: StubModel | None = None, rank: int = 0, **params):
     """set_model + set_params as the loop does; returns the model."""
     model = model or StubModel()
     callback.set_model(model)
-    callback.set_params({"epochs": 3, "steps": 4, "batch_size": 8, "verbose": 1,
-                         "log_freq": 1, "metrics": ["loss"], "rank": rank,
-                         "world_size": 2 if rank else 1, **params})
+    callback.set_params(
+        {
+            "epochs": 3,
+            "steps": 4,
+            "batch_size": 8,
+            "verbose": 1,
+            "log_freq": 1,
+            "metrics": ["loss"],
+            "rank": rank,
+            "world_size": 2 if rank else 1,
+            **params,
+        }
+    )
     return model

@@ -5,9 +5,9 @@ import warnings
 
 import pytest
 import torch
+from stub import attach
 
 from callbacks.checkpoint import ModelCheckpoint
-from stub import attach
 
 
 def fit(cb, model, val_losses, key="val_loss"):
@@ -99,7 +99,9 @@ def test_verbose_reports_saves_on_main_only(tmp_path, capsys):
 
 
 def test_paddle_positional_order_is_a_type_error():
-    with pytest.raises(TypeError, match=r"first argument is save_dir.*received 1 .*ModelCheckpoint\(save_dir="):
+    with pytest.raises(
+        TypeError, match=r"first argument is save_dir.*received 1 .*ModelCheckpoint\(save_dir="
+    ):
         ModelCheckpoint(1, "ckpt")
 
 

@@ -80,13 +80,30 @@ def _weights(model: Model) -> torch.Tensor:
 def test_step_files_at_every_n_optimizer_steps(tmp_path):
     model, _ = _model()
     saves = _record_saves(model)
-    model.fit(make_tiny_data(96), batch_size=8, epochs=2, verbose=0,
-              callbacks=[ModelCheckpoint(tmp_path, save_freq=2, save_steps=5)])
+    model.fit(
+        make_tiny_data(96),
+        batch_size=8,
+        epochs=2,
+        verbose=0,
+        callbacks=[ModelCheckpoint(tmp_path, save_freq=2, save_steps=5)],
+    )
     # 24 steps; epoch 1 writes no <epoch>.pt (save_freq=2), so no step is merged into one.
-    assert saves == [("step-5", 5), ("step-10", 10), ("0", 12), ("step-15", 15), ("step-20", 20),
-                     ("final", 24)]
-    assert sorted(os.listdir(tmp_path)) == ["0.pt", "final.pt", "step-10.pt", "step-15.pt",
-                                            "step-20.pt", "step-5.pt"]
+    assert saves == [
+        ("step-5", 5),
+        ("step-10", 10),
+        ("0", 12),
+        ("step-15", 15),
+        ("step-20", 20),
+        ("final", 24),
+    ]
+    assert sorted(os.listdir(tmp_path)) == [
+        "0.pt",
+        "final.pt",
+        "step-10.pt",
+        "step-15.pt",
+        "step-20.pt",
+        "step-5.pt",
+    ]
     assert [_saved(tmp_path / f"step-{n}.pt")["step"] for n in (5, 10, 15, 20)] == [5, 10, 15, 20]
     assert _saved(tmp_path / "step-15.pt")["epoch_step"] == 3  # mid-epoch: batch 3 of epoch 1
 
@@ -95,8 +112,14 @@ def test_with_accumulation_a_step_is_saved_once_not_at_every_batch_of_its_group(
     model, _ = _model()
     saves = _record_saves(model)
     # 3 batches per update: 4 updates per epoch, 8 in all; model.step stays 3 for batches 9-11.
-    model.fit(make_tiny_data(96), batch_size=8, epochs=2, verbose=0, accumulate_grad_batches=3,
-              callbacks=[ModelCheckpoint(tmp_path, save_steps=3)])
+    model.fit(
+        make_tiny_data(96),
+        batch_size=8,
+        epochs=2,
+        verbose=0,
+        accumulate_grad_batches=3,
+        callbacks=[ModelCheckpoint(tmp_path, save_steps=3)],
+    )
     assert saves == [("step-3", 3), ("0", 4), ("step-6", 6), ("1", 8), ("final", 8)]
     assert _saved(tmp_path / "step-3.pt")["epoch_step"] == 9  # saved at the update, batch 9
     assert _saved(tmp_path / "step-6.pt")["epoch_step"] == 6
@@ -105,16 +128,29 @@ def test_with_accumulation_a_step_is_saved_once_not_at_every_batch_of_its_group(
 def test_a_step_at_an_epochs_end_is_written_once_under_both_names(tmp_path):
     model, _ = _model()
     saves = _record_saves(model)
-    model.fit(make_tiny_data(96), batch_size=8, epochs=2, verbose=0,
-              callbacks=[ModelCheckpoint(tmp_path, save_freq=2, save_steps=4)])
+    model.fit(
+        make_tiny_data(96),
+        batch_size=8,
+        epochs=2,
+        verbose=0,
+        callbacks=[ModelCheckpoint(tmp_path, save_freq=2, save_steps=4)],
+    )
     # Step 12 ends epoch 0, which saves 0.pt: one write, two names. Step 24 ends
     # epoch 1, which saves no <epoch>.pt (save_freq=2): written as a step file.
-    assert saves == [("step-4", 4), ("step-8", 8), ("0", 12), ("step-16", 16), ("step-20", 20),
-                     ("step-24", 24), ("final", 24)]
+    assert saves == [
+        ("step-4", 4),
+        ("step-8", 8),
+        ("0", 12),
+        ("step-16", 16),
+        ("step-20", 20),
+        ("step-24", 24),
+        ("final", 24),
+    ]
     assert os.path.samefile(tmp_path / "step-12.pt", tmp_path / "0.pt")
     assert _saved(tmp_path / "step-12.pt")["step"] == 12
     assert sorted(os.listdir(tmp_path)) == sorted(
-        ["0.pt", "final.pt"] + [f"step-{n}.pt" for n in (4, 8, 12, 16, 20, 24)])
+        ["0.pt", "final.pt"] + [f"step-{n}.pt" for n in (4, 8, 12, 16, 20, 24)]
+    )
 
 
 def test_keep_leaves_the_newest_numbered_files_and_best_and_final(tmp_path):
@@ -123,11 +159,23 @@ def test_keep_leaves_the_newest_numbered_files_and_best_and_final(tmp_path):
     model, _ = _model()
     x, y = make_tiny_data(96)
     checkpoints = ModelCheckpoint(tmp_path, save_steps=5, keep=2)
-    model.fit((x, y), eval_data=(x[:16], y[:16]), batch_size=8, epochs=2, verbose=0,
-              callbacks=[checkpoints])
+    model.fit(
+        (x, y),
+        eval_data=(x[:16], y[:16]),
+        batch_size=8,
+        epochs=2,
+        verbose=0,
+        callbacks=[checkpoints],
+    )
     # Written in order: step-5, step-10, 0, step-15, step-20, 1 -> the last two stay.
-    assert sorted(os.listdir(tmp_path)) == ["1.pt", "7.pt", "best.pt", "final.pt", "step-1.pt",
-                                            "step-20.pt"]
+    assert sorted(os.listdir(tmp_path)) == [
+        "1.pt",
+        "7.pt",
+        "best.pt",
+        "final.pt",
+        "step-1.pt",
+        "step-20.pt",
+    ]
     assert (tmp_path / "step-1.pt").read_bytes() == b"an earlier run's"  # not this run's: kept
     assert checkpoints.state_dict()["written"] == ["step-20", "1"]
 
@@ -144,8 +192,13 @@ def test_keep_counts_the_files_of_every_fit_the_callback_was_given_to(tmp_path):
 
 def test_keep_one_with_a_merged_step_keeps_the_epoch_name(tmp_path):
     model, _ = _model()
-    model.fit(make_tiny_data(96), batch_size=8, epochs=1, verbose=0,
-              callbacks=[ModelCheckpoint(tmp_path, save_steps=6, keep=1)])
+    model.fit(
+        make_tiny_data(96),
+        batch_size=8,
+        epochs=1,
+        verbose=0,
+        callbacks=[ModelCheckpoint(tmp_path, save_steps=6, keep=1)],
+    )
     assert sorted(os.listdir(tmp_path)) == ["0.pt", "final.pt"]
 
 
@@ -177,21 +230,37 @@ def _resumable_run(save_dir, resume_from=None, seed=0, keep=None, accumulate=1, 
     history = History()
     checkpoints = ModelCheckpoint(save_dir, save_steps=5, keep=keep, resumable=True)
     x, y = make_tiny_data(96)
-    model.fit((x, y), eval_data=(x[:24], y[:24]), batch_size=8, epochs=2, verbose=0, shuffle=True,
-              accumulate_grad_batches=accumulate,
-              callbacks=[schedule, history, checkpoints, ResumeFrom(resume_from)])
+    model.fit(
+        (x, y),
+        eval_data=(x[:24], y[:24]),
+        batch_size=8,
+        epochs=2,
+        verbose=0,
+        shuffle=True,
+        accumulate_grad_batches=accumulate,
+        callbacks=[schedule, history, checkpoints, ResumeFrom(resume_from)],
+    )
     return model, optimizer, history, checkpoints
 
 
 def test_a_fit_continued_from_a_mid_epoch_step_file_ends_like_an_uninterrupted_run(tmp_path):
     reference, optimizer, history, checkpoints = _resumable_run(tmp_path)
-    assert sorted(os.listdir(tmp_path)) == ["0.pt", "1.pt", "best.pt", "final.pt", "step-10.pt",
-                                            "step-15.pt", "step-20.pt", "step-5.pt"]
+    assert sorted(os.listdir(tmp_path)) == [
+        "0.pt",
+        "1.pt",
+        "best.pt",
+        "final.pt",
+        "step-10.pt",
+        "step-15.pt",
+        "step-20.pt",
+        "step-5.pt",
+    ]
     # step-15 lies in epoch 1, after the schedule's first step and epoch 0's evaluation.
     # Another seed: the weights must all come from the file. The resumed run writes to the
     # same directory with keep=2 and takes over the rotation of the files listed in step-15.pt.
     resumed, resumed_optimizer, resumed_history, resumed_checkpoints = _resumable_run(
-        tmp_path, resume_from=tmp_path / "step-15.pt", seed=1, keep=2)
+        tmp_path, resume_from=tmp_path / "step-15.pt", seed=1, keep=2
+    )
     assert (_weights(resumed) - _weights(reference)).abs().max() < 1e-6
     assert resumed.step == reference.step == 24
     assert resumed_optimizer.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"] == 0.025
@@ -205,8 +274,13 @@ def test_a_fit_continued_from_a_step_file_with_accumulation_saves_that_step_once
     # 6 updates per epoch: step 10 is the update at batch 8 of epoch 1.
     assert _saved(tmp_path / "reference" / "step-10.pt")["epoch_step"] == 8
     saves = []
-    resumed, *_ = _resumable_run(tmp_path / "resumed", tmp_path / "reference" / "step-10.pt", seed=1,
-                                 accumulate=2, saves=saves)
+    resumed, *_ = _resumable_run(
+        tmp_path / "resumed",
+        tmp_path / "reference" / "step-10.pt",
+        seed=1,
+        accumulate=2,
+        saves=saves,
+    )
     assert (_weights(resumed) - _weights(reference)).abs().max() < 1e-6
     # model.step stays 10 over the next batch (the first of a group): no second step-10,
     # which would hold half a group's gradients that no file keeps.
@@ -216,19 +290,40 @@ def test_a_fit_continued_from_a_step_file_with_accumulation_saves_that_step_once
 
 def test_files_saved_without_resumable_refuse_a_resume(tmp_path):
     model, _ = _model()
-    model.fit(make_tiny_data(96), batch_size=8, epochs=1, verbose=0,
-              callbacks=[ModelCheckpoint(tmp_path, save_steps=5)])
+    model.fit(
+        make_tiny_data(96),
+        batch_size=8,
+        epochs=1,
+        verbose=0,
+        callbacks=[ModelCheckpoint(tmp_path, save_steps=5)],
+    )
     again, _ = _model()
     with pytest.raises(Exception, match="was not saved to resume a fit"):
-        again.fit(make_tiny_data(96), batch_size=8, epochs=1, verbose=0,
-                  callbacks=[ResumeFrom(tmp_path / "step-5.pt")])
+        again.fit(
+            make_tiny_data(96),
+            batch_size=8,
+            epochs=1,
+            verbose=0,
+            callbacks=[ResumeFrom(tmp_path / "step-5.pt")],
+        )
 
 
-@pytest.mark.parametrize("name, value", [("save_steps", 0), ("save_steps", -2), ("save_steps", 2.5),
-                                         ("save_steps", "5"), ("save_steps", True), ("keep", 0),
-                                         ("keep", 1.0)])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("save_steps", 0),
+        ("save_steps", -2),
+        ("save_steps", 2.5),
+        ("save_steps", "5"),
+        ("save_steps", True),
+        ("keep", 0),
+        ("keep", 1.0),
+    ],
+)
 def test_save_steps_and_keep_must_be_positive_ints(tmp_path, name, value):
-    with pytest.raises(ValueError, match=rf"ModelCheckpoint: {name} must be a positive int; received"):
+    with pytest.raises(
+        ValueError, match=rf"ModelCheckpoint: {name} must be a positive int; received"
+    ):
         ModelCheckpoint(tmp_path, **{name: value})
 
 
@@ -238,14 +333,19 @@ def test_resumable_must_be_a_bool(tmp_path):
 
 
 def test_save_steps_with_save_best_only_is_refused(tmp_path):
-    with pytest.raises(ValueError, match=r"save_best_only=True writes only best.pt, so save_steps=5"):
+    with pytest.raises(
+        ValueError, match=r"save_best_only=True writes only best.pt, so save_steps=5"
+    ):
         ModelCheckpoint(tmp_path, save_best_only=True, save_steps=5)
 
 
 def test_two_processes_write_and_rotate_step_files_on_rank_0_only(tmp_path):
     tests = str(pathlib.Path(__file__).resolve().parents[1])
-    torchrun(["--standalone", "--nproc_per_node=2", __file__, str(tmp_path)], timeout=120,
-             PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    torchrun(
+        ["--standalone", "--nproc_per_node=2", __file__, str(tmp_path)],
+        timeout=120,
+        PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]),
+    )
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     # 96 samples, 48 per process, batch 8: 6 steps per epoch, 12 in all; written in order
     # step-4, 0, step-8, 1 (step-12 is the same file) and final.
@@ -271,13 +371,19 @@ def _two_process_script(out: pathlib.Path) -> None:
         removed.append(os.path.basename(path))
         return remove(path)
 
-    hapi.checkpoint.write_file, callbacks.checkpoint.remove_with_spare = recording_write, recording_remove
+    hapi.checkpoint.write_file, callbacks.checkpoint.remove_with_spare = (
+        recording_write,
+        recording_remove,
+    )
     model, _ = _model()
     checkpoints = ModelCheckpoint(out / "ckpt", save_steps=4, keep=2, resumable=True)
     model.fit(make_tiny_data(96), batch_size=8, epochs=2, verbose=0, callbacks=[checkpoints])
     rank = os.environ["RANK"]
-    (out / f"rank{rank}.json").write_text(json.dumps(
-        {"writes": writes, "removed": removed, "written": checkpoints.state_dict()["written"]}))
+    (out / f"rank{rank}.json").write_text(
+        json.dumps(
+            {"writes": writes, "removed": removed, "written": checkpoints.state_dict()["written"]}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@ import csv
 import os
 
 import pytest
+from stub import attach
 
 from callbacks.csv_logger import CSVLogger
-from stub import attach
 
 
 def read_csv(path, separator=","):
@@ -40,7 +40,9 @@ def test_a_key_that_appears_later_gets_a_column_and_empty_cells(tmp_path):
     cb.on_train_begin()
     cb.on_epoch_end(0, {"loss": 1.0, "val_loss": 2.0})  # eval_freq=2: val_* on epochs 0, 2
     header, rows = read_csv(path)
-    assert header == ["epoch", "loss", "val_loss"] and rows == [["0", "1.0", "2.0"]]  # complete after each epoch
+    assert header == ["epoch", "loss", "val_loss"] and rows == [
+        ["0", "1.0", "2.0"]
+    ]  # complete after each epoch
     cb.on_epoch_end(1, {"loss": 0.5})
     cb.on_epoch_end(2, {"loss": 0.25, "val_loss": 1.0, "val_acc": 0.5})
     header, rows = read_csv(path)
@@ -88,7 +90,10 @@ def test_custom_separator(tmp_path):
     resumed = CSVLogger(str(path), separator="\t", append=True)
     attach(resumed)
     fit(resumed, [{"loss": 0.5, "acc": 0.75}])
-    assert read_csv(path, "\t") == (["epoch", "acc", "loss"], [["0", "0.5", "1.0"], ["0", "0.75", "0.5"]])
+    assert read_csv(path, "\t") == (
+        ["epoch", "acc", "loss"],
+        [["0", "0.5", "1.0"], ["0", "0.75", "0.5"]],
+    )
 
 
 def test_rank_1_writes_nothing(tmp_path):

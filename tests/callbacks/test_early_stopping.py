@@ -4,9 +4,9 @@ import warnings
 
 import pytest
 import torch
+from stub import attach
 
 from callbacks.early_stopping import EarlyStopping
-from stub import attach
 
 
 def run_epochs(cb, model, values, key="val_loss", weights=None):

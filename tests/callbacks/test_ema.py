@@ -6,19 +6,21 @@ import math
 
 import pytest
 import torch
+from conftest import TinyNet, make_tiny_data
+from stub import StubModel, attach
 from torch import nn
 
 from callbacks import BackupAndRestore, Callback
 from callbacks.ema import EMA
-from conftest import TinyNet, make_tiny_data
 from hapi import Model
-from stub import StubModel, attach
 
 
 def sgd_model(seed: int = 0, momentum: float = 0.0) -> Model:
     torch.manual_seed(seed)
     model = Model(TinyNet())
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.2, momentum=momentum), nn.CrossEntropyLoss())
+    model.prepare(
+        torch.optim.SGD(model.parameters(), lr=0.2, momentum=momentum), nn.CrossEntropyLoss()
+    )
     return model
 
 
@@ -49,7 +51,10 @@ def hand_average(history: list[dict[str, torch.Tensor]], decay: float, every: in
     shadow = {name: t.double() for name, t in history[0].items()}
     for step, snapshot in enumerate(history[1:], start=1):
         if step % every == 0:
-            shadow = {name: decay * shadow[name] + (1 - decay) * snapshot[name].double() for name in shadow}
+            shadow = {
+                name: decay * shadow[name] + (1 - decay) * snapshot[name].double()
+                for name in shadow
+            }
     return shadow
 
 
@@ -65,9 +70,20 @@ EVAL = make_tiny_data(30, seed=1)
 
 @pytest.mark.parametrize("accumulate, every", [(1, 1), (2, 1), (1, 3)])
 def test_the_average_is_the_definition_over_each_optimizer_steps_weights(accumulate, every):
-    model, ema, steps = sgd_model(), EMA(decay=0.8, every_n_steps=every, swap_at_end=False), WeightsPerStep()
-    model.fit(DATA, eval_data=EVAL, batch_size=16, epochs=2, verbose=0, accumulate_grad_batches=accumulate,
-              callbacks=[ema, steps])
+    model, ema, steps = (
+        sgd_model(),
+        EMA(decay=0.8, every_n_steps=every, swap_at_end=False),
+        WeightsPerStep(),
+    )
+    model.fit(
+        DATA,
+        eval_data=EVAL,
+        batch_size=16,
+        epochs=2,
+        verbose=0,
+        accumulate_grad_batches=accumulate,
+        callbacks=[ema, steps],
+    )
     assert steps.batches == 12 and len(steps.history) == 1 + 12 // accumulate
     assert model.step == 12 // accumulate
     assert_matches(ema.state_dict()["shadow"], hand_average(steps.history, 0.8, every))
@@ -78,8 +94,14 @@ def test_the_average_is_the_definition_over_each_optimizer_steps_weights(accumul
 def test_training_is_unchanged_by_the_evaluation_swap():
     """The training weights go back after each evaluation: the run trains as one without EMA."""
     with_ema = sgd_model(momentum=0.9)  # each model seeds torch, which also picks the data order
-    with_ema.fit(DATA, eval_data=EVAL, batch_size=16, epochs=3, verbose=0,
-                 callbacks=[EMA(decay=0.9, swap_at_end=False)])
+    with_ema.fit(
+        DATA,
+        eval_data=EVAL,
+        batch_size=16,
+        epochs=3,
+        verbose=0,
+        callbacks=[EMA(decay=0.9, swap_at_end=False)],
+    )
     plain = sgd_model(momentum=0.9)
     plain.fit(DATA, eval_data=EVAL, batch_size=16, epochs=3, verbose=0)
     for name, p in weights(with_ema.network).items():
@@ -96,19 +118,29 @@ def test_evaluation_during_fit_scores_the_average():
     assert raw == pytest.approx(model.evaluate(EVAL, batch_size=16, verbose=0)["loss"], abs=0)
     assert abs(raw - val_loss) > 1e-4
     model.network.load_state_dict(ema.state_dict()["shadow"], strict=False)
-    assert model.evaluate(EVAL, batch_size=16, verbose=0)["loss"] == pytest.approx(val_loss, abs=1e-6)
+    assert model.evaluate(EVAL, batch_size=16, verbose=0)["loss"] == pytest.approx(
+        val_loss, abs=1e-6
+    )
 
 
 def test_the_network_ends_with_the_average_and_saves_it(tmp_path):
     model, ema = sgd_model(), EMA(decay=0.9)
-    history = model.fit(DATA, eval_data=EVAL, batch_size=16, epochs=2, verbose=0, callbacks=[ema],
-                        save_dir=str(tmp_path))
+    history = model.fit(
+        DATA,
+        eval_data=EVAL,
+        batch_size=16,
+        epochs=2,
+        verbose=0,
+        callbacks=[ema],
+        save_dir=str(tmp_path),
+    )
     shadow = ema.state_dict()["shadow"]
     for name, p in weights(model.network).items():
         assert torch.equal(p, shadow[name]), name
     # The last evaluation scored these weights, and fit(save_dir=...)'s final.pt holds them.
     assert model.evaluate(EVAL, batch_size=16, verbose=0)["loss"] == pytest.approx(
-        history.history["val_loss"][-1], abs=1e-6)
+        history.history["val_loss"][-1], abs=1e-6
+    )
     final = torch.load(tmp_path / "final.pt", weights_only=True)["network"]
     assert all(torch.equal(final[name], shadow[name]) for name in shadow)
     # ...while the epoch checkpoints hold the training weights.
@@ -136,7 +168,9 @@ class CrashAtStep(Callback):
 def test_a_killed_run_resumes_with_exactly_the_uninterrupted_average(tmp_path, capsys):
     def run(callbacks, model=None):
         model = model or sgd_model(momentum=0.9)
-        history = model.fit(DATA, eval_data=EVAL, batch_size=8, epochs=2, verbose=0, callbacks=callbacks)
+        history = model.fit(
+            DATA, eval_data=EVAL, batch_size=8, epochs=2, verbose=0, callbacks=callbacks
+        )
         return model, history
 
     reference_ema = EMA(decay=0.9)
@@ -150,12 +184,16 @@ def test_a_killed_run_resumes_with_exactly_the_uninterrupted_average(tmp_path, c
     assert saved["step"] == 15 and all(t.device.type == "cpu" for t in saved["shadow"].values())
 
     resumed_ema = EMA(decay=0.9)
-    resumed, resumed_history = run([resumed_ema, BackupAndRestore(tmp_path, save_freq=5), CrashAtStep(-1)])
+    resumed, resumed_history = run(
+        [resumed_ema, BackupAndRestore(tmp_path, save_freq=5), CrashAtStep(-1)]
+    )
     assert "(optimizer step 15)" in capsys.readouterr().out
     expected = reference_ema.state_dict()["shadow"]
     for name, tensor in resumed_ema.state_dict()["shadow"].items():
         assert torch.equal(tensor, expected[name]), name
-    assert all(torch.equal(p, weights(reference.network)[n]) for n, p in weights(resumed.network).items())
+    assert all(
+        torch.equal(p, weights(reference.network)[n]) for n, p in weights(resumed.network).items()
+    )
     assert resumed_history.history["val_loss"][-1] == reference_history.history["val_loss"][-1]
 
 
@@ -169,7 +207,8 @@ def test_state_round_trip_and_mismatch():
     ema.on_train_batch_end(0)
     state = ema.state_dict()
     assert state["step"] == 1 and torch.allclose(
-        state["shadow"]["weight"], 0.5 * weights(StubModel().network)["weight"] + 0.5)
+        state["shadow"]["weight"], 0.5 * weights(StubModel().network)["weight"] + 0.5
+    )
     state["shadow"]["weight"] += 1  # a copy: the callback's average is not changed through it
     assert not torch.equal(ema.state_dict()["shadow"]["weight"], state["shadow"]["weight"])
 
@@ -180,10 +219,14 @@ def test_state_round_trip_and_mismatch():
     assert torch.equal(other.state_dict()["shadow"]["weight"], state["shadow"]["weight"])
 
     wrong = {"step": 1, "shadow": {"weight": torch.zeros(3, 2), "bias": torch.zeros(1)}}
-    with pytest.raises(ValueError, match=r"shapes differ.*weight: saved \(3, 2\), network \(1, 2\)"):
+    with pytest.raises(
+        ValueError, match=r"shapes differ.*weight: saved \(3, 2\), network \(1, 2\)"
+    ):
         ema.load_state_dict(wrong)
     with pytest.raises(ValueError, match=r"missing: \['bias'\], unexpected: \['other'\]"):
-        ema.load_state_dict({"step": 1, "shadow": {"weight": torch.zeros(1, 2), "other": torch.zeros(1)}})
+        ema.load_state_dict(
+            {"step": 1, "shadow": {"weight": torch.zeros(1, 2), "other": torch.zeros(1)}}
+        )
     with pytest.raises(ValueError, match=r"expects what EMA.state_dict\(\) returns"):
         ema.load_state_dict({"shadow": [1, 2]})
 

@@ -11,11 +11,11 @@ import os
 
 import pytest
 import torch
+from stub import StubModel, attach
 
 from callbacks.checkpoint import ModelCheckpoint
 from callbacks.early_stopping import EarlyStopping
 from callbacks.lr import ReduceLROnPlateau
-from stub import StubModel, attach
 
 # (monitor, explicit mode opposite to what "auto" picks for that name)
 OPPOSITES = [("val_acc", "min"), ("val_loss", "max")]
@@ -96,7 +96,9 @@ def test_early_stopping_stops_and_restores_in_the_explicit_direction(monitor, mo
 
 def plateau_lrs(monitor, mode, values):
     model = StubModel(lr=0.1)
-    cb = ReduceLROnPlateau(monitor=monitor, mode=mode, factor=0.5, patience=1, min_delta=0.0, verbose=0)
+    cb = ReduceLROnPlateau(
+        monitor=monitor, mode=mode, factor=0.5, patience=1, min_delta=0.0, verbose=0
+    )
     attach(cb, model)
     lrs, _ = run(cb, model, monitor, values)
     return lrs
@@ -106,6 +108,8 @@ def plateau_lrs(monitor, mode, values):
 def test_plateau_lowers_the_lr_in_the_explicit_direction(monitor, mode):
     # In `mode`'s direction epochs 2, 4 and 5 do not improve: the lr halves after each.
     values = oriented([0.5, 0.4, 0.45, 0.3, 0.35, 0.36], mode)
-    assert plateau_lrs(monitor, mode, values) == pytest.approx([0.1, 0.1, 0.05, 0.05, 0.025, 0.0125])
+    assert plateau_lrs(monitor, mode, values) == pytest.approx(
+        [0.1, 0.1, 0.05, 0.05, 0.025, 0.0125]
+    )
     # The opposite direction sees no improvement after epoch 0: the lr halves every epoch.
     assert plateau_lrs(monitor, "auto", values) == pytest.approx([0.1 * 0.5**e for e in range(6)])

@@ -9,15 +9,21 @@ import warnings
 
 import pytest
 import torch
+from conftest import TinyNet, make_tiny_data
+from stub import StubModel, attach
 from torch import nn
 from torch.optim.lr_scheduler import OneCycleLR, StepLR
 
-from callbacks import (BackupAndRestore, Callback, EarlyStopping, LRScheduler, ModelCheckpoint,
-                       ReduceLROnPlateau)
+from callbacks import (
+    BackupAndRestore,
+    Callback,
+    EarlyStopping,
+    LRScheduler,
+    ModelCheckpoint,
+    ReduceLROnPlateau,
+)
 from callbacks.monitor import MonitorCallback, MonitorNameWarning
-from conftest import TinyNet, make_tiny_data
 from hapi import Model
-from stub import StubModel, attach
 
 DATA = make_tiny_data(40)
 EVAL = make_tiny_data(20, seed=1)
@@ -100,7 +106,9 @@ def test_best_weights_come_back_when_training_runs_all_its_epochs(capsys):
     snaps = Snapshots()
     # mode="max" on a falling val_loss: epoch 0 is the best, and patience never runs out
     stopper = EarlyStopping(monitor="val_loss", mode="max", patience=10, restore_best_weights=True)
-    history = model.fit(DATA, eval_data=EVAL, batch_size=10, epochs=3, verbose=0, callbacks=[snaps, stopper])
+    history = model.fit(
+        DATA, eval_data=EVAL, batch_size=10, epochs=3, verbose=0, callbacks=[snaps, stopper]
+    )
     assert stopper.stopped_epoch is None and stopper.best_epoch == 0
     assert not _same(snaps.per_epoch[0], snaps.per_epoch[-1])
     assert _same(_weights(model.network), snaps.per_epoch[0])
@@ -127,7 +135,9 @@ def test_without_the_monitored_figure_nothing_is_restored_and_it_says_so(capsys)
     snaps = Snapshots()
     stopper = EarlyStopping(monitor="val_loss", restore_best_weights=True)
     with pytest.warns(UserWarning, match="'val_loss', which is not in the logs"):
-        model.fit(DATA, batch_size=10, epochs=2, verbose=0, callbacks=[snaps, stopper])  # no eval_data
+        model.fit(
+            DATA, batch_size=10, epochs=2, verbose=0, callbacks=[snaps, stopper]
+        )  # no eval_data
     assert _same(_weights(model.network), snaps.per_epoch[-1])
     out = capsys.readouterr().out
     assert "no epoch logged 'val_loss', so the best weights were not restored" in out
@@ -164,17 +174,26 @@ def test_after_a_resume_the_best_weights_of_before_the_crash_come_back(tmp_path)
     def run(crash_at):
         model = _model()
         snaps = Snapshots()
-        stopper = EarlyStopping(monitor="val_loss", mode="max", patience=10, restore_best_weights=True,
-                                verbose=0)
-        model.fit(DATA, eval_data=EVAL, batch_size=10, epochs=4, verbose=0,
-                  callbacks=[snaps, stopper, InterruptAt(crash_at), BackupAndRestore(tmp_path)])
+        stopper = EarlyStopping(
+            monitor="val_loss", mode="max", patience=10, restore_best_weights=True, verbose=0
+        )
+        model.fit(
+            DATA,
+            eval_data=EVAL,
+            batch_size=10,
+            epochs=4,
+            verbose=0,
+            callbacks=[snaps, stopper, InterruptAt(crash_at), BackupAndRestore(tmp_path)],
+        )
         return model, snaps
 
     whole, whole_snaps = run(None)
     with pytest.raises(Interrupt):
         run(2)  # backups at the ends of epochs 0 and 1
     resumed, resumed_snaps = run(None)
-    assert len(resumed_snaps.per_epoch) == 2  # epochs 2 and 3 only: the best (0) was before the crash
+    assert (
+        len(resumed_snaps.per_epoch) == 2
+    )  # epochs 2 and 3 only: the best (0) was before the crash
     assert _same(_weights(resumed.network), whole_snaps.per_epoch[0])
     assert _same(_weights(resumed.network), _weights(whole.network))
 
@@ -200,11 +219,14 @@ def test_a_training_name_with_its_val_twin_warns_once_per_fit():
         cb.on_epoch_end(0, {"loss": 1.0, "val_loss": 1.0})
 
 
-@pytest.mark.parametrize("monitor, logs", [
-    ("val_loss", {"loss": 1.0, "val_loss": 1.0}),    # the evaluation figure, named as meant
-    ("loss", {"loss": 1.0}),                          # no evaluation: "loss" is the only loss
-    ("acc", {"acc": 0.5, "loss": 1.0, "val_loss": 1.0}),  # no val_acc
-])
+@pytest.mark.parametrize(
+    "monitor, logs",
+    [
+        ("val_loss", {"loss": 1.0, "val_loss": 1.0}),  # the evaluation figure, named as meant
+        ("loss", {"loss": 1.0}),  # no evaluation: "loss" is the only loss
+        ("acc", {"acc": 0.5, "loss": 1.0, "val_loss": 1.0}),  # no val_acc
+    ],
+)
 def test_no_name_warning_without_an_ambiguity(monitor, logs):
     cb = MonitorCallback(monitor=monitor)
     attach(cb)
@@ -224,12 +246,17 @@ def test_only_the_main_process_warns():
 
 def test_the_three_monitor_callbacks_warn_in_a_real_fit(tmp_path):
     model = _model()
-    callbacks = [EarlyStopping("loss", patience=10, verbose=0), ReduceLROnPlateau("loss", verbose=0),
-                 ModelCheckpoint(tmp_path, monitor="loss")]
+    callbacks = [
+        EarlyStopping("loss", patience=10, verbose=0),
+        ReduceLROnPlateau("loss", verbose=0),
+        ModelCheckpoint(tmp_path, monitor="loss"),
+    ]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.fit(DATA, eval_data=EVAL, batch_size=10, epochs=3, verbose=0, callbacks=callbacks)
-    named = sorted(str(w.message).split(" ")[0] for w in caught if issubclass(w.category, MonitorNameWarning))
+    named = sorted(
+        str(w.message).split(" ")[0] for w in caught if issubclass(w.category, MonitorNameWarning)
+    )
     assert named == ["EarlyStopping", "ModelCheckpoint", "ReduceLROnPlateau"]
 
 
@@ -257,13 +284,20 @@ class Factory:
         return StepLR(optimizer, step_size=1, gamma=0.5)
 
 
-@pytest.mark.parametrize("by_step, params, total", [
-    (True, {"epochs": 3, "steps": 5}, 15),
-    (True, {"epochs": 3, "steps": 5, "accumulate_grad_batches": 2}, 9),   # 3 updates per epoch
-    (True, {"epochs": 3, "steps": 5, "accumulate_grad_batches": 5}, 3),
-    (True, {"epochs": 3, "steps": 4, "num_iters": 11, "accumulate_grad_batches": 2}, 6),  # 2 + 2 + 2
-    (False, {"epochs": 3, "steps": 5, "accumulate_grad_batches": 2}, 3),  # by epoch: the epochs
-])
+@pytest.mark.parametrize(
+    "by_step, params, total",
+    [
+        (True, {"epochs": 3, "steps": 5}, 15),
+        (True, {"epochs": 3, "steps": 5, "accumulate_grad_batches": 2}, 9),  # 3 updates per epoch
+        (True, {"epochs": 3, "steps": 5, "accumulate_grad_batches": 5}, 3),
+        (
+            True,
+            {"epochs": 3, "steps": 4, "num_iters": 11, "accumulate_grad_batches": 2},
+            6,
+        ),  # 2 + 2 + 2
+        (False, {"epochs": 3, "steps": 5, "accumulate_grad_batches": 2}, 3),  # by epoch: the epochs
+    ],
+)
 def test_the_factory_gets_the_optimizer_and_the_fits_length(by_step, params, total):
     factory = Factory()
     cb = LRScheduler(factory, by_step=by_step)
@@ -296,12 +330,19 @@ def test_one_cycle_from_a_factory_runs_its_whole_course_in_a_fit():
     model = _model()
     lrs = LrPerUpdate()
     # 40 samples, batch 10: 4 updates per epoch, 3 epochs
-    model.fit(DATA, batch_size=10, epochs=3, verbose=0,
-              callbacks=[LRScheduler(one_cycle(), by_step=True), lrs])
+    model.fit(
+        DATA,
+        batch_size=10,
+        epochs=3,
+        verbose=0,
+        callbacks=[LRScheduler(one_cycle(), by_step=True), lrs],
+    )
     assert lrs.lrs == pytest.approx(one_cycle_curve(12), rel=1e-9)
     end = 0.5 / 25 / 1e4  # OneCycleLR's end value: initial_lr / final_div_factor
     assert lrs.lrs[-1] == pytest.approx(end)
-    assert model.optimizer.param_groups[0]["lr"] == pytest.approx(end)  # left at its end, not past it
+    assert model.optimizer.param_groups[0]["lr"] == pytest.approx(
+        end
+    )  # left at its end, not past it
 
 
 def test_by_step_moves_once_per_optimizer_update_under_accumulation():
@@ -309,8 +350,14 @@ def test_by_step_moves_once_per_optimizer_update_under_accumulation():
     lrs = LrPerUpdate()
     # 4 batches per epoch, 2 per update: 2 updates per epoch, 3 epochs; a schedule sized by hand
     schedule = OneCycleLR(model.optimizer, max_lr=0.5, total_steps=6)
-    model.fit(DATA, batch_size=10, epochs=3, verbose=0, accumulate_grad_batches=2,
-              callbacks=[LRScheduler(schedule, by_step=True), lrs])
+    model.fit(
+        DATA,
+        batch_size=10,
+        epochs=3,
+        verbose=0,
+        accumulate_grad_batches=2,
+        callbacks=[LRScheduler(schedule, by_step=True), lrs],
+    )
     assert model.step == 6
     assert lrs.lrs == pytest.approx(one_cycle_curve(6), rel=1e-9)
 
@@ -319,10 +366,18 @@ def test_the_factory_counts_updates_under_accumulation():
     model = _model()
     lrs = LrPerUpdate()
     # 4 batches per epoch, 3 per update: groups of 3 and 1, so 2 updates per epoch
-    model.fit(DATA, batch_size=10, epochs=3, verbose=0, accumulate_grad_batches=3,
-              callbacks=[LRScheduler(one_cycle(), by_step=True), lrs])
+    model.fit(
+        DATA,
+        batch_size=10,
+        epochs=3,
+        verbose=0,
+        accumulate_grad_batches=3,
+        callbacks=[LRScheduler(one_cycle(), by_step=True), lrs],
+    )
     if "accumulate_grad_batches" not in lrs.params:
-        pytest.skip("hapi.Model.fit does not put accumulate_grad_batches in the callbacks' params yet")
+        pytest.skip(
+            "hapi.Model.fit does not put accumulate_grad_batches in the callbacks' params yet"
+        )
     assert model.step == 6
     assert lrs.lrs == pytest.approx(one_cycle_curve(6), rel=1e-9)
 
@@ -331,9 +386,18 @@ def test_a_resumed_fit_continues_the_factory_made_schedule(tmp_path):
     def run(crash_at):
         model = _model()
         lrs = LrPerUpdate()
-        model.fit(DATA, batch_size=10, epochs=3, verbose=0,
-                  callbacks=[LRScheduler(one_cycle(), by_step=True), lrs, InterruptAt(crash_at),
-                             BackupAndRestore(tmp_path)])
+        model.fit(
+            DATA,
+            batch_size=10,
+            epochs=3,
+            verbose=0,
+            callbacks=[
+                LRScheduler(one_cycle(), by_step=True),
+                lrs,
+                InterruptAt(crash_at),
+                BackupAndRestore(tmp_path),
+            ],
+        )
         return model, lrs.lrs
 
     whole, curve = run(None)
@@ -360,5 +424,7 @@ def test_a_state_loaded_before_the_factory_ran_waits_for_it():
     target.load_state_dict(state)
     target.on_train_begin()
     assert target.scheduler.last_epoch == 3
-    assert other.optimizer.param_groups[0]["lr"] == pytest.approx(model.optimizer.param_groups[0]["lr"])
+    assert other.optimizer.param_groups[0]["lr"] == pytest.approx(
+        model.optimizer.param_groups[0]["lr"]
+    )
     assert math.isclose(other.optimizer.param_groups[0]["lr"], one_cycle_curve(12)[3])

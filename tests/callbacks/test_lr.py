@@ -3,9 +3,9 @@ is what a user notices."""
 
 import pytest
 import torch
+from stub import StubModel, attach
 
 from callbacks.lr import LRScheduler, ReduceLROnPlateau
-from stub import StubModel, attach
 
 
 def lr_of(model, group=0):
@@ -32,7 +32,9 @@ def test_steps_once_per_epoch_by_default():
 
 def test_by_step_follows_optimizer_steps_not_batches():
     model = StubModel(lr=0.1)
-    cb = LRScheduler(torch.optim.lr_scheduler.StepLR(model.optimizer, step_size=1, gamma=0.5), by_step=True)
+    cb = LRScheduler(
+        torch.optim.lr_scheduler.StepLR(model.optimizer, step_size=1, gamma=0.5), by_step=True
+    )
     attach(cb, model)
     cb.on_train_begin()
     cb.on_epoch_begin(0)
@@ -49,7 +51,9 @@ def test_by_step_follows_optimizer_steps_not_batches():
 def test_by_step_counts_only_steps_taken_after_train_begin():
     model = StubModel(lr=0.1)
     model.step = 100  # a resumed run
-    cb = LRScheduler(torch.optim.lr_scheduler.StepLR(model.optimizer, step_size=1, gamma=0.5), by_step=True)
+    cb = LRScheduler(
+        torch.optim.lr_scheduler.StepLR(model.optimizer, step_size=1, gamma=0.5), by_step=True
+    )
     attach(cb, model)
     cb.on_train_begin()
     model.optimizer_step()
@@ -59,7 +63,9 @@ def test_by_step_counts_only_steps_taken_after_train_begin():
 
 def test_one_cycle_by_step_reaches_its_peak_mid_run():
     model = StubModel(lr=0.1)
-    sched = torch.optim.lr_scheduler.OneCycleLR(model.optimizer, max_lr=1.0, total_steps=10, pct_start=0.5)
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        model.optimizer, max_lr=1.0, total_steps=10, pct_start=0.5
+    )
     cb = LRScheduler(sched, by_step=True)
     attach(cb, model)
     cb.on_train_begin()
@@ -80,8 +86,11 @@ def test_torch_reduce_on_plateau_points_to_the_callback():
 
 def test_a_non_scheduler_is_a_type_error():
     model = StubModel()
-    with pytest.raises(TypeError, match=r"needs a torch\.optim\.lr_scheduler\.LRScheduler instance.*; "
-                                        r"received an object of type SGD"):
+    with pytest.raises(
+        TypeError,
+        match=r"needs a torch\.optim\.lr_scheduler\.LRScheduler instance.*; "
+        r"received an object of type SGD",
+    ):
         LRScheduler(model.optimizer)
 
 
@@ -91,7 +100,10 @@ def test_a_non_scheduler_is_a_type_error():
 def two_group_model(lr_a=0.1, lr_b=0.01):
     model = StubModel()
     model.optimizer = torch.optim.SGD(
-        [{"params": [model.network.weight], "lr": lr_a}, {"params": [model.network.bias], "lr": lr_b}]
+        [
+            {"params": [model.network.weight], "lr": lr_a},
+            {"params": [model.network.bias], "lr": lr_b},
+        ]
     )
     return model
 

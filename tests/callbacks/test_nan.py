@@ -3,9 +3,9 @@
 import math
 
 import pytest
+from stub import attach
 
 from callbacks.nan import TerminateOnNaN
-from stub import attach
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
@@ -20,7 +20,10 @@ def test_non_finite_batch_loss_stops_at_that_step(bad, capsys):
         assert not model.stop_training
         cb.on_train_batch_end(step, {"batch_size": 8, "loss": loss})
     assert model.stop_training
-    assert capsys.readouterr().out == f"Epoch 2, step 3: loss is {bad}; stopping training (TerminateOnNaN).\n"
+    assert (
+        capsys.readouterr().out
+        == f"Epoch 2, step 3: loss is {bad}; stopping training (TerminateOnNaN).\n"
+    )
 
 
 def test_nan_in_the_epoch_logs_stops_too(capsys):
@@ -33,7 +36,10 @@ def test_nan_in_the_epoch_logs_stops_too(capsys):
     assert not model.stop_training
     cb.on_epoch_end(0, {"loss": math.nan, "val_loss": 1.0})
     assert model.stop_training
-    assert "Epoch 1, step 4: loss is nan; stopping training (TerminateOnNaN)." in capsys.readouterr().out
+    assert (
+        "Epoch 1, step 4: loss is nan; stopping training (TerminateOnNaN)."
+        in capsys.readouterr().out
+    )
 
 
 def test_reported_once_per_fit(capsys):
@@ -52,7 +58,9 @@ def test_finite_losses_and_missing_losses_do_not_stop(capsys):
     cb.on_train_begin()
     cb.on_epoch_begin(0)
     cb.on_train_batch_end(0, {"batch_size": 8})
-    cb.on_train_batch_end(1, {"batch_size": 8, "loss": 1e30, "acc": math.nan})  # only the loss counts
+    cb.on_train_batch_end(
+        1, {"batch_size": 8, "loss": 1e30, "acc": math.nan}
+    )  # only the loss counts
     cb.on_epoch_end(0, {"loss": 0.0, "val_loss": math.nan})
     assert not model.stop_training
     assert capsys.readouterr().out == ""

@@ -7,20 +7,24 @@ import re
 
 import pytest
 import torch
+from conftest import TinyNet, make_tiny_data
 from torch import nn
 
 from callbacks import ProgBarLogger
-from conftest import TinyNet, make_tiny_data
 from hapi import Model
 from hapi.metrics import Accuracy
 
-LINE = re.compile(r"^step (\d+)/(\d+) - loss: \d+\.\d{4} - acc_top1: \d\.\d{4} - acc_top2: \d\.\d{4} - \d+ms/step$")
+LINE = re.compile(
+    r"^step (\d+)/(\d+) - loss: \d+\.\d{4} - acc_top1: \d\.\d{4} - acc_top2: \d\.\d{4} - \d+ms/step$"
+)
 
 
 def _model():
     torch.manual_seed(0)
     model = Model(TinyNet())
-    model.prepare(torch.optim.Adam(model.parameters(), 1e-2), nn.CrossEntropyLoss(), Accuracy(topk=(1, 2)))
+    model.prepare(
+        torch.optim.Adam(model.parameters(), 1e-2), nn.CrossEntropyLoss(), Accuracy(topk=(1, 2))
+    )
     return model
 
 
@@ -122,7 +126,9 @@ def clock(monkeypatch):
 
 def drive_epoch(bar, clock, steps, *, log_freq, seconds_per_step, known_length=True):
     """One training epoch as the loop delivers it: figures every log_freq steps and on the last step."""
-    bar.set_params({"epochs": 1, "steps": steps if known_length else None, "rank": 0, "world_size": 1})
+    bar.set_params(
+        {"epochs": 1, "steps": steps if known_length else None, "rank": 0, "world_size": 1}
+    )
     bar.on_epoch_begin(0)
     for step in range(steps):
         clock.now += seconds_per_step
@@ -175,14 +181,28 @@ def test_a_pass_of_unknown_length_prints_first_last_and_one_line_per_interval(cl
     assert steps[1:-1] == list(range(10 + 7680, 100_000, 7680))  # 30 s = 7,680 steps of 1/256 s
 
 
-@pytest.mark.parametrize("steps, log_freq, expected", [
-    (25, 10, [10, 20, 25]),                       # a short epoch: first, every log_freq, last
-    (938, 400, [400, 800, 938]),                  # the seeds' explicit log_freq, as Paddle prints it
-    (938, 10, list(range(10, 931, 10)) + [938]),  # fit's default on the seeds' epoch: all 94 lines
-])
-def test_passes_with_at_most_100_log_freq_steps_print_every_one(clock, capsys, steps, log_freq, expected):
-    drive_epoch(ProgBarLogger(log_freq=log_freq, verbose=2), clock, steps, log_freq=log_freq,
-                seconds_per_step=0.005)
+@pytest.mark.parametrize(
+    "steps, log_freq, expected",
+    [
+        (25, 10, [10, 20, 25]),  # a short epoch: first, every log_freq, last
+        (938, 400, [400, 800, 938]),  # the seeds' explicit log_freq, as Paddle prints it
+        (
+            938,
+            10,
+            list(range(10, 931, 10)) + [938],
+        ),  # fit's default on the seeds' epoch: all 94 lines
+    ],
+)
+def test_passes_with_at_most_100_log_freq_steps_print_every_one(
+    clock, capsys, steps, log_freq, expected
+):
+    drive_epoch(
+        ProgBarLogger(log_freq=log_freq, verbose=2),
+        clock,
+        steps,
+        log_freq=log_freq,
+        seconds_per_step=0.005,
+    )
     assert printed_steps(capsys.readouterr().out)[0] == expected
 
 
@@ -198,7 +218,9 @@ def test_an_evaluation_is_thinned_too(clock, capsys):
     bar.on_eval_begin({"steps": 50_000, "metrics": ["loss"]})
     for step in range(50_000):
         clock.now += 0.001
-        bar.on_eval_batch_end(step, {"batch_size": 4, **({"loss": 0.5} if (step + 1) % 10 == 0 else {})})
+        bar.on_eval_batch_end(
+            step, {"batch_size": 4, **({"loss": 0.5} if (step + 1) % 10 == 0 else {})}
+        )
     bar.on_eval_end({"loss": 0.5})
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "Eval begin..." and lines[-1] == "Eval samples: 200000"
@@ -206,8 +228,17 @@ def test_an_evaluation_is_thinned_too(clock, capsys):
     assert steps == [10] + list(range(500, 50_001, 500))
 
 
-@pytest.mark.parametrize("kwargs", [{"max_lines": 0}, {"max_lines": 2.5}, {"max_lines": True},
-                                    {"interval": 0}, {"interval": -1.0}, {"interval": "30"}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_lines": 0},
+        {"max_lines": 2.5},
+        {"max_lines": True},
+        {"interval": 0},
+        {"interval": -1.0},
+        {"interval": "30"},
+    ],
+)
 def test_bad_thinning_arguments(kwargs):
     with pytest.raises(ValueError, match=f"{next(iter(kwargs))} must be"):
         ProgBarLogger(**kwargs)

@@ -9,16 +9,16 @@ import sys
 
 import pytest
 import torch
+from conftest import TinyNet, make_tiny_data
+from stub import attach
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 from visualdl import LogReader
 
 import callbacks
 from callbacks import TensorBoard, VisualDL
-from conftest import TinyNet, make_tiny_data
 from hapi import Model
 from hapi.metrics import Accuracy
-from stub import attach
 
 INSTALL_HINT = 'pip install "torch-hapi[tensorboard]"'
 
@@ -31,28 +31,40 @@ def tensorboard_scalars(log_dir):
     """{tag: [(step, value), ...]} in write order, as TensorBoard's own reader sees them."""
     accumulator = EventAccumulator(str(log_dir))
     accumulator.Reload()
-    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)]
-            for tag in accumulator.Tags()["scalars"]}
+    return {
+        tag: [(e.step, e.value) for e in accumulator.Scalars(tag)]
+        for tag in accumulator.Tags()["scalars"]
+    }
 
 
 def visualdl_scalars(log_dir):
     """{tag: [(step, value), ...]} in write order from the one vdlrecords file."""
     (record,) = [f for f in os.listdir(log_dir) if f.startswith("vdlrecords")]
     reader = LogReader(file_path=os.path.join(log_dir, record))
-    return {tag: [(r.id, r.value) for r in reader.get_data("scalar", tag)]
-            for tag in reader.get_tags()["scalar"]}
+    return {
+        tag: [(r.id, r.value) for r in reader.get_data("scalar", tag)]
+        for tag in reader.get_tags()["scalar"]
+    }
 
 
 def test_fit_and_evaluate_write_visualdls_scalars_to_one_event_file(tmp_path):
     torch.manual_seed(0)
     model = Model(TinyNet())
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.05), nn.CrossEntropyLoss(),
-                  Accuracy(topk=(1, 2)))
+    model.prepare(
+        torch.optim.SGD(model.parameters(), lr=0.05), nn.CrossEntropyLoss(), Accuracy(topk=(1, 2))
+    )
     data = make_tiny_data(60)  # batch_size=10: 6 steps per epoch; log_freq=4 logs steps 4 and 6
     visualdl, board = VisualDL(tmp_path / "vdl"), TensorBoard(tmp_path / "tb")
     try:
-        model.fit(data, eval_data=data, batch_size=10, epochs=2, log_freq=4, verbose=0,
-                  callbacks=[visualdl, board])
+        model.fit(
+            data,
+            eval_data=data,
+            batch_size=10,
+            epochs=2,
+            log_freq=4,
+            verbose=0,
+            callbacks=[visualdl, board],
+        )
         # The run's own directory, named as VisualDL names it.
         assert board.run_dir == str(tmp_path / "tb" / "version_0")
         assert visualdl.run_dir == str(tmp_path / "vdl" / "version_0")
@@ -67,8 +79,15 @@ def test_fit_and_evaluate_write_visualdls_scalars_to_one_event_file(tmp_path):
         board.close()
         visualdl.close()
 
-    assert set(scalars) == {"train/loss", "train/acc_top1", "train/acc_top2", "train/lr",
-                            "eval/loss", "eval/acc_top1", "eval/acc_top2"}
+    assert set(scalars) == {
+        "train/loss",
+        "train/acc_top1",
+        "train/acc_top2",
+        "train/lr",
+        "eval/loss",
+        "eval/acc_top1",
+        "eval/acc_top2",
+    }
     assert scalars == visualdl_scalars(visualdl.run_dir)  # same tags, steps and (float32) values
     assert [step for step, _ in scalars["train/loss"]] == [4, 6, 10, 12]  # global batch numbers
     assert [value for _, value in scalars["train/lr"]] == pytest.approx([0.05] * 4)
@@ -115,7 +134,9 @@ def test_importing_callbacks_needs_no_tensorboard(monkeypatch):
 
 
 def test_log_dir_must_be_a_path():
-    with pytest.raises(TypeError, match=r"TensorBoard: log_dir must be a directory path .*received 5"):
+    with pytest.raises(
+        TypeError, match=r"TensorBoard: log_dir must be a directory path .*received 5"
+    ):
         TensorBoard(5)
 
 
@@ -166,13 +187,17 @@ def test_bad_version():
         TensorBoard("tb", version="..")
 
 
-@pytest.mark.parametrize("accumulate, batches, optimizer_steps", [
-    (1, [2, 4, 5, 6, 8, 10], [2, 4, 5, 6, 8, 10]),
-    # updates after batches 2, 4, 5 (short last group) | 7, 9, 10: the x stays the batch number
-    (2, [4, 5, 7, 10], [2, 3, 4, 6]),
-])
-def test_fit_with_eval_steps_plots_each_evaluation_at_its_global_batch(tmp_path, accumulate, batches,
-                                                                      optimizer_steps):
+@pytest.mark.parametrize(
+    "accumulate, batches, optimizer_steps",
+    [
+        (1, [2, 4, 5, 6, 8, 10], [2, 4, 5, 6, 8, 10]),
+        # updates after batches 2, 4, 5 (short last group) | 7, 9, 10: the x stays the batch number
+        (2, [4, 5, 7, 10], [2, 3, 4, 6]),
+    ],
+)
+def test_fit_with_eval_steps_plots_each_evaluation_at_its_global_batch(
+    tmp_path, accumulate, batches, optimizer_steps
+):
     torch.manual_seed(0)
     model = Model(TinyNet())
     model.prepare(torch.optim.SGD(model.parameters(), lr=0.05), nn.CrossEntropyLoss())
@@ -180,9 +205,17 @@ def test_fit_with_eval_steps_plots_each_evaluation_at_its_global_batch(tmp_path,
     try:
         # 2 epochs of 5 batches, an evaluation every 2 optimizer steps and at each epoch end;
         # hapi/loops.py skips the mid-epoch one at an epoch's last step (the epoch-end one follows).
-        history = model.fit(make_tiny_data(50), eval_data=make_tiny_data(20, seed=1), batch_size=10,
-                            epochs=2, eval_steps=2, log_freq=1, verbose=0,
-                            accumulate_grad_batches=accumulate, callbacks=[visualdl, board])
+        history = model.fit(
+            make_tiny_data(50),
+            eval_data=make_tiny_data(20, seed=1),
+            batch_size=10,
+            epochs=2,
+            eval_steps=2,
+            log_freq=1,
+            verbose=0,
+            accumulate_grad_batches=accumulate,
+            callbacks=[visualdl, board],
+        )
         model.evaluate(make_tiny_data(20, seed=1), verbose=0, callbacks=[visualdl, board])
         scalars = tensorboard_scalars(board.run_dir)
     finally:
@@ -192,6 +225,10 @@ def test_fit_with_eval_steps_plots_each_evaluation_at_its_global_batch(tmp_path,
     eval_loss = scalars["eval/loss"]
     # every evaluation at its own x (none overwritten), then the standalone one after the last batch
     assert [x for x, _ in eval_loss] == batches + [11]
-    assert [v for _, v in eval_loss[:-1]] == [pytest.approx(e["loss"], rel=1e-6) for e in history.evaluations]
-    assert [x for x, _ in scalars["train/loss"]] == list(range(1, 11))  # the same axis: batch numbers
+    assert [v for _, v in eval_loss[:-1]] == [
+        pytest.approx(e["loss"], rel=1e-6) for e in history.evaluations
+    ]
+    assert [x for x, _ in scalars["train/loss"]] == list(
+        range(1, 11)
+    )  # the same axis: batch numbers
     assert scalars == visualdl_scalars(visualdl.run_dir)  # the two dashboards agree

@@ -5,11 +5,11 @@ import os
 import sys
 
 import pytest
+from stub import attach
 from visualdl import LogReader
 
 import callbacks.visualdl
 from callbacks.visualdl import VisualDL
-from stub import attach
 
 
 def read_scalars(log_dir):
@@ -55,7 +55,12 @@ def test_fit_writes_train_eval_and_lr_scalars(tmp_path):
     assert scalars["train/loss"] == [(2, 1.0), (4, 3.0), (6, 11.0), (8, 13.0)]
     assert [s for s, _ in scalars["train/acc"]] == [2, 4, 6, 8]
     assert scalars["train/acc"][1][1] == pytest.approx(0.3)
-    assert [(s, pytest.approx(v)) for s, v in scalars["train/lr"]] == [(2, 0.1), (4, 0.1), (6, 0.05), (8, 0.05)]
+    assert [(s, pytest.approx(v)) for s, v in scalars["train/lr"]] == [
+        (2, 0.1),
+        (4, 0.1),
+        (6, 0.05),
+        (8, 0.05),
+    ]
     # one point per evaluation, at the epoch index
     assert scalars["eval/loss"] == [(0, 1.0), (1, 0.5)]
     assert [(s, pytest.approx(v)) for s, v in scalars["eval/acc"]] == [(0, 0.7), (1, 0.8)]
@@ -125,7 +130,9 @@ def test_visualdl_is_imported_only_on_the_first_write(tmp_path, monkeypatch):
     # so loading the module, building the callback and a step without figures
     # prove that none of them imports it (importing it costs ~0.4 s).
     monkeypatch.setitem(sys.modules, "visualdl", None)
-    spec = importlib.util.spec_from_file_location("callbacks._fresh_visualdl_cb", callbacks.visualdl.__file__)
+    spec = importlib.util.spec_from_file_location(
+        "callbacks._fresh_visualdl_cb", callbacks.visualdl.__file__
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     cb = module.VisualDL(tmp_path / "runs")
@@ -165,13 +172,18 @@ def test_of_two_processes_only_rank_0_opens_a_writer(tmp_path, monkeypatch, rank
     cb.close()
     if rank == 0:
         assert opened == [str(log_dir / "version_0")]
-        assert read_scalars(cb.run_dir)["eval/loss"] == [(0, 1.0), (1, 0.5), (2, pytest.approx(0.1))]
+        assert read_scalars(cb.run_dir)["eval/loss"] == [
+            (0, 1.0),
+            (1, 0.5),
+            (2, pytest.approx(0.1)),
+        ]
     else:
         assert opened == []
         assert os.listdir(tmp_path) == []
 
 
 # -- one directory per run --------------------------------------------------------------------------
+
 
 def write_one_point(cb, value=1.0):
     cb.on_train_begin()
@@ -187,7 +199,10 @@ def test_each_run_gets_the_next_version_directory(tmp_path):
     assert first.run_dir is None  # not chosen before the first write
     write_one_point(first, 1.0)
     write_one_point(second, 2.0)
-    assert (first.run_dir, second.run_dir) == (str(log_dir / "version_0"), str(log_dir / "version_1"))
+    assert (first.run_dir, second.run_dir) == (
+        str(log_dir / "version_0"),
+        str(log_dir / "version_1"),
+    )
     # each run is its own curve: neither file hides the other
     assert read_scalars(first.run_dir)["train/loss"] == [(1, 1.0)]
     assert read_scalars(second.run_dir)["train/loss"] == [(1, 2.0)]
@@ -228,8 +243,10 @@ def test_version_none_writes_into_log_dir_itself(tmp_path):
     assert read_scalars(log_dir)["train/loss"] == [(1, 1.0), (1, 1.0)]
 
 
-@pytest.mark.parametrize("version, name", [(3, "version_3"), ("baseline", "baseline"),
-                                           ("lr1e-3/seed0", os.path.join("lr1e-3", "seed0"))])
+@pytest.mark.parametrize(
+    "version, name",
+    [(3, "version_3"), ("baseline", "baseline"), ("lr1e-3/seed0", os.path.join("lr1e-3", "seed0"))],
+)
 def test_a_named_version_is_that_subdirectory(tmp_path, version, name):
     cb = VisualDL(tmp_path / "runs", version=version)
     assert cb.run_dir == os.path.join(tmp_path / "runs", name)
@@ -246,8 +263,9 @@ def test_two_runs_choosing_at_the_same_moment_get_different_numbers(tmp_path, mo
     log_dir = tmp_path / "runs"
     (log_dir / "version_0").mkdir(parents=True)
     real_listdir, stale = os.listdir, [[]]
-    monkeypatch.setattr(callbacks.visualdl.os, "listdir",
-                        lambda path: stale.pop() if stale else real_listdir(path))
+    monkeypatch.setattr(
+        callbacks.visualdl.os, "listdir", lambda path: stale.pop() if stale else real_listdir(path)
+    )
     cb = VisualDL(log_dir)
     attach(cb)
     write_one_point(cb)
@@ -314,10 +332,10 @@ def test_rank_1_chooses_no_version_and_creates_nothing_when_saving_state(tmp_pat
 
 def test_fit_resumed_by_backup_and_restore_writes_into_the_same_version(tmp_path):
     import torch
+    from conftest import TinyNet, make_tiny_data
     from torch import nn
 
     from callbacks import BackupAndRestore, Callback
-    from conftest import TinyNet, make_tiny_data
     from hapi import Model
 
     class Crash(Callback):
@@ -335,8 +353,14 @@ def test_fit_resumed_by_backup_and_restore_writes_into_the_same_version(tmp_path
         model.prepare(torch.optim.SGD(model.parameters(), lr=0.05), nn.CrossEntropyLoss())
         board = VisualDL(tmp_path / "runs")
         try:
-            model.fit(make_tiny_data(40), batch_size=10, epochs=2, log_freq=4, verbose=0,
-                      callbacks=[board, Crash(crash), BackupAndRestore(tmp_path / "backup")])
+            model.fit(
+                make_tiny_data(40),
+                batch_size=10,
+                epochs=2,
+                log_freq=4,
+                verbose=0,
+                callbacks=[board, Crash(crash), BackupAndRestore(tmp_path / "backup")],
+            )
         finally:
             board.close()
         return board
@@ -346,18 +370,32 @@ def test_fit_resumed_by_backup_and_restore_writes_into_the_same_version(tmp_path
     resumed = fit()
     assert os.listdir(tmp_path / "runs") == ["version_0"]
     assert resumed.run_dir == str(tmp_path / "runs" / "version_0")
-    assert [step for step, _ in read_scalars(resumed.run_dir)["train/loss"]] == [4, 8]  # epoch 0, then 1
+    assert [step for step, _ in read_scalars(resumed.run_dir)["train/loss"]] == [
+        4,
+        8,
+    ]  # epoch 0, then 1
     fit()  # a new run (the backup was deleted when the resumed one ended): a new version
     assert sorted(os.listdir(tmp_path / "runs")) == ["version_0", "version_1"]
 
 
-@pytest.mark.parametrize("version, error, match", [
-    (-1, ValueError, r"version must be a non-negative integer .*received -1"),
-    ("../elsewhere", ValueError, r"version='\.\./elsewhere' must name a subdirectory of log_dir"),
-    ("/abs", ValueError, r"must name a subdirectory"),
-    ("", ValueError, r"must name a subdirectory"),
-    (1.5, TypeError, r"version must be 'auto', an int, a subdirectory name \(str\), or None; received 1\.5"),
-])
+@pytest.mark.parametrize(
+    "version, error, match",
+    [
+        (-1, ValueError, r"version must be a non-negative integer .*received -1"),
+        (
+            "../elsewhere",
+            ValueError,
+            r"version='\.\./elsewhere' must name a subdirectory of log_dir",
+        ),
+        ("/abs", ValueError, r"must name a subdirectory"),
+        ("", ValueError, r"must name a subdirectory"),
+        (
+            1.5,
+            TypeError,
+            r"version must be 'auto', an int, a subdirectory name \(str\), or None; received 1\.5",
+        ),
+    ],
+)
 def test_bad_versions(tmp_path, version, error, match):
     with pytest.raises(error, match=match):
         VisualDL(tmp_path / "runs", version=version)
@@ -365,20 +403,29 @@ def test_bad_versions(tmp_path, version, error, match):
 
 # -- fit(eval_steps=N): every evaluation at its global batch number ------------------------------------
 
+
 def fit_with_eval_steps(board, accumulate=1, callbacks=()):
     """2 epochs of 5 batches (batch_size=10), eval_steps=2, figures every batch; returns (model, History)."""
     import torch
+    from conftest import TinyNet, make_tiny_data
     from torch import nn
 
-    from conftest import TinyNet, make_tiny_data
     from hapi import Model
 
     torch.manual_seed(0)
     model = Model(TinyNet())
     model.prepare(torch.optim.SGD(model.parameters(), lr=0.05), nn.CrossEntropyLoss())
-    history = model.fit(make_tiny_data(50), eval_data=make_tiny_data(20, seed=1), batch_size=10,
-                        epochs=2, eval_steps=2, log_freq=1, verbose=0,
-                        accumulate_grad_batches=accumulate, callbacks=[board, *callbacks])
+    history = model.fit(
+        make_tiny_data(50),
+        eval_data=make_tiny_data(20, seed=1),
+        batch_size=10,
+        epochs=2,
+        eval_steps=2,
+        log_freq=1,
+        verbose=0,
+        accumulate_grad_batches=accumulate,
+        callbacks=[board, *callbacks],
+    )
     return model, history
 
 
@@ -435,19 +482,24 @@ def test_a_fit_with_eval_steps_resumed_by_backup_and_restore_plots_as_if_never_s
     crashed = VisualDL(tmp_path / "runs")
     with pytest.raises(KeyboardInterrupt):
         try:
-            fit_with_eval_steps(crashed, callbacks=[Crash(True), BackupAndRestore(tmp_path / "backup")])
+            fit_with_eval_steps(
+                crashed, callbacks=[Crash(True), BackupAndRestore(tmp_path / "backup")]
+            )
         finally:
             crashed.close()
     resumed = VisualDL(tmp_path / "runs")
     try:
-        _, history = fit_with_eval_steps(resumed,
-                                         callbacks=[Crash(False), BackupAndRestore(tmp_path / "backup")])
+        _, history = fit_with_eval_steps(
+            resumed, callbacks=[Crash(False), BackupAndRestore(tmp_path / "backup")]
+        )
     finally:
         resumed.close()
     assert resumed.run_dir == crashed.run_dir
     scalars = read_scalars(resumed.run_dir)  # both runs' record files
     assert [x for x, _ in scalars["eval/loss"]] == [2, 4, 5, 6, 8, 10]
-    assert [v for _, v in scalars["eval/loss"]] == evaluation_points(history)  # History was restored too
+    assert [v for _, v in scalars["eval/loss"]] == evaluation_points(
+        history
+    )  # History was restored too
     assert [x for x, _ in scalars["train/loss"]] == list(range(1, 11))
     assert resumed.next_eval_step == 11
 

@@ -20,6 +20,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 
 from conftest import make_tiny_data  # noqa: E402
+
 from hapi import Model  # noqa: E402
 from hapi.metrics import Accuracy  # noqa: E402
 
@@ -40,19 +41,23 @@ def run(out: pathlib.Path) -> dict:
     model.fit((x, y), batch_size=8, epochs=2, verbose=0)
     local_mean = model.network[1].running_mean.tolist()
     x_eval, y_eval = make_tiny_data(EVAL_SAMPLES, seed=1)
-    results = {"evaluate": model.evaluate((x_eval, y_eval), batch_size=4, verbose=0),
-               "predict": model.predict((x_eval, y_eval), batch_size=4, stack_outputs=True,
-                                        verbose=0)[0].tolist(),
-               "local_mean_before_evaluate": local_mean,
-               "running_mean": model.network[1].running_mean.tolist()}
+    results = {
+        "evaluate": model.evaluate((x_eval, y_eval), batch_size=4, verbose=0),
+        "predict": model.predict((x_eval, y_eval), batch_size=4, stack_outputs=True, verbose=0)[
+            0
+        ].tolist(),
+        "local_mean_before_evaluate": local_mean,
+        "running_mean": model.network[1].running_mean.tolist(),
+    }
     model.save(out / "bn")
 
     torch.manual_seed(100 + rank)  # every rank its own initial weights, and no fit
     scorer = Model(bn_net())
     scorer.prepare(loss=nn.CrossEntropyLoss(), metrics=Accuracy())
     results["untrained_evaluate"] = scorer.evaluate((x_eval, y_eval), batch_size=4, verbose=0)
-    results["untrained_predict"] = scorer.predict((x_eval, y_eval), batch_size=4, stack_outputs=True,
-                                                  verbose=0)[0].tolist()
+    results["untrained_predict"] = scorer.predict(
+        (x_eval, y_eval), batch_size=4, stack_outputs=True, verbose=0
+    )[0].tolist()
     results["untrained_wrapped"] = scorer._wrapped is not None  # evaluate/predict build no DDP
     scorer.save(out / "untrained", training=False)
     return results

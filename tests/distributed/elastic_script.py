@@ -17,8 +17,9 @@ from torch import nn
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 
-from callbacks import BackupAndRestore, Callback  # noqa: E402
 from conftest import TinyNet, make_tiny_data  # noqa: E402
+
+from callbacks import BackupAndRestore, Callback  # noqa: E402
 from hapi import Model  # noqa: E402
 
 SAMPLES, BATCH, BACKUP_EVERY = 48, 4, 2
@@ -59,5 +60,10 @@ if __name__ == "__main__":
     torch.manual_seed(0)
     model = Model(TinyNet())
     model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
-    model.fit(data, batch_size=BATCH, epochs=3, verbose=0,
-              callbacks=[Epochs(data, kill_at), BackupAndRestore(out / "backup", save_freq=BACKUP_EVERY)])
+    model.fit(
+        data,
+        batch_size=BATCH,
+        epochs=3,
+        verbose=0,
+        callbacks=[Epochs(data, kill_at), BackupAndRestore(out / "backup", save_freq=BACKUP_EVERY)],
+    )

@@ -19,8 +19,9 @@ from torch import nn
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 
-from callbacks.ema import EMA  # noqa: E402
 from conftest import TinyNet, make_tiny_data  # noqa: E402
+
+from callbacks.ema import EMA  # noqa: E402
 from hapi import Model  # noqa: E402
 
 
@@ -29,8 +30,15 @@ def run(batch_size: int) -> dict:
     model = Model(TinyNet())
     model.prepare(torch.optim.SGD(model.parameters(), lr=0.2), nn.CrossEntropyLoss())
     ema = EMA(decay=0.8, swap_at_end=False)
-    history = model.fit(make_tiny_data(64), eval_data=make_tiny_data(21, seed=1), batch_size=batch_size,
-                        epochs=2, shuffle=False, verbose=0, callbacks=[ema])
+    history = model.fit(
+        make_tiny_data(64),
+        eval_data=make_tiny_data(21, seed=1),
+        batch_size=batch_size,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[ema],
+    )
     shadow = ema.state_dict()["shadow"]
     names = [name for name, _ in model.network.named_parameters()]
     return {

@@ -25,10 +25,11 @@ from torch import nn
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 
+from conftest import make_tiny_data  # noqa: E402
+
 import callbacks  # noqa: E402
 import hapi  # noqa: E402
 from callbacks import Callback, VisualDL  # noqa: E402
-from conftest import make_tiny_data  # noqa: E402
 from hapi import Model  # noqa: E402
 from hapi.metrics import Accuracy  # noqa: E402
 
@@ -42,7 +43,7 @@ EVAL_CASES = [(10, 3), (13, 2)]
 def problem(samples: int, wrong: int):
     """The fixed network and ``samples`` samples, the last ``wrong`` of them mislabelled."""
     x, y = make_tiny_data(samples)
-    y[samples - wrong:] = (y[samples - wrong:] + 1) % 3
+    y[samples - wrong :] = (y[samples - wrong :] + 1) % 3
     network = nn.Linear(4, 3)
     with torch.no_grad():
         network.weight.copy_(3.0 * torch.eye(3, 4))
@@ -55,13 +56,23 @@ def direct_figures(network, x, y) -> dict[str, float]:
     with torch.no_grad():
         logits = nn.functional.linear(x.double(), network.weight.double(), network.bias.double())
     acc = (logits.argmax(dim=1) == y).double().mean().item()
-    return {"loss": nn.functional.cross_entropy(logits, y).item(), "acc": acc, "multiclass_accuracy": acc}
+    return {
+        "loss": nn.functional.cross_entropy(logits, y).item(),
+        "acc": acc,
+        "multiclass_accuracy": acc,
+    }
 
 
 def prepared(network) -> Model:
     model = Model(network)
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.0), nn.CrossEntropyLoss(),
-                  [Accuracy(), torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")])
+    model.prepare(
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        nn.CrossEntropyLoss(),
+        [
+            Accuracy(),
+            torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro"),
+        ],
+    )
     return model
 
 
@@ -102,11 +113,23 @@ def main(out: pathlib.Path) -> None:
     model = prepared(network)
     logs = Logs()
     writers = count_log_writers()
-    history = model.fit((x, y), eval_data=(x, y), batch_size=PER_PROCESS_BATCH, epochs=2, shuffle=False,
-                        log_freq=1, verbose=0, callbacks=[logs, VisualDL(out / "vdl")])
-    results.update(history=history.history, epoch_end=logs.epoch_end, batch_end=logs.batch_end,
-                   log_writers_opened=writers[0],
-                   evaluate_train=model.evaluate((x, y), batch_size=PER_PROCESS_BATCH, verbose=0))
+    history = model.fit(
+        (x, y),
+        eval_data=(x, y),
+        batch_size=PER_PROCESS_BATCH,
+        epochs=2,
+        shuffle=False,
+        log_freq=1,
+        verbose=0,
+        callbacks=[logs, VisualDL(out / "vdl")],
+    )
+    results.update(
+        history=history.history,
+        epoch_end=logs.epoch_end,
+        batch_end=logs.batch_end,
+        log_writers_opened=writers[0],
+        evaluate_train=model.evaluate((x, y), batch_size=PER_PROCESS_BATCH, verbose=0),
+    )
 
     for samples, batch_size in EVAL_CASES:
         network, x, y = problem(samples, wrong=3)

@@ -19,9 +19,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 
+from torchmetrics import Accuracy  # noqa: E402
+
 import hapi  # noqa: E402
 from callbacks import BackupAndRestore, Callback  # noqa: E402
-from torchmetrics import Accuracy  # noqa: E402
 from hapi.distributed.fsdp import local_bytes  # noqa: E402
 
 PER_PROCESS_BATCH = 4
@@ -54,8 +55,10 @@ RECIPES = {
     "bf16": {"optimizer": "adam", "amp": "bf16"},
     "fp16": {"optimizer": "sgd", "amp": "fp16"},
     # FSDP's own options (one process ignores them, as every strategy)
-    "options": {"optimizer": "adam", "fsdp": {"reshard_after_forward": False, "cpu_offload": True,
-                                              "wrap": {nn.Linear}}},
+    "options": {
+        "optimizer": "adam",
+        "fsdp": {"reshard_after_forward": False, "cpu_offload": True, "wrap": {nn.Linear}},
+    },
 }
 
 
@@ -84,33 +87,58 @@ class EpochLogs(Callback):
         self.logs.append(dict(logs or {}))
 
 
-def train(recipe: str, batch_size: int, strategy=None, epochs: int = 2, callbacks=None) -> hapi.Model:
+def train(
+    recipe: str, batch_size: int, strategy=None, epochs: int = 2, callbacks=None
+) -> hapi.Model:
     options = dict(RECIPES[recipe])
     torch.manual_seed(0)
     model = hapi.Model(Blocks())
-    optimizer = (torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
-                 if options.pop("optimizer") == "sgd" else torch.optim.Adam(model.parameters(), lr=0.01))
+    optimizer = (
+        torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+        if options.pop("optimizer") == "sgd"
+        else torch.optim.Adam(model.parameters(), lr=0.01)
+    )
     accumulate = options.pop("accumulate_grad_batches", 1)
     fsdp_options = options.pop("fsdp", None)
     if fsdp_options is not None and strategy == "fsdp":
         strategy = hapi.FSDP(**fsdp_options)
-    model.prepare(optimizer, nn.CrossEntropyLoss(), Accuracy(task="multiclass", num_classes=3),
-                  strategy=strategy, **options)
+    model.prepare(
+        optimizer,
+        nn.CrossEntropyLoss(),
+        Accuracy(task="multiclass", num_classes=3),
+        strategy=strategy,
+        **options,
+    )
     model.epoch_logs = EpochLogs()
-    model.fit(data(), batch_size=batch_size, epochs=epochs, shuffle=True, verbose=0,
-              accumulate_grad_batches=accumulate, callbacks=[*(callbacks or []), model.epoch_logs])
+    model.fit(
+        data(),
+        batch_size=batch_size,
+        epochs=epochs,
+        shuffle=True,
+        verbose=0,
+        accumulate_grad_batches=accumulate,
+        callbacks=[*(callbacks or []), model.epoch_logs],
+    )
     return model
 
 
 def resumed(backup_dir: pathlib.Path, strategy, batch_size: int = PER_PROCESS_BATCH) -> hapi.Model:
     """The "adam" recipe interrupted after step 5 (backups every 3 steps), then run again."""
     try:
-        train("adam", batch_size, strategy, callbacks=[BackupAndRestore(backup_dir, save_freq=3),
-                                                       InterruptAt(5)])
+        train(
+            "adam",
+            batch_size,
+            strategy,
+            callbacks=[BackupAndRestore(backup_dir, save_freq=3), InterruptAt(5)],
+        )
     except Interrupted:
         pass
-    resumed.sharded_backup = sorted(p.name for p in (backup_dir / "backup").glob("shards-*/*.distcp"))
-    return train("adam", batch_size, strategy, callbacks=[BackupAndRestore(backup_dir, save_freq=3)])
+    resumed.sharded_backup = sorted(
+        p.name for p in (backup_dir / "backup").glob("shards-*/*.distcp")
+    )
+    return train(
+        "adam", batch_size, strategy, callbacks=[BackupAndRestore(backup_dir, save_freq=3)]
+    )
 
 
 def full_weights(model: hapi.Model) -> list[float]:
@@ -129,9 +157,12 @@ def run(out: pathlib.Path) -> dict:
             results["is_users_module"] = isinstance(model.network, Blocks)
             results["parameter_bytes"] = local_bytes(model.network.parameters())
             results["optimizer_bytes"] = local_bytes(
-                v for s in model.optimizer.state.values() for v in s.values() if torch.is_tensor(v))
+                v for s in model.optimizer.state.values() for v in s.values() if torch.is_tensor(v)
+            )
             results["evaluate"] = model.evaluate(data(13), batch_size=2, verbose=0)
-            results["predict"] = model.predict(data(13), batch_size=2, stack_outputs=True, verbose=0)[0].tolist()
+            results["predict"] = model.predict(
+                data(13), batch_size=2, stack_outputs=True, verbose=0
+            )[0].tolist()
             results["summary"] = model.summary()
             model.save(out / "fsdp_final")
     for recipe in ("bf16", "fp16"):  # mixed precision: FSDP's policy gives DDP's training exactly

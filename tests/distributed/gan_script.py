@@ -22,11 +22,19 @@ def main(out: pathlib.Path) -> None:
     rank = int(os.environ.get("RANK", 0))
     model = gan_model(seed=rank)  # each process starts elsewhere: rank 0's weights must win
     history = model.fit(real_points(64), batch_size=8, epochs=2, verbose=0)
-    (out / f"gan.rank{rank}.json").write_text(json.dumps({
-        "generator": torch.cat([p.detach().flatten() for p in model.network.generator.parameters()]).tolist(),
-        "discriminator": torch.cat([p.detach().flatten()
-                                    for p in model.network.discriminator.parameters()]).tolist(),
-        "history": history.history}))
+    (out / f"gan.rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "generator": torch.cat(
+                    [p.detach().flatten() for p in model.network.generator.parameters()]
+                ).tolist(),
+                "discriminator": torch.cat(
+                    [p.detach().flatten() for p in model.network.discriminator.parameters()]
+                ).tolist(),
+                "history": history.history,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -20,16 +20,22 @@ import random
 import sys
 
 import numpy as np
-
 import torch
 from torch import nn
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 
-from callbacks import (BackupAndRestore, Callback, CSVLogger, EarlyStopping, LRScheduler,  # noqa: E402
-                       ModelCheckpoint)
 from conftest import make_tiny_data  # noqa: E402
+
+from callbacks import (  # noqa: E402
+    BackupAndRestore,
+    Callback,
+    CSVLogger,
+    EarlyStopping,
+    LRScheduler,
+    ModelCheckpoint,
+)
 from hapi import Model  # noqa: E402
 from hapi.metrics import Accuracy  # noqa: E402
 
@@ -65,7 +71,11 @@ class KillAt(Callback):
         self.step, self.rank, self.marker = step, rank, marker
 
     def on_train_batch_end(self, step, logs=None):
-        if self.params["rank"] == self.rank and self.model.step == self.step and not self.marker.exists():
+        if (
+            self.params["rank"] == self.rank
+            and self.model.step == self.step
+            and not self.marker.exists()
+        ):
             self.marker.touch()
             os._exit(17)  # no cleanup, no exception: like a kill
 
@@ -78,17 +88,32 @@ def run(out: pathlib.Path, kill_at: int | None = None, kill_rank: int = 0) -> di
     x, y = make_tiny_data(96)
     stopper = EarlyStopping(monitor="val_loss", patience=10, verbose=0)
     checkpoints = ModelCheckpoint(out / "ckpt", monitor="val_acc")
-    schedule = LRScheduler(torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.7), by_step=True)
-    callbacks = [stopper, checkpoints, schedule, CSVLogger(out / "log.csv"),
-                 BackupAndRestore(out / "backup", save_freq=int(os.environ.get("BACKUP_EVERY", "3")))]
+    schedule = LRScheduler(
+        torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.7), by_step=True
+    )
+    callbacks = [
+        stopper,
+        checkpoints,
+        schedule,
+        CSVLogger(out / "log.csv"),
+        BackupAndRestore(out / "backup", save_freq=int(os.environ.get("BACKUP_EVERY", "3"))),
+    ]
     if kill_at is not None:
         marker = pathlib.Path(os.environ.get("KILL_MARKER", out / "killed"))
         callbacks.append(KillAt(kill_at, kill_rank, marker))
     workers = os.environ.get("AUGMENT_WORKERS")
     train = (x, y) if workers is None else NoisySamples(x, y)
-    history = model.fit(train, eval_data=(x[:30], y[:30]), batch_size=8, epochs=3, shuffle=True,
-                        accumulate_grad_batches=2, verbose=0, callbacks=callbacks,
-                        num_workers=int(workers or 0))
+    history = model.fit(
+        train,
+        eval_data=(x[:30], y[:30]),
+        batch_size=8,
+        epochs=3,
+        shuffle=True,
+        accumulate_grad_batches=2,
+        verbose=0,
+        callbacks=callbacks,
+        num_workers=int(workers or 0),
+    )
     return {
         "weights": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist(),
         "history": history.history,

@@ -13,13 +13,19 @@ import sys
 
 import torch
 from torch import nn
-from torch.utils.data import (DataLoader, Dataset, Sampler, SubsetRandomSampler,
-                              WeightedRandomSampler)
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    Sampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 
 from conftest import TinyNet, make_tiny_data  # noqa: E402
+
 from hapi import Model  # noqa: E402
 from hapi.metrics import Accuracy  # noqa: E402
 
@@ -114,14 +120,18 @@ def run() -> dict:
     fixed = model()
     fixed.fit(DataLoader(data, batch_size=batch, sampler=FixedOrder()), epochs=2, verbose=0)
     results["fixed_order_weights"] = weights(fixed)
-    results["batch_sampler_epochs"] = epochs_read(DataLoader(data, batch_sampler=OddBatches()), model())
+    results["batch_sampler_epochs"] = epochs_read(
+        DataLoader(data, batch_sampler=OddBatches()), model()
+    )
     # Evaluation and prediction keep the sampler's meaning too: the validation split only.
     scorer = model()
     results["eval_subset"] = scorer.evaluate(
-        DataLoader(data, batch_size=4, sampler=SubsetRandomSampler(HELD_OUT)), verbose=0)
+        DataLoader(data, batch_size=4, sampler=SubsetRandomSampler(HELD_OUT)), verbose=0
+    )
     data.epochs.clear()
-    results["predict_fixed"] = scorer.predict(DataLoader(data, batch_size=4, sampler=FixedOrder()),
-                                              stack_outputs=True, verbose=0)[0].tolist()
+    results["predict_fixed"] = scorer.predict(
+        DataLoader(data, batch_size=4, sampler=FixedOrder()), stack_outputs=True, verbose=0
+    )[0].tolist()
     results["predict_read"] = sorted(i for epoch in data.epochs for i in epoch)
     if world == 1:
         return results  # one process uses the DataLoader as given, endless or not

@@ -21,9 +21,10 @@ from torch.optim.lr_scheduler import OneCycleLR
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+from fsdp_script import Blocks, data, full_weights  # noqa: E402
+
 import hapi  # noqa: E402
 from callbacks import BackupAndRestore, Callback, EarlyStopping, LRScheduler  # noqa: E402
-from fsdp_script import Blocks, data, full_weights  # noqa: E402
 
 MAX_LR = 0.5
 EPOCHS = 2
@@ -67,39 +68,74 @@ class InterruptAt(Callback):
 def _model(strategy=None, lr: float = 0.1) -> hapi.Model:
     torch.manual_seed(0)
     model = hapi.Model(Blocks())
-    model.prepare(torch.optim.SGD(model.parameters(), lr=lr), nn.CrossEntropyLoss(), strategy=strategy)
+    model.prepare(
+        torch.optim.SGD(model.parameters(), lr=lr), nn.CrossEntropyLoss(), strategy=strategy
+    )
     return model
 
 
 def schedule(batch: int, accumulate: int) -> dict:
     model = _model()
     lrs = LrPerUpdate()
-    factory = LRScheduler(lambda optimizer, total: OneCycleLR(optimizer, max_lr=MAX_LR, total_steps=total),
-                          by_step=True)
-    model.fit(data(SAMPLES), batch_size=batch, epochs=EPOCHS, shuffle=False, verbose=0,
-              accumulate_grad_batches=accumulate, callbacks=[factory, lrs])
-    return {"lrs": lrs.lrs, "final_lr": model.optimizer.param_groups[0]["lr"], "total": factory.total,
-            "updates": model.step, "params_have_accumulation": "accumulate_grad_batches" in lrs.params}
+    factory = LRScheduler(
+        lambda optimizer, total: OneCycleLR(optimizer, max_lr=MAX_LR, total_steps=total),
+        by_step=True,
+    )
+    model.fit(
+        data(SAMPLES),
+        batch_size=batch,
+        epochs=EPOCHS,
+        shuffle=False,
+        verbose=0,
+        accumulate_grad_batches=accumulate,
+        callbacks=[factory, lrs],
+    )
+    return {
+        "lrs": lrs.lrs,
+        "final_lr": model.optimizer.param_groups[0]["lr"],
+        "total": factory.total,
+        "updates": model.step,
+        "params_have_accumulation": "accumulate_grad_batches" in lrs.params,
+    }
 
 
-def restore(batch: int, strategy, crash_at: int | None = None, backup: pathlib.Path | None = None) -> dict:
+def restore(
+    batch: int, strategy, crash_at: int | None = None, backup: pathlib.Path | None = None
+) -> dict:
     """Three epochs; mode="max" on the falling training loss makes epoch 0 the best."""
     model = _model(strategy)
     weights = Weights()
-    stopper = EarlyStopping(monitor="loss", mode="max", patience=10, restore_best_weights=True, verbose=0)
+    stopper = EarlyStopping(
+        monitor="loss", mode="max", patience=10, restore_best_weights=True, verbose=0
+    )
     extra = [] if backup is None else [InterruptAt(crash_at), BackupAndRestore(backup)]
-    model.fit(data(SAMPLES), batch_size=batch, epochs=3, shuffle=False, verbose=0,
-              callbacks=[weights, stopper, *extra])
-    return {"per_epoch": weights.per_epoch, "best_epoch": stopper.best_epoch, "final": full_weights(model)}
+    model.fit(
+        data(SAMPLES),
+        batch_size=batch,
+        epochs=3,
+        shuffle=False,
+        verbose=0,
+        callbacks=[weights, stopper, *extra],
+    )
+    return {
+        "per_epoch": weights.per_epoch,
+        "best_epoch": stopper.best_epoch,
+        "final": full_weights(model),
+    }
 
 
 def run(out: pathlib.Path, batch: int) -> dict:
-    results = {"schedule": schedule(batch, 1), "accumulate": schedule(batch, 2),
-               "restore_ddp": restore(batch, None)}
+    results = {
+        "schedule": schedule(batch, 1),
+        "accumulate": schedule(batch, 2),
+        "restore_ddp": restore(batch, None),
+    }
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         results["restore_fsdp"] = restore(batch, "fsdp")
         try:
-            restore(batch, "fsdp", crash_at=2, backup=out / "backup")  # backups after epochs 0 and 1
+            restore(
+                batch, "fsdp", crash_at=2, backup=out / "backup"
+            )  # backups after epochs 0 and 1
         except Interrupted:
             pass
         results["resumed_fsdp"] = restore(batch, "fsdp", backup=out / "backup")

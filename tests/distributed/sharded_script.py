@@ -21,15 +21,20 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.append(str(pathlib.Path(__file__).resolve().parent))
 
-import hapi  # noqa: E402
 import fsdp_script  # noqa: E402
+
+import hapi  # noqa: E402
 
 
 def loaded(strategy: str, source: str) -> hapi.Model:
     torch.manual_seed(123)  # other weights than the saved ones
     model = hapi.Model(fsdp_script.Blocks())
-    model.prepare(torch.optim.Adam(model.parameters(), lr=0.5), nn.CrossEntropyLoss(), strategy=strategy)
-    model.fit(fsdp_script.data(8), batch_size=4, verbose=0)  # shards the network under FSDP (and makes state)
+    model.prepare(
+        torch.optim.Adam(model.parameters(), lr=0.5), nn.CrossEntropyLoss(), strategy=strategy
+    )
+    model.fit(
+        fsdp_script.data(8), batch_size=4, verbose=0
+    )  # shards the network under FSDP (and makes state)
     model.load(source)
     return model
 
@@ -38,10 +43,14 @@ def held(model: hapi.Model) -> dict:
     optimizer = model._strategy.full_optimizer_state(model.network, model.optimizer)
     return {
         "weights": fsdp_script.full_weights(model),
-        "optimizer": {str(i): {k: v.flatten().tolist() if torch.is_tensor(v) else v for k, v in s.items()}
-                      for i, s in optimizer["state"].items()},
-        "groups": [{k: v for k, v in g.items() if k in ("lr", "betas", "params")}
-                   for g in optimizer["param_groups"]],
+        "optimizer": {
+            str(i): {k: v.flatten().tolist() if torch.is_tensor(v) else v for k, v in s.items()}
+            for i, s in optimizer["state"].items()
+        },
+        "groups": [
+            {k: v for k, v in g.items() if k in ("lr", "betas", "params")}
+            for g in optimizer["param_groups"]
+        ],
         "step": model.step,
     }
 

@@ -21,6 +21,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 
 from conftest import TinyNet, make_tiny_data  # noqa: E402
+
 from hapi import Model, distributed  # noqa: E402
 from hapi.distributed import ddp, shared_memory  # noqa: E402
 
@@ -33,6 +34,7 @@ def _recording(decide):
     def record(wrapped, trained):
         _reasons.append(decide(wrapped, trained))
         return _reasons[-1]
+
     return record
 
 
@@ -43,9 +45,17 @@ def rank() -> int:
 def order_values(rank: int, call: int) -> list[float]:
     """Rank ``rank``'s gradient at backward call ``call``: per element, three values whose
     float32 sum depends on the order they are added in (1e8 + 1 rounds back to 1e8)."""
-    patterns = [[1e8, 1.0, -1e8], [1.0, 1e8, -1e8], [-1e8, 1e8, 1.0], [1e8, -1e8, 1.0],
-                [3.0, 1e8, -1e8], [0.5, 0.25, 0.125]]
-    return [pattern[(rank + call) % 3] * (1 + element % 2) for element, pattern in enumerate(patterns)]
+    patterns = [
+        [1e8, 1.0, -1e8],
+        [1.0, 1e8, -1e8],
+        [-1e8, 1e8, 1.0],
+        [1e8, -1e8, 1.0],
+        [3.0, 1e8, -1e8],
+        [0.5, 0.25, 0.125],
+    ]
+    return [
+        pattern[(rank + call) % 3] * (1 + element % 2) for element, pattern in enumerate(patterns)
+    ]
 
 
 class Vector(nn.Module):
@@ -121,8 +131,11 @@ def scenario_order(out: pathlib.Path) -> dict:
         network.weight.grad = None
         wrapped(torch.tensor(order_values(distributed.rank(), call))).backward()
         grads.append(network.weight.grad.numpy().tobytes().hex())
-    return {"grads": grads, "comm_hooks": [hook.__name__ for hook, _ in wrapped._comm_hooks],
-            "reasons": _reasons}
+    return {
+        "grads": grads,
+        "comm_hooks": [hook.__name__ for hook, _ in wrapped._comm_hooks],
+        "reasons": _reasons,
+    }
 
 
 def scenario_fit(out: pathlib.Path) -> dict:
@@ -130,9 +143,14 @@ def scenario_fit(out: pathlib.Path) -> dict:
     model = tiny_model()
     model.fit((x, y), batch_size=8, epochs=2, shuffle=True, verbose=0)
     descriptors, mappings = memfd_links()
-    return {"weights_hex": flat(model).numpy().tobytes().hex(), "weights": flat(model).tolist(),
-            "comm_hooks": hooks(model), "reasons": _reasons,
-            "memfd_descriptors": descriptors, "memfd_mappings": mappings}
+    return {
+        "weights_hex": flat(model).numpy().tobytes().hex(),
+        "weights": flat(model).tolist(),
+        "comm_hooks": hooks(model),
+        "reasons": _reasons,
+        "memfd_descriptors": descriptors,
+        "memfd_mappings": mappings,
+    }
 
 
 def scenario_sparse(out: pathlib.Path) -> dict:
@@ -180,7 +198,11 @@ def scenario_disagree(out: pathlib.Path) -> dict:
             model.fit((x, y), batch_size=8, epochs=2, shuffle=False, verbose=0)
         finally:
             restore()
-        results[case] = {"weights": flat(model).tolist(), "comm_hooks": hooks(model), "reason": _reasons[-1]}
+        results[case] = {
+            "weights": flat(model).tolist(),
+            "comm_hooks": hooks(model),
+            "reason": _reasons[-1],
+        }
     return results
 
 
@@ -202,8 +224,10 @@ def scenario_crash_after_reserve(out: pathlib.Path) -> dict:
 def scenario_attach_error(out: pathlib.Path) -> dict:
     """Rank 1 fails to map the buffer with an unexpected error: every rank raises, none waits."""
     if rank() == 1:
+
         def broken(*args, **kwargs):
             raise ValueError("injected on rank 1")
+
         shared_memory.SharedMemoryAllReduce = broken
     x, y = make_tiny_data(TRAIN_SAMPLES)
     try:
@@ -232,10 +256,15 @@ def scenario_until_killed(out: pathlib.Path) -> dict:
     return {}
 
 
-SCENARIOS = {"order": scenario_order, "fit": scenario_fit, "sparse": scenario_sparse,
-             "disagree": scenario_disagree, "crash_after_reserve": scenario_crash_after_reserve,
-             "attach_error": scenario_attach_error,
-             "until_killed": scenario_until_killed}
+SCENARIOS = {
+    "order": scenario_order,
+    "fit": scenario_fit,
+    "sparse": scenario_sparse,
+    "disagree": scenario_disagree,
+    "crash_after_reserve": scenario_crash_after_reserve,
+    "attach_error": scenario_attach_error,
+    "until_killed": scenario_until_killed,
+}
 
 
 def main(scenario: str, out_dir: str) -> None:

@@ -18,6 +18,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 
 from conftest import TinyNet, make_tiny_data  # noqa: E402
+
 from hapi import Model, distributed  # noqa: E402
 
 
@@ -32,7 +33,10 @@ def train(batch_size: int) -> Model:
 if __name__ == "__main__":
     out = pathlib.Path(sys.argv[1])
     model = train(8)
-    result = {"rank": distributed.rank(), "world_size": distributed.world_size(),
-              "local_world_size": os.environ.get("LOCAL_WORLD_SIZE"),
-              "weights": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()}
+    result = {
+        "rank": distributed.rank(),
+        "world_size": distributed.world_size(),
+        "local_world_size": os.environ.get("LOCAL_WORLD_SIZE"),
+        "weights": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist(),
+    }
     (out / f"slurm.rank{os.environ['SLURM_PROCID']}.json").write_text(json.dumps(result))

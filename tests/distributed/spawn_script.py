@@ -16,8 +16,9 @@ from torch import nn
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 
-import hapi  # noqa: E402
 from conftest import TinyNet, make_tiny_data  # noqa: E402
+
+import hapi  # noqa: E402
 
 
 def train(out_dir: str = ".", tag: str = "plain") -> float:
@@ -26,8 +27,12 @@ def train(out_dir: str = ".", tag: str = "plain") -> float:
     model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
     print(f"rank {os.environ['RANK']} says hello")
     history = model.fit(make_tiny_data(64), batch_size=8, epochs=1, verbose=0)
-    record = {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"]),
-              "loss": history.history["loss"][-1], "threads": torch.get_num_threads()}
+    record = {
+        "rank": int(os.environ["RANK"]),
+        "world_size": int(os.environ["WORLD_SIZE"]),
+        "loss": history.history["loss"][-1],
+        "threads": torch.get_num_threads(),
+    }
     (pathlib.Path(out_dir) / f"{tag}.rank{record['rank']}.json").write_text(json.dumps(record))
     return record["loss"]
 
@@ -46,7 +51,11 @@ if __name__ == "__main__":
         os.chdir(out)
         hapi.spawn(train)  # fn only: one process per CPU core here (2)
         hapi.spawn(train, args=(out, "args"))  # with args
-        results = hapi.spawn(train, args=(out, "nprocs"), nprocs=2, log_dir=os.path.join(out, "logs"))
-        (pathlib.Path(out) / "returned.json").write_text(json.dumps({str(k): v for k, v in results.items()}))
+        results = hapi.spawn(
+            train, args=(out, "nprocs"), nprocs=2, log_dir=os.path.join(out, "logs")
+        )
+        (pathlib.Path(out) / "returned.json").write_text(
+            json.dumps({str(k): v for k, v in results.items()})
+        )
     elif mode == "fail":
         hapi.spawn(train_then_fail, args=(out,), nprocs=2)

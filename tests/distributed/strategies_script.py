@@ -16,8 +16,9 @@ from torch import nn
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 
-import hapi  # noqa: E402
 from conftest import make_tiny_data  # noqa: E402
+
+import hapi  # noqa: E402
 
 
 class WithUnusedBranch(nn.Module):
@@ -35,7 +36,9 @@ class WithUnusedBranch(nn.Module):
 def train(batch_size: int, strategy=None) -> hapi.Model:
     torch.manual_seed(0)
     model = hapi.Model(WithUnusedBranch())
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), strategy=strategy)
+    model.prepare(
+        torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), strategy=strategy
+    )
     model.fit(make_tiny_data(32), batch_size=batch_size, epochs=2, shuffle=False, verbose=0)
     return model
 
@@ -54,8 +57,11 @@ def run() -> dict:
     results["find_unused"] = weights(train(8, hapi.DDP(find_unused_parameters=True)))
     try:
         bn = hapi.Model(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)))
-        bn.prepare(torch.optim.SGD(bn.parameters(), lr=0.1), nn.CrossEntropyLoss(),
-                   strategy=hapi.DDP(sync_batchnorm=True))
+        bn.prepare(
+            torch.optim.SGD(bn.parameters(), lr=0.1),
+            nn.CrossEntropyLoss(),
+            strategy=hapi.DDP(sync_batchnorm=True),
+        )
         bn.fit(make_tiny_data(32), batch_size=8, verbose=0)
         results["sync_batchnorm"] = "trained"
     except Exception as error:  # noqa: BLE001 -- the test reads the message

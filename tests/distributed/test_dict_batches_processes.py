@@ -6,7 +6,6 @@ import json
 import sys
 
 import pytest
-
 from dist_helpers import WORKER, assert_close_lists, child_env, read_ranks, run_bounded, torchrun
 
 SCRIPT = WORKER.parent / "dict_script.py"

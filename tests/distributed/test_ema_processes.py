@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 import pytest
-
 from dist_helpers import WORKER, assert_close_lists, read_ranks, torchrun
 
 SCRIPT = WORKER.parent / "ema_script.py"

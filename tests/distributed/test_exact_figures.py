@@ -17,7 +17,6 @@ import sys
 
 import pytest
 import torch
-
 from dist_helpers import read_ranks, torchrun
 
 SCRIPT = pathlib.Path(__file__).resolve().parent / "figures_script.py"
@@ -76,7 +75,9 @@ def check_eval_shards(ranks):
         for rank in ranks:
             assert_figures(rank[f"evaluate_{samples}"], expected)
             assert len(rank[f"predict_{samples}"]) == samples
-            torch.testing.assert_close(torch.tensor(rank[f"predict_{samples}"]), rows, atol=1e-6, rtol=0)
+            torch.testing.assert_close(
+                torch.tensor(rank[f"predict_{samples}"]), rows, atol=1e-6, rtol=0
+            )
 
 
 def check_only_rank_0_writes_visualdl(ranks, tmp_path):

@@ -6,7 +6,6 @@ import sys
 
 import pytest
 import torch
-
 from dist_helpers import WORKER, assert_close_lists, read_ranks, torchrun
 
 SCRIPT = WORKER.parent / "fsdp_script.py"
@@ -67,7 +66,10 @@ def test_each_process_holds_its_share_and_the_network_stays_the_users(sharded_ru
     assert [rank["optimizer_bytes"] for rank in ranks] == held  # SGD momentum: one buffer per shard
     for rank in ranks:
         assert rank["is_users_module"]
-        assert rank["summary"] == {"total_params": FULL_PARAMETERS, "trainable_params": FULL_PARAMETERS}
+        assert rank["summary"] == {
+            "total_params": FULL_PARAMETERS,
+            "trainable_params": FULL_PARAMETERS,
+        }
 
 
 def test_evaluate_predict_and_the_saved_file_are_one_models(sharded_run):
@@ -81,11 +83,14 @@ def test_evaluate_predict_and_the_saved_file_are_one_models(sharded_run):
     optimizer = torch.optim.SGD(network.parameters(), lr=0.2, momentum=0.9)
     optimizer.load_state_dict(state["optimizer"])
     assert len(optimizer.state) == 8  # a momentum buffer for each of the 8 parameters
-    import hapi
     from torchmetrics import Accuracy
 
+    import hapi
+
     model = hapi.Model(network)
-    model.prepare(loss=torch.nn.CrossEntropyLoss(), metrics=Accuracy(task="multiclass", num_classes=3))
+    model.prepare(
+        loss=torch.nn.CrossEntropyLoss(), metrics=Accuracy(task="multiclass", num_classes=3)
+    )
     figures = model.evaluate(fsdp_script.data(13), batch_size=2, verbose=0)
     predicted = model.predict(fsdp_script.data(13), batch_size=2, stack_outputs=True, verbose=0)[0]
     for rank in ranks:

@@ -26,7 +26,9 @@ def test_other_ranks_wait_past_stale_publications_for_this_attempts_rank_0(free_
     # An earlier attempt's rank 0 published a store that died with it (nothing listens there)...
     agent.set(store._PUBLISHED_KEY, f"127.0.0.1 {free_port} earlier-token")
     joined: list = []
-    joiner = threading.Thread(target=lambda: joined.append(store._join_published_store(agent, 2, TIMEOUT)))
+    joiner = threading.Thread(
+        target=lambda: joined.append(store._join_published_store(agent, 2, TIMEOUT))
+    )
     joiner.start()
     time.sleep(2.5)
     assert not joined  # a dead address is no answer: still waiting
@@ -54,7 +56,13 @@ def test_the_joiner_tries_each_published_address_until_one_holds_the_token():
     assert joined.get("from rank 0") == b"hello"
 
 
-MACHINE = [("lo", "127.0.0.1"), ("eth0", "10.1.2.3"), ("lo", "::1"), ("eth0", "fd00::5"), ("eth1", "192.168.7.9")]
+MACHINE = [
+    ("lo", "127.0.0.1"),
+    ("eth0", "10.1.2.3"),
+    ("lo", "::1"),
+    ("eth0", "fd00::5"),
+    ("eth1", "192.168.7.9"),
+]
 
 
 def _machine(monkeypatch, seen, addresses=MACHINE):
@@ -74,7 +82,11 @@ def test_a_loopback_route_across_machines_publishes_every_other_address(monkeypa
     # MASTER_ADDR is this machine's name, which /etc/hosts maps to 127.0.1.1 (Debian, Ubuntu):
     # another machine would read a loopback address as itself.
     _machine(monkeypatch, "127.0.1.1")
-    assert store._addresses_others_reach("hosta", 1, spans_machines=True) == ["10.1.2.3", "192.168.7.9", "fd00::5"]
+    assert store._addresses_others_reach("hosta", 1, spans_machines=True) == [
+        "10.1.2.3",
+        "192.168.7.9",
+        "fd00::5",
+    ]
     # A machine with loopback alone cannot be reached from another: all processes are on it.
     _machine(monkeypatch, "127.0.1.1", [("lo", "127.0.0.1"), ("lo", "::1")])
     assert store._addresses_others_reach("hosta", 1, spans_machines=True) == ["127.0.1.1"]
@@ -88,10 +100,14 @@ def test_gloo_listens_where_the_others_reach_when_the_hostname_is_loopback(monke
     monkeypatch.setattr(store, "_name_resolves_to_loopback", lambda name: False)
     _machine(monkeypatch, "127.0.1.1")
     store._bind_gloo_where_others_reach("hosta", 1)
-    assert "GLOO_SOCKET_IFNAME" not in os.environ  # the hostname is reachable: Gloo's own choice serves
+    assert (
+        "GLOO_SOCKET_IFNAME" not in os.environ
+    )  # the hostname is reachable: Gloo's own choice serves
     monkeypatch.setattr(store, "_name_resolves_to_loopback", lambda name: True)
     store._bind_gloo_where_others_reach("hosta", 1)
-    assert os.environ["GLOO_SOCKET_IFNAME"] == "eth0"  # rank 0's machine: the first published address
+    assert (
+        os.environ["GLOO_SOCKET_IFNAME"] == "eth0"
+    )  # rank 0's machine: the first published address
     _machine(monkeypatch, "192.168.7.9")
     monkeypatch.delenv("GLOO_SOCKET_IFNAME")
     store._bind_gloo_where_others_reach("hosta", 1)

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 import torch
+from conftest import TinyNet, make_tiny_data
+from dist_helpers import WORKER, child_env, run_bounded, torchrun, two_machines
 from torch import nn
 
 from callbacks import BackupAndRestore
-from conftest import TinyNet, make_tiny_data
-from dist_helpers import WORKER, child_env, run_bounded, torchrun, two_machines
 from hapi import Model
 
 sys.path.insert(0, str(WORKER.parent))
@@ -22,11 +22,15 @@ MID_EPOCH_KILL = 10  # the last backup before it, at step 9, lies mid-epoch (bat
 
 
 def _run(out, *args, **env):
-    return run_bounded([sys.executable, str(SCRIPT), str(out), *map(str, args)], 120, child_env(**env))
+    return run_bounded(
+        [sys.executable, str(SCRIPT), str(out), *map(str, args)], 120, child_env(**env)
+    )
 
 
 def _run_script(script, out, *args, **env):
-    result = run_bounded([sys.executable, str(script), str(out), *map(str, args)], 120, child_env(**env))
+    result = run_bounded(
+        [sys.executable, str(script), str(out), *map(str, args)], 120, child_env(**env)
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -64,8 +68,17 @@ def test_two_processes_restarted_by_torchrun_resume_exactly(tmp_path):
     reference_dir, crash_dir = tmp_path / "reference", tmp_path / "crash"
     reference_dir.mkdir(), crash_dir.mkdir()
     torchrun(["--standalone", "--nproc_per_node=2", str(SCRIPT), str(reference_dir)])
-    result = torchrun(["--standalone", "--nproc_per_node=2", "--max-restarts=1", str(SCRIPT),
-                       str(crash_dir), str(KILL_AT_STEP)], KILL_RANK="1")
+    result = torchrun(
+        [
+            "--standalone",
+            "--nproc_per_node=2",
+            "--max-restarts=1",
+            str(SCRIPT),
+            str(crash_dir),
+            str(KILL_AT_STEP),
+        ],
+        KILL_RANK="1",
+    )
     assert "BackupAndRestore: resuming from" in result.stdout + result.stderr
     for rank in (0, 1):
         _assert_same_run(_result(crash_dir, rank), _result(reference_dir, rank))
@@ -78,13 +91,18 @@ def augmented_references(tmp_path_factory):
     with worker processes must equal them too."""
     one, two = tmp_path_factory.mktemp("augmented_one"), tmp_path_factory.mktemp("augmented_two")
     assert _run(one, AUGMENT_WORKERS="0").returncode == 0
-    torchrun(["--standalone", "--nproc_per_node=2", str(SCRIPT), str(two)], AUGMENT_WORKERS="0",
-             BACKUP_EVERY="2")
+    torchrun(
+        ["--standalone", "--nproc_per_node=2", str(SCRIPT), str(two)],
+        AUGMENT_WORKERS="0",
+        BACKUP_EVERY="2",
+    )
     return one, two
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_random_augmentation_resumes_exactly_on_one_process(tmp_path, workers, augmented_references):
+def test_random_augmentation_resumes_exactly_on_one_process(
+    tmp_path, workers, augmented_references
+):
     """__getitem__ draws noise from torch, NumPy and Python: each batch's draws depend only
     on (seed, epoch, batch position), not on the look-ahead fetch before a backup nor on
     which worker loads the batch after a restart."""
@@ -96,17 +114,25 @@ def test_random_augmentation_resumes_exactly_on_one_process(tmp_path, workers, a
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_random_augmentation_resumes_exactly_on_two_processes(tmp_path, workers, augmented_references):
+def test_random_augmentation_resumes_exactly_on_two_processes(
+    tmp_path, workers, augmented_references
+):
     """Each rank reads 6 batches (3 optimizer steps) an epoch: a backup every 2 steps puts
     the one at step 4 mid-epoch, and rank 1 dies at step 5."""
-    result = torchrun(["--standalone", "--nproc_per_node=2", "--max-restarts=1", str(SCRIPT),
-                       str(tmp_path), "5"], KILL_RANK="1", AUGMENT_WORKERS=str(workers), BACKUP_EVERY="2")
+    result = torchrun(
+        ["--standalone", "--nproc_per_node=2", "--max-restarts=1", str(SCRIPT), str(tmp_path), "5"],
+        KILL_RANK="1",
+        AUGMENT_WORKERS=str(workers),
+        BACKUP_EVERY="2",
+    )
     assert "at epoch 2, batch 2 (optimizer step 4)" in result.stdout + result.stderr
     for rank in (0, 1):
         _assert_same_run(_result(tmp_path, rank), _result(augmented_references[1], rank))
 
 
-def test_two_machines_without_a_shared_file_system_resume_from_the_latest_backup(tmp_path, free_port):
+def test_two_machines_without_a_shared_file_system_resume_from_the_latest_backup(
+    tmp_path, free_port
+):
     """Each "machine" (a torchrun agent) runs in its own directory, so a backup is seen
     only where rank 0 wrote it. After rank 1 dies, the agents meet again and may swap
     ranks (the healthy node restarts for free, the other spends its restart): both must
@@ -117,9 +143,14 @@ def test_two_machines_without_a_shared_file_system_resume_from_the_latest_backup
     machines = [tmp_path / "machine0", tmp_path / "machine1"]
     for directory in machines:
         directory.mkdir()
-    outputs = two_machines(free_port, "hapi-no-shared-fs",
-                           [[str(SCRIPT), str(directory), str(KILL_AT_STEP)] for directory in machines],
-                           options=("--max-restarts=1",), KILL_RANK="1", KILL_MARKER=str(tmp_path / "killed"))
+    outputs = two_machines(
+        free_port,
+        "hapi-no-shared-fs",
+        [[str(SCRIPT), str(directory), str(KILL_AT_STEP)] for directory in machines],
+        options=("--max-restarts=1",),
+        KILL_RANK="1",
+        KILL_MARKER=str(tmp_path / "killed"),
+    )
     assert (tmp_path / "killed").exists()  # rank 1 did die mid-epoch
     assert "BackupAndRestore: resuming from" in "".join(outputs)
     results = {}
@@ -141,20 +172,31 @@ def _prepared():
 
 def test_backup_kept_on_request_and_a_finished_backup_resumes_nothing(tmp_path):
     data = make_tiny_data(32)
-    _prepared().fit(data, batch_size=8, epochs=2, verbose=0,
-                    callbacks=[BackupAndRestore(tmp_path, delete_checkpoint=False)])
+    _prepared().fit(
+        data,
+        batch_size=8,
+        epochs=2,
+        verbose=0,
+        callbacks=[BackupAndRestore(tmp_path, delete_checkpoint=False)],
+    )
     assert (tmp_path / "backup.pt").exists()
-    history = _prepared().fit(data, batch_size=8, epochs=2, verbose=0,
-                              callbacks=[BackupAndRestore(tmp_path)])
+    history = _prepared().fit(
+        data, batch_size=8, epochs=2, verbose=0, callbacks=[BackupAndRestore(tmp_path)]
+    )
     assert history.epoch == [0, 1]  # restored from the backup: both epochs already done
     assert not (tmp_path / "backup.pt").exists()
 
 
 def test_a_damaged_backup_is_explained(tmp_path):
     (tmp_path / "backup.pt").write_bytes(b"PK\x03\x04 not really a checkpoint")
-    with pytest.raises(RuntimeError, match=r"could not resume from .*backup\.pt.*truncated or corrupt.*"
-                                           r"delete .*backup\.pt"):
-        _prepared().fit(make_tiny_data(16), batch_size=8, verbose=0, callbacks=[BackupAndRestore(tmp_path)])
+    with pytest.raises(
+        RuntimeError,
+        match=r"could not resume from .*backup\.pt.*truncated or corrupt.*"
+        r"delete .*backup\.pt",
+    ):
+        _prepared().fit(
+            make_tiny_data(16), batch_size=8, verbose=0, callbacks=[BackupAndRestore(tmp_path)]
+        )
 
 
 def test_resume_needs_a_running_fit_and_a_file_saved_during_one(tmp_path):
@@ -185,16 +227,30 @@ def test_a_job_that_loses_a_process_trains_the_rest_of_the_epoch_once(tmp_path):
     import elastic_script as es
 
     script = WORKER.parent / "elastic_script.py"
-    killed = torchrun(["--standalone", "--nproc_per_node=2", str(script), str(tmp_path), "9"], check=False)
+    killed = torchrun(
+        ["--standalone", "--nproc_per_node=2", str(script), str(tmp_path), "9"], check=False
+    )
     assert killed.returncode != 0
     resumed = _run_script(script, tmp_path)
     assert "at epoch 2, batch 0 (optimizer step 8)" in resumed.stdout  # batches counted anew on 1
     assert "split across the processes there are now" in resumed.stderr
     trained = []
     for rank in (0, 1):  # the two processes' first 2 batches of epoch 1, before the backup
-        reads = [int(i) for e, i in (line.split() for line in open(tmp_path / f"reads.2.rank{rank}.txt")) if e == "1"]
-        trained += reads[:2 * es.BATCH]
-    trained += [int(i) for e, i in (line.split() for line in open(tmp_path / "reads.1.rank0.txt")) if e == "1"]
+        reads = [
+            int(i)
+            for e, i in (line.split() for line in open(tmp_path / f"reads.2.rank{rank}.txt"))
+            if e == "1"
+        ]
+        trained += reads[: 2 * es.BATCH]
+    trained += [
+        int(i)
+        for e, i in (line.split() for line in open(tmp_path / "reads.1.rank0.txt"))
+        if e == "1"
+    ]
     assert sorted(trained) == list(range(es.SAMPLES))  # none repeated, none skipped
-    later = [int(i) for e, i in (line.split() for line in open(tmp_path / "reads.1.rank0.txt")) if e == "2"]
+    later = [
+        int(i)
+        for e, i in (line.split() for line in open(tmp_path / "reads.1.rank0.txt"))
+        if e == "2"
+    ]
     assert sorted(later) == list(range(es.SAMPLES))  # the next epoch is whole, on one process

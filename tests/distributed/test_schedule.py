@@ -9,7 +9,6 @@ import math
 import sys
 
 import pytest
-
 from dist_helpers import WORKER, assert_close_lists, read_ranks, torchrun
 
 SCRIPT = WORKER.parent / "schedule_script.py"
@@ -30,8 +29,10 @@ def one(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
     out = tmp_path_factory.mktemp("schedule2")
-    torchrun(["--standalone", "--nproc_per_node=2", str(SCRIPT), str(out), str(PER_PROCESS_BATCH)],
-             timeout=180)
+    torchrun(
+        ["--standalone", "--nproc_per_node=2", str(SCRIPT), str(out), str(PER_PROCESS_BATCH)],
+        timeout=180,
+    )
     return read_ranks(out, "schedule", 2)
 
 
@@ -48,7 +49,9 @@ def test_one_cycle_from_the_factory_has_the_same_course_on_two_processes(one, tw
 
 def test_under_accumulation_the_schedule_counts_updates_on_two_processes(one, two):
     if not one["accumulate"]["params_have_accumulation"]:
-        pytest.skip("hapi.Model.fit does not put accumulate_grad_batches in the callbacks' params yet")
+        pytest.skip(
+            "hapi.Model.fit does not put accumulate_grad_batches in the callbacks' params yet"
+        )
     updates = 2 * math.ceil(5 / 2)  # 5 batches per epoch, 2 per update: groups of 2, 2 and 1
     for run in (one, *two):
         assert run["accumulate"]["total"] == run["accumulate"]["updates"] == updates

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 import torch
-
 from dist_helpers import child_env
+
 from hapi import distributed
 
 
@@ -19,12 +19,27 @@ def test_a_port_in_use_names_the_address_and_the_fix():
         busy.listen()
         port = busy.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-c", "import torch; from hapi import Model; Model(torch.nn.Linear(1, 1))"],
-            capture_output=True, text=True, timeout=120,
-            env=child_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(port)))
+            [
+                sys.executable,
+                "-c",
+                "import torch; from hapi import Model; Model(torch.nn.Linear(1, 1))",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=child_env(
+                RANK="0",
+                LOCAL_RANK="0",
+                WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            ),
+        )
     assert result.returncode != 0
-    assert f"DistributedSetupError: Could not join the gloo process group at 127.0.0.1:{port}" in result.stderr
+    assert (
+        f"DistributedSetupError: Could not join the gloo process group at 127.0.0.1:{port}"
+        in result.stderr
+    )
     assert "another program already listens on that port" in result.stderr
 
 
@@ -45,8 +60,10 @@ def test_the_backend_follows_the_models_device(monkeypatch):
     # Model(net, device="cpu") on a GPU machine: NCCL cannot reduce CPU tensors.
     assert distributed.backend_name("cpu") == "gloo"
     monkeypatch.setenv("HAPI_BACKEND", "nccl")
-    with pytest.raises(distributed.DistributedSetupError,
-                       match=r"reduces CUDA tensors only, but the Model was given device='cpu'"):
+    with pytest.raises(
+        distributed.DistributedSetupError,
+        match=r"reduces CUDA tensors only, but the Model was given device='cpu'",
+    ):
         distributed.backend_name("cpu")
 
 
@@ -54,7 +71,9 @@ def test_an_incomplete_environment_says_what_is_missing(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     for name in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(distributed.DistributedSetupError, match="RANK, MASTER_ADDR, MASTER_PORT are not set"):
+    with pytest.raises(
+        distributed.DistributedSetupError, match="RANK, MASTER_ADDR, MASTER_PORT are not set"
+    ):
         distributed.setup()
 
 

@@ -6,7 +6,6 @@ import json
 import sys
 
 import pytest
-
 from dist_helpers import WORKER, child_env, run_bounded, torchrun
 
 SCRIPT = WORKER.parent / "sharded_script.py"
@@ -23,8 +22,18 @@ def _one_process(*args):
 
 def test_saved_on_two_fsdp_processes_loads_on_one_three_and_through_ddp(tmp_path):
     fsdp_dir, ddp_dir = tmp_path / "fsdp2", tmp_path / "from_ddp"
-    torchrun(["--standalone", "--nproc_per_node=2", str(SCRIPT), str(tmp_path), "saved", "fsdp", "-",
-              str(fsdp_dir)])
+    torchrun(
+        [
+            "--standalone",
+            "--nproc_per_node=2",
+            str(SCRIPT),
+            str(tmp_path),
+            "saved",
+            "fsdp",
+            "-",
+            str(fsdp_dir),
+        ]
+    )
     saved = _facts(tmp_path, "saved")
     # Every process wrote its own shard file (rank 0 also the manifest).
     shards = next(fsdp_dir.glob("shards-*"))
@@ -32,10 +41,40 @@ def test_saved_on_two_fsdp_processes_loads_on_one_three_and_through_ddp(tmp_path
     assert (fsdp_dir / "checkpoint.pt").is_file()
 
     _one_process(tmp_path, "one", "auto", fsdp_dir)
-    torchrun(["--standalone", "--nproc_per_node=3", str(SCRIPT), str(tmp_path), "three", "fsdp", str(fsdp_dir)])
-    torchrun(["--standalone", "--nproc_per_node=2", str(SCRIPT), str(tmp_path), "ddp", "ddp", str(fsdp_dir),
-              str(ddp_dir)])
-    torchrun(["--standalone", "--nproc_per_node=2", str(SCRIPT), str(tmp_path), "back", "fsdp", str(ddp_dir)])
+    torchrun(
+        [
+            "--standalone",
+            "--nproc_per_node=3",
+            str(SCRIPT),
+            str(tmp_path),
+            "three",
+            "fsdp",
+            str(fsdp_dir),
+        ]
+    )
+    torchrun(
+        [
+            "--standalone",
+            "--nproc_per_node=2",
+            str(SCRIPT),
+            str(tmp_path),
+            "ddp",
+            "ddp",
+            str(fsdp_dir),
+            str(ddp_dir),
+        ]
+    )
+    torchrun(
+        [
+            "--standalone",
+            "--nproc_per_node=2",
+            str(SCRIPT),
+            str(tmp_path),
+            "back",
+            "fsdp",
+            str(ddp_dir),
+        ]
+    )
     assert len(saved["optimizer"]) == 8 and saved["step"] > 0
     for name in ("one", "three", "ddp", "back"):
         facts = _facts(tmp_path, name)

@@ -21,8 +21,15 @@ from torch import nn
 
 from hapi.distributed import shared_memory
 from hapi.distributed.ddp import _why_not
-from hapi.distributed.shared_memory import (_COUNT, _PUBLISHED, SharedMemoryAllReduce, process_identity,
-                                            reason_not_to_use, release, reserve)
+from hapi.distributed.shared_memory import (
+    _COUNT,
+    _PUBLISHED,
+    SharedMemoryAllReduce,
+    process_identity,
+    reason_not_to_use,
+    release,
+    reserve,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -40,8 +47,9 @@ def buffers():
         return reservation
 
     def attach(reservation, rank: int, timeout_s: float = 30.0, peers=None):
-        state = SharedMemoryAllReduce(reservation, rank, peers or [process_identity()] * reservation.world,
-                                      timeout_s)
+        state = SharedMemoryAllReduce(
+            reservation, rank, peers or [process_identity()] * reservation.world, timeout_s
+        )
         states.append(state)
         return state
 
@@ -55,7 +63,7 @@ def buffers():
 def _publish_as(state: SharedMemoryAllReduce, rank: int, values: list[float]) -> None:
     """What rank ``rank`` does for ``state``'s next call: its row, its count, then the call number."""
     call = state.calls + 1
-    state.rows[call % 2, rank, :len(values)] = torch.tensor(values)
+    state.rows[call % 2, rank, : len(values)] = torch.tensor(values)
     state.lines[rank, _COUNT + call % 2] = len(values)
     state.lines[rank, _PUBLISHED] = call
 
@@ -68,8 +76,11 @@ def test_the_average_is_over_every_rank_in_rank_order(buffers):
     _publish_as(state, 2, [-1e8, -1e8, 1.0, 9.0])
     gradients = torch.tensor([1e8, 1.0, 1e8, 3.0])
     assert state.average(gradients) is gradients  # averaged in place, as DDP's bucket expects
-    expected = (torch.tensor([1e8, 1.0, 1e8, 3.0]) + torch.tensor([1.0, 1e8, -1e8, 6.0])
-                + torch.tensor([-1e8, -1e8, 1.0, 9.0])) / 3
+    expected = (
+        torch.tensor([1e8, 1.0, 1e8, 3.0])
+        + torch.tensor([1.0, 1e8, -1e8, 6.0])
+        + torch.tensor([-1e8, -1e8, 1.0, 9.0])
+    ) / 3
     assert gradients.numpy().tobytes() == expected.numpy().tobytes()
     assert gradients.tolist()[:2] == [0.0, 0.0] and gradients[3] == 6.0
     assert state.lines[0, _PUBLISHED] == 1  # rank 0 published its call
@@ -86,7 +97,9 @@ def test_each_process_writes_its_own_cache_lines_whatever_the_size(buffers):
         assert state.lines.ctypes.data % 64 == 0  # the counters start on a line...
         assert state.lines.strides == (64, 8)  # ...and each process has a line of its own
         assert state.rows.data_ptr() % 64 == 0
-        assert state.rows.data_ptr() >= state.lines.ctypes.data + 3 * 64  # no row shares a counter's line
+        assert (
+            state.rows.data_ptr() >= state.lines.ctypes.data + 3 * 64
+        )  # no row shares a counter's line
 
 
 def test_buckets_of_different_sizes_raise_on_both_ranks(buffers):
@@ -107,9 +120,15 @@ def test_buckets_of_different_sizes_raise_on_both_ranks(buffers):
     for thread in threads:
         thread.join(timeout=30)
     assert sorted(errors) == [0, 1]  # neither averaged stale memory
-    assert "Rank 0 averages a gradient bucket of 4 elements, but rank 1 published 3" in str(errors[0])
-    assert "Rank 1 averages a gradient bucket of 3 elements, but rank 0 published 4" in str(errors[1])
-    assert "same trainable parameters" in str(errors[0]) and "HAPI_SHM_ALLREDUCE=0" in str(errors[0])
+    assert "Rank 0 averages a gradient bucket of 4 elements, but rank 1 published 3" in str(
+        errors[0]
+    )
+    assert "Rank 1 averages a gradient bucket of 3 elements, but rank 0 published 4" in str(
+        errors[1]
+    )
+    assert "same trainable parameters" in str(errors[0]) and "HAPI_SHM_ALLREDUCE=0" in str(
+        errors[0]
+    )
 
 
 def test_a_rank_that_never_arrives_is_named_after_the_timeout(buffers):
@@ -133,17 +152,29 @@ def test_a_dead_peer_is_noticed_within_seconds_not_after_the_timeout(buffers):
     make, attach = buffers
     reservation = make(numel=4, world=2)
     argument = pickle.dumps((reservation, process_identity())).hex()
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, argument], stdout=subprocess.PIPE, text=True,
-                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, argument],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         assert child.stdout.readline().strip() == "mapped"
-        state = attach(reservation, 0, timeout_s=300.0,  # HAPI_DIST_TIMEOUT's default
-                       peers=[process_identity(), (child.pid, shared_memory._start_time(child.pid))])
+        state = attach(
+            reservation,
+            0,
+            timeout_s=300.0,  # HAPI_DIST_TIMEOUT's default
+            peers=[process_identity(), (child.pid, shared_memory._start_time(child.pid))],
+        )
         killer = threading.Timer(0.3, os.kill, (child.pid, signal.SIGKILL))  # not reaped: a zombie
         killer.start()
         started = time.monotonic()
-        with pytest.raises(RuntimeError, match=rf"gradients of rank 1 \(process {child.pid}\), which is "
-                                               "no longer running"):
+        with pytest.raises(
+            RuntimeError,
+            match=rf"gradients of rank 1 \(process {child.pid}\), which is "
+            "no longer running",
+        ):
             state.average(torch.ones(4))
         assert time.monotonic() - started < 5
         killer.join()
@@ -156,18 +187,26 @@ def test_only_rank_0s_buffer_is_accepted(buffers):
     make, attach = buffers
     reservation = make(numel=4, world=2)
     other = make(numel=4, world=2)
-    forged = shared_memory.Reservation(reservation.pid, reservation.fd, reservation.name,
-                                       other.token, 4, 2)  # the right memory, another token
+    forged = shared_memory.Reservation(
+        reservation.pid, reservation.fd, reservation.name, other.token, 4, 2
+    )  # the right memory, another token
     with pytest.raises(OSError, match="does not hold rank 0's token"):
         attach(forged, 1)
-    elsewhere = shared_memory.Reservation(reservation.pid, other.fd, reservation.name,
-                                          reservation.token, 4, 2)  # that descriptor is another buffer
+    elsewhere = shared_memory.Reservation(
+        reservation.pid, other.fd, reservation.name, reservation.token, 4, 2
+    )  # that descriptor is another buffer
     with pytest.raises(OSError, match="not rank 0's buffer"):
         attach(elsewhere, 1)
     with pytest.raises(OSError, match="holds .* bytes, not the buffer's"):
-        attach(shared_memory.Reservation(reservation.pid, reservation.fd, reservation.name,
-                                         reservation.token, 5, 2), 1)
-    with pytest.raises(OSError, match="rank 1's process .* is not visible"):  # another pid namespace
+        attach(
+            shared_memory.Reservation(
+                reservation.pid, reservation.fd, reservation.name, reservation.token, 5, 2
+            ),
+            1,
+        )
+    with pytest.raises(
+        OSError, match="rank 1's process .* is not visible"
+    ):  # another pid namespace
         attach(reservation, 0, peers=[process_identity(), (os.getpid(), 1)])
 
 
@@ -175,7 +214,9 @@ def test_every_process_must_see_every_other_ones_writes(buffers):
     make, attach = buffers
     reservation = make(numel=4, world=2)
     theirs = os.getppid()  # a live process that is not rank 1 yet
-    rank_0 = attach(reservation, 0, peers=[process_identity(), (theirs, shared_memory._start_time(theirs))])
+    rank_0 = attach(
+        reservation, 0, peers=[process_identity(), (theirs, shared_memory._start_time(theirs))]
+    )
     assert not rank_0.everyone_attached()  # rank 1 has not written its id yet
     rank_0.lines[1, shared_memory._PID] = theirs  # as rank 1 does when it maps the buffer
     assert rank_0.everyone_attached()
@@ -194,7 +235,9 @@ def test_the_buffer_has_no_name_and_its_descriptor_is_released():
 
 def test_no_room_for_the_buffer_gives_none_and_leaks_nothing(monkeypatch):
     descriptors = len(os.listdir("/proc/self/fd"))
-    monkeypatch.setattr(os, "posix_fallocate", lambda *args: (_ for _ in ()).throw(OSError(28, "full")))
+    monkeypatch.setattr(
+        os, "posix_fallocate", lambda *args: (_ for _ in ()).throw(OSError(28, "full"))
+    )
     assert reserve(numel=4, world=2) is None
     assert len(os.listdir("/proc/self/fd")) == descriptors
 
@@ -202,7 +245,9 @@ def test_no_room_for_the_buffer_gives_none_and_leaks_nothing(monkeypatch):
 def test_a_sparse_bucket_raises_instead_of_a_reshape_error(buffers):
     make, attach = buffers
     state = attach(make(numel=4, world=1), rank=0)
-    with pytest.raises(RuntimeError, match="sparse_coo torch.float32 gradient bucket.*HAPI_SHM_ALLREDUCE=0"):
+    with pytest.raises(
+        RuntimeError, match="sparse_coo torch.float32 gradient bucket.*HAPI_SHM_ALLREDUCE=0"
+    ):
         state.average(torch.ones(4).to_sparse())
 
 
@@ -213,7 +258,9 @@ class _Embedded(nn.Module):
         self.out = nn.Linear(4, 2)
 
 
-@pytest.mark.parametrize("module", [nn.Embedding(5, 4, sparse=True), nn.EmbeddingBag(5, 4, sparse=True)])
+@pytest.mark.parametrize(
+    "module", [nn.Embedding(5, 4, sparse=True), nn.EmbeddingBag(5, 4, sparse=True)]
+)
 def test_sparse_gradients_keep_gloo(module):
     network = _Embedded(module)
     reason = reason_not_to_use(network, list(network.parameters()))
@@ -241,13 +288,27 @@ def test_only_linux_on_x86_64_with_the_needed_calls(monkeypatch):
 
 
 def _facts(host="box", boot_id="b1", reason=None, numel=10):
-    return {"reason": reason, "host": host, "boot_id": boot_id, "pid": 1, "start": 1, "numel": numel}
+    return {
+        "reason": reason,
+        "host": host,
+        "boot_id": boot_id,
+        "pid": 1,
+        "start": 1,
+        "numel": numel,
+    }
 
 
 def test_one_machine_means_one_hostname_and_one_boot_and_every_rank_agrees():
     assert _why_not([_facts(), _facts()]) is None
-    assert "not all on one machine" in _why_not([_facts(), _facts(boot_id="b2")])  # same name, another kernel
+    assert "not all on one machine" in _why_not(
+        [_facts(), _facts(boot_id="b2")]
+    )  # same name, another kernel
     assert "not all on one machine" in _why_not([_facts(), _facts(host="other")])
-    assert "not all on one machine" in _why_not([_facts(boot_id=""), _facts(boot_id="")])  # unprovable
-    assert _why_not([_facts(), _facts(reason="HAPI_SHM_ALLREDUCE=0")]) == "rank 1: HAPI_SHM_ALLREDUCE=0"
+    assert "not all on one machine" in _why_not(
+        [_facts(boot_id=""), _facts(boot_id="")]
+    )  # unprovable
+    assert (
+        _why_not([_facts(), _facts(reason="HAPI_SHM_ALLREDUCE=0")])
+        == "rank 1: HAPI_SHM_ALLREDUCE=0"
+    )
     assert "different numbers of elements: [10, 11]" in _why_not([_facts(), _facts(numel=11)])

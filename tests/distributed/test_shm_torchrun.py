@@ -12,7 +12,6 @@ import time
 
 import pytest
 import torch
-
 from dist_helpers import assert_close_lists, child_env, read_ranks, torchrun
 
 SHM_WORKER = pathlib.Path(__file__).resolve().parent / "shm_worker.py"
@@ -33,7 +32,9 @@ def no_file_left_in_dev_shm():
 
 
 def _run(scenario: str, out: pathlib.Path, nproc: int = 2, **env: str) -> list[dict]:
-    torchrun(["--standalone", f"--nproc_per_node={nproc}", str(SHM_WORKER), scenario, str(out)], **env)
+    torchrun(
+        ["--standalone", f"--nproc_per_node={nproc}", str(SHM_WORKER), scenario, str(out)], **env
+    )
     return read_ranks(out, scenario, nproc)
 
 
@@ -42,7 +43,10 @@ def test_three_processes_add_in_rank_order_and_agree_to_the_bit(tmp_path):
     for call in range(shm_worker.ORDER_CALLS):
         values = [torch.tensor(shm_worker.order_values(r, call)) for r in range(3)]
         expected = ((values[0] + values[1]) + values[2]) / 3  # float32, in rank order
-        assert expected.numpy().tobytes() != (((values[2] + values[1]) + values[0]) / 3).numpy().tobytes()
+        assert (
+            expected.numpy().tobytes()
+            != (((values[2] + values[1]) + values[0]) / 3).numpy().tobytes()
+        )
         for rank in ranks:
             assert rank["comm_hooks"] == ["average_hook"]
             assert rank["grads"][call] == expected.numpy().tobytes().hex()
@@ -77,7 +81,9 @@ def test_a_process_that_cannot_use_it_keeps_every_process_on_gloo(tmp_path):
     expected = shm_worker.flat(model).tolist()
     for case, (where, _) in shm_worker.DISAGREEMENTS.items():
         assert ranks[0][case]["reason"] == ranks[1][case]["reason"]  # agreed, and it says who
-        assert ranks[0][case]["reason"].startswith("rank 0: " if where in (0, None) else "rank 1: "), case
+        assert ranks[0][case]["reason"].startswith(
+            "rank 0: " if where in (0, None) else "rank 1: "
+        ), case
         for rank in ranks:
             assert rank[case]["comm_hooks"] == [], case
             assert_close_lists(rank[case]["weights"], expected)
@@ -85,13 +91,24 @@ def test_a_process_that_cannot_use_it_keeps_every_process_on_gloo(tmp_path):
 
 def test_an_unexpected_error_on_one_rank_is_raised_on_every_rank(tmp_path):
     for rank in _run("attach_error", tmp_path):  # returns: nobody was left waiting
-        assert rank["error"].startswith("Setting up the shared-memory gradient average failed on rank 1: "
-                                        "ValueError: injected on rank 1. Every process stops")
+        assert rank["error"].startswith(
+            "Setting up the shared-memory gradient average failed on rank 1: "
+            "ValueError: injected on rank 1. Every process stops"
+        )
 
 
 def test_a_crash_right_after_reserving_leaves_nothing_behind(tmp_path):
-    result = torchrun(["--standalone", "--nproc_per_node=2", str(SHM_WORKER), "crash_after_reserve",
-                       str(tmp_path)], check=False, timeout=120)
+    result = torchrun(
+        [
+            "--standalone",
+            "--nproc_per_node=2",
+            str(SHM_WORKER),
+            "crash_after_reserve",
+            str(tmp_path),
+        ],
+        check=False,
+        timeout=120,
+    )
     assert result.returncode != 0
     assert (tmp_path / "reserved").exists()  # rank 0 died holding the buffer
     # no_file_left_in_dev_shm checks /dev/shm; the buffer had no name anywhere else either.
@@ -102,12 +119,24 @@ def _survivor_stops(tmp_path: pathlib.Path, port: int, **env: str) -> tuple[floa
     reaped, as nobody watches it). Returns how long rank 0 took to exit, its exit code, its
     output, and the comm hooks it trained with."""
     logs = [open(tmp_path / f"output.rank{r}", "w") for r in range(2)]
-    processes = [subprocess.Popen(
-        [sys.executable, str(SHM_WORKER), "until_killed", str(tmp_path)],
-        env=child_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), HAPI_DIST_TIMEOUT="300", **env),
-        stdout=logs[r], stderr=subprocess.STDOUT, start_new_session=True)
-        for r in range(2)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(SHM_WORKER), "until_killed", str(tmp_path)],
+            env=child_env(
+                RANK=str(r),
+                LOCAL_RANK=str(r),
+                WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                HAPI_DIST_TIMEOUT="300",
+                **env,
+            ),
+            stdout=logs[r],
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for r in range(2)
+    ]
     try:
         ready = [tmp_path / f"ready.rank{r}" for r in range(2)]
         deadline = time.monotonic() + 150
@@ -131,15 +160,23 @@ def _survivor_stops(tmp_path: pathlib.Path, port: int, **env: str) -> tuple[floa
 
 
 @pytest.mark.parametrize("shared_memory", ["1", "0"])
-def test_a_killed_peer_stops_the_survivor_within_seconds_without_a_launcher(tmp_path, free_port,
-                                                                           shared_memory):
-    elapsed, code, output, hooks = _survivor_stops(tmp_path, free_port, HAPI_SHM_ALLREDUCE=shared_memory)
-    print(f"HAPI_SHM_ALLREDUCE={shared_memory}: the survivor exited {elapsed:.2f} s after its peer "
-          "was killed")
+def test_a_killed_peer_stops_the_survivor_within_seconds_without_a_launcher(
+    tmp_path, free_port, shared_memory
+):
+    elapsed, code, output, hooks = _survivor_stops(
+        tmp_path, free_port, HAPI_SHM_ALLREDUCE=shared_memory
+    )
+    print(
+        f"HAPI_SHM_ALLREDUCE={shared_memory}: the survivor exited {elapsed:.2f} s after its peer "
+        "was killed"
+    )
     assert code != 0
     assert elapsed < 20  # HAPI_DIST_TIMEOUT is 300 s
     if shared_memory == "1":
         assert hooks == '["average_hook"]'
-        assert "waiting for the gradients of rank 1 (process" in output and "no longer running" in output
+        assert (
+            "waiting for the gradients of rank 1 (process" in output
+            and "no longer running" in output
+        )
     else:
         assert hooks == "[]"

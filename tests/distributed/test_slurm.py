@@ -8,8 +8,8 @@ import sys
 import warnings
 
 import pytest
-
 from dist_helpers import WORKER, assert_close_lists, child_env
+
 from hapi.distributed import env
 
 SCRIPT = WORKER.parent / "slurm_script.py"
@@ -19,12 +19,27 @@ def _srun_like(tmp_path, port, tasks=2):
     """What srun gives each of its tasks on one node; no RANK/WORLD_SIZE/MASTER_*."""
     processes = []
     for task in range(tasks):
-        slurm = {"SLURM_JOB_ID": str(port - 20000), "SLURM_NTASKS": str(tasks),
-                 "SLURM_STEP_NUM_TASKS": str(tasks), "SLURM_STEP_ID": "0", "SLURM_PROCID": str(task),
-                 "SLURM_LOCALID": str(task), "SLURM_NODEID": "0", "SLURM_STEP_NODELIST": "localhost",
-                 "SLURM_JOB_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": str(tasks)}
-        processes.append(subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path)], env=child_env(**slurm),
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        slurm = {
+            "SLURM_JOB_ID": str(port - 20000),
+            "SLURM_NTASKS": str(tasks),
+            "SLURM_STEP_NUM_TASKS": str(tasks),
+            "SLURM_STEP_ID": "0",
+            "SLURM_PROCID": str(task),
+            "SLURM_LOCALID": str(task),
+            "SLURM_NODEID": "0",
+            "SLURM_STEP_NODELIST": "localhost",
+            "SLURM_JOB_NODELIST": "localhost",
+            "SLURM_STEP_TASKS_PER_NODE": str(tasks),
+        }
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, str(SCRIPT), str(tmp_path)],
+                env=child_env(**slurm),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outputs = [process.communicate(timeout=120)[0] for process in processes]
     assert [process.returncode for process in processes] == [0] * tasks, outputs
     return [json.loads((tmp_path / f"slurm.rank{task}.json").read_text()) for task in range(tasks)]
@@ -34,7 +49,10 @@ def test_srun_tasks_train_as_one_job(tmp_path, free_port):
     if not 20000 <= free_port < 60000:
         pytest.skip(f"the free port {free_port} is not one a Slurm job id maps to (20000-59999)")
     ranks = _srun_like(tmp_path, free_port)
-    assert [(r["rank"], r["world_size"], r["local_world_size"]) for r in ranks] == [(0, 2, "2"), (1, 2, "2")]
+    assert [(r["rank"], r["world_size"], r["local_world_size"]) for r in ranks] == [
+        (0, 2, "2"),
+        (1, 2, "2"),
+    ]
     sys.path.insert(0, str(SCRIPT.parent))
     import slurm_script  # noqa: PLC0415
 
@@ -53,20 +71,47 @@ def private_environment(monkeypatch):
 
 
 def test_slurm_variables_become_torch_distributed_ones(monkeypatch):
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    for name in (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):
         monkeypatch.delenv(name, raising=False)
-    for name, value in {"SLURM_STEP_NUM_TASKS": "7", "SLURM_NTASKS": "7", "SLURM_PROCID": "5",
-                        "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURM_JOB_ID": "123456",
-                        "SLURM_STEP_NODELIST": "gpu[03-05,9],cpu1",
-                        "SLURM_STEP_TASKS_PER_NODE": "2(x2),3"}.items():
+    for name, value in {
+        "SLURM_STEP_NUM_TASKS": "7",
+        "SLURM_NTASKS": "7",
+        "SLURM_PROCID": "5",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "2",
+        "SLURM_JOB_ID": "123456",
+        "SLURM_STEP_NODELIST": "gpu[03-05,9],cpu1",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2),3",
+    }.items():
         monkeypatch.setenv(name, value)
     assert env.from_slurm()
     import os
 
-    assert {name: os.environ[name] for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                                                "MASTER_ADDR", "MASTER_PORT")} == {
-        "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "7", "LOCAL_WORLD_SIZE": "3",
-        "MASTER_ADDR": "gpu03", "MASTER_PORT": str(20000 + 123456 % 40000)}
+    assert {
+        name: os.environ[name]
+        for name in (
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        )
+    } == {
+        "RANK": "5",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "7",
+        "LOCAL_WORLD_SIZE": "3",
+        "MASTER_ADDR": "gpu03",
+        "MASTER_PORT": str(20000 + 123456 % 40000),
+    }
 
 
 def test_torchrun_under_slurm_wins(monkeypatch):
@@ -79,7 +124,9 @@ def test_a_batch_script_without_srun_warns_and_trains_alone(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("SLURM_STEP_NUM_TASKS", raising=False)
     monkeypatch.setenv("SLURM_NTASKS", "4")
-    with pytest.warns(UserWarning, match=r"SLURM_NTASKS=4 tasks, but the script was not started by srun"):
+    with pytest.warns(
+        UserWarning, match=r"SLURM_NTASKS=4 tasks, but the script was not started by srun"
+    ):
         assert not env.from_slurm()
     monkeypatch.setenv("SLURM_NTASKS", "1")
     with warnings.catch_warnings():

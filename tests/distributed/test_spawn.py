@@ -9,8 +9,8 @@ import time
 
 import pytest
 import torch
-
 from dist_helpers import WORKER, child_env, run_bounded
+
 from hapi.launch import _visible_devices, resolve_nprocs, spawn
 
 SCRIPT = WORKER.parent / "spawn_script.py"
@@ -38,7 +38,9 @@ def test_a_failing_child_makes_spawn_raise_its_error_promptly(tmp_path):
     result = run_bounded([sys.executable, str(SCRIPT), "fail", str(tmp_path)], 120, child_env())
     elapsed = time.monotonic() - started
     assert result.returncode != 0
-    assert "SpawnedProcessError: Process 1 of 2 started by hapi.spawn raised an error" in result.stderr
+    assert (
+        "SpawnedProcessError: Process 1 of 2 started by hapi.spawn raised an error" in result.stderr
+    )
     assert "ValueError: boom in a spawned child" in result.stderr
     assert elapsed < 60  # rank 0 was waiting for rank 1 in a collective: stopped, not hung
 

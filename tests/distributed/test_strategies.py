@@ -6,12 +6,12 @@ import sys
 
 import pytest
 import torch
+from conftest import TinyNet, make_tiny_data
+from dist_helpers import WORKER, assert_close_lists, read_ranks, torchrun
 from torch import nn
 
 import hapi
-from conftest import TinyNet, make_tiny_data
-from dist_helpers import WORKER, assert_close_lists, read_ranks, torchrun
-from hapi.distributed import DistributedSetupError, resolve_strategy
+from hapi.distributed import resolve_strategy
 
 SCRIPT = WORKER.parent / "strategies_script.py"
 
@@ -34,12 +34,23 @@ def test_ddp_options_on_two_processes(tmp_path):
         assert "runs only on GPU modules" in rank["sync_batchnorm"]
 
 
-@pytest.mark.parametrize("strategy", [None, "auto", "ddp", "fsdp", hapi.DDP(static_graph=True),
-                                      hapi.FSDP(reshard_after_forward=False)])
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        None,
+        "auto",
+        "ddp",
+        "fsdp",
+        hapi.DDP(static_graph=True),
+        hapi.FSDP(reshard_after_forward=False),
+    ],
+)
 def test_every_strategy_is_a_no_op_on_one_process(strategy):
     torch.manual_seed(0)
     model = hapi.Model(TinyNet())
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), strategy=strategy)
+    model.prepare(
+        torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), strategy=strategy
+    )
     model.fit(make_tiny_data(32), batch_size=8, verbose=0)
     torch.manual_seed(0)
     plain = hapi.Model(TinyNet())
@@ -50,13 +61,17 @@ def test_every_strategy_is_a_no_op_on_one_process(strategy):
 
 
 def test_strategy_errors_say_what_is_accepted():
-    with pytest.raises(ValueError, match=r"strategy must be 'auto', 'ddp' or 'fsdp'.*received 'deepspeed'"):
+    with pytest.raises(
+        ValueError, match=r"strategy must be 'auto', 'ddp' or 'fsdp'.*received 'deepspeed'"
+    ):
         resolve_strategy("deepspeed")
     with pytest.raises(TypeError, match=r"strategy must be None, 'auto'.*received int"):
         resolve_strategy(3)
     with pytest.raises(TypeError, match=r"hapi.DDP sets device_ids itself"):
         hapi.DDP(device_ids=[0])
-    with pytest.raises(TypeError, match=r"hapi.FSDP\(wrap=...\) takes a set of nn.Module classes.*received 3"):
+    with pytest.raises(
+        TypeError, match=r"hapi.FSDP\(wrap=...\) takes a set of nn.Module classes.*received 3"
+    ):
         hapi.FSDP(wrap=3)
     assert resolve_strategy(hapi.DDP(find_unused_parameters=True)).find_unused_parameters
 
@@ -65,10 +80,16 @@ def test_another_strategy_after_training_is_refused(monkeypatch):
     model = hapi.Model(TinyNet())
     model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
     model.fit(make_tiny_data(16), batch_size=8, verbose=0)
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(),
-                  strategy=hapi.DDP(static_graph=True))  # one process: nothing was wrapped, any goes
+    model.prepare(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        nn.CrossEntropyLoss(),
+        strategy=hapi.DDP(static_graph=True),
+    )  # one process: nothing was wrapped, any goes
     model._wrapped = nn.Identity()  # stands for the DDP wrapper several processes build
     monkeypatch.setattr(hapi.model.distributed, "world_size", lambda: 2)
-    with pytest.raises(RuntimeError, match=r"after this Model trained with hapi.DDP.*Build a new Model"):
-        model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(),
-                      strategy="ddp")
+    with pytest.raises(
+        RuntimeError, match=r"after this Model trained with hapi.DDP.*Build a new Model"
+    ):
+        model.prepare(
+            torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), strategy="ddp"
+        )

@@ -8,11 +8,18 @@ import time
 
 import pytest
 import torch
-
 from conftest import TinyNet, make_tiny_data
-from dist_helpers import WORKER, assert_close_lists, read_ranks, single_process_weights, torchrun, two_machines
-from hapi.metrics import Accuracy
+from dist_helpers import (
+    WORKER,
+    assert_close_lists,
+    read_ranks,
+    single_process_weights,
+    torchrun,
+    two_machines,
+)
+
 from hapi import Model
+from hapi.metrics import Accuracy
 
 
 def test_two_processes_train_like_one_at_twice_the_batch(tmp_path):
@@ -22,12 +29,21 @@ def test_two_processes_train_like_one_at_twice_the_batch(tmp_path):
     for rank in ranks:
         # Dataset, a plain DataLoader (resharded), one with its own DistributedSampler,
         # and gradient accumulation (batch 4 x 2): all equal one process at batch 16.
-        for key in ("dataset", "loader", "loader_with_sampler", "loader_with_batch_sampler", "accumulate"):
+        for key in (
+            "dataset",
+            "loader",
+            "loader_with_sampler",
+            "loader_with_batch_sampler",
+            "accumulate",
+        ):
             assert_close_lists(rank[key], expected)
         assert rank["network_type"] == "TinyNet"  # model.network is never the DDP wrapper
         # CPU processes on one machine average gradients through shared memory, not TCP.
         assert rank["comm_hooks"] == ["average_hook"]
-    assert "Distributed training on 2 processes: batch_size 8 per process, global batch 16" in result.stdout
+    assert (
+        "Distributed training on 2 processes: batch_size 8 per process, global batch 16"
+        in result.stdout
+    )
     assert result.stdout.count("Epoch 1/2") == 1  # only rank 0 prints
     assert "Eval samples: 21" in result.stdout  # 11 + 10: every process's samples, counted once
     assert ranks[0]["evaluate_21"] == ranks[1]["evaluate_21"]
@@ -38,7 +54,9 @@ def test_two_processes_train_like_one_at_twice_the_batch(tmp_path):
     assert "Epoch 1, step 3: loss is nan; stopping training (TerminateOnNaN)." in result.stdout
 
     # Shuffling: every epoch, the ranks read disjoint halves covering all samples, reshuffled.
-    epochs = [sorted(a + b) for a, b in zip(ranks[0]["shuffled_indices"], ranks[1]["shuffled_indices"])]
+    epochs = [
+        sorted(a + b) for a, b in zip(ranks[0]["shuffled_indices"], ranks[1]["shuffled_indices"])
+    ]
     assert epochs == [list(range(64))] * 2
     assert not set(ranks[0]["shuffled_indices"][0]) & set(ranks[1]["shuffled_indices"][0])
     assert ranks[0]["shuffled_indices"][0] != ranks[0]["shuffled_indices"][1]
@@ -58,13 +76,21 @@ def test_two_processes_train_like_one_at_twice_the_batch(tmp_path):
     # Only rank 0 wrote files: one VisualDL record, one CSV, plain checkpoints.
     assert len(list((tmp_path / "vdl" / "version_0").glob("vdlrecords.*"))) == 1
     assert [row["epoch"] for row in csv.DictReader(open(tmp_path / "log.csv"))] == ["0", "1"]
-    assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {"0.pt", "1.pt", "best.pt", "final.pt"}
+    assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {
+        "0.pt",
+        "1.pt",
+        "best.pt",
+        "final.pt",
+    }
     state = torch.load(tmp_path / "final.pt", weights_only=True)
     assert not any(key.startswith("module.") for key in state["network"])
     single = Model(TinyNet())
     single.load(tmp_path / "final")  # a DDP run's checkpoint loads into one process
-    assert_close_lists(torch.cat([p.detach().flatten() for p in single.parameters()]).tolist(),
-                       ranks[0]["saved_weights"], atol=0)
+    assert_close_lists(
+        torch.cat([p.detach().flatten() for p in single.parameters()]).tolist(),
+        ranks[0]["saved_weights"],
+        atol=0,
+    )
 
 
 def test_three_processes_evaluate_predict_and_train_exactly_like_one(tmp_path):
@@ -72,7 +98,9 @@ def test_three_processes_evaluate_predict_and_train_exactly_like_one(tmp_path):
     ranks = read_ranks(tmp_path, "eval", 3)
     torch.manual_seed(0)
     model = Model(TinyNet())
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.CrossEntropyLoss(), Accuracy())
+    model.prepare(
+        torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.CrossEntropyLoss(), Accuracy()
+    )
     x, y = make_tiny_data(1001)
     expected = model.evaluate((x, y), batch_size=3, verbose=0)
     predictions = model.predict((x, y), batch_size=3, stack_outputs=True, verbose=0)[0]
@@ -93,7 +121,9 @@ def test_three_processes_evaluate_predict_and_train_exactly_like_one(tmp_path):
     # average, on more processes than cores.
     torch.manual_seed(0)
     single = Model(TinyNet())
-    single.prepare(torch.optim.SGD(single.parameters(), lr=0.1), torch.nn.CrossEntropyLoss(), Accuracy())
+    single.prepare(
+        torch.optim.SGD(single.parameters(), lr=0.1), torch.nn.CrossEntropyLoss(), Accuracy()
+    )
     single.fit((x[:48], y[:48]), batch_size=24, epochs=2, shuffle=False, verbose=0)
     expected_weights = torch.cat([p.detach().flatten() for p in single.parameters()]).tolist()
     for rank in ranks:
@@ -113,8 +143,10 @@ def test_three_processes_evaluate_predict_and_train_exactly_like_one(tmp_path):
 
 def test_too_little_shared_memory_falls_back_to_gloo_on_every_rank(tmp_path):
     before = set(pathlib.Path("/dev/shm").glob("hapi-allreduce-*"))  # other jobs' are not ours
-    torchrun(["--standalone", "--nproc_per_node=2", str(WORKER), "train_small", str(tmp_path)],
-             WORKER_SHM_FULL="1")
+    torchrun(
+        ["--standalone", "--nproc_per_node=2", str(WORKER), "train_small", str(tmp_path)],
+        WORKER_SHM_FULL="1",
+    )
     for rank in read_ranks(tmp_path, "train_small", 2):
         assert rank["comm_hooks"] == []  # rank 0 could not reserve the buffer: nobody uses it
         for key in ("dataset", "loader", "accumulate"):
@@ -123,17 +155,28 @@ def test_too_little_shared_memory_falls_back_to_gloo_on_every_rank(tmp_path):
 
 
 def test_two_machines_with_a_c10d_rendezvous(tmp_path, free_port):
-    two_machines(free_port, "hapi-test", [[str(WORKER), "train_small", str(tmp_path)]] * 2, timeout=150)
+    two_machines(
+        free_port, "hapi-test", [[str(WORKER), "train_small", str(tmp_path)]] * 2, timeout=150
+    )
     for rank in read_ranks(tmp_path, "train_small", 2):
-        for key in ("dataset", "loader", "loader_with_sampler", "loader_with_batch_sampler", "accumulate"):
+        for key in (
+            "dataset",
+            "loader",
+            "loader_with_sampler",
+            "loader_with_batch_sampler",
+            "accumulate",
+        ):
             assert_close_lists(rank[key], single_process_weights())
         assert rank["comm_hooks"] == []  # processes on different "machines": Gloo's all-reduce
 
 
 def test_a_rank_that_raises_stops_the_job_with_its_error(tmp_path):
     started = time.monotonic()
-    result = torchrun(["--standalone", "--nproc_per_node=2", str(WORKER), "fail", str(tmp_path)],
-                      check=False, timeout=90)
+    result = torchrun(
+        ["--standalone", "--nproc_per_node=2", str(WORKER), "fail", str(tmp_path)],
+        check=False,
+        timeout=90,
+    )
     elapsed = time.monotonic() - started
     assert result.returncode != 0
     assert "boom on rank 1 at step 2" in result.stdout + result.stderr

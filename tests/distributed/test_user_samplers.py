@@ -13,7 +13,6 @@ import math
 import sys
 
 import pytest
-
 from dist_helpers import WORKER, assert_close_lists, child_env, read_ranks, run_bounded, torchrun
 
 SCRIPT = WORKER.parent / "samplers_script.py"
@@ -62,7 +61,7 @@ def test_user_samplers_are_split_not_replaced(tmp_path, one_process, world):
     for epoch in range(2):
         read = [i for rank in ranks for i in rank["batch_sampler_epochs"][epoch]]
         assert set(read) == set(range(samplers_script.SAMPLES))
-        padding = expected[:math.ceil(len(expected) / world) * world - len(expected)]
+        padding = expected[: math.ceil(len(expected) / world) * world - len(expected)]
         assert len(read) == samplers_script.SAMPLES + sum(len(batch) for batch in padding)
 
     # Evaluation keeps the validation split; prediction returns the sampler's order.

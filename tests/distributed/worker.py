@@ -20,9 +20,9 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 
-from callbacks import (Callback, CSVLogger, EarlyStopping, ModelCheckpoint, TerminateOnNaN,  # noqa: E402
-                       VisualDL)
 from conftest import TinyNet, make_tiny_data  # noqa: E402
+
+from callbacks import Callback, CSVLogger, EarlyStopping, ModelCheckpoint, TerminateOnNaN, VisualDL  # noqa: E402
 from hapi import Model  # noqa: E402
 from hapi.metrics import Accuracy  # noqa: E402
 
@@ -120,7 +120,9 @@ def train_equivalence() -> dict:
     model.fit(DataLoader(TensorDataset(x, y), batch_size=8, sampler=sampler), epochs=2, verbose=0)
     results["loader_with_sampler"] = flat_weights(model)
     model = sgd_model()  # Paddle's DistributedBatchSampler idea, built from torch's parts
-    batches = BatchSampler(DistributedSampler(TensorDataset(x, y), shuffle=False), 8, drop_last=False)
+    batches = BatchSampler(
+        DistributedSampler(TensorDataset(x, y), shuffle=False), 8, drop_last=False
+    )
     model.fit(DataLoader(TensorDataset(x, y), batch_sampler=batches), epochs=2, verbose=0)
     results["loader_with_batch_sampler"] = flat_weights(model)
     model = sgd_model()
@@ -149,13 +151,26 @@ def scenario_train(out: pathlib.Path) -> dict:
     model = sgd_model()
     rank0_only = [StopAtStep(1)] if os.environ.get("RANK") == "0" else []
     history = model.fit((x, y), batch_size=8, epochs=3, log_freq=2, verbose=0, callbacks=rank0_only)
-    results["rank0_callback_stop"] = {"epochs": history.epoch, "step": model.step,
-                                      "loss": history.history["loss"]}
+    results["rank0_callback_stop"] = {
+        "epochs": history.epoch,
+        "step": model.step,
+        "loss": history.history["loss"],
+    }
 
     model = sgd_model(lr=0.0)  # flat val_loss: early stopping must decide alike everywhere
-    history = model.fit((x, y), eval_data=(x[:21], y[:21]), batch_size=8, epochs=6, verbose=0,
-                        callbacks=[EarlyStopping(patience=1, verbose=0), VisualDL(out / "vdl"),
-                                   CSVLogger(out / "log.csv"), ModelCheckpoint(out / "ckpt")])
+    history = model.fit(
+        (x, y),
+        eval_data=(x[:21], y[:21]),
+        batch_size=8,
+        epochs=6,
+        verbose=0,
+        callbacks=[
+            EarlyStopping(patience=1, verbose=0),
+            VisualDL(out / "vdl"),
+            CSVLogger(out / "log.csv"),
+            ModelCheckpoint(out / "ckpt"),
+        ],
+    )
     results["early_stop_epochs"] = history.epoch
     results["val_history"] = history.history
     model.save(out / "final")
@@ -165,8 +180,9 @@ def scenario_train(out: pathlib.Path) -> dict:
     torch.manual_seed(0)
     model = Model(TinyNet())
     model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nan_on_rank1_from_step(3))
-    history = model.fit((x, y), batch_size=8, epochs=3, log_freq=1, verbose=0,
-                        callbacks=[TerminateOnNaN()])
+    history = model.fit(
+        (x, y), batch_size=8, epochs=3, log_freq=1, verbose=0, callbacks=[TerminateOnNaN()]
+    )
     results["nan_stop"] = {"epochs": history.epoch, "step": model.step}
     return results
 
@@ -185,8 +201,12 @@ def scenario_eval(out: pathlib.Path) -> dict:
     tiny_logs = model.evaluate((x[:2], y[:2]), batch_size=3, verbose=0)
     tiny_predictions = model.predict((x[:2], y[:2]), batch_size=3, stack_outputs=True, verbose=0)[0]
     # An evaluation loader on a rank-aware batch sampler is re-split without its padding.
-    padded = BatchSampler(DistributedSampler(TensorDataset(x, y), shuffle=False), 3, drop_last=False)
-    batch_sampler_logs = model.evaluate(DataLoader(TensorDataset(x, y), batch_sampler=padded), verbose=0)
+    padded = BatchSampler(
+        DistributedSampler(TensorDataset(x, y), shuffle=False), 3, drop_last=False
+    )
+    batch_sampler_logs = model.evaluate(
+        DataLoader(TensorDataset(x, y), batch_sampler=padded), verbose=0
+    )
     # Training on three processes (more than this machine's cores): 48 samples at 8 per
     # process must equal one process at 24, through the shared-memory average.
     trained = sgd_model()
@@ -199,14 +219,23 @@ def scenario_eval(out: pathlib.Path) -> dict:
     main = os.environ.get("RANK") == "0"
     broadcast = distributed.broadcast_bytes(bytes(range(100)) if main else None)
     nothing = distributed.broadcast_bytes(None if main else b"ignored")
-    from_rank_2 = distributed.broadcast_bytes(b"from 2" if os.environ.get("RANK") == "2" else None, 2)
-    return {"evaluate": logs, "evaluate_batch_sampler": batch_sampler_logs, "predict": predictions.tolist(),
-            "predict_batches_rows": sum(len(b) for b in batches),
-            "evaluate_2": tiny_logs, "predict_2": tiny_predictions.tolist(),
-            "trained_48": flat_weights(trained),
-            "broadcast": list(broadcast), "broadcast_nothing": nothing,
-            "broadcast_from_2": from_rank_2.decode(), "freshest": _freshest_copies(out),
-            "comm_hooks": [hook.__name__ for hook, _ in trained._wrapped._comm_hooks]}
+    from_rank_2 = distributed.broadcast_bytes(
+        b"from 2" if os.environ.get("RANK") == "2" else None, 2
+    )
+    return {
+        "evaluate": logs,
+        "evaluate_batch_sampler": batch_sampler_logs,
+        "predict": predictions.tolist(),
+        "predict_batches_rows": sum(len(b) for b in batches),
+        "evaluate_2": tiny_logs,
+        "predict_2": tiny_predictions.tolist(),
+        "trained_48": flat_weights(trained),
+        "broadcast": list(broadcast),
+        "broadcast_nothing": nothing,
+        "broadcast_from_2": from_rank_2.decode(),
+        "freshest": _freshest_copies(out),
+        "comm_hooks": [hook.__name__ for hook, _ in trained._wrapped._comm_hooks],
+    }
 
 
 def _freshest_copies(out: pathlib.Path) -> dict:
@@ -226,8 +255,17 @@ def _freshest_copies(out: pathlib.Path) -> dict:
         # Rank 0 (now on a machine that never held it) has none; rank 1 has the latest.
         step = {1: 6, 2: 3}.get(rank)
         if step is not None:
-            torch.save({"format": checkpoint.FORMAT, "network": {}, "step": step, "epoch": 1,
-                        "epoch_step": step, "from_rank": rank}, folder / "backup.pt")
+            torch.save(
+                {
+                    "format": checkpoint.FORMAT,
+                    "network": {},
+                    "step": step,
+                    "epoch": 1,
+                    "epoch_step": step,
+                    "from_rank": rank,
+                },
+                folder / "backup.pt",
+            )
         _, state = checkpoint.load_freshest_state(folder / "backup")
         results["latest"] = [state["step"], state["from_rank"]]
         if rank == 2:
@@ -259,8 +297,11 @@ def scenario_user_group(out: pathlib.Path) -> dict:
     from hapi import distributed
 
     distributed.teardown()  # what hapi runs at exit: must not destroy the user's group
-    result = {"weights": flat_weights(model), "same_group": dist.group.WORLD is group,
-              "still_initialized": dist.is_initialized()}
+    result = {
+        "weights": flat_weights(model),
+        "same_group": dist.group.WORLD is group,
+        "still_initialized": dist.is_initialized(),
+    }
     del model  # as a careful DDP user does: the wrapper's reducer goes while Python can free it,
     import gc  # then leave together (destroying while a peer still talks to the group can
     # abort a finished process in Gloo)
@@ -271,9 +312,13 @@ def scenario_user_group(out: pathlib.Path) -> dict:
     return result
 
 
-SCENARIOS = {"train": scenario_train, "train_small": scenario_train_small,
-             "user_group": scenario_user_group,
-             "eval": scenario_eval, "fail": scenario_fail}
+SCENARIOS = {
+    "train": scenario_train,
+    "train_small": scenario_train_small,
+    "user_group": scenario_user_group,
+    "eval": scenario_eval,
+    "fail": scenario_fail,
+}
 
 
 def _no_room_in_shared_memory(descriptor, offset, length):

@@ -23,7 +23,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from idx_files import make_mnist_dir
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -31,8 +30,16 @@ EXAMPLE = ROOT / "examples" / "hapitrain.py"
 TRAIN_TAGS = ("train/loss", "train/acc_top1", "train/acc_top2", "train/lr")
 EVAL_TAGS = ("eval/loss", "eval/acc_top1", "eval/acc_top2")
 PACKAGES = ("chromium", "chromium-driver")
-CHROMIUM_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-sync", "--window-size=1400,900")
+CHROMIUM_ARGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+    "--window-size=1400,900",
+)
 
 # Reads each chart's title, point counts and series (run) names from the page's own ECharts module (the
 # same module URL gives the same instance registry). VisualDL 2.5 serves it here.
@@ -55,7 +62,9 @@ return [...document.querySelectorAll('h3')].map(h => [h.textContent.trim(),
 
 def _fail_or_skip(reason: str):
     if os.environ.get("CI"):
-        pytest.fail(f"CI must provide this (.ci/run installs it with the README's test command): {reason}")
+        pytest.fail(
+            f"CI must provide this (.ci/run installs it with the README's test command): {reason}"
+        )
     print(f"\nSKIPPED: {reason}")
     pytest.skip(reason)
 
@@ -64,7 +73,9 @@ def _browser() -> tuple[str, str]:
     """Paths of chromium and chromedriver (the README's test command installs both)."""
     found = shutil.which("chromium"), shutil.which("chromedriver")
     if not all(found):
-        _fail_or_skip(f"chromium or chromedriver is not installed (apt-get install -y {' '.join(PACKAGES)})")
+        _fail_or_skip(
+            f"chromium or chromedriver is not installed (apt-get install -y {' '.join(PACKAGES)})"
+        )
     return found
 
 
@@ -73,10 +84,16 @@ def _visualdl_command() -> list[str]:
     if script.exists():
         return [str(script)]
     # `python -m visualdl` does not work (no __main__); the console script calls this main.
-    return [sys.executable, "-c", "import sys; from visualdl.server.app import main; sys.exit(main())"]
+    return [
+        sys.executable,
+        "-c",
+        "import sys; from visualdl.server.app import main; sys.exit(main())",
+    ]
 
 
-def _wait_for_api(url: str, server: subprocess.Popen, log: pathlib.Path, deadline_s: float = 30) -> dict:
+def _wait_for_api(
+    url: str, server: subprocess.Popen, log: pathlib.Path, deadline_s: float = 30
+) -> dict:
     deadline = time.monotonic() + deadline_s
     while True:
         if server.poll() is not None:
@@ -86,7 +103,9 @@ def _wait_for_api(url: str, server: subprocess.Popen, log: pathlib.Path, deadlin
                 return json.load(response)
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             if time.monotonic() > deadline:
-                pytest.fail(f"visualdl did not answer {url} within {deadline_s} s:\n{log.read_text()}")
+                pytest.fail(
+                    f"visualdl did not answer {url} within {deadline_s} s:\n{log.read_text()}"
+                )
             time.sleep(0.1)
 
 
@@ -97,8 +116,10 @@ def _wait(driver, predicate, what: str, timeout_s: float = 30):
     try:
         return WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(lambda d: predicate(d))
     except TimeoutException:
-        pytest.fail(f"the scalar page did not show {what} within {timeout_s} s; page text:\n"
-                    f"{driver.execute_script('return document.body.innerText')}")
+        pytest.fail(
+            f"the scalar page did not show {what} within {timeout_s} s; page text:\n"
+            f"{driver.execute_script('return document.body.innerText')}"
+        )
 
 
 def test_visualdl_dashboard_shows_hapitrain_scalars(tmp_path, free_port):
@@ -117,9 +138,23 @@ def test_visualdl_dashboard_shows_hapitrain_scalars(tmp_path, free_port):
     out = tmp_path / "out"
     logdir = out / "visualdl_log"
     for version in ("version_0", "version_1"):
-        trained = subprocess.run([sys.executable, str(EXAMPLE), "--data-root", str(data), "--num-iters", "3",
-                                  "--output", str(out)], cwd=tmp_path, capture_output=True, text=True,
-                                 timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        trained = subprocess.run(
+            [
+                sys.executable,
+                str(EXAMPLE),
+                "--data-root",
+                str(data),
+                "--num-iters",
+                "3",
+                "--output",
+                str(out),
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         assert trained.returncode == 0, trained.stdout + trained.stderr
         assert f"VisualDL log: {logdir / version} (visualdl --logdir {logdir} " in trained.stdout
         assert len(list((logdir / version).glob("vdlrecords.*.log"))) == 1
@@ -133,22 +168,43 @@ def test_visualdl_dashboard_shows_hapitrain_scalars(tmp_path, free_port):
             # 2. Serve the parent directory; the JSON API answers without a browser, and
             #    lists each version directory as a run.
             launched = time.monotonic()
-            server = subprocess.Popen([*_visualdl_command(), "--logdir", str(logdir), "--host", "127.0.0.1",
-                                       "--port", str(free_port), "--language", "en", "--disable-telemetry"],
-                                      stdout=log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            server = subprocess.Popen(
+                [
+                    *_visualdl_command(),
+                    "--logdir",
+                    str(logdir),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(free_port),
+                    "--language",
+                    "en",
+                    "--disable-telemetry",
+                ],
+                stdout=log_handle,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
             answer = _wait_for_api(f"{base}/app/api/scalar/tags", server, server_log)
             print(f"\nvisualdl answered {time.monotonic() - launched:.2f} s after its start")
             assert answer["status"] == 0
             runs = answer["data"]["runs"]
-            assert sorted(pathlib.PurePath(run).name for run in runs) == ["version_0", "version_1"], runs
-            assert all(set(TRAIN_TAGS + EVAL_TAGS) <= set(tags) for tags in answer["data"]["tags"]), answer
+            assert sorted(pathlib.PurePath(run).name for run in runs) == [
+                "version_0",
+                "version_1",
+            ], runs
+            assert all(
+                set(TRAIN_TAGS + EVAL_TAGS) <= set(tags) for tags in answer["data"]["tags"]
+            ), answer
 
             # 3. Open the scalar page in headless Chromium.
             options = webdriver.ChromeOptions()
             options.binary_location = chromium
             for arg in (*CHROMIUM_ARGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"):
                 options.add_argument(arg)
-            driver = webdriver.Chrome(options=options, service=Service(executable_path=chromedriver))
+            driver = webdriver.Chrome(
+                options=options, service=Service(executable_path=chromedriver)
+            )
             driver.set_page_load_timeout(30)
             driver.set_script_timeout(10)
             driver.get(f"{base}/app/scalar")
@@ -159,7 +215,9 @@ def test_visualdl_dashboard_shows_hapitrain_scalars(tmp_path, free_port):
                 return found if {"eval", "train"} <= set(found) else None
 
             groups = _wait(driver, headers, 'the groups "eval" and "train"')
-            assert groups["eval"] == str(len(EVAL_TAGS)) and groups["train"] == str(len(TRAIN_TAGS)), groups
+            assert groups["eval"] == str(len(EVAL_TAGS)) and groups["train"] == str(
+                len(TRAIN_TAGS)
+            ), groups
 
             def charts(d):
                 found = d.execute_async_script(READ_CHARTS) or []
@@ -167,19 +225,30 @@ def test_visualdl_dashboard_shows_hapitrain_scalars(tmp_path, free_port):
                 return {c["title"]: c["points"] for c in found if c["title"] and c["points"]}
 
             def charts_of(tags):
-                return lambda d: (lambda shown: shown if set(tags) <= set(shown) else None)(charts(d))
+                return lambda d: (lambda shown: shown if set(tags) <= set(shown) else None)(
+                    charts(d)
+                )
 
             # Only the first group (eval) is open on arrival; open "train" if it is closed.
             _wait(driver, charts_of(EVAL_TAGS), "the eval charts")
             if not set(TRAIN_TAGS) <= set(charts(driver)):
                 driver.execute_script("""[...document.querySelectorAll('h3')]
                     .find(h => h.textContent.trim() === 'train').parentElement.click();""")
-            shown = _wait(driver, charts_of(TRAIN_TAGS + EVAL_TAGS), "every train and eval chart with its points")
+            shown = _wait(
+                driver,
+                charts_of(TRAIN_TAGS + EVAL_TAGS),
+                "every train and eval chart with its points",
+            )
             print(f"charts shown (title: points): {shown}")
             # every chart draws both runs (its series are named after the run directories)
-            drawn = {c["title"]: sorted({pathlib.PurePath(name).name for name in c["series"] if name})
-                     for c in driver.execute_async_script(READ_CHARTS) if c["title"]}
-            assert all(drawn[tag] == ["version_0", "version_1"] for tag in TRAIN_TAGS + EVAL_TAGS), drawn
+            drawn = {
+                c["title"]: sorted({pathlib.PurePath(name).name for name in c["series"] if name})
+                for c in driver.execute_async_script(READ_CHARTS)
+                if c["title"]
+            }
+            assert all(
+                drawn[tag] == ["version_0", "version_1"] for tag in TRAIN_TAGS + EVAL_TAGS
+            ), drawn
             assert all(shown[tag] == 3 for tag in TRAIN_TAGS), shown
             assert all(shown[tag] == 1 for tag in EVAL_TAGS), shown
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from idx_files import make_mnist_dir
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -18,8 +17,14 @@ REAL_DATA = pathlib.Path("/usr/share/datasets/fashion-mnist")
 
 
 def _run(args, cwd, timeout, launcher=()):
-    result = subprocess.run([sys.executable, *launcher, str(EXAMPLE), *args], cwd=cwd, capture_output=True,
-                            text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    result = subprocess.run(
+        [sys.executable, *launcher, str(EXAMPLE), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 
@@ -29,7 +34,11 @@ def test_hapitrain_on_small_files(tmp_path):
     out = _run(["--data-root", str(data), "--output", str(tmp_path / "out")], tmp_path, 120)
     lines = out.splitlines()
     assert lines[0] == "Epoch 1/1"
-    assert lines[1].startswith("step 4/4 - loss: ") and " - acc_top1: " in lines[1] and " - acc_top2: " in lines[1]
+    assert (
+        lines[1].startswith("step 4/4 - loss: ")
+        and " - acc_top1: " in lines[1]
+        and " - acc_top2: " in lines[1]
+    )
     assert "Eval begin..." in lines and "Eval samples: 64" in lines
     results = json.loads(lines[-1])
     assert set(results) == {"loss", "acc_top1", "acc_top2", "fit_seconds"}
@@ -40,17 +49,28 @@ def test_hapitrain_on_small_files(tmp_path):
     records = list((tmp_path / "out" / "visualdl_log" / "version_0").glob("vdlrecords.*.log"))
     assert len(records) == 1
     tags = set(LogReader(file_path=str(records[0])).get_tags()["scalar"])
-    assert {"train/loss", "train/acc_top1", "train/acc_top2", "train/lr",
-            "eval/loss", "eval/acc_top1", "eval/acc_top2"} <= tags
+    assert {
+        "train/loss",
+        "train/acc_top1",
+        "train/acc_top2",
+        "train/lr",
+        "eval/loss",
+        "eval/acc_top1",
+        "eval/acc_top2",
+    } <= tags
 
 
 def _require_real_data():
     if not (REAL_DATA / "train-images-idx3-ubyte.gz").exists():
         if os.environ.get("CI"):
-            pytest.fail(f"CI must install the real data: apt-get install -y dataset-fashion-mnist "
-                        f"(nothing in {REAL_DATA}).")
-        pytest.skip(f"real Fashion-MNIST not installed in {REAL_DATA} "
-                    "(apt-get install -y dataset-fashion-mnist)")
+            pytest.fail(
+                f"CI must install the real data: apt-get install -y dataset-fashion-mnist "
+                f"(nothing in {REAL_DATA})."
+            )
+        pytest.skip(
+            f"real Fashion-MNIST not installed in {REAL_DATA} "
+            "(apt-get install -y dataset-fashion-mnist)"
+        )
 
 
 @pytest.mark.realdata
@@ -67,8 +87,12 @@ def test_hapitrain_reaches_paddles_accuracy_on_real_fashion_mnist(tmp_path):
 def test_hapitrain_unchanged_under_torchrun_with_two_processes(tmp_path):
     """Global batch 128: a plain loop at batch 128 reaches 0.80-0.82 here."""
     _require_real_data()
-    out = _run(["--output", str(tmp_path / "out")], tmp_path, 600,
-               launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"))
+    out = _run(
+        ["--output", str(tmp_path / "out")],
+        tmp_path,
+        600,
+        launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"),
+    )
     assert "Distributed training on 2 processes: batch_size 64 per process, global batch 128" in out
     assert out.count("Epoch 1/1") == 1 and "step 469/469 - loss: " in out
     assert "Eval samples: 10000" in out

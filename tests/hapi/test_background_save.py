@@ -9,10 +9,10 @@ import threading
 
 import pytest
 import torch
+from conftest import TinyNet, make_tiny_data
 from torch import nn
 
 import hapi
-from conftest import TinyNet, make_tiny_data
 from hapi import checkpoint
 from hapi.checkpoint import CheckpointError
 
@@ -56,7 +56,9 @@ def test_a_failed_background_write_keeps_the_previous_file_and_is_reported(tmp_p
 
     monkeypatch.setattr(torch, "save", full_disk)
     model.save(tmp_path / "ckpt", wait=False)
-    with pytest.raises(CheckpointError, match=r"in the background failed \(OSError: .*No space left.*previous file"):
+    with pytest.raises(
+        CheckpointError, match=r"in the background failed \(OSError: .*No space left.*previous file"
+    ):
         model.wait_for_saves()
     assert (tmp_path / "ckpt.pt").read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary file left behind
@@ -66,7 +68,9 @@ def test_a_failed_background_write_keeps_the_previous_file_and_is_reported(tmp_p
 def test_an_entry_that_could_not_be_loaded_is_refused_at_once(tmp_path):
     model = prepared()
     model.optimizer.param_groups[0]["schedule"] = object()
-    with pytest.raises(CheckpointError, match=r"param_groups'\]\[0\]\['schedule'\] is a builtins.object"):
+    with pytest.raises(
+        CheckpointError, match=r"param_groups'\]\[0\]\['schedule'\] is a builtins.object"
+    ):
         model.save(tmp_path / "ckpt", wait=False)
     assert not (tmp_path / "ckpt.pt").exists()
 
@@ -92,7 +96,9 @@ def test_a_process_killed_during_a_background_write_leaves_the_previous_file_who
 
     root = str(pathlib.Path(__file__).resolve().parents[2])
     script = KILLED_WHILE_WRITING.format(root=root, path=str(tmp_path / "ckpt"))
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == -9, result.stderr[-2000:]
     state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert "extra" not in state["network"] and torch.all(state["network"]["weight"] == 1.0)
@@ -107,7 +113,9 @@ def test_background_saves_rewrite_the_previous_file_in_place(tmp_path):
         model.wait_for_saves()
         inodes.append((tmp_path / "backup.pt").stat().st_ino)
         saved = torch.load(tmp_path / "backup.pt", weights_only=True)["network"]
-        assert all(torch.equal(saved[k], at_save[k]) for k in at_save)  # staging buffers reused, not stale
+        assert all(
+            torch.equal(saved[k], at_save[k]) for k in at_save
+        )  # staging buffers reused, not stale
         model.fit(make_tiny_data(16), batch_size=8, verbose=0)
     # Two files take turns: the live one and the spare the next save overwrites.
     assert inodes[2] == inodes[0] and inodes[3] == inodes[1] and inodes[0] != inodes[1]

@@ -9,10 +9,18 @@ import urllib.request
 import numpy as np
 import pytest
 import torch
+from cifar_files import (
+    BATCH_DIR,
+    CLASSES,
+    TARBALL,
+    TEST_FILE,
+    TRAIN_FILES,
+    cifar_records,
+    write_cifar_binary,
+)
 from torch import nn
 from torch.utils.data import DataLoader
 
-from cifar_files import BATCH_DIR, CLASSES, TARBALL, TEST_FILE, TRAIN_FILES, cifar_records, write_cifar_binary
 from hapi import Model
 from hapi.data import Batch
 from hapi.datasets import Cifar10, DatasetError, default_data_dirs
@@ -58,8 +66,9 @@ def _release_members(tmp_path):
     """The members of a good small release, as (member name, bytes), in the real archive's naming."""
     write_cifar_binary(tmp_path / "src", train_per_batch=2, test=3)
     names = [*TRAIN_FILES, TEST_FILE, "batches.meta.txt"]
-    return [(BATCH_DIR, None)] + [(f"{BATCH_DIR}/{n}", (tmp_path / "src" / BATCH_DIR / n).read_bytes())
-                                  for n in names]
+    return [(BATCH_DIR, None)] + [
+        (f"{BATCH_DIR}/{n}", (tmp_path / "src" / BATCH_DIR / n).read_bytes()) for n in names
+    ]
 
 
 # -- items ------------------------------------------------------------------------
@@ -68,13 +77,17 @@ def _release_members(tmp_path):
 @pytest.mark.parametrize("as_tarball", [False, True], ids=["extracted", "tarball"])
 @pytest.mark.parametrize("mode", ["train", "test"])
 def test_pixels_and_labels_round_trip(tmp_path, mode, as_tarball):
-    expected = write_cifar_binary(tmp_path, train_per_batch=3, test=5, as_tarball=as_tarball, seed=1)
+    expected = write_cifar_binary(
+        tmp_path, train_per_batch=3, test=5, as_tarball=as_tarball, seed=1
+    )
     data = Cifar10(tmp_path, mode=mode)
     images, labels = expected[mode]
     assert len(data) == (15 if mode == "train" else 5)
     assert data.images.dtype == torch.uint8 and data.images.shape == (len(data), 3, 32, 32)
     assert data.labels.dtype == torch.int64 and data.labels.shape == (len(data),)
-    assert np.array_equal(data.images.numpy(), images) and np.array_equal(data.labels.numpy(), labels)
+    assert np.array_equal(data.images.numpy(), images) and np.array_equal(
+        data.labels.numpy(), labels
+    )
     image, label = data[-1]
     assert image.dtype == torch.float32 and image.shape == (3, 32, 32)
     assert torch.equal(image, torch.from_numpy(images[-1]).float() / 255)
@@ -88,7 +101,9 @@ def test_channel_order_red_green_blue_row_major(tmp_path):
     green = np.full(1024, 100, np.uint8)
     blue = np.full(1024, 3, np.uint8)
     blue[33] = 200  # row 1, column 1
-    (tmp_path / TEST_FILE).write_bytes(bytes([7]) + red.tobytes() + green.tobytes() + blue.tobytes())
+    (tmp_path / TEST_FILE).write_bytes(
+        bytes([7]) + red.tobytes() + green.tobytes() + blue.tobytes()
+    )
     data = Cifar10(tmp_path, mode="test")
     assert data.labels.tolist() == [7]
     assert np.array_equal(data.images[0, 0].numpy(), red.reshape(32, 32))
@@ -102,7 +117,9 @@ def test_train_is_batches_one_to_five_in_order(tmp_path):
     for i, name in enumerate(TRAIN_FILES):
         images = np.full((2, 3, 32, 32), 10 * (i + 1), np.uint8)
         (tmp_path / name).write_bytes(cifar_records(images, [i, 9 - i]))
-    data = Cifar10(tmp_path)  # the .bin files directly in root, no test_batch.bin needed for mode="train"
+    data = Cifar10(
+        tmp_path
+    )  # the .bin files directly in root, no test_batch.bin needed for mode="train"
     assert data.labels.tolist() == [0, 9, 1, 8, 2, 7, 3, 6, 4, 5]
     assert data.images[:, 1, 5, 5].tolist() == [10, 10, 20, 20, 30, 30, 40, 40, 50, 50]
     assert data.root == tmp_path
@@ -148,7 +165,9 @@ def test_search_order_data_home_then_cache_then_system(tmp_path, monkeypatch, no
     assert len(Cifar10()) == 10  # variable set, but no files there yet
     write_cifar_binary(tmp_path / "dh" / "cifar-10", train_per_batch=3, as_tarball=True)
     assert len(Cifar10()) == 15
-    write_cifar_binary(tmp_path / "dh" / "cifar-10", train_per_batch=4)  # extracted beside the tarball: wins
+    write_cifar_binary(
+        tmp_path / "dh" / "cifar-10", train_per_batch=4
+    )  # extracted beside the tarball: wins
     assert len(Cifar10()) == 20
     assert default_data_dirs("cifar-10", Cifar10.system_dir) == [
         tmp_path / "dh" / "cifar-10",
@@ -194,7 +213,9 @@ def test_python_release_tarball_as_root(tmp_path):
     assert URL in message and info.value.path == str(tmp_path / "cifar-10-python.tar.gz")
 
 
-@pytest.mark.parametrize("layout", ["root holds cifar-10-batches-py", "root is cifar-10-batches-py"])
+@pytest.mark.parametrize(
+    "layout", ["root holds cifar-10-batches-py", "root is cifar-10-batches-py"]
+)
 def test_python_release_directory(tmp_path, layout):
     python_dir = tmp_path / "cifar-10-batches-py"
     python_dir.mkdir()
@@ -207,7 +228,10 @@ def test_python_release_directory(tmp_path, layout):
 
 
 def test_python_release_inside_a_binary_named_tarball(tmp_path):
-    _pack(tmp_path / TARBALL, [("cifar-10-batches-py", None), ("cifar-10-batches-py/data_batch_1", b"x")])
+    _pack(
+        tmp_path / TARBALL,
+        [("cifar-10-batches-py", None), ("cifar-10-batches-py/data_batch_1", b"x")],
+    )
     with pytest.raises(DatasetError, match="Python release"):
         Cifar10(tmp_path)
 
@@ -259,32 +283,78 @@ def _flip_middle(data: bytes) -> bytes:
 
 # case -> (mode, builder(tmp_path) -> the file the message must name, expected text)
 CORRUPT = {
-    "length not a multiple": ("train", lambda t: _extracted(t, lambda d: _rewrite(
-        d / "data_batch_2.bin", lambda b: b[:3073] + b"\0\0")),
-        "length 3075 is not a multiple of 3073 bytes per record"),
-    "label out of range": ("train", lambda t: _extracted(t, lambda d: _rewrite(
-        d / "data_batch_4.bin", lambda b: _with_label(b, 1, 12))), "record 1 has label 12 outside 0..9"),
-    "missing batch": ("train", lambda t: _extracted(t, lambda d: (d / "data_batch_3.bin").unlink() or (
-        d / "data_batch_3.bin")), "data_batch_3.bin: missing"),
-    "empty batch": ("test", lambda t: _extracted(t, lambda d: _rewrite(d / TEST_FILE, lambda b: b"")),
-                    "empty, expected records of 3073 bytes"),
+    "length not a multiple": (
+        "train",
+        lambda t: _extracted(
+            t, lambda d: _rewrite(d / "data_batch_2.bin", lambda b: b[:3073] + b"\0\0")
+        ),
+        "length 3075 is not a multiple of 3073 bytes per record",
+    ),
+    "label out of range": (
+        "train",
+        lambda t: _extracted(
+            t, lambda d: _rewrite(d / "data_batch_4.bin", lambda b: _with_label(b, 1, 12))
+        ),
+        "record 1 has label 12 outside 0..9",
+    ),
+    "missing batch": (
+        "train",
+        lambda t: _extracted(
+            t, lambda d: (d / "data_batch_3.bin").unlink() or (d / "data_batch_3.bin")
+        ),
+        "data_batch_3.bin: missing",
+    ),
+    "empty batch": (
+        "test",
+        lambda t: _extracted(t, lambda d: _rewrite(d / TEST_FILE, lambda b: b"")),
+        "empty, expected records of 3073 bytes",
+    ),
     "not gzip": ("train", lambda t: _tarball(t, lambda e: e, compress=False), "not a gzip file"),
-    "truncated gzip": ("train", lambda t: _regzip(t, lambda b: b[:-20]), "damaged gzip or tar data"),
-    "bad gzip crc": ("test", lambda t: _regzip(t, lambda b: b[:-8] + bytes(4) + b[-4:]),
-                     "damaged gzip or tar data"),
-    "corrupt deflate data": ("test", lambda t: _regzip(t, _flip_middle), "damaged gzip or tar data"),
-    "member missing": ("train", lambda t: _tarball(t, lambda e: [x for x in e if not x[0].endswith("batch_3.bin")]),
-                       f"member {BATCH_DIR}/data_batch_3.bin missing from the archive"),
-    "unexpected member": ("test", lambda t: _tarball(t, lambda e: e + [("../evil.bin", b"x")]),
-                          "unexpected member '../evil.bin'"),
-    "symlink member": ("train", lambda t: _tarball(t, _replace("data_batch_1.bin", ("link", "/etc/passwd"))),
-                       f"member {BATCH_DIR}/data_batch_1.bin is not a regular file"),
-    "duplicate member": ("test", lambda t: _tarball(t, lambda e: e + [e[-2]]),
-                         f"member {BATCH_DIR}/test_batch.bin appears twice"),
-    "member length": ("train", lambda t: _tarball(t, _replace("data_batch_5.bin", bytes(3073 * 2 - 1))),
-                      f"(member {BATCH_DIR}/data_batch_5.bin): length 6145 is not a multiple of 3073"),
-    "member label": ("test", lambda t: _tarball(t, _replace(TEST_FILE, _with_label(bytes(3073), 0, 255))),
-                     f"(member {BATCH_DIR}/test_batch.bin): record 0 has label 255 outside 0..9"),
+    "truncated gzip": (
+        "train",
+        lambda t: _regzip(t, lambda b: b[:-20]),
+        "damaged gzip or tar data",
+    ),
+    "bad gzip crc": (
+        "test",
+        lambda t: _regzip(t, lambda b: b[:-8] + bytes(4) + b[-4:]),
+        "damaged gzip or tar data",
+    ),
+    "corrupt deflate data": (
+        "test",
+        lambda t: _regzip(t, _flip_middle),
+        "damaged gzip or tar data",
+    ),
+    "member missing": (
+        "train",
+        lambda t: _tarball(t, lambda e: [x for x in e if not x[0].endswith("batch_3.bin")]),
+        f"member {BATCH_DIR}/data_batch_3.bin missing from the archive",
+    ),
+    "unexpected member": (
+        "test",
+        lambda t: _tarball(t, lambda e: e + [("../evil.bin", b"x")]),
+        "unexpected member '../evil.bin'",
+    ),
+    "symlink member": (
+        "train",
+        lambda t: _tarball(t, _replace("data_batch_1.bin", ("link", "/etc/passwd"))),
+        f"member {BATCH_DIR}/data_batch_1.bin is not a regular file",
+    ),
+    "duplicate member": (
+        "test",
+        lambda t: _tarball(t, lambda e: e + [e[-2]]),
+        f"member {BATCH_DIR}/test_batch.bin appears twice",
+    ),
+    "member length": (
+        "train",
+        lambda t: _tarball(t, _replace("data_batch_5.bin", bytes(3073 * 2 - 1))),
+        f"(member {BATCH_DIR}/data_batch_5.bin): length 6145 is not a multiple of 3073",
+    ),
+    "member label": (
+        "test",
+        lambda t: _tarball(t, _replace(TEST_FILE, _with_label(bytes(3073), 0, 255))),
+        f"(member {BATCH_DIR}/test_batch.bin): record 0 has label 255 outside 0..9",
+    ),
 }
 
 
@@ -307,7 +377,9 @@ def test_corrupt_file_names_file_problem_and_fix(case, tmp_path):
 @pytest.fixture
 def served(tmp_path):
     """A directory holding a good small tarball, and mirrors that serve it (the first one is dead)."""
-    expected = write_cifar_binary(tmp_path / "served", train_per_batch=2, test=4, as_tarball=True, seed=5)
+    expected = write_cifar_binary(
+        tmp_path / "served", train_per_batch=2, test=4, as_tarball=True, seed=5
+    )
     mirrors = [(tmp_path / "nowhere").as_uri() + "/", (tmp_path / "served").as_uri() + "/"]
     return tmp_path / "served", mirrors, expected
 
@@ -321,7 +393,9 @@ def test_download_into_root_then_read_without_download(tmp_path, served, monkeyp
     directory, mirrors, expected = served
     monkeypatch.setattr(Cifar10, "mirrors", mirrors)
     data = Cifar10(tmp_path / "fresh", mode="test", download=True)
-    assert np.array_equal(data.images.numpy(), expected["test"][0]) and data.root == tmp_path / "fresh"
+    assert (
+        np.array_equal(data.images.numpy(), expected["test"][0]) and data.root == tmp_path / "fresh"
+    )
     assert sorted(p.name for p in (tmp_path / "fresh").iterdir()) == [TARBALL]
     assert (tmp_path / "fresh" / TARBALL).read_bytes() == (directory / TARBALL).read_bytes()
     monkeypatch.setattr(Cifar10, "mirrors", [])
@@ -366,8 +440,13 @@ def test_model_fit_and_evaluate_on_cifar10(tmp_path, monkeypatch):
     write_cifar_binary(tmp_path, train_per_batch=4, test=6)
     train, test = Cifar10(tmp_path), Cifar10(tmp_path, mode="test")
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                        nn.Linear(8, 10))
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3, stride=2),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 10),
+    )
     model = Model(net, device="cpu")
     model.prepare(torch.optim.Adam(model.parameters(), lr=1e-2), nn.CrossEntropyLoss())
     calls = []

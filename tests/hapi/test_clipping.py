@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import TinyNet, make_tiny_data
 from torch import nn
 
 from callbacks import Callback
-from conftest import TinyNet, make_tiny_data
 from hapi import Model
 
 
@@ -60,7 +60,9 @@ def _max_difference(a: nn.Module, b: nn.Module) -> float:
 
 def test_clip_grad_norm_equals_a_hand_loop_and_logs_the_norm_before_clipping():
     x, y = make_tiny_data(40)
-    history = _model(clip_grad_norm=0.05).fit((x, y), batch_size=10, epochs=1, shuffle=False, verbose=0)
+    history = _model(clip_grad_norm=0.05).fit(
+        (x, y), batch_size=10, epochs=1, shuffle=False, verbose=0
+    )
     expected, norms = _hand_loop(x, y, batch=10, lr=0.5, clip_norm=0.05)
     model = _model(clip_grad_norm=0.05)
     model.fit((x, y), batch_size=10, epochs=1, shuffle=False, verbose=0)
@@ -83,8 +85,15 @@ def test_with_accumulation_clipping_and_the_hook_run_once_per_update():
     x, y = make_tiny_data(50)  # 5 batches, groups of 2: updates after batches 1, 3 and 4
     recorder = GradientRecorder()
     model = _model(clip_grad_norm=0.05)
-    model.fit((x, y), batch_size=10, epochs=1, shuffle=False, verbose=0, accumulate_grad_batches=2,
-              callbacks=[recorder])
+    model.fit(
+        (x, y),
+        batch_size=10,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        accumulate_grad_batches=2,
+        callbacks=[recorder],
+    )
     expected, norms = _hand_loop(x, y, batch=10, lr=0.5, clip_norm=0.05, accumulate=2)
     assert [(step, updates) for step, updates, _ in recorder.seen] == [(1, 0), (3, 1), (4, 2)]
     assert len(norms) == 3
@@ -94,27 +103,32 @@ def test_with_accumulation_clipping_and_the_hook_run_once_per_update():
 def test_the_hook_sees_unclipped_unscaled_gradients_and_can_change_them():
     x, y = make_tiny_data(20)
     recorder = GradientRecorder()
-    _model(clip_grad_norm=1e-3).fit((x, y), batch_size=20, epochs=1, shuffle=False, verbose=0,
-                                    callbacks=[recorder])
+    _model(clip_grad_norm=1e-3).fit(
+        (x, y), batch_size=20, epochs=1, shuffle=False, verbose=0, callbacks=[recorder]
+    )
     torch.manual_seed(0)
     net = TinyNet()
     nn.CrossEntropyLoss()(net(x), y).backward()
-    (_, _, seen), = recorder.seen
+    ((_, _, seen),) = recorder.seen
     for grad, parameter in zip(seen, net.parameters()):
         torch.testing.assert_close(grad, parameter.grad)  # before clipping to 1e-3
 
     frozen = _model()
     before = [p.detach().clone() for p in frozen.network.parameters()]
-    frozen.fit((x, y), batch_size=10, epochs=2, verbose=0, callbacks=[GradientRecorder(multiply_by=0.0)])
+    frozen.fit(
+        (x, y), batch_size=10, epochs=2, verbose=0, callbacks=[GradientRecorder(multiply_by=0.0)]
+    )
     assert all(torch.equal(p, q) for p, q in zip(before, frozen.network.parameters()))
 
 
 def test_under_fp16_gradients_are_unscaled_before_the_hook_and_clipping():
     x, y = make_tiny_data(20)
     recorder = GradientRecorder()
-    model = _model(clip_grad_norm=1e6, amp="fp16")  # a bound never reached: only the norm is checked
+    model = _model(
+        clip_grad_norm=1e6, amp="fp16"
+    )  # a bound never reached: only the norm is checked
     history = model.fit((x, y), batch_size=20, epochs=1, verbose=0, callbacks=[recorder])
-    (_, _, seen), = recorder.seen
+    ((_, _, seen),) = recorder.seen
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in seen]))
     torch.manual_seed(0)
     net = TinyNet()

@@ -13,10 +13,10 @@ import urllib.request
 import numpy as np
 import pytest
 import torch
+from idx_files import FILE_NAMES, make_mnist_dir, write_idx_images, write_idx_labels
 from torch.utils.data import DataLoader
 
 from hapi.datasets import MNIST, DatasetError, FashionMNIST, default_data_dirs
-from idx_files import FILE_NAMES, make_mnist_dir, write_idx_images, write_idx_labels
 
 CLASSES = [FashionMNIST, MNIST]
 
@@ -45,7 +45,9 @@ def server(tmp_path):
     served = make_mnist_dir(tmp_path / "served", n_train=20, n_test=10, seed=3)
     handler = functools.partial(QuietHandler, directory=str(served))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread = threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}/"
     httpd.shutdown()
@@ -182,7 +184,9 @@ def test_missing_lists_every_path_tried(tmp_path, monkeypatch, no_network):
     assert "apt-get install dataset-fashion-mnist" in message and "download=True" in message
     with pytest.raises(FileNotFoundError) as info:
         MNIST(tmp_path / "r")
-    assert str(tmp_path / "r") in str(info.value) and str(tmp_path / "r" / "mnist") in str(info.value)
+    assert str(tmp_path / "r") in str(info.value) and str(tmp_path / "r" / "mnist") in str(
+        info.value
+    )
 
 
 # -- corrupt files ----------------------------------------------------------------
@@ -208,7 +212,11 @@ CORRUPT = {
     "too long payload": ("labels", _gz(_labels_payload() + b"\0"), "header"),
     "short header": ("labels", _gz(b"\0\0\x08"), "header"),
     "truncated gzip": ("images", _gz(_images_payload())[:-30], "gzip"),
-    "bad crc": ("labels", _gz(_labels_payload())[:-8] + b"\0\0\0\0" + _gz(_labels_payload())[-4:], "gzip"),
+    "bad crc": (
+        "labels",
+        _gz(_labels_payload())[:-8] + b"\0\0\0\0" + _gz(_labels_payload())[-4:],
+        "gzip",
+    ),
     "not gzip": ("images", _images_payload(), "not a gzip file"),
     "label out of range": ("labels", _gz(_labels_payload((1, 12, 3, 4))), "label 12 at index 1"),
     "count mismatch": ("labels", _gz(_labels_payload((1, 2, 3))), "4 images but"),
@@ -252,8 +260,13 @@ def test_download_into_root(cls, tmp_path, server, monkeypatch):
     root = tmp_path / "fresh"
     data = cls(root, mode="test", download=True)
     assert len(data) == 10 and data.root == root
-    assert sorted(p.name for p in root.iterdir()) == ["t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
-    assert (root / "t10k-images-idx3-ubyte.gz").read_bytes() == (tmp_path / "served" / FILE_NAMES[2]).read_bytes()
+    assert sorted(p.name for p in root.iterdir()) == [
+        "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte.gz",
+    ]
+    assert (root / "t10k-images-idx3-ubyte.gz").read_bytes() == (
+        tmp_path / "served" / FILE_NAMES[2]
+    ).read_bytes()
 
 
 def test_download_into_data_home_then_found_without_download(tmp_path, server, monkeypatch):
@@ -268,7 +281,9 @@ def test_download_into_data_home_then_found_without_download(tmp_path, server, m
 def test_download_into_home_cache(tmp_path, server, monkeypatch):
     monkeypatch.setattr(MNIST, "mirrors", [server])
     MNIST(download=True)
-    assert (tmp_path / "home" / ".cache" / "hapi" / "mnist" / "train-labels-idx1-ubyte.gz").is_file()
+    assert (
+        tmp_path / "home" / ".cache" / "hapi" / "mnist" / "train-labels-idx1-ubyte.gz"
+    ).is_file()
 
 
 def test_download_failure_names_urls(tmp_path, monkeypatch):

@@ -32,14 +32,21 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:Us
 def tensors() -> dict[str, Any]:
     """A state dict of the dtypes and shapes a model and its optimizer hold, nested one level."""
     torch.manual_seed(0)
-    return {"weight": torch.randn(3, 4), "half": torch.randn(5, dtype=torch.bfloat16),
-            "index": torch.arange(6).view(2, 3), "step": torch.tensor(7),
-            "loss": torch.tensor(0.25), "image": torch.randn(1, 2, 3, 3),
-            "optim": {"exp_avg": torch.randn(4), "count": torch.tensor(3, dtype=torch.int64)}}
+    return {
+        "weight": torch.randn(3, 4),
+        "half": torch.randn(5, dtype=torch.bfloat16),
+        "index": torch.arange(6).view(2, 3),
+        "step": torch.tensor(7),
+        "loss": torch.tensor(0.25),
+        "image": torch.randn(1, 2, 3, 3),
+        "optim": {"exp_avg": torch.randn(4), "count": torch.tensor(3, dtype=torch.int64)},
+    }
 
 
 def zeros_like(state: dict[str, Any]) -> dict[str, Any]:
-    return {k: zeros_like(v) if isinstance(v, dict) else torch.zeros_like(v) for k, v in state.items()}
+    return {
+        k: zeros_like(v) if isinstance(v, dict) else torch.zeros_like(v) for k, v in state.items()
+    }
 
 
 def saved(directory: Path, state: dict[str, Any] | None = None) -> Path:
@@ -68,7 +75,9 @@ class WritesMarker:
 def payloads(marker: Path) -> dict[str, WritesMarker]:
     found = {"exec": WritesMarker(exec, f"open({str(marker)!r}, 'w').close()")}
     if os.name == "posix":
-        command = f"{shlex.quote(sys.executable)} -c {shlex.quote(f'open({str(marker)!r}, chr(119))')}"
+        command = (
+            f"{shlex.quote(sys.executable)} -c {shlex.quote(f'open({str(marker)!r}, chr(119))')}"
+        )
         found["os.system"] = WritesMarker(os.system, command)
     return found
 
@@ -80,7 +89,9 @@ def test_real_checkpoint_loads_with_equal_tensors(tmp_path: Path) -> None:
     expected = tensors()
     assert torch.equal(state["optim"]["count"], expected["optim"]["count"])
     for key in ("weight", "half", "index", "step", "loss", "image"):
-        assert state[key].dtype == expected[key].dtype and torch.equal(state[key], expected[key]), key
+        assert state[key].dtype == expected[key].dtype and torch.equal(state[key], expected[key]), (
+            key
+        )
     assert torch.equal(state["optim"]["exp_avg"], expected["optim"]["exp_avg"])
 
 
@@ -96,7 +107,9 @@ def test_rank_metadata_path_and_load_id(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["exec", "os.system"])
 @pytest.mark.parametrize("where", ["whole file", "inside real metadata"])
-def test_metadata_that_runs_code_is_refused_and_never_run(tmp_path: Path, kind: str, where: str) -> None:
+def test_metadata_that_runs_code_is_refused_and_never_run(
+    tmp_path: Path, kind: str, where: str
+) -> None:
     marker = tmp_path / "pwned"
     if kind not in payloads(marker):
         pytest.skip("os.system payload is written for a POSIX shell")
@@ -112,7 +125,9 @@ def test_metadata_that_runs_code_is_refused_and_never_run(tmp_path: Path, kind: 
     # dcp.load (torch 2.13) catches read_metadata's error and raises its own
     # CheckpointException (a BaseException) that quotes it.
     with pytest.raises((CheckpointError, dcp.CheckpointException), match=REFUSED):
-        dcp.load(zeros_like(tensors()), storage_reader=SafeFileSystemReader(directory), no_dist=True)
+        dcp.load(
+            zeros_like(tensors()), storage_reader=SafeFileSystemReader(directory), no_dist=True
+        )
     assert not marker.exists()
 
     with contextlib.suppress(AttributeError):  # the whole-file payload unpickles to None
@@ -131,17 +146,21 @@ def test_non_tensor_entry_is_refused(tmp_path: Path) -> None:
     assert state["lr"] == 0.1
 
 
-@pytest.mark.parametrize("field, value, found", [
-    ("relative_path", "../x.distcp", "outside the checkpoint directory"),
-    ("relative_path", "/etc/passwd", "outside the checkpoint directory"),
-    ("relative_path", "sub/__0_0.distcp", "outside the checkpoint directory"),
-    ("relative_path", "..\\x.distcp", "outside the checkpoint directory"),
-    ("relative_path", "C:x.distcp", "outside the checkpoint directory"),
-    ("relative_path", "..", "outside the checkpoint directory"),
-    ("transform_descriptors", ["zstd"], r"stream transforms \['zstd'\]"),
-])
+@pytest.mark.parametrize(
+    "field, value, found",
+    [
+        ("relative_path", "../x.distcp", "outside the checkpoint directory"),
+        ("relative_path", "/etc/passwd", "outside the checkpoint directory"),
+        ("relative_path", "sub/__0_0.distcp", "outside the checkpoint directory"),
+        ("relative_path", "..\\x.distcp", "outside the checkpoint directory"),
+        ("relative_path", "C:x.distcp", "outside the checkpoint directory"),
+        ("relative_path", "..", "outside the checkpoint directory"),
+        ("transform_descriptors", ["zstd"], r"stream transforms \['zstd'\]"),
+    ],
+)
 def test_storage_entry_outside_directory_or_transformed_is_refused(
-        tmp_path: Path, field: str, value: Any, found: str) -> None:
+    tmp_path: Path, field: str, value: Any, found: str
+) -> None:
     directory = saved(tmp_path / "ckpt")
 
     def change(metadata: Any) -> None:
@@ -166,6 +185,8 @@ def test_damaged_metadata(tmp_path: Path, cut: str) -> None:
     directory = saved(tmp_path / "ckpt")
     file = directory / ".metadata"
     raw = file.read_bytes()
-    file.write_bytes({"half": raw[: len(raw) // 2], "empty": b"", "garbage": b"\x80\x04not a pickle"}[cut])
+    file.write_bytes(
+        {"half": raw[: len(raw) // 2], "empty": b"", "garbage": b"\x80\x04not a pickle"}[cut]
+    )
     with pytest.raises(CheckpointError, match=r"is damaged.*\.metadata.*bytes.*sharded=True"):
         SafeFileSystemReader(directory).read_metadata()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dict_models import CLASSES, TinyClassifier, TokenData, hand_loop
 from torch import nn
 
-from dict_models import CLASSES, TinyClassifier, TokenData, hand_loop
 from hapi import Model
 from hapi.metrics import Accuracy
 

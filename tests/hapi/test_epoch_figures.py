@@ -43,12 +43,26 @@ def test_epoch_figures_are_means_over_every_batch_not_the_last():
 
     model = prepared(network)
     logs = Logs()
-    history = model.fit((x, y), eval_data=(x, y), batch_size=BATCH, epochs=2, shuffle=False,
-                        log_freq=1, verbose=0, callbacks=[logs])
+    history = model.fit(
+        (x, y),
+        eval_data=(x, y),
+        batch_size=BATCH,
+        epochs=2,
+        shuffle=False,
+        log_freq=1,
+        verbose=0,
+        callbacks=[logs],
+    )
     evaluated = model.evaluate((x, y), batch_size=BATCH, verbose=0)
     assert_figures(evaluated, everything)
-    assert set(history.history) == {"loss", "acc", "multiclass_accuracy",
-                                     "val_loss", "val_acc", "val_multiclass_accuracy"}
+    assert set(history.history) == {
+        "loss",
+        "acc",
+        "multiclass_accuracy",
+        "val_loss",
+        "val_acc",
+        "val_multiclass_accuracy",
+    }
     for epoch in range(2):
         assert_figures({k: v[epoch] for k, v in history.history.items()}, everything)
         assert_figures(logs.epoch_end[epoch], everything)

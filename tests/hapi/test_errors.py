@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 import torchmetrics
+from conftest import TinyNet, make_tiny_data
 from torch import nn
 from torch.utils.data import Dataset
 
-from conftest import TinyNet, make_tiny_data
 from hapi import Model
 from hapi.checkpoint import CheckpointError
 from hapi.metrics import Accuracy
@@ -36,31 +36,42 @@ def ready_model() -> Model:
 
 
 def test_fit_before_prepare(tiny_net, tiny_data):
-    with pytest.raises(RuntimeError, match=r"fit\(\) needs a prepared model: call model\.prepare\("):
+    with pytest.raises(
+        RuntimeError, match=r"fit\(\) needs a prepared model: call model\.prepare\("
+    ):
         Model(tiny_net, device="cpu").fit(tiny_data, verbose=0)
 
 
 def test_evaluate_before_prepare(tiny_net, tiny_data):
-    with pytest.raises(RuntimeError, match=r"evaluate\(\) needs a prepared model: call model\.prepare\("):
+    with pytest.raises(
+        RuntimeError, match=r"evaluate\(\) needs a prepared model: call model\.prepare\("
+    ):
         Model(tiny_net, device="cpu").evaluate(tiny_data, verbose=0)
 
 
 def test_fit_without_loss(tiny_data):
     model = model_with(adam=True)
-    with pytest.raises(RuntimeError, match=r"prepare\(\) got no loss.*TinyNet returned no 'loss'.*"
-                                           r"prepare\(loss=\.\.\.\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"prepare\(\) got no loss.*TinyNet returned no 'loss'.*"
+        r"prepare\(loss=\.\.\.\)",
+    ):
         model.fit(tiny_data, verbose=0)
 
 
 def test_fit_without_optimizer(tiny_data):
     model = model_with(loss=nn.CrossEntropyLoss())
-    with pytest.raises(RuntimeError, match=r"fit\(\) needs an optimizer: call model\.prepare\(optimizer="):
+    with pytest.raises(
+        RuntimeError, match=r"fit\(\) needs an optimizer: call model\.prepare\(optimizer="
+    ):
         model.fit(tiny_data, verbose=0)
 
 
 def test_evaluate_without_loss_or_metrics(tiny_data):
     model = model_with(adam=True)
-    with pytest.raises(RuntimeError, match=r"evaluate\(\) had nothing to compute.*prepare\(loss=.*metrics="):
+    with pytest.raises(
+        RuntimeError, match=r"evaluate\(\) had nothing to compute.*prepare\(loss=.*metrics="
+    ):
         model.evaluate(tiny_data, verbose=0)
 
 
@@ -71,12 +82,27 @@ def accuracy(outputs, labels):
     return (outputs.argmax(-1) == labels).float().mean()
 
 
-@pytest.mark.parametrize("metrics, error, pattern", [
-    (accuracy, TypeError, r"must be a torchmetrics\.Metric; received <function accuracy.*torchmetrics\.Metric subclass"),
-    ([torchmetrics.classification.MulticlassAccuracy], TypeError,
-     r"metrics\[0\] is the class MulticlassAccuracy, not an instance; write MulticlassAccuracy\(\.\.\.\)"),
-    ({"x": "acc"}, TypeError, r"metrics\['x'\] must be a torchmetrics\.Metric; received 'acc' of type str"),
-], ids=["function", "metric-class", "string-in-dict"])
+@pytest.mark.parametrize(
+    "metrics, error, pattern",
+    [
+        (
+            accuracy,
+            TypeError,
+            r"must be a torchmetrics\.Metric; received <function accuracy.*torchmetrics\.Metric subclass",
+        ),
+        (
+            [torchmetrics.classification.MulticlassAccuracy],
+            TypeError,
+            r"metrics\[0\] is the class MulticlassAccuracy, not an instance; write MulticlassAccuracy\(\.\.\.\)",
+        ),
+        (
+            {"x": "acc"},
+            TypeError,
+            r"metrics\['x'\] must be a torchmetrics\.Metric; received 'acc' of type str",
+        ),
+    ],
+    ids=["function", "metric-class", "string-in-dict"],
+)
 def test_prepare_rejects_bad_metrics(tiny_net, metrics, error, pattern):
     model = Model(tiny_net, device="cpu")
     with pytest.raises(error, match=pattern):
@@ -84,13 +110,19 @@ def test_prepare_rejects_bad_metrics(tiny_net, metrics, error, pattern):
 
 
 def test_prepare_rejects_loss_class(tiny_net):
-    with pytest.raises(TypeError, match=r"loss is the class CrossEntropyLoss; pass an instance, e\.g\. CrossEntropyLoss\(\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"loss is the class CrossEntropyLoss; pass an instance, e\.g\. CrossEntropyLoss\(\)",
+    ):
         Model(tiny_net, device="cpu").prepare(loss=nn.CrossEntropyLoss)
 
 
 def test_prepare_rejects_optimizer_name(tiny_net):
-    with pytest.raises(TypeError, match=r"optimizer must be a torch\.optim\.Optimizer, or a list or dict of "
-                                        r"them .*; received 'adam'\. Example: torch\.optim\.Adam\(model\.parameters\(\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"optimizer must be a torch\.optim\.Optimizer, or a list or dict of "
+        r"them .*; received 'adam'\. Example: torch\.optim\.Adam\(model\.parameters\(\)",
+    ):
         Model(tiny_net, device="cpu").prepare(optimizer="adam", loss=nn.CrossEntropyLoss())
 
 
@@ -105,7 +137,9 @@ def test_prepare_rejects_unknown_amp(tiny_net):
 def test_load_missing_checkpoint_names_the_paths_tried(tmp_path):
     model = ready_model()
     model.save(tmp_path / "other")
-    with pytest.raises(FileNotFoundError, match=re.escape(repr(str(tmp_path / "final.pt")))) as caught:
+    with pytest.raises(
+        FileNotFoundError, match=re.escape(repr(str(tmp_path / "final.pt")))
+    ) as caught:
         model.load(tmp_path / "final")
     assert "other.pt" in str(caught.value)  # lists what is there instead
     assert "Model.save()" in str(caught.value)
@@ -117,26 +151,33 @@ def test_load_truncated_checkpoint(tmp_path):
     data = open(file, "rb").read()
     with open(file, "wb") as handle:
         handle.write(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match=re.escape(repr(file)) + r".*truncated or corrupt.*earlier checkpoint"):
+    with pytest.raises(
+        CheckpointError, match=re.escape(repr(file)) + r".*truncated or corrupt.*earlier checkpoint"
+    ):
         model.load(tmp_path / "ckpt")
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_load_corrupt_checkpoint(tmp_path, seed):
     file = tmp_path / "ckpt.pt"
-    file.write_bytes(np.random.default_rng(seed).integers(0, 256, size=4096, dtype=np.uint8).tobytes())
-    with pytest.raises(CheckpointError, match=re.escape(repr(str(file))) + r".*truncated or corrupt") as caught:
+    file.write_bytes(
+        np.random.default_rng(seed).integers(0, 256, size=4096, dtype=np.uint8).tobytes()
+    )
+    with pytest.raises(
+        CheckpointError, match=re.escape(repr(str(file))) + r".*truncated or corrupt"
+    ) as caught:
         ready_model().load(file)
     # Damaged bytes are not reported as a file that carries code (nor met with advice to
     # load it with weights_only=False).
     assert "carry code" not in str(caught.value) and "weights_only=False" not in str(caught.value)
 
 
-
 @pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy"])
 def test_load_checkpoint_cut_anywhere(tmp_path, zip_format):
     """Wherever a file is cut, the error is a CheckpointError naming it, never an IndexError from torch's reader."""
-    torch.save(TinyNet().state_dict(), tmp_path / "whole.pt", _use_new_zipfile_serialization=zip_format)
+    torch.save(
+        TinyNet().state_dict(), tmp_path / "whole.pt", _use_new_zipfile_serialization=zip_format
+    )
     data = (tmp_path / "whole.pt").read_bytes()
     model = ready_model()
     file = tmp_path / "cut.pt"
@@ -164,8 +205,11 @@ def test_load_refuses_a_checkpoint_that_carries_code(tmp_path):
     assert (tmp_path / "proof").exists()
 
     torch.save({**state, "payload": RunsCode(tmp_path / "marker")}, tmp_path / "evil.pt")
-    with pytest.raises(CheckpointError, match=re.escape(repr(str(tmp_path / "evil.pt")))
-                       + r".*refuses to load it.*weights_only=True.*never execute code") as caught:
+    with pytest.raises(
+        CheckpointError,
+        match=re.escape(repr(str(tmp_path / "evil.pt")))
+        + r".*refuses to load it.*weights_only=True.*never execute code",
+    ) as caught:
         ready_model().load(tmp_path / "evil.pt")
     assert "system" in str(caught.value)  # names what the file wanted to call
     assert not (tmp_path / "marker").exists()
@@ -173,7 +217,9 @@ def test_load_refuses_a_checkpoint_that_carries_code(tmp_path):
 
 def test_load_a_file_that_is_not_a_checkpoint(tmp_path):
     torch.save([1, 2, 3], tmp_path / "list.pt")
-    with pytest.raises(CheckpointError, match=r"not a torch-hapi checkpoint nor a state_dict.*Model\.save\(path\)"):
+    with pytest.raises(
+        CheckpointError, match=r"not a torch-hapi checkpoint nor a state_dict.*Model\.save\(path\)"
+    ):
         ready_model().load(tmp_path / "list.pt")
 
 
@@ -194,9 +240,9 @@ def test_load_checkpoint_of_another_architecture(tmp_path):
     assert "extra.weight" in message and "extra.bias" in message
     assert "skip_mismatch=True" in message
     assert str(tmp_path / "wider.pt") in message
-    assert all(torch.equal(before[k], v) for k, v in model.network.state_dict().items()), \
+    assert all(torch.equal(before[k], v) for k, v in model.network.state_dict().items()), (
         "a refused load changed the weights"
-
+    )
 
 
 def test_load_optimizer_state_of_another_optimizer(tmp_path):
@@ -205,9 +251,13 @@ def test_load_optimizer_state_of_another_optimizer(tmp_path):
     source.train_batch(x, y)
     source.save(tmp_path / "adam")
     target = model_with(loss=nn.CrossEntropyLoss())
-    target.prepare(optimizer=torch.optim.SGD(target.parameters(), lr=0.1, momentum=0.9),
-                   loss=nn.CrossEntropyLoss())
-    with pytest.raises(CheckpointError, match=r"optimizer state in .*adam\.pt.*SGD.*reset_optimizer=True"):
+    target.prepare(
+        optimizer=torch.optim.SGD(target.parameters(), lr=0.1, momentum=0.9),
+        loss=nn.CrossEntropyLoss(),
+    )
+    with pytest.raises(
+        CheckpointError, match=r"optimizer state in .*adam\.pt.*SGD.*reset_optimizer=True"
+    ):
         target.load(tmp_path / "adam")
     target.load(tmp_path / "adam", reset_optimizer=True)
     target.train_batch(x, y)  # the SGD optimizer still works
@@ -224,23 +274,47 @@ class EmptyDataset(Dataset):
         raise IndexError(index)
 
 
-@pytest.mark.parametrize("data, error, pattern", [
-    ("train.csv", TypeError, r"train_data must be a torch\.utils\.data\.Dataset.*; received str"),
-    ((np.zeros((96, 4), np.float32), np.zeros(95, np.int64)), ValueError,
-     r"train_data have different lengths \[96, 95\]; every array of the tuple must have one row per sample"),
-    ((torch.zeros(0, 4), torch.zeros(0, dtype=torch.long)), ValueError, r"train_data is empty \(0 samples\)"),
-    (EmptyDataset(), ValueError, r"train_data is empty \(0 samples\)"),
-], ids=["string", "different-lengths", "empty-tuple", "empty-dataset"])
+@pytest.mark.parametrize(
+    "data, error, pattern",
+    [
+        (
+            "train.csv",
+            TypeError,
+            r"train_data must be a torch\.utils\.data\.Dataset.*; received str",
+        ),
+        (
+            (np.zeros((96, 4), np.float32), np.zeros(95, np.int64)),
+            ValueError,
+            r"train_data have different lengths \[96, 95\]; every array of the tuple must have one row per sample",
+        ),
+        (
+            (torch.zeros(0, 4), torch.zeros(0, dtype=torch.long)),
+            ValueError,
+            r"train_data is empty \(0 samples\)",
+        ),
+        (EmptyDataset(), ValueError, r"train_data is empty \(0 samples\)"),
+    ],
+    ids=["string", "different-lengths", "empty-tuple", "empty-dataset"],
+)
 def test_fit_rejects_bad_data(data, error, pattern):
     with pytest.raises(error, match=pattern):
         ready_model().fit(data, verbose=0)
 
 
-@pytest.mark.parametrize("kwargs, pattern", [
-    ({"batch_size": 0}, r"fit: batch_size must be a positive int; received 0 \(int\)\. Pass e\.g\. batch_size=1"),
-    ({"epochs": 0}, r"fit: epochs must be a positive int; received 0 \(int\)\. Pass e\.g\. epochs=1"),
-    ({"verbose": 3}, r"verbose must be 0 \(silent\), 1 \(progress bar\) or 2 .*; received 3"),
-])
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        (
+            {"batch_size": 0},
+            r"fit: batch_size must be a positive int; received 0 \(int\)\. Pass e\.g\. batch_size=1",
+        ),
+        (
+            {"epochs": 0},
+            r"fit: epochs must be a positive int; received 0 \(int\)\. Pass e\.g\. epochs=1",
+        ),
+        ({"verbose": 3}, r"verbose must be 0 \(silent\), 1 \(progress bar\) or 2 .*; received 3"),
+    ],
+)
 def test_fit_rejects_bad_arguments(tiny_data, kwargs, pattern):
     model = ready_model()
     before = {k: v.clone() for k, v in model.network.state_dict().items()}
@@ -249,14 +323,21 @@ def test_fit_rejects_bad_arguments(tiny_data, kwargs, pattern):
     assert all(torch.equal(before[k], v) for k, v in model.network.state_dict().items())
 
 
-@pytest.mark.parametrize("labels, described", [
-    (lambda y: y.float(), "float32[96]"),
-    (lambda y: y[:, None], "int64[96, 1]"),
-], ids=["float-labels", "column-labels"])
+@pytest.mark.parametrize(
+    "labels, described",
+    [
+        (lambda y: y.float(), "float32[96]"),
+        (lambda y: y[:, None], "int64[96, 1]"),
+    ],
+    ids=["float-labels", "column-labels"],
+)
 @pytest.mark.parametrize("method", ["fit", "evaluate"])
 def test_loss_failure_names_outputs_and_labels(labels, described, method):
     x, y = make_tiny_data()
     model = ready_model()
-    with pytest.raises(RuntimeError, match=re.escape(f"outputs (float32[96, 3]) and labels ({described})")
-                       + r".*CrossEntropyLoss wants scores \[N, C\] and int64 class indices \[N\]"):
+    with pytest.raises(
+        RuntimeError,
+        match=re.escape(f"outputs (float32[96, 3]) and labels ({described})")
+        + r".*CrossEntropyLoss wants scores \[N, C\] and int64 class indices \[N\]",
+    ):
         getattr(model, method)((x, labels(y)), batch_size=96, verbose=0)

@@ -10,9 +10,9 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from conftest import TinyNet
 from torch import nn
 
-from conftest import TinyNet
 from hapi import Model
 
 
@@ -73,7 +73,9 @@ def exported(tmp_path, network: nn.Module, example, **kwargs):
     return file, torch.export.load(file).module()
 
 
-@pytest.mark.parametrize("make, shape", [(TinyNet, (4, 4)), (SmallCNN, (4, 1, 8, 8))], ids=["mlp", "cnn"])
+@pytest.mark.parametrize(
+    "make, shape", [(TinyNet, (4, 4)), (SmallCNN, (4, 1, 8, 8))], ids=["mlp", "cnn"]
+)
 def test_round_trip_gives_the_same_outputs_on_other_batch_sizes(tmp_path, make, shape):
     torch.manual_seed(0)
     network = make().eval()
@@ -97,8 +99,12 @@ def test_a_batch_of_one_example_still_gives_a_dynamic_batch(tmp_path):
 def test_several_inputs_and_numpy_arrays(tmp_path, container):
     torch.manual_seed(0)
     network = TwoInputs().eval()
-    example = container([np.random.default_rng(0).standard_normal((3, 4), dtype=np.float32),
-                         np.random.default_rng(1).standard_normal((3, 2), dtype=np.float32)])
+    example = container(
+        [
+            np.random.default_rng(0).standard_normal((3, 4), dtype=np.float32),
+            np.random.default_rng(1).standard_normal((3, 2), dtype=np.float32),
+        ]
+    )
     _, program = exported(tmp_path, network, example)
     x, y = torch.randn(6, 4), torch.randn(6, 2)
     torch.testing.assert_close(program(x, y), network(x, y), atol=1e-6, rtol=0)
@@ -116,7 +122,9 @@ def test_dynamic_batch_false_fixes_the_batch_size(tmp_path):
 
 def test_the_file_name_gets_pt2_and_parent_directories_are_created(tmp_path):
     model = Model(TinyNet(), device="cpu")
-    assert model.export(tmp_path / "a" / "b" / "net", torch.randn(2, 4)) == str(tmp_path / "a/b/net.pt2")
+    assert model.export(tmp_path / "a" / "b" / "net", torch.randn(2, 4)) == str(
+        tmp_path / "a/b/net.pt2"
+    )
     assert model.export(str(tmp_path / "kept.pt2"), torch.randn(2, 4)) == str(tmp_path / "kept.pt2")
     assert sorted(os.listdir(tmp_path)) == ["a", "kept.pt2"]
     assert os.listdir(tmp_path / "a" / "b") == ["net.pt2"]
@@ -130,7 +138,9 @@ def test_exported_in_eval_mode_and_the_training_flags_are_restored(tmp_path):
     network.head.eval()  # a mixed state must come back as it was
     model = Model(network, device="cpu")
     program = torch.export.load(model.export(tmp_path / "net", torch.randn(4, 4))).module()
-    assert model.network.training and model.network.body.training and not model.network.head.training
+    assert (
+        model.network.training and model.network.body.training and not model.network.head.training
+    )
     x = torch.randn(6, 4)
     network.eval()
     expected = network(x)
@@ -144,7 +154,9 @@ def test_a_data_dependent_branch_is_explained(tmp_path):
         Model(network, device="cpu").export(tmp_path / "net", torch.randn(4, 4))
     message = str(caught.value)
     assert "ValueBranch" in message
-    assert "if x.sum() > 0" in message and f"{os.path.basename(__file__)}:" in message  # the user's line
+    assert (
+        "if x.sum() > 0" in message and f"{os.path.basename(__file__)}:" in message
+    )  # the user's line
     assert "torch.cond" in message  # what to do
     assert caught.value.__cause__ is not None  # torch's own exception is chained
     assert network.training  # restored on failure too
@@ -169,18 +181,23 @@ def test_a_failed_export_leaves_the_previous_file_byte_identical(tmp_path):
     assert os.listdir(tmp_path) == ["net.pt2"]  # no temporary file left behind
 
 
-@pytest.mark.parametrize("example, match", [
-    ({"x": torch.randn(2, 4)}, r"example_inputs is dict.*tuple/list"),
-    ([torch.randn(2, 4), "text"], r"example_inputs\[1\] is str"),
-    ((), r"empty tuple"),
-])
+@pytest.mark.parametrize(
+    "example, match",
+    [
+        ({"x": torch.randn(2, 4)}, r"example_inputs is dict.*tuple/list"),
+        ([torch.randn(2, 4), "text"], r"example_inputs\[1\] is str"),
+        ((), r"empty tuple"),
+    ],
+)
 def test_example_inputs_that_are_not_tensors_are_refused(tmp_path, example, match):
     with pytest.raises(TypeError, match=match):
         Model(TinyNet(), device="cpu").export(tmp_path / "net", example)
 
 
 def test_an_example_the_network_cannot_run_is_reported_before_export(tmp_path):
-    with pytest.raises(RuntimeError, match=r"TinyNet fails on example_inputs \(float32\[2, 5\]\).*mat1"):
+    with pytest.raises(
+        RuntimeError, match=r"TinyNet fails on example_inputs \(float32\[2, 5\]\).*mat1"
+    ):
         Model(TinyNet(), device="cpu").export(tmp_path / "net", torch.randn(2, 5))
 
 
@@ -207,7 +224,15 @@ def test_the_file_loads_and_runs_without_torch_hapi(tmp_path):
         torch.save(program(torch.load(sys.argv[2])), sys.argv[3])
         print(sorted({m.split(".")[0] for m in sys.modules} & {"hapi", "callbacks"}))
     """)
-    command = [sys.executable, "-I", "-c", script, file, str(tmp_path / "x.pt"), str(tmp_path / "y.pt")]
+    command = [
+        sys.executable,
+        "-I",
+        "-c",
+        script,
+        file,
+        str(tmp_path / "x.pt"),
+        str(tmp_path / "y.pt"),
+    ]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import torch
+from idx_files import make_mnist_dir
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from hapi import distributed
 from hapi.data import Batch, ExplainingCollate, TensorBatches, make_loader
 from hapi.datasets import FashionMNIST
-from idx_files import make_mnist_dir
 
 
 class PerSample(Dataset):
@@ -63,8 +63,15 @@ def test_tensors_and_tensor_datasets_take_the_fast_path():
         loader = make_loader(data, role="train_data", batch_size=8, shuffle=True, seed=3)
         assert isinstance(loader.dataset, TensorBatches)
         fast = _epochs(loader)
-        slow = _epochs(make_loader(PerSample(TensorDataset(x, y)), role="train_data", batch_size=8,
-                                   shuffle=True, seed=3))
+        slow = _epochs(
+            make_loader(
+                PerSample(TensorDataset(x, y)),
+                role="train_data",
+                batch_size=8,
+                shuffle=True,
+                seed=3,
+            )
+        )
         _assert_same(fast, slow)
 
 
@@ -73,8 +80,12 @@ def test_each_rank_gets_its_shard_as_whole_batches():
     data = TensorBatches(x, torch.arange(20))
     seen = []
     for rank in (0, 1):
-        sampler = distributed.ResumableSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=5)
-        loader = DataLoader(data, batch_size=4, sampler=sampler, collate_fn=ExplainingCollate("train_data"))
+        sampler = distributed.ResumableSampler(
+            data, num_replicas=2, rank=rank, shuffle=True, seed=5
+        )
+        loader = DataLoader(
+            data, batch_size=4, sampler=sampler, collate_fn=ExplainingCollate("train_data")
+        )
         seen.append([int(i) for _, labels in loader for i in labels])
     assert sorted(seen[0] + seen[1]) == list(range(20)) and not set(seen[0]) & set(seen[1])
 
@@ -95,8 +106,9 @@ def test_in_memory_data_that_fits_is_batched_on_the_device(monkeypatch):
 
     monkeypatch.setattr(data_module, "free_device_memory", lambda device: 10**9)
     x, y = torch.randn(40, 3), torch.arange(40)
-    loader = make_loader((x, y), role="train_data", batch_size=8, shuffle=True,
-                         device=torch.device("meta"))
+    loader = make_loader(
+        (x, y), role="train_data", batch_size=8, shuffle=True, device=torch.device("meta")
+    )
     batches = list(loader)
     assert len(batches) == 5
     assert all(t.device.type == "meta" for batch in batches for t in batch)
@@ -123,10 +135,13 @@ def test_worker_processes_and_per_sample_data_keep_host_loading(monkeypatch):
     monkeypatch.setattr(data_module, "free_device_memory", lambda device: 10**9)
     x, y = torch.randn(16, 3), torch.arange(16)
     per_sample = PerSample(TensorDataset(x, y))
-    batches = list(make_loader(per_sample, role="eval_data", batch_size=8, device=torch.device("meta")))
+    batches = list(
+        make_loader(per_sample, role="eval_data", batch_size=8, device=torch.device("meta"))
+    )
     assert all(t.device.type == "cpu" for batch in batches for t in batch)
-    loader = make_loader((x, y), role="eval_data", batch_size=8, num_workers=1,
-                         device=torch.device("meta"))
+    loader = make_loader(
+        (x, y), role="eval_data", batch_size=8, num_workers=1, device=torch.device("meta")
+    )
     assert all(t.device.type == "cpu" for batch in loader for t in batch)
 
 
@@ -143,8 +158,13 @@ def test_hapi_data_sets_are_batched_on_the_device_and_left_in_place(tmp_path, mo
     make_mnist_dir(tmp_path, n_train=20, n_test=4)
     dataset = FashionMNIST(root=tmp_path, mode="train")
     assert dataset.nbytes == 20 * 28 * 28 + 20 * 8
-    images, labels = next(iter(make_loader(dataset, role="train_data", batch_size=8,
-                                           device=torch.device("meta"))))
-    assert (images.device.type, images.dtype, tuple(images.shape)) == ("meta", torch.float32, (8, 1, 28, 28))
+    images, labels = next(
+        iter(make_loader(dataset, role="train_data", batch_size=8, device=torch.device("meta")))
+    )
+    assert (images.device.type, images.dtype, tuple(images.shape)) == (
+        "meta",
+        torch.float32,
+        (8, 1, 28, 28),
+    )
     assert labels.device.type == "meta"
     assert dataset.images.device.type == "cpu"  # the user's data set still reads from the host

@@ -6,11 +6,18 @@ import csv
 
 import pytest
 import torch
+from conftest import TinyNet, make_tiny_data
 from torch import nn
 
-from callbacks import (CSVLogger, EarlyStopping, LRScheduler, ModelCheckpoint, ReduceLROnPlateau,
-                       TerminateOnNaN, VisualDL)
-from conftest import TinyNet, make_tiny_data
+from callbacks import (
+    CSVLogger,
+    EarlyStopping,
+    LRScheduler,
+    ModelCheckpoint,
+    ReduceLROnPlateau,
+    TerminateOnNaN,
+    VisualDL,
+)
 from hapi import Model
 from hapi.metrics import Accuracy
 
@@ -18,7 +25,9 @@ from hapi.metrics import Accuracy
 def _model(lr=0.05, loss=None):
     torch.manual_seed(0)
     model = Model(TinyNet())
-    model.prepare(torch.optim.SGD(model.parameters(), lr=lr), loss or nn.CrossEntropyLoss(), Accuracy())
+    model.prepare(
+        torch.optim.SGD(model.parameters(), lr=lr), loss or nn.CrossEntropyLoss(), Accuracy()
+    )
     return model
 
 
@@ -28,8 +37,15 @@ DATA = make_tiny_data(60)
 def test_visualdl_scalars_read_back(tmp_path):
     from visualdl import LogReader
 
-    _model().fit(DATA, eval_data=DATA, batch_size=10, epochs=2, log_freq=3, verbose=0,
-                 callbacks=[VisualDL(tmp_path / "vdl")])
+    _model().fit(
+        DATA,
+        eval_data=DATA,
+        batch_size=10,
+        epochs=2,
+        log_freq=3,
+        verbose=0,
+        callbacks=[VisualDL(tmp_path / "vdl")],
+    )
     records = list((tmp_path / "vdl" / "version_0").glob("vdlrecords.*.log"))
     assert len(records) == 1
     reader = LogReader(file_path=str(records[0]))
@@ -43,8 +59,14 @@ def test_visualdl_scalars_read_back(tmp_path):
 
 def test_early_stopping_on_a_flat_val_loss_stops_after_the_third_epoch():
     model = _model(lr=0.0)  # nothing changes: val_loss is flat
-    history = model.fit(DATA, eval_data=DATA, batch_size=20, epochs=10, verbose=0,
-                        callbacks=[EarlyStopping(monitor="val_loss", patience=2, verbose=0)])
+    history = model.fit(
+        DATA,
+        eval_data=DATA,
+        batch_size=20,
+        epochs=10,
+        verbose=0,
+        callbacks=[EarlyStopping(monitor="val_loss", patience=2, verbose=0)],
+    )
     assert history.epoch == [0, 1, 2]
 
 
@@ -61,8 +83,14 @@ def test_early_stopping_restores_the_best_weights():
     # Evaluate on data with flipped labels: training makes val_loss worse every epoch.
     x, y = DATA
     stopper = EarlyStopping(monitor="val_loss", patience=1, restore_best_weights=True, verbose=0)
-    history = model.fit(DATA, eval_data=(x, (y + 1) % 3), batch_size=10, epochs=10, verbose=0,
-                        callbacks=[Snap(), stopper])
+    history = model.fit(
+        DATA,
+        eval_data=(x, (y + 1) % 3),
+        batch_size=10,
+        epochs=10,
+        verbose=0,
+        callbacks=[Snap(), stopper],
+    )
     val = history.history["val_loss"]
     best = min(range(len(val)), key=val.__getitem__)
     assert len(val) < 10 and best < len(val) - 1
@@ -74,16 +102,22 @@ def test_lr_scheduler_steps_once_per_epoch_by_default():
     model = _model(lr=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(model.optimizer, step_size=1, gamma=0.5)
     model.fit(DATA, batch_size=10, epochs=3, verbose=0, callbacks=[LRScheduler(scheduler)])
-    assert model.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 3)
+    assert model.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)
 
 
 def test_lr_scheduler_by_step_follows_optimizer_steps():
     model = _model(lr=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(model.optimizer, step_size=1, gamma=0.9)
-    model.fit(DATA, batch_size=10, epochs=1, accumulate_grad_batches=2, verbose=0,
-              callbacks=[LRScheduler(scheduler, by_step=True)])
+    model.fit(
+        DATA,
+        batch_size=10,
+        epochs=1,
+        accumulate_grad_batches=2,
+        verbose=0,
+        callbacks=[LRScheduler(scheduler, by_step=True)],
+    )
     assert model.step == 3  # 6 batches, 2 per optimizer step
-    assert model.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.9 ** 3)
+    assert model.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.9**3)
 
 
 def test_reduce_lr_on_plateau_lowers_the_learning_rate():
@@ -102,21 +136,36 @@ def test_terminate_on_nan_stops_and_says_where(capsys):
         return loss * float("nan") if calls["n"] >= 4 else loss
 
     model = _model(loss=exploding)
-    history = model.fit(DATA, batch_size=10, epochs=5, log_freq=1, verbose=0,
-                        callbacks=[TerminateOnNaN()])
+    history = model.fit(
+        DATA, batch_size=10, epochs=5, log_freq=1, verbose=0, callbacks=[TerminateOnNaN()]
+    )
     assert history.epoch == [0]
     assert model.step == 4
     assert "Epoch 1, step 4: loss is nan" in capsys.readouterr().out
 
 
 def test_csv_logger_and_checkpoints_after_fit(tmp_path):
-    _model().fit(DATA, eval_data=DATA, batch_size=20, epochs=3, verbose=0,
-                 callbacks=[CSVLogger(tmp_path / "log.csv"),
-                            ModelCheckpoint(tmp_path / "ckpt", monitor="val_acc")])
+    _model().fit(
+        DATA,
+        eval_data=DATA,
+        batch_size=20,
+        epochs=3,
+        verbose=0,
+        callbacks=[
+            CSVLogger(tmp_path / "log.csv"),
+            ModelCheckpoint(tmp_path / "ckpt", monitor="val_acc"),
+        ],
+    )
     rows = list(csv.DictReader(open(tmp_path / "log.csv")))
     assert [r["epoch"] for r in rows] == ["0", "1", "2"]
     assert set(rows[0]) == {"epoch", "loss", "acc", "val_loss", "val_acc"}
-    assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {"0.pt", "1.pt", "2.pt", "best.pt", "final.pt"}
+    assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {
+        "0.pt",
+        "1.pt",
+        "2.pt",
+        "best.pt",
+        "final.pt",
+    }
     restored = _model()
     restored.load(tmp_path / "ckpt" / "final")
     assert restored.evaluate(DATA, verbose=0)["acc"] > 0.5

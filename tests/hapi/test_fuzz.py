@@ -28,10 +28,10 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 import torch
+from conftest import TinyNet, make_tiny_data
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from conftest import TinyNet, make_tiny_data
 from hapi import Model
 from hapi.metrics import Accuracy
 
@@ -209,93 +209,265 @@ def labels_unused(expectation) -> dict:
 
 CASES = [
     # -- wrong shapes ----------------------------------------------------------------------
-    Case("inputs-wrong-features", lambda: (tiny()[0][:, :3], tiny()[1]), everywhere(Raises(
-        RuntimeError, r"mat1 and mat2 shapes cannot be multiplied \(4x3 and 4x16\)",
-        also=(r"\binputs\b", r"4, 3")))),
-    Case("inputs-extra-dim", lambda: (tiny()[0][:, None, :], tiny()[1]), labels_unused(Raises(
-        RuntimeError, re.escape("outputs (float32[4, 1, 3]) and labels (int64[4])"),
-        also=(r"Expected target size",)))),
-    Case("labels-extra-dim", lambda: (tiny()[0], tiny()[1][:, None]), labels_unused(Raises(
-        RuntimeError, re.escape("labels (int64[4, 1])"), also=(r"0D or 1D target tensor expected",)))),
-    Case("labels-two-extra-dims", lambda: (tiny()[0], tiny()[1][:, None, None]), labels_unused(Raises(
-        RuntimeError, re.escape("labels (int64[4, 1, 1])"), also=(r"0D or 1D target tensor expected",)))),
-    Case("batch-inputs-4-labels-3", short_labels_loader, labels_unused(Raises(
-        ValueError, re.escape("outputs (float32[4, 3]) and labels (int64[3])"),
-        also=(r"Expected input batch_size \(4\) to match target batch_size \(3\)",)))),
-    Case("arrays-of-different-lengths", lambda: (tiny()[0], tiny()[1][:10]), everywhere(Raises(
-        ValueError, r"{role} have different lengths \[12, 10\]"))),
-    Case("ragged-inputs", lambda: items(lambda x, y, i: (x[: 3 + i % 2], y)), everywhere(Raises(
-        (RuntimeError, ValueError), r"{role}", also=(r"\b3\b", r"\b4\b")))),
+    Case(
+        "inputs-wrong-features",
+        lambda: (tiny()[0][:, :3], tiny()[1]),
+        everywhere(
+            Raises(
+                RuntimeError,
+                r"mat1 and mat2 shapes cannot be multiplied \(4x3 and 4x16\)",
+                also=(r"\binputs\b", r"4, 3"),
+            )
+        ),
+    ),
+    Case(
+        "inputs-extra-dim",
+        lambda: (tiny()[0][:, None, :], tiny()[1]),
+        labels_unused(
+            Raises(
+                RuntimeError,
+                re.escape("outputs (float32[4, 1, 3]) and labels (int64[4])"),
+                also=(r"Expected target size",),
+            )
+        ),
+    ),
+    Case(
+        "labels-extra-dim",
+        lambda: (tiny()[0], tiny()[1][:, None]),
+        labels_unused(
+            Raises(
+                RuntimeError,
+                re.escape("labels (int64[4, 1])"),
+                also=(r"0D or 1D target tensor expected",),
+            )
+        ),
+    ),
+    Case(
+        "labels-two-extra-dims",
+        lambda: (tiny()[0], tiny()[1][:, None, None]),
+        labels_unused(
+            Raises(
+                RuntimeError,
+                re.escape("labels (int64[4, 1, 1])"),
+                also=(r"0D or 1D target tensor expected",),
+            )
+        ),
+    ),
+    Case(
+        "batch-inputs-4-labels-3",
+        short_labels_loader,
+        labels_unused(
+            Raises(
+                ValueError,
+                re.escape("outputs (float32[4, 3]) and labels (int64[3])"),
+                also=(r"Expected input batch_size \(4\) to match target batch_size \(3\)",),
+            )
+        ),
+    ),
+    Case(
+        "arrays-of-different-lengths",
+        lambda: (tiny()[0], tiny()[1][:10]),
+        everywhere(Raises(ValueError, r"{role} have different lengths \[12, 10\]")),
+    ),
+    Case(
+        "ragged-inputs",
+        lambda: items(lambda x, y, i: (x[: 3 + i % 2], y)),
+        everywhere(Raises((RuntimeError, ValueError), r"{role}", also=(r"\b3\b", r"\b4\b"))),
+    ),
     # -- wrong dtypes ------------------------------------------------------------------------
-    Case("float-labels", lambda: (tiny()[0], tiny()[1].float()), labels_unused(Raises(
-        RuntimeError, re.escape("labels (float32[4])"), also=(r"expected target dtype to be Long",)))),
-    Case("int64-inputs", lambda: (tiny()[0].long(), tiny()[1]), everywhere(Raises(
-        RuntimeError, r"mat1 and mat2 must have the same dtype", also=(r"\binputs\b", r"int64")))),
-    Case("float64-numpy-inputs", lambda: (tiny()[0].double().numpy(), tiny()[1].numpy()), everywhere(Raises(
-        RuntimeError, r"mat1 and mat2 must have the same dtype", also=(r"\binputs\b", r"float64")))),
-    Case("bool-inputs", lambda: (tiny()[0] > 0, tiny()[1]), everywhere(Raises(
-        RuntimeError, r"mat1 and mat2 must have the same dtype", also=(r"\binputs\b", r"bool")))),
-    Case("string-labels-in-dataset", lambda: items(lambda x, y, i: (x, "cat")), labels_unused(Raises(
-        TypeError, r"must be Tensor", also=(r"\bstr\b",)))),
-    Case("string-labels-numpy", lambda: (tiny()[0].numpy(), np.array(["cat"] * N)), everywhere(Raises(
-        TypeError, r"{role}", also=(r"str",)))),
-    Case("none-label-in-sample", lambda: items(lambda x, y, i: (x, None)), everywhere(Raises(
-        TypeError, r"{role}", also=(r"None",)))),
-    Case("none-input-in-sample", lambda: items(lambda x, y, i: (None, y)), everywhere(Raises(
-        TypeError, r"{role}", also=(r"None",)))),
-    Case("none-instead-of-a-sample", NoneAt, everywhere(Raises(
-        TypeError, r"{role}", also=(r"None",)))),
+    Case(
+        "float-labels",
+        lambda: (tiny()[0], tiny()[1].float()),
+        labels_unused(
+            Raises(
+                RuntimeError,
+                re.escape("labels (float32[4])"),
+                also=(r"expected target dtype to be Long",),
+            )
+        ),
+    ),
+    Case(
+        "int64-inputs",
+        lambda: (tiny()[0].long(), tiny()[1]),
+        everywhere(
+            Raises(
+                RuntimeError,
+                r"mat1 and mat2 must have the same dtype",
+                also=(r"\binputs\b", r"int64"),
+            )
+        ),
+    ),
+    Case(
+        "float64-numpy-inputs",
+        lambda: (tiny()[0].double().numpy(), tiny()[1].numpy()),
+        everywhere(
+            Raises(
+                RuntimeError,
+                r"mat1 and mat2 must have the same dtype",
+                also=(r"\binputs\b", r"float64"),
+            )
+        ),
+    ),
+    Case(
+        "bool-inputs",
+        lambda: (tiny()[0] > 0, tiny()[1]),
+        everywhere(
+            Raises(
+                RuntimeError,
+                r"mat1 and mat2 must have the same dtype",
+                also=(r"\binputs\b", r"bool"),
+            )
+        ),
+    ),
+    Case(
+        "string-labels-in-dataset",
+        lambda: items(lambda x, y, i: (x, "cat")),
+        labels_unused(Raises(TypeError, r"must be Tensor", also=(r"\bstr\b",))),
+    ),
+    Case(
+        "string-labels-numpy",
+        lambda: (tiny()[0].numpy(), np.array(["cat"] * N)),
+        everywhere(Raises(TypeError, r"{role}", also=(r"str",))),
+    ),
+    Case(
+        "none-label-in-sample",
+        lambda: items(lambda x, y, i: (x, None)),
+        everywhere(Raises(TypeError, r"{role}", also=(r"None",))),
+    ),
+    Case(
+        "none-input-in-sample",
+        lambda: items(lambda x, y, i: (None, y)),
+        everywhere(Raises(TypeError, r"{role}", also=(r"None",))),
+    ),
+    Case(
+        "none-instead-of-a-sample",
+        NoneAt,
+        everywhere(Raises(TypeError, r"{role}", also=(r"None",))),
+    ),
     # -- labels out of range -------------------------------------------------------------------
-    *[Case(f"label-{value}-of-3-classes", (lambda v: lambda: (tiny()[0], torch.full((N,), v)))(value),
-           labels_unused(Raises(IndexError, rf"Target {value} is out of bounds",
-                                also=(re.escape("labels (int64[4])"),))))
-      for value in (3, 7, -1, -2, 2**40)],
+    *[
+        Case(
+            f"label-{value}-of-3-classes",
+            (lambda v: lambda: (tiny()[0], torch.full((N,), v)))(value),
+            labels_unused(
+                Raises(
+                    IndexError,
+                    rf"Target {value} is out of bounds",
+                    also=(re.escape("labels (int64[4])"),),
+                )
+            ),
+        )
+        for value in (3, 7, -1, -2, 2**40)
+    ],
     # -100 is CrossEntropyLoss's ignore_index: plain PyTorch ignores those samples, and a
     # batch of nothing but -100 has a NaN mean loss. Documented PyTorch behaviour; no crash.
-    Case("label-minus-100-is-ignored", lambda: (tiny()[0], torch.full((N,), -100)),
-         {"fit": nan_figures, "evaluate": nan_figures, "predict": predicts_all}),
+    Case(
+        "label-minus-100-is-ignored",
+        lambda: (tiny()[0], torch.full((N,), -100)),
+        {"fit": nan_figures, "evaluate": nan_figures, "predict": predicts_all},
+    ),
     # -- empty data --------------------------------------------------------------------------
-    Case("empty-map-dataset", lambda: Items([]), everywhere(Raises(ValueError, r"{role} is empty \(0 samples\)"))),
-    Case("empty-tensor-tuple", lambda: (torch.zeros(0, 4), torch.zeros(0, dtype=torch.long)),
-         everywhere(Raises(ValueError, r"{role} is empty \(0 samples\)"))),
-    Case("empty-numpy-tuple", lambda: (np.zeros((0, 4), np.float32), np.zeros(0, np.int64)),
-         everywhere(Raises(ValueError, r"{role} is empty \(0 samples\)"))),
-    Case("empty-iterable-dataset", lambda: Stream(n=0), everywhere(Raises(
-        ValueError, r"(?s){role}.*\bempty\b"))),
-    Case("empty-dataloader", lambda: DataLoader(Items([]), batch_size=BATCH), everywhere(Raises(
-        ValueError, r"(?s){role}.*\bempty\b"))),
-    Case("drop-last-leaves-no-batch", tiny, {"fit": Raises(
-        ValueError, r"(?s)train_data.*(\bempty\b|no batch)", also=(r"drop_last",))},
-         fit_kwargs={"batch_size": 64, "drop_last": True}),
+    Case(
+        "empty-map-dataset",
+        lambda: Items([]),
+        everywhere(Raises(ValueError, r"{role} is empty \(0 samples\)")),
+    ),
+    Case(
+        "empty-tensor-tuple",
+        lambda: (torch.zeros(0, 4), torch.zeros(0, dtype=torch.long)),
+        everywhere(Raises(ValueError, r"{role} is empty \(0 samples\)")),
+    ),
+    Case(
+        "empty-numpy-tuple",
+        lambda: (np.zeros((0, 4), np.float32), np.zeros(0, np.int64)),
+        everywhere(Raises(ValueError, r"{role} is empty \(0 samples\)")),
+    ),
+    Case(
+        "empty-iterable-dataset",
+        lambda: Stream(n=0),
+        everywhere(Raises(ValueError, r"(?s){role}.*\bempty\b")),
+    ),
+    Case(
+        "empty-dataloader",
+        lambda: DataLoader(Items([]), batch_size=BATCH),
+        everywhere(Raises(ValueError, r"(?s){role}.*\bempty\b")),
+    ),
+    Case(
+        "drop-last-leaves-no-batch",
+        tiny,
+        {"fit": Raises(ValueError, r"(?s)train_data.*(\bempty\b|no batch)", also=(r"drop_last",))},
+        fit_kwargs={"batch_size": 64, "drop_last": True},
+    ),
     # -- NaN / inf inputs: documented behaviour ------------------------------------------------
     # As in plain PyTorch, nothing checks for NaN: training goes on, the loss (and so the
     # logged figures) are NaN, the NaN gradients make the weights NaN, and the
     # checkpoints hold those weights. TerminateOnNaN is the opt-in stop.
-    Case("nan-inputs", lambda: nonfinite(float("nan")),
-         {"fit": nan_figures, "evaluate": nan_figures, "predict": nan_outputs}),
-    Case("inf-inputs", lambda: nonfinite(float("inf")),
-         {"fit": nan_figures, "evaluate": nan_figures, "predict": nan_outputs}),
+    Case(
+        "nan-inputs",
+        lambda: nonfinite(float("nan")),
+        {"fit": nan_figures, "evaluate": nan_figures, "predict": nan_outputs},
+    ),
+    Case(
+        "inf-inputs",
+        lambda: nonfinite(float("inf")),
+        {"fit": nan_figures, "evaluate": nan_figures, "predict": nan_outputs},
+    ),
     # -- data that raises: the user's own exception, with its text ---------------------------
-    Case("iterable-raises-after-3-samples", lambda: Stream(fail_at=3),
-         everywhere(Raises(OSError, r"disk read failed at sample 3"))),
-    Case("iterable-raises-in-worker", lambda: Stream(fail_at=3),
-         everywhere(Raises(OSError, r"(?s)in DataLoader worker process.*disk read failed at sample 3")),
-         kwargs={"num_workers": 1}),
-    Case("getitem-raises-for-index-5", BrokenRecord,
-         everywhere(Raises(KeyError, r"record 5 is corrupt"))),
-    Case("getitem-raises-in-worker", BrokenRecord,
-         everywhere(Raises(KeyError, r"(?s)in DataLoader worker process.*record 5 is corrupt")),
-         kwargs={"num_workers": 1}),
-    Case("plain-generator", generator,
-         everywhere(Raises(TypeError, r"{role} must be a torch\.utils\.data\.Dataset.*received generator"))),
+    Case(
+        "iterable-raises-after-3-samples",
+        lambda: Stream(fail_at=3),
+        everywhere(Raises(OSError, r"disk read failed at sample 3")),
+    ),
+    Case(
+        "iterable-raises-in-worker",
+        lambda: Stream(fail_at=3),
+        everywhere(
+            Raises(OSError, r"(?s)in DataLoader worker process.*disk read failed at sample 3")
+        ),
+        kwargs={"num_workers": 1},
+    ),
+    Case(
+        "getitem-raises-for-index-5",
+        BrokenRecord,
+        everywhere(Raises(KeyError, r"record 5 is corrupt")),
+    ),
+    Case(
+        "getitem-raises-in-worker",
+        BrokenRecord,
+        everywhere(Raises(KeyError, r"(?s)in DataLoader worker process.*record 5 is corrupt")),
+        kwargs={"num_workers": 1},
+    ),
+    Case(
+        "plain-generator",
+        generator,
+        everywhere(
+            Raises(TypeError, r"{role} must be a torch\.utils\.data\.Dataset.*received generator")
+        ),
+    ),
     # -- mismatched tuple lengths ---------------------------------------------------------------
-    Case("samples-of-2-and-3-elements", samples_of_2_and_3, everywhere(Raises(
-        (RuntimeError, ValueError), r"{role}", also=(r"\b2\b", r"\b3\b")))),
-    Case("model-wants-3-elements-gets-2", tiny,
-         {"fit": Raises(ValueError, re.escape("A batch has 2 elements but Model(inputs=2, labels=1) asks for more")),
-          "evaluate": Raises(ValueError, re.escape("A batch has 2 elements but Model(inputs=2, labels=1) asks for more")),
-          "predict": Raises(TypeError, r"takes 2 positional arguments but 3 were given", also=(r"\binputs\b",))},
-         model_kwargs={"inputs": 2, "labels": 1}),
+    Case(
+        "samples-of-2-and-3-elements",
+        samples_of_2_and_3,
+        everywhere(Raises((RuntimeError, ValueError), r"{role}", also=(r"\b2\b", r"\b3\b"))),
+    ),
+    Case(
+        "model-wants-3-elements-gets-2",
+        tiny,
+        {
+            "fit": Raises(
+                ValueError,
+                re.escape("A batch has 2 elements but Model(inputs=2, labels=1) asks for more"),
+            ),
+            "evaluate": Raises(
+                ValueError,
+                re.escape("A batch has 2 elements but Model(inputs=2, labels=1) asks for more"),
+            ),
+            "predict": Raises(
+                TypeError, r"takes 2 positional arguments but 3 were given", also=(r"\binputs\b",)
+            ),
+        },
+        model_kwargs={"inputs": 2, "labels": 1},
+    ),
 ]
 
 
@@ -360,6 +532,7 @@ def without_traceback(call: Callable) -> Callable:
     traceback keeps it in a reference cycle) takes torch ~5 s to shut its worker down;
     freed at once, it takes milliseconds. The message and type are unchanged.
     """
+
     def wrapped(*args, **kwargs):
         try:
             return call(*args, **kwargs)
@@ -392,8 +565,9 @@ def test_malformed_data(case: Case, method: str, expect, tmp_path):
             call(data, **kwargs)
         message = str(caught.value)
         for pattern in expect.also:
-            assert re.search(pattern.format(role=role), message), \
+            assert re.search(pattern.format(role=role), message), (
                 f"the message does not match {pattern!r}: {message}"
+            )
         if guard is not None:
             guard.untouched()
     else:
@@ -413,8 +587,13 @@ def test_train_data_raising_in_second_epoch_keeps_checkpoints(tmp_path):
     model = ready_model()
     guard = CheckpointGuard(model, tmp_path)
     with pytest.raises(OSError, match=r"disk read failed at sample 3"):
-        model.fit(Stream(fail_at=3, fail_on_pass=2), epochs=3, batch_size=BATCH, verbose=0,
-                  save_dir=str(guard.save_dir))
+        model.fit(
+            Stream(fail_at=3, fail_on_pass=2),
+            epochs=3,
+            batch_size=BATCH,
+            verbose=0,
+            save_dir=str(guard.save_dir),
+        )
     guard.untouched(also_written=("0.pt",))
 
 
@@ -422,33 +601,48 @@ def test_eval_data_raising_in_second_evaluation_keeps_checkpoints(tmp_path):
     model = ready_model()
     guard = CheckpointGuard(model, tmp_path)
     with pytest.raises(OSError, match=r"disk read failed at sample 3"):
-        model.fit(tiny(), eval_data=Stream(fail_at=3, fail_on_pass=2), epochs=3, batch_size=BATCH,
-                  verbose=0, save_dir=str(guard.save_dir))
+        model.fit(
+            tiny(),
+            eval_data=Stream(fail_at=3, fail_on_pass=2),
+            epochs=3,
+            batch_size=BATCH,
+            verbose=0,
+            save_dir=str(guard.save_dir),
+        )
     guard.untouched(also_written=("0.pt", "best.pt"))  # best.pt: val_loss improved in epoch 0
 
 
-@pytest.mark.parametrize("eval_data, error, pattern", [
-    ((tiny()[0], torch.full((N,), 7)), IndexError, r"Target 7 is out of bounds"),
-    ((tiny()[0][:, :3], tiny()[1]), RuntimeError, r"mat1 and mat2 shapes cannot be multiplied"),
-    (Items([]), ValueError, r"eval_data is empty \(0 samples\)"),
-    (Stream(n=0), ValueError, r"(?s)eval_data.*\bempty\b"),
-], ids=["label-7", "wrong-features", "empty-map", "empty-iterable"])
+@pytest.mark.parametrize(
+    "eval_data, error, pattern",
+    [
+        ((tiny()[0], torch.full((N,), 7)), IndexError, r"Target 7 is out of bounds"),
+        ((tiny()[0][:, :3], tiny()[1]), RuntimeError, r"mat1 and mat2 shapes cannot be multiplied"),
+        (Items([]), ValueError, r"eval_data is empty \(0 samples\)"),
+        (Stream(n=0), ValueError, r"(?s)eval_data.*\bempty\b"),
+    ],
+    ids=["label-7", "wrong-features", "empty-map", "empty-iterable"],
+)
 def test_malformed_eval_data_in_fit(eval_data, error, pattern, tmp_path):
     """Bad eval_data fails fit before epoch 0 ends: no checkpoint written, final.pt intact."""
     model = ready_model()
     guard = CheckpointGuard(model, tmp_path)
     with pytest.raises(error, match=pattern):
-        model.fit(tiny(), eval_data=eval_data, batch_size=BATCH, verbose=0,
-                  save_dir=str(guard.save_dir))
+        model.fit(
+            tiny(), eval_data=eval_data, batch_size=BATCH, verbose=0, save_dir=str(guard.save_dir)
+        )
     guard.untouched()
 
 
-@pytest.mark.parametrize("bad, error", [
-    (lambda: (tiny()[0], torch.full((N,), 7)), IndexError),
-    (lambda: Stream(fail_at=3), OSError),
-    (BrokenRecord, KeyError),
-    (lambda: (tiny()[0], tiny()[1].float()), RuntimeError),
-], ids=["label-7", "iterable-raises", "getitem-raises", "float-labels"])
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (lambda: (tiny()[0], torch.full((N,), 7)), IndexError),
+        (lambda: Stream(fail_at=3), OSError),
+        (BrokenRecord, KeyError),
+        (lambda: (tiny()[0], tiny()[1].float()), RuntimeError),
+    ],
+    ids=["label-7", "iterable-raises", "getitem-raises", "float-labels"],
+)
 def test_model_trains_after_a_failed_fit(bad, error):
     """A failed fit leaves the Model usable: the next fit on good data trains normally."""
     model = ready_model()

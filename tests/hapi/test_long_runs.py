@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import TinyNet, make_tiny_data
 from torch import nn
 
 from callbacks import BackupAndRestore, Callback
-from conftest import TinyNet, make_tiny_data
 from hapi import Model
 from hapi.metrics import Accuracy
 
@@ -18,23 +18,39 @@ EVAL = make_tiny_data(13, seed=1)
 def _model() -> Model:
     torch.manual_seed(0)
     model = Model(TinyNet())
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9), nn.CrossEntropyLoss(), Accuracy())
+    model.prepare(
+        torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9), nn.CrossEntropyLoss(), Accuracy()
+    )
     return model
 
 
 def test_eval_steps_evaluates_every_n_steps_without_disturbing_training():
     model = _model()
-    history = model.fit(DATA, eval_data=EVAL, batch_size=10, epochs=2, shuffle=False, verbose=0, eval_steps=2)
+    history = model.fit(
+        DATA, eval_data=EVAL, batch_size=10, epochs=2, shuffle=False, verbose=0, eval_steps=2
+    )
     # 5 steps an epoch: mid-epoch at 2, 4, 6, 8; at each epoch end (5, 10) once.
-    assert [(e["step"], e["epoch"]) for e in history.evaluations] == [(2, 0), (4, 0), (5, 0), (6, 1), (8, 1),
-                                                                       (10, 1)]
+    assert [(e["step"], e["epoch"]) for e in history.evaluations] == [
+        (2, 0),
+        (4, 0),
+        (5, 0),
+        (6, 1),
+        (8, 1),
+        (10, 1),
+    ]
     plain = _model()
-    plain_history = plain.fit(DATA, eval_data=EVAL, batch_size=10, epochs=2, shuffle=False, verbose=0)
-    assert history.history == pytest.approx(plain_history.history)  # the epochs' figures are unchanged
+    plain_history = plain.fit(
+        DATA, eval_data=EVAL, batch_size=10, epochs=2, shuffle=False, verbose=0
+    )
+    assert history.history == pytest.approx(
+        plain_history.history
+    )  # the epochs' figures are unchanged
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), plain.parameters()))
     for evaluation in history.evaluations:  # each is the model after that many steps
         reference = _model()
-        reference.fit(DATA, batch_size=10, epochs=2, shuffle=False, verbose=0, num_iters=evaluation["step"])
+        reference.fit(
+            DATA, batch_size=10, epochs=2, shuffle=False, verbose=0, num_iters=evaluation["step"]
+        )
         figures = reference.evaluate(EVAL, batch_size=10, verbose=0)
         assert evaluation["loss"] == pytest.approx(figures["loss"], rel=1e-6)
         assert evaluation["acc"] == pytest.approx(figures["acc"])
@@ -47,7 +63,9 @@ def test_mid_epoch_evaluations_reach_callbacks_at_their_step():
         def on_eval_end(self, logs=None):
             seen.append((self.model.step, sorted(logs)))
 
-    _model().fit(DATA, eval_data=EVAL, batch_size=10, epochs=1, verbose=0, eval_steps=3, callbacks=[Watch()])
+    _model().fit(
+        DATA, eval_data=EVAL, batch_size=10, epochs=1, verbose=0, eval_steps=3, callbacks=[Watch()]
+    )
     assert seen == [(3, ["acc", "loss"]), (5, ["acc", "loss"])]
 
 
@@ -61,14 +79,24 @@ def test_fit_resume_from_a_backup_ends_with_the_uninterrupted_weights(tmp_path):
                 raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        _model().fit(DATA, eval_data=EVAL, batch_size=10, epochs=3, verbose=0,
-                     callbacks=[BackupAndRestore(tmp_path, save_freq=3), Crash()])
+        _model().fit(
+            DATA,
+            eval_data=EVAL,
+            batch_size=10,
+            epochs=3,
+            verbose=0,
+            callbacks=[BackupAndRestore(tmp_path, save_freq=3), Crash()],
+        )
     torch.manual_seed(123)
     resumed = Model(TinyNet())
-    resumed.prepare(torch.optim.SGD(resumed.parameters(), lr=0.3, momentum=0.9), nn.CrossEntropyLoss(),
-                    Accuracy())
-    history = resumed.fit(DATA, eval_data=EVAL, batch_size=10, epochs=3, verbose=0,
-                          resume_from=tmp_path / "backup.pt")
+    resumed.prepare(
+        torch.optim.SGD(resumed.parameters(), lr=0.3, momentum=0.9),
+        nn.CrossEntropyLoss(),
+        Accuracy(),
+    )
+    history = resumed.fit(
+        DATA, eval_data=EVAL, batch_size=10, epochs=3, verbose=0, resume_from=tmp_path / "backup.pt"
+    )
     assert all(torch.equal(p, q) for p, q in zip(resumed.parameters(), uninterrupted.parameters()))
     assert resumed.step == 15 and history.epoch == [0, 1, 2]
 
@@ -92,12 +120,19 @@ def test_resume_from_a_resumable_epoch_checkpoint_listed_first_is_exact(tmp_path
     def run(callbacks, resume_from=None):
         model = _model()
         scheduler = torch.optim.lr_scheduler.StepLR(model.optimizer, step_size=1, gamma=0.5)
-        history = model.fit(DATA, eval_data=EVAL, batch_size=10, epochs=3, verbose=0, resume_from=resume_from,
-                            callbacks=callbacks + [LRScheduler(scheduler)])
+        history = model.fit(
+            DATA,
+            eval_data=EVAL,
+            batch_size=10,
+            epochs=3,
+            verbose=0,
+            resume_from=resume_from,
+            callbacks=callbacks + [LRScheduler(scheduler)],
+        )
         return model, history
 
     uninterrupted, full = run([ModelCheckpoint(tmp_path, resumable=True)])
     resumed, history = run([], resume_from=tmp_path / "0.pt")
-    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(0.3 * 0.5 ** 3)
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(0.3 * 0.5**3)
     assert all(torch.equal(p, q) for p, q in zip(resumed.parameters(), uninterrupted.parameters()))
     assert history.history == pytest.approx(full.history)

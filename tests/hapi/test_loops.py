@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
+from conftest import TinyNet, make_tiny_data
 from torch import nn
 
-from conftest import TinyNet, make_tiny_data
 from hapi import Model
 from hapi.metrics import Accuracy
 
@@ -21,8 +21,15 @@ def _model():
 
 def test_fit_calls_hooks_in_keras_order_with_the_documented_logs(recorder):
     x, y = make_tiny_data(20)
-    _model().fit((x, y), eval_data=(x[:10], y[:10]), batch_size=10, epochs=2, log_freq=1,
-                 verbose=0, callbacks=[recorder])
+    _model().fit(
+        (x, y),
+        eval_data=(x[:10], y[:10]),
+        batch_size=10,
+        epochs=2,
+        log_freq=1,
+        verbose=0,
+        callbacks=[recorder],
+    )
     batch = ("acc", "batch_size", "loss", "samples")
     val = ("acc", "loss", "val_acc", "val_loss")
     epoch = [
@@ -81,9 +88,17 @@ def test_params_describe_the_run(recorder):
     x, y = make_tiny_data(30)
     _model().fit((x, y), batch_size=8, epochs=3, log_freq=5, verbose=0, callbacks=[recorder])
     assert recorder.params == {
-        "epochs": 3, "steps": 4, "batch_size": 8, "verbose": 0, "log_freq": 5,
-        "metrics": ["loss", "acc"], "rank": 0, "world_size": 1, "eval_steps": None,
-        "accumulate_grad_batches": 1, "num_iters": None,
+        "epochs": 3,
+        "steps": 4,
+        "batch_size": 8,
+        "verbose": 0,
+        "log_freq": 5,
+        "metrics": ["loss", "acc"],
+        "rank": 0,
+        "world_size": 1,
+        "eval_steps": None,
+        "accumulate_grad_batches": 1,
+        "num_iters": None,
     }
 
 

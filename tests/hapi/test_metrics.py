@@ -30,7 +30,9 @@ def test_names_follow_paddle():
 
 def test_metric_set_means_over_all_batches():
     metrics = MetricSet({"acc": Accuracy()}, with_loss=True)
-    metrics.update(torch.tensor(1.0), [torch.tensor([[1.0, 0.0]] * 3)], [torch.tensor([0, 0, 0])], 3)
+    metrics.update(
+        torch.tensor(1.0), [torch.tensor([[1.0, 0.0]] * 3)], [torch.tensor([0, 0, 0])], 3
+    )
     metrics.update(torch.tensor(4.0), [torch.tensor([[1.0, 0.0]])], [torch.tensor([1])], 1)
     assert metrics.compute() == {"loss": pytest.approx((1.0 * 3 + 4.0) / 4), "acc": 0.75}
     metrics.reset()
@@ -38,11 +40,15 @@ def test_metric_set_means_over_all_batches():
 
 
 def test_derived_names_are_stable_and_unique():
-    names = list(normalise_metrics([
-        torchmetrics.classification.MulticlassAccuracy(num_classes=3),
-        torchmetrics.classification.MulticlassAccuracy(num_classes=3),
-        Accuracy(),
-    ]))
+    names = list(
+        normalise_metrics(
+            [
+                torchmetrics.classification.MulticlassAccuracy(num_classes=3),
+                torchmetrics.classification.MulticlassAccuracy(num_classes=3),
+                Accuracy(),
+            ]
+        )
+    )
     assert names == ["multiclass_accuracy", "multiclass_accuracy_2", "acc"]
 
 
@@ -58,8 +64,10 @@ def test_scores_with_too_few_classes_for_topk():
 
 
 def test_a_vector_valued_metric_is_refused_with_advice():
-    metrics = MetricSet({"per_class": torchmetrics.classification.MulticlassAccuracy(
-        num_classes=3, average=None)}, with_loss=False)
+    metrics = MetricSet(
+        {"per_class": torchmetrics.classification.MulticlassAccuracy(num_classes=3, average=None)},
+        with_loss=False,
+    )
     metrics.update(None, [torch.rand(6, 3)], [torch.tensor([0, 1, 2, 0, 1, 2])], 6)
     with pytest.raises(ValueError, match="average='micro'"):
         metrics.compute()

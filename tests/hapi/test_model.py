@@ -7,10 +7,10 @@ import traceback
 import pytest
 import torch
 import torchmetrics
+from conftest import TinyNet, make_tiny_data
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
-from conftest import TinyNet, make_tiny_data
 from hapi import Model
 from hapi.metrics import Accuracy
 
@@ -18,8 +18,11 @@ from hapi.metrics import Accuracy
 def prepared(net=None, lr=0.05, metrics=None, **kwargs):
     torch.manual_seed(0)
     model = Model(net or TinyNet(), **kwargs)
-    model.prepare(torch.optim.Adam(model.parameters(), lr=lr), nn.CrossEntropyLoss(),
-                  metrics if metrics is not None else Accuracy())
+    model.prepare(
+        torch.optim.Adam(model.parameters(), lr=lr),
+        nn.CrossEntropyLoss(),
+        metrics if metrics is not None else Accuracy(),
+    )
     return model
 
 
@@ -167,8 +170,9 @@ def _sgd_weights_after(batch_size, accumulate, x, y):
     torch.manual_seed(0)
     model = Model(TinyNet())
     model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
-    model.fit((x, y), batch_size=batch_size, shuffle=False, accumulate_grad_batches=accumulate,
-              verbose=0)
+    model.fit(
+        (x, y), batch_size=batch_size, shuffle=False, accumulate_grad_batches=accumulate, verbose=0
+    )
     return model
 
 
@@ -209,21 +213,26 @@ def test_evaluate_num_iters_limits_batches(tiny_data, recorder):
 
 
 def test_eval_freq_follows_paddle(tiny_data):
-    history = prepared().fit(tiny_data, eval_data=tiny_data, batch_size=32, epochs=5, eval_freq=2,
-                             verbose=0)
+    history = prepared().fit(
+        tiny_data, eval_data=tiny_data, batch_size=32, epochs=5, eval_freq=2, verbose=0
+    )
     assert len(history.history["loss"]) == 5
     assert len(history.history["val_loss"]) == 3  # epochs 0, 2, 4
 
 
 def test_save_dir_and_save_freq_write_paddle_named_checkpoints(tiny_data, tmp_path):
-    prepared().fit(tiny_data, batch_size=32, epochs=3, save_dir=str(tmp_path), save_freq=2, verbose=0)
+    prepared().fit(
+        tiny_data, batch_size=32, epochs=3, save_dir=str(tmp_path), save_freq=2, verbose=0
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0.pt", "2.pt", "final.pt"]
 
 
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
 def test_mixed_precision_trains_on_cpu(amp, tiny_data, tmp_path):
     model = prepared(lr=0.05)
-    model.prepare(torch.optim.Adam(model.parameters(), lr=0.05), nn.CrossEntropyLoss(), Accuracy(), amp=amp)
+    model.prepare(
+        torch.optim.Adam(model.parameters(), lr=0.05), nn.CrossEntropyLoss(), Accuracy(), amp=amp
+    )
     history = model.fit(tiny_data, batch_size=16, epochs=3, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0]
     model.save(tmp_path / "amp")
@@ -260,13 +269,19 @@ def test_metric_names_from_list_dict_and_collection(tiny_data):
     multiclass = torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")
     named = prepared(metrics={"acc": multiclass}).evaluate(tiny_data, verbose=0)
     assert set(named) == {"loss", "acc"}
-    derived = prepared(metrics=[torchmetrics.classification.MulticlassAccuracy(num_classes=3),
-                                Accuracy(topk=(1, 2))]).evaluate(tiny_data, verbose=0)
+    derived = prepared(
+        metrics=[
+            torchmetrics.classification.MulticlassAccuracy(num_classes=3),
+            Accuracy(topk=(1, 2)),
+        ]
+    ).evaluate(tiny_data, verbose=0)
     assert set(derived) == {"loss", "multiclass_accuracy", "acc_top1", "acc_top2"}
-    collection = torchmetrics.MetricCollection({
-        "f1": torchmetrics.classification.MulticlassF1Score(num_classes=3),
-        "recall": torchmetrics.classification.MulticlassRecall(num_classes=3),
-    })
+    collection = torchmetrics.MetricCollection(
+        {
+            "f1": torchmetrics.classification.MulticlassF1Score(num_classes=3),
+            "recall": torchmetrics.classification.MulticlassRecall(num_classes=3),
+        }
+    )
     from_collection = prepared(metrics=collection).evaluate(tiny_data, verbose=0)
     assert set(from_collection) == {"loss", "f1", "recall"}
 
@@ -290,7 +305,9 @@ def test_no_host_sync_per_step(monkeypatch):
     counts = []
     for samples in (400, 800):  # 100 and 200 steps
         model = Model(TinyNet())
-        model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), Accuracy())
+        model.prepare(
+            torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), Accuracy()
+        )
         calls.clear()
         model.fit(make_tiny_data(samples), batch_size=4, epochs=1, log_freq=1000, verbose=0)
         counts.append(len(calls))
@@ -301,7 +318,10 @@ def test_summary_counts_parameters_and_shapes(capsys):
     model = Model(TinyNet())
     info = model.summary((None, 4))
     printed = capsys.readouterr().out
-    assert info == {"total_params": 4 * 16 + 16 + 16 * 3 + 3, "trainable_params": 4 * 16 + 16 + 16 * 3 + 3}
+    assert info == {
+        "total_params": 4 * 16 + 16 + 16 * 3 + 3,
+        "trainable_params": 4 * 16 + 16 + 16 * 3 + 3,
+    }
     assert "[1, 16]" in printed and "[1, 3]" in printed and "Total params: 131" in printed
 
 
@@ -320,7 +340,9 @@ def test_early_stop_flag_stops_fit(tiny_data):
             if epoch == 1:
                 self.model.stop_training = True
 
-    history = prepared().fit(tiny_data, batch_size=32, epochs=10, verbose=0, callbacks=StopAfterTwo())
+    history = prepared().fit(
+        tiny_data, batch_size=32, epochs=10, verbose=0, callbacks=StopAfterTwo()
+    )
     assert history.epoch == [0, 1]
 
 
@@ -330,7 +352,9 @@ def test_early_stop_flag_stops_fit(tiny_data):
 @pytest.mark.filterwarnings(r"ignore:`torch\.jit\.script_method` is:DeprecationWarning")
 def test_compile_trains_and_keeps_the_plain_module(tiny_data, tmp_path):
     model = Model(TinyNet())
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), Accuracy(), compile=True)
+    model.prepare(
+        torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), Accuracy(), compile=True
+    )
     history = model.fit(tiny_data, batch_size=32, epochs=2, verbose=0)
     assert history.history["loss"][1] < history.history["loss"][0]
     assert type(model.network) is TinyNet
@@ -338,6 +362,9 @@ def test_compile_trains_and_keeps_the_plain_module(tiny_data, tmp_path):
     plain = Model(TinyNet())
     plain.prepare(torch.optim.SGD(plain.parameters(), lr=0.1), nn.CrossEntropyLoss(), Accuracy())
     plain.load(tmp_path / "compiled")  # plain keys: loads into an uncompiled model
-    compiled_eval, plain_eval = model.evaluate(tiny_data, verbose=0), plain.evaluate(tiny_data, verbose=0)
+    compiled_eval, plain_eval = (
+        model.evaluate(tiny_data, verbose=0),
+        plain.evaluate(tiny_data, verbose=0),
+    )
     assert compiled_eval["acc"] == plain_eval["acc"]
     assert compiled_eval["loss"] == pytest.approx(plain_eval["loss"], rel=1e-5)

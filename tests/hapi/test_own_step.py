@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import make_tiny_data
+from own_step_models import Pair, gan_model, real_points
 from torch import nn
 
 from callbacks import BackupAndRestore, Callback
-from conftest import make_tiny_data
 from hapi import Model
-from own_step_models import GAN, Pair, gan_model, real_points
 
 
 def _weights(module: nn.Module) -> torch.Tensor:
@@ -120,7 +120,7 @@ def test_a_language_model_carries_its_hidden_state_between_batches():
     optimizer = torch.optim.SGD(network.parameters(), lr=0.5)
     hidden = None
     for index in range(len(tokens)):
-        scores, hidden = network(tokens[index:index + 1], hidden)
+        scores, hidden = network(tokens[index : index + 1], hidden)
         hidden = hidden.detach()
         nn.functional.cross_entropy(scores.reshape(-1, 11), targets[index]).backward()
         torch.nn.utils.clip_grad_norm_(network.parameters(), 0.25)
@@ -141,15 +141,29 @@ def test_a_gan_saves_both_optimizers_and_resumes_exactly(tmp_path):
                 raise KeyboardInterrupt  # dies in epoch 2 (4 steps an epoch); the last backup: step 3
 
     with pytest.raises(KeyboardInterrupt):
-        gan_model().fit(data, batch_size=16, epochs=2, verbose=0,
-                              callbacks=[BackupAndRestore(tmp_path, save_freq=3), Crash()])
+        gan_model().fit(
+            data,
+            batch_size=16,
+            epochs=2,
+            verbose=0,
+            callbacks=[BackupAndRestore(tmp_path, save_freq=3), Crash()],
+        )
     resumed = gan_model(seed=5)
-    resumed.fit(data, batch_size=16, epochs=2, verbose=0, callbacks=[BackupAndRestore(tmp_path, save_freq=3)])
+    resumed.fit(
+        data,
+        batch_size=16,
+        epochs=2,
+        verbose=0,
+        callbacks=[BackupAndRestore(tmp_path, save_freq=3)],
+    )
     assert torch.equal(_weights(resumed.network), _weights(uninterrupted.network))
 
     file = uninterrupted.save(tmp_path / "gan")
     state = torch.load(file, weights_only=True)
-    assert sorted(state["optimizers"]) == ["0", "1"] and state["optimizer_types"] == {"0": "Adam", "1": "SGD"}
+    assert sorted(state["optimizers"]) == ["0", "1"] and state["optimizer_types"] == {
+        "0": "Adam",
+        "1": "SGD",
+    }
     loaded = gan_model(seed=7)
     loaded.load(file)
     for mine, theirs in zip(loaded.optimizers, uninterrupted.optimizers):
@@ -158,11 +172,15 @@ def test_a_gan_saves_both_optimizers_and_resumes_exactly(tmp_path):
 
 def test_own_step_errors_name_the_fix():
     model = Model(Pair())
-    model.prepare([torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1)],
-                  nn.MSELoss())
+    model.prepare(
+        [torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1)],
+        nn.MSELoss(),
+    )
     with pytest.raises(RuntimeError, match=r"2 optimizers.*Override train_step"):
         model.fit(real_points(8), verbose=0)
     with pytest.raises(ValueError, match=r"accumulate_grad_batches=2.*GAN"):
         gan_model().fit(real_points(8), accumulate_grad_batches=2, verbose=0)
-    with pytest.raises(TypeError, match=r"optimizer must be a torch.optim.Optimizer, or a list or dict"):
+    with pytest.raises(
+        TypeError, match=r"optimizer must be a torch.optim.Optimizer, or a list or dict"
+    ):
         Model(Pair()).prepare(["sgd"])

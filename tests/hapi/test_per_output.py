@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import make_tiny_data
 from torch import nn
 
-from conftest import make_tiny_data
 from hapi import Model
 from hapi.metrics import Accuracy
 
@@ -36,8 +36,12 @@ def _model():
 def test_a_loss_and_metrics_per_output_train_like_a_hand_loop_and_log_each_part():
     x, y, size = _data()
     model = _model()
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), loss=[nn.CrossEntropyLoss(), nn.MSELoss()],
-                  loss_weights=[1.0, 0.5], metrics=[[Accuracy()], []])
+    model.prepare(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        loss=[nn.CrossEntropyLoss(), nn.MSELoss()],
+        loss_weights=[1.0, 0.5],
+        metrics=[[Accuracy()], []],
+    )
     history = model.fit((x, y, size), batch_size=10, epochs=1, shuffle=False, verbose=0)
 
     torch.manual_seed(0)
@@ -66,19 +70,27 @@ def test_a_loss_and_metrics_per_output_train_like_a_hand_loop_and_log_each_part(
 def test_a_metric_given_two_outputs_says_what_it_received_and_how_to_give_one_per_output():
     x, y, size = _data(10)
     model = _model()
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), loss=[nn.CrossEntropyLoss(), nn.MSELoss()],
-                  metrics=Accuracy())
-    with pytest.raises(TypeError, match=r"The metric 'acc' \(Accuracy\) failed on outputs \(float32\[10, 3\], "
-                                        r"float32\[10\]\) and labels \(int64\[10\], float32\[10\]\).*"
-                                        r"metrics=\[\[metrics of output 0\]"):
+    model.prepare(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        loss=[nn.CrossEntropyLoss(), nn.MSELoss()],
+        metrics=Accuracy(),
+    )
+    with pytest.raises(
+        TypeError,
+        match=r"The metric 'acc' \(Accuracy\) failed on outputs \(float32\[10, 3\], "
+        r"float32\[10\]\) and labels \(int64\[10\], float32\[10\]\).*"
+        r"metrics=\[\[metrics of output 0\]",
+    ):
         model.fit((x, y, size), batch_size=10, verbose=0)
 
 
 def test_losses_that_do_not_match_the_outputs_are_explained():
     x, y, size = _data(10)
     model = _model()
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1),
-                  loss=[nn.CrossEntropyLoss(), nn.MSELoss(), nn.MSELoss()])
+    model.prepare(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        loss=[nn.CrossEntropyLoss(), nn.MSELoss(), nn.MSELoss()],
+    )
     with pytest.raises(ValueError, match=r"3 losses, one per output, but a batch gave 2 outputs"):
         model.fit((x, y, size), batch_size=10, verbose=0)
     with pytest.raises(ValueError, match=r"loss_weights has 1 entries for 2 losses"):

@@ -15,11 +15,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import TinyNet, make_tiny_data
 from torch import nn
 
 import hapi.checkpoint
 import hapi.resume
-from conftest import TinyNet, make_tiny_data
 from hapi import Model
 
 
@@ -27,7 +27,9 @@ def trained_model(seed: int = 0, epochs: int = 2) -> Model:
     """A TinyNet trained with Adam for `epochs` epochs of 3 batches: epoch and step are non-zero."""
     torch.manual_seed(seed)
     model = Model(TinyNet(), device="cpu")
-    model.prepare(optimizer=torch.optim.Adam(model.parameters(), lr=0.01), loss=nn.CrossEntropyLoss())
+    model.prepare(
+        optimizer=torch.optim.Adam(model.parameters(), lr=0.01), loss=nn.CrossEntropyLoss()
+    )
     model.fit(make_tiny_data(), batch_size=32, epochs=epochs, verbose=0, shuffle=False)
     return model
 
@@ -36,7 +38,9 @@ def fresh_model(seed: int = 1, prepare: bool = True) -> Model:
     torch.manual_seed(seed)
     model = Model(TinyNet(), device="cpu")
     if prepare:
-        model.prepare(optimizer=torch.optim.Adam(model.parameters(), lr=0.01), loss=nn.CrossEntropyLoss())
+        model.prepare(
+            optimizer=torch.optim.Adam(model.parameters(), lr=0.01), loss=nn.CrossEntropyLoss()
+        )
     return model
 
 
@@ -54,10 +58,14 @@ def assert_same_weights_dict(a: dict, b: dict) -> None:
 
 def assert_same_optimizer_state(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> None:
     sa, sb = a.state_dict()["state"], b.state_dict()["state"]
-    assert sa.keys() == sb.keys() and sa, "optimizer states differ in their parameters (or are empty)"
+    assert sa.keys() == sb.keys() and sa, (
+        "optimizer states differ in their parameters (or are empty)"
+    )
     for index in sa:
         for name in ("step", "exp_avg", "exp_avg_sq"):
-            assert torch.equal(torch.as_tensor(sa[index][name]), torch.as_tensor(sb[index][name])), (index, name)
+            assert torch.equal(
+                torch.as_tensor(sa[index][name]), torch.as_tensor(sb[index][name])
+            ), (index, name)
 
 
 # -- what save writes ---------------------------------------------------------------
@@ -84,7 +92,9 @@ def test_load_restores_weights_optimizer_epoch_and_step(tmp_path):
 
     target = fresh_model()
     with pytest.raises(AssertionError):
-        assert_same_weights(source.network, target.network)  # the test starts from different weights
+        assert_same_weights(
+            source.network, target.network
+        )  # the test starts from different weights
     target.load(tmp_path / "ckpt")
 
     assert_same_weights(source.network, target.network)
@@ -112,8 +122,9 @@ def test_training_false_writes_weights_only(tmp_path):
     target.load(file)
     assert_same_weights(source.network, target.network)
     after = target.optimizer.state_dict()["state"][0]
-    assert all(torch.equal(torch.as_tensor(before[k]), torch.as_tensor(after[k])) for k in before), \
-        "loading a weights-only file changed the optimizer state"
+    assert all(
+        torch.equal(torch.as_tensor(before[k]), torch.as_tensor(after[k])) for k in before
+    ), "loading a weights-only file changed the optimizer state"
 
 
 def test_plain_state_dict_file_loads(tmp_path):
@@ -135,7 +146,9 @@ def test_load_before_prepare_applies_optimizer_state_at_prepare(tmp_path):
     target = fresh_model(prepare=False)
     target.load(tmp_path / "ckpt")
     assert_same_weights(source.network, target.network)
-    target.prepare(optimizer=torch.optim.Adam(target.parameters(), lr=0.01), loss=nn.CrossEntropyLoss())
+    target.prepare(
+        optimizer=torch.optim.Adam(target.parameters(), lr=0.01), loss=nn.CrossEntropyLoss()
+    )
     assert_same_optimizer_state(source.optimizer, target.optimizer)
 
 
@@ -147,8 +160,10 @@ def test_the_settings_given_to_prepare_win_over_the_files_and_a_warning_says_so(
     target = fresh_model(prepare=False)
 
     def prepare():
-        target.prepare(optimizer=torch.optim.Adam(target.parameters(), lr=1e-4, betas=(0.8, 0.99)),
-                       loss=nn.CrossEntropyLoss())
+        target.prepare(
+            optimizer=torch.optim.Adam(target.parameters(), lr=1e-4, betas=(0.8, 0.99)),
+            loss=nn.CrossEntropyLoss(),
+        )
 
     with pytest.warns(UserWarning) as caught:
         if order == "load_then_prepare":
@@ -158,7 +173,10 @@ def test_the_settings_given_to_prepare_win_over_the_files_and_a_warning_says_so(
             prepare()
             target.load(tmp_path / "ckpt")
     message = " ".join(str(w.message) for w in caught)
-    assert "lr=0.01 in the file, 0.0001 given" in message and "betas=(0.9, 0.999) in the file" in message
+    assert (
+        "lr=0.01 in the file, 0.0001 given" in message
+        and "betas=(0.9, 0.999) in the file" in message
+    )
     assert target.optimizer.param_groups[0]["lr"] == 1e-4
     assert target.optimizer.param_groups[0]["betas"] == (0.8, 0.99)
     assert_same_optimizer_state(source.optimizer, target.optimizer)
@@ -181,7 +199,9 @@ def test_a_load_with_the_same_settings_does_not_warn(tmp_path):
     target = fresh_model(prepare=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        target.prepare(optimizer=torch.optim.Adam(target.parameters(), lr=0.01), loss=nn.CrossEntropyLoss())
+        target.prepare(
+            optimizer=torch.optim.Adam(target.parameters(), lr=0.01), loss=nn.CrossEntropyLoss()
+        )
         target.load(tmp_path / "ckpt")
     assert target.optimizer.param_groups[0]["lr"] == 0.01
 
@@ -193,7 +213,9 @@ def test_reset_optimizer_keeps_the_fresh_optimizer(tmp_path, order):
     target = fresh_model(prepare=False)
 
     def prepare():
-        target.prepare(optimizer=torch.optim.Adam(target.parameters(), lr=0.5), loss=nn.CrossEntropyLoss())
+        target.prepare(
+            optimizer=torch.optim.Adam(target.parameters(), lr=0.5), loss=nn.CrossEntropyLoss()
+        )
 
     if order == "load_then_prepare":
         target.load(tmp_path / "ckpt", reset_optimizer=True)
@@ -206,15 +228,17 @@ def test_reset_optimizer_keeps_the_fresh_optimizer(tmp_path, order):
     assert target.optimizer.param_groups[0]["lr"] == 0.5
 
 
-
 def test_load_restores_the_fp16_gradient_scaler(tmp_path):
     x, y = make_tiny_data()
 
     def amp_model(seed):
         torch.manual_seed(seed)
         model = Model(TinyNet(), device="cpu")
-        model.prepare(optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
-                      loss=nn.CrossEntropyLoss(), amp="fp16")
+        model.prepare(
+            optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
+            loss=nn.CrossEntropyLoss(),
+            amp="fp16",
+        )
         return model
 
     source = amp_model(0)
@@ -225,8 +249,10 @@ def test_load_restores_the_fp16_gradient_scaler(tmp_path):
     target.load(tmp_path / "source")
     for model in (source, target):
         model.train_batch(x[32:64], y[32:64])
-    saved = [torch.load(m.save(tmp_path / name), weights_only=True)["scaler"]
-             for m, name in ((source, "a"), (target, "b"))]
+    saved = [
+        torch.load(m.save(tmp_path / name), weights_only=True)["scaler"]
+        for m, name in ((source, "a"), (target, "b"))
+    ]
     assert saved[0] is not None and saved[0]["_growth_tracker"] == 4
     assert saved[1] == saved[0]
 
@@ -355,8 +381,9 @@ CHILD = textwrap.dedent("""
 def test_sigkill_during_save_leaves_a_whole_checkpoint(tmp_path):
     ckpt_dir = tmp_path / "ckpt"
     progress = tmp_path / "progress"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(ckpt_dir / "big"), str(progress)],
-                             stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(ckpt_dir / "big"), str(progress)], stderr=subprocess.PIPE
+    )
     try:
         deadline = time.monotonic() + 60
         while not (progress.exists() and progress.read_text().strip()):
@@ -378,7 +405,9 @@ def test_sigkill_during_save_leaves_a_whole_checkpoint(tmp_path):
     weight, bias = state["network"]["weight"], state["network"]["bias"]
     version = weight[0, 0].item()
     assert weight.shape == (3600, 3600)
-    assert torch.all(weight == version) and torch.all(bias == version), f"mixed versions (delay {delay:.3f}s)"
+    assert torch.all(weight == version) and torch.all(bias == version), (
+        f"mixed versions (delay {delay:.3f}s)"
+    )
     # The last save whose completion was recorded, or the next one if the kill hit between
     # its rename and its progress line; never an older one.
     assert version in (completed, completed + 1), (version, completed, delay)
@@ -390,8 +419,14 @@ def test_sigkill_during_save_leaves_a_whole_checkpoint(tmp_path):
 
 
 def draw() -> tuple:
-    return (torch.rand(5).tolist(), torch.randn(3).tolist(), np.random.rand(5).tolist(),
-            np.random.randn(3).tolist(), [random.random() for _ in range(5)], random.gauss(0, 1))
+    return (
+        torch.rand(5).tolist(),
+        torch.randn(3).tolist(),
+        np.random.rand(5).tolist(),
+        np.random.randn(3).tolist(),
+        [random.random() for _ in range(5)],
+        random.gauss(0, 1),
+    )
 
 
 @pytest.fixture
@@ -423,7 +458,6 @@ def test_rng_state_round_trips_through_a_saved_checkpoint(tmp_path, keep_rng):
     assert draw() == first
 
 
-
 # -- every file torch-hapi writes, it reads back --------------------------------------
 
 
@@ -444,7 +478,9 @@ def test_numpy_scalars_in_the_optimizer_save_as_numbers_and_load_back(tmp_path):
     model = numpy_scaled_model()
     model.fit(make_tiny_data(), batch_size=32, verbose=0)
     file = model.save(tmp_path / "scaled")
-    saved = torch.load(file, weights_only=True)["optimizer"]["param_groups"][0]  # the safe loader accepts it
+    saved = torch.load(file, weights_only=True)["optimizer"]["param_groups"][
+        0
+    ]  # the safe loader accepts it
     assert saved["lr"] == pytest.approx(0.1) and type(saved["lr"]) is float
     assert saved["momentum"] == pytest.approx(0.9) and type(saved["momentum"]) is float
     restored = numpy_scaled_model(seed=3)
@@ -464,8 +500,14 @@ def test_a_backup_with_numpy_scalars_resumes(tmp_path):
 
     data = make_tiny_data()
     with pytest.raises(KeyboardInterrupt):
-        numpy_scaled_model().fit(data, batch_size=32, epochs=2, verbose=0,
-                                 callbacks=[BackupAndRestore(tmp_path), Crash()])
+        numpy_scaled_model().fit(
+            data,
+            batch_size=32,
+            epochs=2,
+            verbose=0,
+            callbacks=[BackupAndRestore(tmp_path), Crash()],
+        )
+
     class Epochs(Callback):
         begun: list = []
 
@@ -473,7 +515,9 @@ def test_a_backup_with_numpy_scalars_resumes(tmp_path):
             self.begun.append(epoch)
 
     resumed = numpy_scaled_model()
-    resumed.fit(data, batch_size=32, epochs=2, verbose=0, callbacks=[Epochs(), BackupAndRestore(tmp_path)])
+    resumed.fit(
+        data, batch_size=32, epochs=2, verbose=0, callbacks=[Epochs(), BackupAndRestore(tmp_path)]
+    )
     assert Epochs.begun == [1]  # epoch 0 came from the backup
     reference = numpy_scaled_model()
     reference.fit(data, batch_size=32, epochs=2, verbose=0)
@@ -487,9 +531,11 @@ def test_a_state_the_safe_loader_would_refuse_is_not_saved(tmp_path):
 
     second = trained_model(seed=4)
     second.optimizer.param_groups[0]["schedule"] = Settings()  # a user's object in the settings
-    with pytest.raises(hapi.checkpoint.CheckpointError,
-                       match=r"Not saving .*ckpt\.pt.*\['optimizer'\]\['param_groups'\]\[0\]\['schedule'\] "
-                             r"is a .*Settings, which torch\.load\(weights_only=True\) refuses"):
+    with pytest.raises(
+        hapi.checkpoint.CheckpointError,
+        match=r"Not saving .*ckpt\.pt.*\['optimizer'\]\['param_groups'\]\[0\]\['schedule'\] "
+        r"is a .*Settings, which torch\.load\(weights_only=True\) refuses",
+    ):
         second.save(tmp_path / "ckpt")
     assert (tmp_path / "ckpt.pt").read_bytes() == before  # the previous file is untouched
     assert os.listdir(tmp_path) == ["ckpt.pt"]

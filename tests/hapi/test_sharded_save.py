@@ -7,10 +7,10 @@ import pickle
 
 import pytest
 import torch
+from conftest import TinyNet, make_tiny_data
 from torch import nn
 
 import hapi
-from conftest import TinyNet, make_tiny_data
 from hapi import distributed
 from hapi.checkpoint import CheckpointError
 
@@ -94,7 +94,9 @@ def test_another_architecture_is_named_and_skip_mismatch_loads_the_rest(tmp_path
     torch.manual_seed(0)
     wider = hapi.Model(TinyNet(classes=5))
     wider.prepare(torch.optim.Adam(wider.parameters()), nn.CrossEntropyLoss())
-    with pytest.raises(CheckpointError, match=r"shape mismatch: out.weight: file \(3, 16\) vs network \(5, 16\)"):
+    with pytest.raises(
+        CheckpointError, match=r"shape mismatch: out.weight: file \(3, 16\) vs network \(5, 16\)"
+    ):
         wider.load(tmp_path / "ckpt")
     with pytest.warns(UserWarning, match=r"skipped 2 tensors"):
         wider.load(tmp_path / "ckpt", skip_mismatch=True)
@@ -105,6 +107,9 @@ def test_loading_before_prepare_says_the_optimizer_state_was_not_loaded(tmp_path
     model = trained()
     model.save(tmp_path / "ckpt", sharded=True)
     fresh = hapi.Model(TinyNet())
-    with pytest.warns(UserWarning, match=r"optimizer state .* was not loaded.*Call prepare\(optimizer=...\) before"):
+    with pytest.warns(
+        UserWarning,
+        match=r"optimizer state .* was not loaded.*Call prepare\(optimizer=...\) before",
+    ):
         fresh.load(tmp_path / "ckpt")
     assert same_weights(model, fresh)
