@@ -1,56 +1,32 @@
-"""``hapi.Model``: the public API. Checks arguments, builds loaders and callbacks, calls the loops.
+"""``hapi.Model``: the public API. Holds the network and what ``prepare`` chose.
 
-The loop bodies live in :mod:`hapi.loops`, one batch in :mod:`hapi.steps`,
+Its other parts: ``fit``/``evaluate``/``predict`` in :mod:`hapi.model_runs`,
+files in :mod:`hapi.model_io`, a step of your own in :mod:`hapi.own_steps`. The
+loop bodies live in :mod:`hapi.loops`, one batch in :mod:`hapi.steps`,
 processes and devices in :mod:`hapi.distributed`, files in
 :mod:`hapi.checkpoint`.
 """
 
 from __future__ import annotations
 
-import math
-import os
 import warnings
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 from torch import nn
 
 from hapi import distributed
-from hapi.batches import BatchSplitter, batch_length
-from hapi.callbacks import Callback, CallbackList, History
-from hapi.callbacks.checks import require_int
-from hapi.callbacks.run import callbacks_for_run
-from hapi.data import make_loader, num_batches
-from hapi.loops import Parts, evaluate_loop, fit_loop, predict_loop
+from hapi.batches import BatchSplitter
+from hapi.loops import Parts
 from hapi.metrics import MetricSet, normalise_metrics
 from hapi.model_io import ModelFiles
+from hapi.model_runs import DEFAULT_BATCH_SIZE, DEFAULT_LOG_FREQ, ModelRuns, _FitRun  # noqa: F401
 from hapi.own_steps import OwnSteps, named_optimizers
 from hapi.steps import AMP_DTYPES, Stepper, check_amp, check_clipping, check_loss, make_scaler
 from hapi.summary import summarize
 
-DEFAULT_BATCH_SIZE = 32  # Keras' default; Paddle's is 1, which is rarely what anyone wants.
-DEFAULT_LOG_FREQ = 10  # Paddle's default.
 
-
-def _check_verbose(verbose: Any) -> None:
-    if verbose not in (0, 1, 2):
-        raise ValueError(
-            f"verbose must be 0 (silent), 1 (progress bar) or 2 (one line per "
-            f"log_freq steps); received {verbose!r}."
-        )
-
-
-@dataclass
-class _FitRun:
-    """The parts of a running fit that a backup saves and a resume restores."""
-
-    callbacks: CallbackList
-    train_loader: Any
-    data_seed: int
-
-
-class Model(OwnSteps, ModelFiles):
+class Model(ModelRuns, OwnSteps, ModelFiles):
     """Wraps an ``nn.Module`` with prepare/fit/evaluate/predict.
 
     Args:
@@ -274,288 +250,6 @@ class Model(OwnSteps, ModelFiles):
             MetricSet({}, False),
             self._splitter,
         )
-
-    def _same_model_everywhere(self) -> None:
-        """Before evaluating or predicting: every process scores rank 0's model (see
-        :func:`hapi.distributed.sync_from_main`); weights too if DDP never aligned them."""
-        distributed.sync_from_main(self._network, parameters=self._wrapped is None)
-
-    def _run_setup(
-        self,
-        data: Any,
-        role: str,
-        callbacks: Any,
-        *,
-        batch_size: int,
-        verbose: int,
-        log_freq: int,
-        num_workers: int,
-        loader_options: dict | None = None,
-        callback_options: dict | None = None,
-        **params: Any,
-    ) -> tuple[Any, CallbackList]:
-        """The loader of ``data`` and the run's callbacks, their params set (fit, evaluate, predict)."""
-        loader = make_loader(
-            data,
-            role=role,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            device=self.device,
-            **(loader_options or {}),
-        )
-        cbks = callbacks_for_run(
-            self, callbacks, verbose=verbose, log_freq=log_freq, **(callback_options or {})
-        )
-        params = {"epochs": None, "steps": num_batches(loader), **params}
-        cbks.set_params(
-            {
-                "rank": distributed.rank(),
-                "world_size": distributed.world_size(),
-                "metrics": self._metrics.names() if self._metrics else [],
-                "batch_size": distributed.loader_batch_size(loader) or batch_size,
-                "verbose": verbose,
-                "log_freq": log_freq,
-                **params,
-            }
-        )
-        return loader, cbks
-
-    # -- fit / evaluate / predict -----------------------------------------------
-    def fit(
-        self,
-        train_data: Any,
-        eval_data: Any = None,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        epochs: int = 1,
-        eval_freq: int = 1,
-        log_freq: int = DEFAULT_LOG_FREQ,
-        save_dir: str | None = None,
-        save_freq: int = 1,
-        verbose: int = 2,
-        drop_last: bool = False,
-        shuffle: bool = True,
-        num_workers: int = 0,
-        callbacks: Callback | list[Callback] | None = None,
-        accumulate_grad_batches: int = 1,
-        num_iters: int | None = None,
-        eval_steps: int | None = None,
-        resume_from: str | os.PathLike | None = None,
-    ) -> History:
-        """Train; returns the :class:`callbacks.History` of per-epoch figures.
-
-        ``batch_size`` is per process. ``eval_data`` is evaluated when
-        ``epoch % eval_freq == 0`` (0-based, as in Paddle). ``save_dir`` adds
-        a ``ModelCheckpoint(save_dir, save_freq)``. ``num_iters`` is the
-        number of training batches in total: ``epochs`` becomes
-        ceil(num_iters / batches per epoch), as in Paddle, and the last
-        epoch stops early when needed.
-        ``accumulate_grad_batches`` averages gradients over that many batches
-        before each optimizer step.
-
-        ``eval_steps=N`` also evaluates ``eval_data`` every N optimizer steps
-        (Hugging Face's ``eval_steps``, Lightning's integer
-        ``val_check_interval``), besides the per-epoch evaluation; its figures
-        reach callbacks through ``on_eval_end`` and :class:`callbacks.History`
-        keeps every evaluation at its step (``history.evaluations``).
-        ``resume_from`` continues the fit saved in a resumable checkpoint
-        (``BackupAndRestore``'s backup, ``ModelCheckpoint(resumable=True)``):
-        the same final weights as if it had never stopped.
-        """
-        parts = self._parts("fit")
-        for name, value in (
-            ("epochs", epochs),
-            ("eval_freq", eval_freq),
-            ("log_freq", log_freq),
-            ("save_freq", save_freq),
-            ("accumulate_grad_batches", accumulate_grad_batches),
-        ):
-            require_int("fit", name, value)
-        require_int("fit", "num_iters", num_iters, allow_none=True)
-        require_int("fit", "eval_steps", eval_steps, allow_none=True)
-        _check_verbose(verbose)
-        if resume_from is not None and not isinstance(resume_from, (str, os.PathLike)):
-            raise TypeError(
-                f"resume_from must be the path of a checkpoint saved during fit; received "
-                f"{type(resume_from).__name__}."
-            )
-        if accumulate_grad_batches != 1 and parts.train_step is not None:
-            raise ValueError(
-                f"fit(accumulate_grad_batches={accumulate_grad_batches}) with a train_step of "
-                f"your own ({type(self).__name__}): your step decides when to update; "
-                "accumulate in it, or leave accumulate_grad_batches=1."
-            )
-        data_seed = distributed.shared_seed()
-        train_loader, cbks = self._run_setup(
-            train_data,
-            "train_data",
-            callbacks,
-            batch_size=batch_size,
-            verbose=verbose,
-            log_freq=log_freq,
-            num_workers=num_workers,
-            loader_options={"shuffle": shuffle, "drop_last": drop_last, "seed": data_seed},
-            callback_options={
-                "save_dir": save_dir,
-                "save_freq": save_freq,
-                "resume_from": resume_from,
-            },
-            eval_steps=eval_steps,
-            accumulate_grad_batches=accumulate_grad_batches,
-            num_iters=num_iters,
-        )
-        eval_loader = (
-            None
-            if eval_data is None
-            else make_loader(
-                eval_data,
-                role="eval_data",
-                batch_size=batch_size,
-                num_workers=num_workers,
-                device=self.device,
-            )
-        )
-        steps = num_batches(train_loader)
-        if num_iters is not None and steps:
-            epochs = math.ceil(num_iters / steps)
-        cbks.set_params(
-            {
-                **next(iter(cbks)).params,
-                "epochs": epochs,
-                "steps": steps if num_iters is None else min(steps or num_iters, num_iters),
-            }
-        )
-        self.stop_training = False
-        self.epoch = self.epoch_step = 0
-        self._fit_run = _FitRun(cbks, train_loader, data_seed)
-        try:
-            fit_loop(
-                self,
-                parts,
-                train_loader,
-                eval_loader,
-                cbks,
-                epochs=epochs,
-                eval_freq=eval_freq,
-                log_freq=log_freq,
-                accumulate_grad_batches=accumulate_grad_batches,
-                num_iters=num_iters,
-                eval_steps=eval_steps,
-            )
-        except BaseException:
-            distributed.note_failure()  # the others may wait in a collective: don't wait for them at exit
-            raise
-        finally:
-            self._fit_run = None
-        return next(c for c in cbks if isinstance(c, History))
-
-    def evaluate(
-        self,
-        eval_data: Any,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        log_freq: int = DEFAULT_LOG_FREQ,
-        verbose: int = 2,
-        num_workers: int = 0,
-        callbacks: Callback | list[Callback] | None = None,
-        num_iters: int | None = None,
-    ) -> dict[str, float]:
-        """Figures over the whole of ``eval_data``: ``{"loss": float, <metric>: float}``."""
-        parts = self._parts("evaluate")
-        require_int("evaluate", "log_freq", log_freq)
-        require_int("evaluate", "num_iters", num_iters, allow_none=True)
-        _check_verbose(verbose)
-        loader, cbks = self._run_setup(
-            eval_data,
-            "eval_data",
-            callbacks,
-            batch_size=batch_size,
-            verbose=verbose,
-            log_freq=log_freq,
-            num_workers=num_workers,
-        )
-        self._same_model_everywhere()
-        results = evaluate_loop(parts, loader, cbks, log_freq=log_freq, num_iters=num_iters)
-        if not parts.metrics.names():  # known only now: a network may compute its own loss
-            raise RuntimeError(
-                "evaluate() had nothing to compute: call model.prepare(loss=..., "
-                "metrics=...) with a loss or at least one metric (or return a 'loss' "
-                "from the network)."
-            )
-        return results
-
-    def predict(
-        self,
-        test_data: Any,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        num_workers: int = 0,
-        stack_outputs: bool = False,
-        verbose: int = 1,
-        callbacks: Callback | list[Callback] | None = None,
-    ) -> list:
-        """The network's outputs over ``test_data``, in data-set order, on the CPU.
-
-        Returns one entry per network output: a list of per-batch tensors, or
-        one tensor with the batches concatenated when ``stack_outputs``.
-        Samples are split as in training and only the inputs are used, so a
-        data set with labels predicts as is.
-        """
-        parts = self._prediction_parts()
-        _check_verbose(verbose)
-        loader, cbks = self._run_setup(
-            test_data,
-            "test_data",
-            callbacks,
-            batch_size=batch_size,
-            verbose=verbose,
-            log_freq=DEFAULT_LOG_FREQ,
-            num_workers=num_workers,
-        )
-        self._same_model_everywhere()
-        outputs = predict_loop(parts, loader, cbks)
-        if stack_outputs:
-            return [
-                torch.cat(batches) if batches and torch.is_tensor(batches[0]) else batches
-                for batches in outputs
-            ]
-        return outputs
-
-    # -- one batch, Paddle style --------------------------------------------------
-    def train_batch(self, inputs: Any, labels: Any = None, update: bool = True) -> dict[str, float]:
-        """One training step; returns this batch's ``{"loss": ..., <metric>: ...}``.
-
-        With ``update=False`` gradients accumulate until a later call updates.
-        """
-        parts = self._parts("train_batch")
-        parts.stepper.network.train()
-        inputs_, labels_ = self._splitter.user_batch(inputs, labels)
-        loss, outputs = parts.stepper.train(inputs_, labels_, update=update)
-        self.step += int(update)
-        return self._batch_figures(parts, loss, outputs, labels_)
-
-    def eval_batch(self, inputs: Any, labels: Any = None) -> dict[str, float]:
-        """Evaluate one batch; returns its ``{"loss": ..., <metric>: ...}``."""
-        parts = self._parts("eval_batch")
-        parts.stepper.network.eval()
-        inputs_, labels_ = self._splitter.user_batch(inputs, labels)
-        loss, outputs = parts.stepper.evaluate(inputs_, labels_)
-        return self._batch_figures(parts, loss, outputs, labels_)
-
-    def predict_batch(self, inputs: Any) -> list[torch.Tensor]:
-        """The network's outputs for one batch of inputs, as CPU tensors."""
-        parts = self._prediction_parts()
-        parts.stepper.network.eval()
-        inputs_, _ = self._splitter.user_batch(inputs, None)
-        return [o.cpu() for o in parts.stepper.predict(inputs_)]
-
-    @staticmethod
-    def _batch_figures(
-        parts: Parts, loss: torch.Tensor | None, outputs: list, labels: list
-    ) -> dict[str, float]:
-        """Figures of this batch alone (Paddle keeps running ones; one batch is clearer)."""
-        if not labels:
-            return {} if loss is None else {"loss": loss.item()}
-        parts.metrics.reset()
-        parts.metrics.update(loss, outputs, labels, batch_length(outputs, labels))
-        return parts.metrics.compute(sync=False)  # this process's batch: no collective
 
     def summary(self, input_size: Any = None, dtype: torch.dtype | None = None) -> dict[str, int]:
         """Print the layers and parameter counts; returns ``{"total_params", "trainable_params"}``.

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from hapi import checkpoint, checkpoint_write, distributed
+from hapi import checkpoint, checkpoint_write, distributed, state_match
 from hapi import resume as resuming  # load() has an argument named resume
 
 
@@ -224,7 +224,7 @@ class ModelFiles:
             self._resume_fit(file, state)
 
     def _load_weights(self, file: str, state: dict, skip_mismatch: bool) -> list[str]:
-        weights, skipped = checkpoint.match_state_dict(
+        weights, skipped = state_match.match_state_dict(
             self._network, state["network"], file, skip_mismatch
         )
         self._strategy.load_state_dict(self._network, weights, strict=not skipped)
@@ -237,7 +237,7 @@ class ModelFiles:
             key: torch.empty(shape, device="meta")
             for key, shape in distributed.saved_shapes(directory).items()
         }
-        weights, skipped = checkpoint.match_state_dict(self._network, saved, file, skip_mismatch)
+        weights, skipped = state_match.match_state_dict(self._network, saved, file, skip_mismatch)
         distributed.load_shards(directory, self._network, set(weights))
         return skipped
 
@@ -257,7 +257,7 @@ class ModelFiles:
             )
             return
         directory = checkpoint.shards_directory(file, state)
-        checkpoint.load_optimizer_state(
+        state_match.load_optimizer_state(
             self._optimizer,
             {"param_groups": shards["param_groups"]},
             state.get("optimizer_type"),
@@ -281,7 +281,7 @@ class ModelFiles:
             )
             return
         for name, optimizer_state in saved.items():
-            checkpoint.load_optimizer_state(
+            state_match.load_optimizer_state(
                 self._optimizers[name],
                 optimizer_state,
                 state["optimizer_types"][name],
@@ -313,7 +313,7 @@ class ModelFiles:
         source: str,
         keep_hyperparameters: bool,
     ) -> None:
-        checkpoint.load_optimizer_state(
+        state_match.load_optimizer_state(
             self._optimizer,
             optimizer_state,
             saved_type,

@@ -50,21 +50,23 @@ from hapi.distributed.group import (
     teardown,
     world_size,
 )
-from hapi.distributed.samplers import (
-    BatchSamplerShard,
-    ContiguousShardSampler,
-    ResumableSampler,
-    SamplerShard,
+from hapi.distributed.positions import (
     consumed_items,
-    eval_sampler,
     loader_batch_size,
-    reshard,
     resumable,
     resume_at,
     set_epoch,
     set_seed,
     skip_batches,
     skip_items,
+)
+from hapi.distributed.samplers import (
+    BatchSamplerShard,
+    ContiguousShardSampler,
+    ResumableSampler,
+    SamplerShard,
+    eval_sampler,
+    reshard,
     train_sampler,
 )
 from hapi.distributed.sharded import load as load_shards
