@@ -47,6 +47,7 @@ import time
 from typing import Any
 
 from .base import Callback
+from .checks import require_int
 
 _NOT_FIGURES = ("batch_size", "samples", "step")
 
@@ -125,17 +126,10 @@ class ProgBarLogger(Callback):
         interval: float | None = 30.0,
     ) -> None:
         super().__init__()
-        if not isinstance(log_freq, int) or log_freq < 1:
-            raise ValueError(f"log_freq must be a positive integer; received {log_freq!r}.")
+        require_int("ProgBarLogger", "log_freq", log_freq)
         if verbose not in (0, 1, 2):
             raise ValueError(f"verbose must be 0, 1 or 2; received {verbose!r}.")
-        if max_lines is not None and (
-            not isinstance(max_lines, int) or isinstance(max_lines, bool) or max_lines < 1
-        ):
-            raise ValueError(
-                f"max_lines must be a positive integer, or None to print every log_freq "
-                f"step; received {max_lines!r}."
-            )
+        require_int("ProgBarLogger", "max_lines", max_lines, allow_none=True)  # None: every line
         if interval is not None and (
             isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0
         ):

@@ -255,8 +255,7 @@ def make_loader(
         "batch_size",
         batch_size,
     )
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(f"num_workers must be an integer >= 0; received {num_workers!r}.")
+    require_int("DataLoader", "num_workers", num_workers, minimum=0)
     dataset = as_dataset(data, role)
     if isinstance(dataset, IterableDataset):
         if distributed.world_size() > 1:

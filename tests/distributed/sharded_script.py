@@ -30,7 +30,11 @@ def loaded(strategy: str, source: str) -> hapi.Model:
     torch.manual_seed(123)  # other weights than the saved ones
     model = hapi.Model(fsdp_script.Blocks())
     model.prepare(
-        torch.optim.Adam(model.parameters(), lr=0.5), nn.CrossEntropyLoss(), strategy=strategy
+        # The saved run's settings: load() keeps those given to prepare() (here the same) and
+        # takes the moments and step from the file, resharded.
+        torch.optim.Adam(model.parameters(), lr=0.01),
+        nn.CrossEntropyLoss(),
+        strategy=strategy,
     )
     model.fit(
         fsdp_script.data(8), batch_size=4, verbose=0
