@@ -43,7 +43,7 @@ import tempfile
 import time
 
 import torch
-from common import interleave, machine, quiet_stdout, table
+from common import interleave, machine, quiet_stdout, table, wide_mlp
 from torch import nn
 
 from callbacks import BackupAndRestore, Callback
@@ -108,15 +108,7 @@ def paired_blocks(times: list[float], save_freq: int) -> list[float]:
 
 def network(width: int, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(
-        nn.Linear(1024, width),
-        nn.ReLU(),
-        nn.Linear(width, width),
-        nn.ReLU(),
-        nn.Linear(width, 1024),
-        nn.ReLU(),
-        nn.Linear(1024, 10),
-    )
+    return wide_mlp(width)
 
 
 def excess_after_backups(

@@ -24,31 +24,19 @@ import tempfile
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-def network(width: int):
-    from torch import nn
-
-    return nn.Sequential(
-        nn.Linear(1024, width),
-        nn.ReLU(),
-        nn.Linear(width, width),
-        nn.ReLU(),
-        nn.Linear(width, 1024),
-        nn.ReLU(),
-        nn.Linear(1024, 10),
-    )
-
-
 def child(strategy: str, width: int, out: str) -> None:
     """One process of the torchrun job: train, measure, write OUT.rank<R>.json."""
     import torch
     from torch import nn
 
     sys.path.insert(0, str(HERE.parent))
+    from common import wide_mlp  # imports torch: only in the children, as the parent needs none
+
     from hapi import Model
     from hapi.distributed.fsdp import local_bytes
 
     torch.manual_seed(0)
-    model = Model(network(width))
+    model = Model(wide_mlp(width))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     model.prepare(optimizer, nn.CrossEntropyLoss(), strategy=strategy)
     held: dict[str, int] = {}

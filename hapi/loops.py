@@ -228,7 +228,8 @@ def _train_epoch(
             )
             batch_size = batch_length(inputs, labels)
             metrics.update(loss, outputs, labels, batch_size)
-            metrics.add_figures(stepper.loss_parts, batch_size)  # per-output losses, if any
+            if stepper.loss_parts:  # per-output losses
+                metrics.add_figures(stepper.loss_parts, batch_size)
         model.step += int(update)
         model.epoch_step = step + 1
         done = step + 1 - first_step
@@ -293,7 +294,7 @@ def evaluate_loop(
                 loss, outputs = stepper.evaluate(inputs, labels)
                 batch_size = batch_length(inputs, labels)
                 metrics.update(loss, outputs, labels, batch_size)
-                if loss is not None:
+                if loss is not None and stepper.loss_parts:
                     metrics.add_figures(stepper.loss_parts, batch_size)
             # Running figures stay local, and only the last batch's are reduced
             # (each process has one).

@@ -262,10 +262,7 @@ class MetricSet:
     ) -> None:
         """Accumulate one batch; ``metric.update(*outputs, *labels)`` (under no_grad)."""
         if loss is not None:
-            self.with_loss = True  # a network that computes its own loss (prepare got none)
-            if self._loss_sum is None:
-                self._loss_sum = torch.zeros((), dtype=torch.float32, device=loss.device)
-            self._loss_sum.add_(loss, alpha=batch_size)  # one in-place op, on the device
+            self._add_loss(loss, batch_size)
         self._samples += batch_size
         for key, metric in self.metrics.items():
             position = getattr(metric, "_hapi_output", None)
@@ -285,6 +282,14 @@ class MetricSet:
                     "with its output and its label."
                 ) from error
 
+    def _add_loss(self, loss: torch.Tensor, batch_size: int) -> None:
+        """The batch's loss into the running sum (``with_loss`` from then on: a network or a
+        user's step may bring a loss although ``prepare`` got none)."""
+        self.with_loss = True
+        if self._loss_sum is None:
+            self._loss_sum = torch.zeros((), dtype=torch.float32, device=loss.device)
+        self._loss_sum.add_(loss, alpha=batch_size)  # one in-place op, on the device
+
     @torch.no_grad()
     def update_figures(self, figures: dict[str, Any], batch_size: int) -> None:
         """Accumulate one batch of a user's step: ``loss`` and any other named scalars."""
@@ -302,10 +307,7 @@ class MetricSet:
                     "return scalars (a float or a one-element tensor) to log."
                 )
             if name == "loss":
-                self.with_loss = True
-                if self._loss_sum is None:
-                    self._loss_sum = torch.zeros((), dtype=torch.float32, device=value.device)
-                self._loss_sum.add_(value.reshape(()).float(), alpha=batch_size)
+                self._add_loss(value.reshape(()).float(), batch_size)
                 continue
             total = self._figure_sums.get(name)
             if total is None:

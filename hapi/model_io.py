@@ -281,15 +281,12 @@ class ModelFiles:
             )
             return
         for name, optimizer_state in saved.items():
-            state_match.load_optimizer_state(
-                self._optimizers[name],
+            self._load_optimizer_state(
                 optimizer_state,
                 state["optimizer_types"][name],
-                f"{file} ({name!r})",
-                load=functools.partial(
-                    self._strategy.load_optimizer_state, self._network, self._optimizers[name]
-                ),
+                source=f"{file} ({name!r})",
                 keep_hyperparameters=keep_hyperparameters,
+                optimizer=self._optimizers[name],
             )
 
     def _resume_fit(self, file: str, state: dict) -> None:
@@ -312,15 +309,16 @@ class ModelFiles:
         *,
         source: str,
         keep_hyperparameters: bool,
+        optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
+        """A saved state into ``optimizer`` (default: the Model's), the strategy's way."""
+        optimizer = self._optimizer if optimizer is None else optimizer
         state_match.load_optimizer_state(
-            self._optimizer,
+            optimizer,
             optimizer_state,
             saved_type,
             source,
-            load=lambda state: self._strategy.load_optimizer_state(
-                self._network, self._optimizer, state
-            ),
+            load=functools.partial(self._strategy.load_optimizer_state, self._network, optimizer),
             keep_hyperparameters=keep_hyperparameters,
         )
 

@@ -74,7 +74,12 @@ class PerOutputLoss:
     def __call__(self, *outputs_and_labels: Any) -> torch.Tensor:
         """The weighted sum, called as ``loss(*outputs, *labels)`` like any loss."""
         count = len(self.losses)
-        parts = self.parts(list(outputs_and_labels[:count]), list(outputs_and_labels[count:]))
+        return self.total(
+            self.parts(list(outputs_and_labels[:count]), list(outputs_and_labels[count:]))
+        )
+
+    def total(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """The trained loss: the parts' sum weighted by ``loss_weights``."""
         return sum(weight * part for weight, part in zip(self.weights, parts))
 
     def parts(self, outputs: list[Any], labels: list[Any]) -> list[torch.Tensor]:
@@ -177,10 +182,6 @@ class Stepper:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=AMP_DTYPES[self.amp])
 
-    def run_network(self, network: nn.Module, inputs: list[Any]) -> list[torch.Tensor]:
-        """The network's outputs as a list; see :meth:`forward`."""
-        return self.forward(network, inputs)[0]
-
     def forward(
         self, network: nn.Module, inputs: list[Any]
     ) -> tuple[list[Any], torch.Tensor | None]:
@@ -248,7 +249,7 @@ class Stepper:
                 self.loss_parts = {
                     f"output_{i}_loss": part.detach() for i, part in enumerate(parts)
                 }
-                loss = sum(weight * part for weight, part in zip(self.loss_fn.weights, parts))
+                loss = self.loss_fn.total(parts)
             else:
                 loss = self.loss_fn(*outputs, *labels)
         except (RuntimeError, ValueError, IndexError, TypeError) as error:
@@ -368,4 +369,4 @@ class Stepper:
     @torch.no_grad()
     def predict(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         with self.autocast():
-            return self.run_network(self.eval_network, inputs)
+            return self.forward(self.eval_network, inputs)[0]
