@@ -12,7 +12,6 @@ labels=)`` override the counts.
 
 from __future__ import annotations
 
-import itertools
 import warnings
 from collections.abc import Sequence
 from typing import Any, Iterable, Iterator
@@ -324,19 +323,24 @@ def _loader(dataset: Any, *, training: bool, seed: int, **options: Any) -> DataL
     return DataLoader(dataset, **options)
 
 
-def _resharded(loader: DataLoader, role: str, seed: int) -> DataLoader:
+def _resharded(loader: DataLoader, role: str, seed: int, force: bool = False) -> DataLoader:
     """A user's DataLoader, rebuilt with this process's share when there are several.
 
-    Kept as given on one process (and where :func:`hapi.distributed.reshard`
-    says so); otherwise rebuilt with the same workers, collate function,
-    memory pinning and timeouts, and the sampler that keeps its meaning.
+    Kept as given on one process (unless ``force``) and where
+    :func:`hapi.distributed.reshard` says so; otherwise rebuilt (:func:`rebuilt`)
+    with the sampler that keeps its meaning.
     """
     training = role == "train_data"
-    share = distributed.reshard(loader, training=training, seed=seed)
-    if share is None:
-        return loader
+    share = distributed.reshard(loader, training=training, seed=seed, force=force)
+    return loader if share is None else rebuilt(loader, share, training=training, seed=seed)
+
+
+def rebuilt(loader: DataLoader, share: dict[str, Any], *, training: bool, seed: int) -> DataLoader:
+    """``loader`` read through another sampler (``share``: DataLoader keywords that pick it),
+    with the same data set, workers, collate function, memory pinning and timeouts."""
+    dataset = loader.dataset.dataset if isinstance(loader, SeededLoader) else loader.dataset
     return _loader(
-        loader.dataset,
+        dataset,
         training=training,
         seed=seed,
         **share,
@@ -358,28 +362,29 @@ def num_batches(loader: Iterable) -> int | None:
         return None
 
 
-def start_at(loader: Iterable, step: int) -> Iterable:
-    """The batches of one epoch from batch ``step`` on (a resumed epoch).
-
-    Through the sampler when torch-hapi built it, so skipped samples are not
-    even loaded; otherwise by reading and dropping the first ``step`` batches,
-    which is exact only when loading draws no random numbers.
-    """
-    if step == 0:
-        return loader
-    if distributed.skip_batches(loader, step):
-        if isinstance(loader, SeededLoader):
-            loader.start_at(step)  # the batches keep the seeds of their positions
-        return loader
-    return itertools.islice(loader, step, None)
+def exact_length(loader: Iterable) -> int | None:
+    """Batches per pass where the sampler fixes them; ``None`` for iterable data, whose
+    ``__len__`` (if any) is only what the data set says of itself."""
+    if isinstance(getattr(loader, "dataset", None), IterableDataset):
+        return None
+    return num_batches(loader)
 
 
-def with_last(iterable: Iterable) -> Iterator[tuple[Any, bool]]:
-    """Yield ``(item, is_last)``, looking one item ahead.
+def with_last(iterable: Iterable, length: int | None = None) -> Iterator[tuple[Any, bool]]:
+    """Yield ``(item, is_last)``: at most ``length`` items when it is known, else looking
+    one item ahead.
 
     The loop needs to know which batch is the last one (to log the final
     figures before an evaluation starts) even for data without a length.
+    Where the length is known, no batch is fetched before its step: a hand
+    loop fetches none either, so loading that draws random numbers in the
+    main process draws them at the same moments, and a backup taken after a
+    step holds the random state before the next batch's loading.
     """
+    if length is not None:
+        for index, item in zip(range(length), iterable):
+            yield item, index + 1 == length
+        return
     iterator = iter(iterable)
     try:
         current = next(iterator)

@@ -30,9 +30,10 @@ import torch
 from hapi import distributed
 from hapi.batches import BatchSplitter, batch_length
 from hapi.callbacks import CallbackList
-from hapi.data import num_batches, start_at, with_last
+from hapi.data import exact_length, num_batches, with_last
 from hapi.metrics import MetricSet
 from hapi.steps import Stepper, as_list
+from hapi.train_data import TrainData
 
 
 @dataclass
@@ -102,7 +103,7 @@ def _accumulation(step: int, is_last: bool, every: int, steps: int | None) -> tu
 def fit_loop(
     model: Any,
     parts: Parts,
-    train_loader: Iterable,
+    train_data: TrainData,
     eval_loader: Iterable | None,
     cbks: CallbackList,
     *,
@@ -120,22 +121,23 @@ def fit_loop(
     budget = _Budget(
         None
         if num_iters is None
-        else num_iters - model.epoch * (num_batches(train_loader) or 0) - model.epoch_step
+        else num_iters - model.epoch * (train_data.steps_per_epoch or 0) - model.epoch_step
     )
     for epoch in range(model.epoch, epochs):
-        distributed.set_epoch(train_loader, epoch)
         cbks.on_epoch_begin(epoch)
+        batches = train_data.epoch(epoch)  # after the callbacks: what they draw comes first
         ends_with_evaluation = eval_loader is not None and epoch % eval_freq == 0
 
         def evaluate_after_update(is_last: bool) -> None:
             # Every eval_steps optimizer steps; not twice in a row at the epoch's end.
             if model.step % eval_steps == 0 and not (is_last and ends_with_evaluation):
-                _evaluate_mid_epoch(parts, eval_loader, cbks, log_freq)
+                _evaluate_in_fit(parts, eval_loader, cbks, log_freq)
 
         logs, batches_done = _train_epoch(
             model,
             parts,
-            train_loader,
+            batches,
+            train_data.steps,
             cbks,
             log_freq=log_freq,
             accumulate=accumulate_grad_batches,
@@ -146,10 +148,7 @@ def fit_loop(
             else evaluate_after_update,
         )
         if ends_with_evaluation:
-            distributed.sync_from_main(
-                parts.stepper.eval_network
-            )  # one model's statistics everywhere
-            val_logs = evaluate_loop(parts, eval_loader, cbks, log_freq=log_freq, num_iters=None)
+            val_logs = _evaluate_in_fit(parts, eval_loader, cbks, log_freq)
             logs.update({f"val_{name}": value for name, value in val_logs.items()})
         model.epoch, model.epoch_step = epoch + 1, 0
         cbks.on_epoch_end(epoch, logs)
@@ -160,22 +159,24 @@ def fit_loop(
     return logs
 
 
-def _evaluate_mid_epoch(parts: Parts, loader: Iterable, cbks: CallbackList, log_freq: int) -> None:
-    """An evaluation every ``eval_steps`` optimizer steps; the epoch's running figures carry on after it."""
-    training_figures = parts.metrics.state_dict()
+def _evaluate_in_fit(
+    parts: Parts, loader: Iterable, cbks: CallbackList, log_freq: int
+) -> dict[str, float]:
+    """An evaluation during fit (each ``eval_steps`` optimizer steps, or the epoch's): one
+    model's statistics everywhere, and the training figures set aside meanwhile, so that
+    they carry on after it and a save made during it keeps them."""
     distributed.sync_from_main(parts.stepper.eval_network)
-    evaluate_loop(
-        parts, loader, cbks, log_freq=log_freq, num_iters=None
-    )  # figures: on_eval_end's logs
-    parts.metrics.load_state_dict(training_figures)
-    parts.metrics.use_metrics = parts.train_step is None
+    with parts.metrics.set_aside():
+        figures = evaluate_loop(parts, loader, cbks, log_freq=log_freq, num_iters=None)
     parts.stepper.network.train()
+    return figures
 
 
 def _train_epoch(
     model: Any,
     parts: Parts,
     loader: Iterable,
+    epoch_steps: int | None,
     cbks: CallbackList,
     *,
     log_freq: int,
@@ -184,10 +185,12 @@ def _train_epoch(
     stop_step: int | None,
     after_update: Callable[[bool], None] | None = None,
 ) -> tuple[dict[str, float], int]:
-    """One epoch from batch ``first_step`` (non-zero when resuming mid-epoch) to ``stop_step``
-    (``num_iters``' end) or the loader's end; ``after_update(is_last)`` follows each update."""
+    """One epoch's batches from ``loader``, which starts at batch ``first_step`` (non-zero when
+    resuming mid-epoch), to ``stop_step`` (``num_iters``' end) or the epoch's end
+    (``epoch_steps`` batches, when known); ``after_update(is_last)`` follows each update,
+    before ``on_train_batch_end``, so that callbacks there see the step with its evaluation."""
     stepper, metrics, splitter = parts.stepper, parts.metrics, parts.splitter
-    steps = _limit(num_batches(loader), stop_step)
+    steps = _limit(epoch_steps, stop_step)
     notify_begin = cbks.wants("on_train_batch_begin")
     notify_end = cbks.wants("on_train_batch_end")
     before_update = None
@@ -209,7 +212,7 @@ def _train_epoch(
     done = 0
     figures: dict[str, float] | None = None  # the last figures read, if read after the last batch
     for step, (batch, is_last) in enumerate(
-        with_last(start_at(loader, first_step)), start=first_step
+        with_last(loader, None if steps is None else max(steps - first_step, 0)), start=first_step
     ):
         is_last = is_last or step + 1 == stop_step
         if notify_begin:
@@ -238,10 +241,10 @@ def _train_epoch(
         # Nobody listening (verbose=0, no batch callback): both wait for the end.
         due = _figures_due(step, is_last, log_freq)
         figures = _train_figures(stepper, metrics) if due and (read_figures or is_last) else None
-        if notify_end:
-            cbks.on_train_batch_end(step, _batch_logs(batch_size, figures, metrics))
         if after_update is not None and update:
             after_update(is_last)
+        if notify_end:
+            cbks.on_train_batch_end(step, _batch_logs(batch_size, figures, metrics))
         if is_last or (due and check_stop and distributed.any_true(model.stop_training)):
             break
     return (figures if figures is not None else _train_figures(stepper, metrics)), done
@@ -270,6 +273,7 @@ def evaluate_loop(
     """One pass over evaluation data; returns the figures over all of it."""
     stepper, metrics, splitter = parts.stepper, parts.metrics, parts.splitter
     notify_begin = cbks.wants("on_eval_batch_begin")
+    steps = exact_length(loader)
     cbks.on_eval_begin(
         {"steps": _limit(num_batches(loader), num_iters), "metrics": metrics.names()}
     )
@@ -278,7 +282,7 @@ def evaluate_loop(
     metrics.use_metrics = parts.eval_step is None
     figures: dict[str, float] | None = None
     with stepper.gathered():  # shards may differ by a batch: no collective per batch
-        for step, (batch, is_last) in enumerate(with_last(loader)):
+        for step, (batch, is_last) in enumerate(with_last(loader, _limit(steps, num_iters))):
             is_last = is_last or step + 1 == num_iters
             if notify_begin:
                 cbks.on_eval_batch_begin(step)

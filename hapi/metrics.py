@@ -10,9 +10,10 @@ the last batch's.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import warnings
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torchmetrics
@@ -177,6 +178,7 @@ class MetricSet:
         # outputs and labels the metrics need (set by the loop, alike on every process).
         self.use_metrics = True
         self.counted = 0  # samples the last compute() covered (all processes' with sync)
+        self._set_aside: dict[str, Any] | None = None  # training sums while an evaluation runs
         # torchmetrics gathers states across ranks whenever compute() runs in a
         # process group; we decide when (see distributed.SyncFlag) and never
         # want a cached, possibly local, value back.
@@ -206,16 +208,37 @@ class MetricSet:
                 names.append(key)
         return names
 
+    @contextlib.contextmanager
+    def set_aside(self) -> Iterator[None]:
+        """Run an evaluation inside a training pass: the training figures come back after it,
+        and :meth:`training_state_dict` answers with them meanwhile (a resumable save made
+        during that evaluation must hold the training figures, not the evaluation's)."""
+        saved, use_metrics = self.state_dict(), self.use_metrics
+        self._set_aside = saved
+        try:
+            yield
+        finally:
+            self._set_aside = None
+            self.load_state_dict(saved)
+            self.use_metrics = use_metrics
+
+    def training_state_dict(self) -> dict[str, Any]:
+        """The training pass's running sums, also while an evaluation has set them aside."""
+        return self.state_dict() if self._set_aside is None else self._set_aside
+
     def state_dict(self) -> dict[str, Any]:
-        """The running sums of the pass in progress (for a resume mid-epoch)."""
+        """A copy of the running sums of the pass in progress (for a resume mid-epoch): the
+        pass goes on adding to its own tensors."""
 
         def on_cpu(value: Any) -> Any:
-            return value.cpu() if torch.is_tensor(value) else [v.cpu() for v in value]
+            if torch.is_tensor(value):
+                return value.to("cpu", copy=True)
+            return [v.to("cpu", copy=True) for v in value]
 
         return {
-            "loss_sum": None if self._loss_sum is None else self._loss_sum.cpu(),
+            "loss_sum": None if self._loss_sum is None else on_cpu(self._loss_sum),
             "samples": self._samples,
-            "figures": {name: total.cpu() for name, total in self._figure_sums.items()},
+            "figures": {name: on_cpu(total) for name, total in self._figure_sums.items()},
             "metrics": [
                 {name: on_cpu(value) for name, value in metric.metric_state.items()}
                 for metric in _leaves(self.metrics.values())

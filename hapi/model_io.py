@@ -17,6 +17,10 @@ import torch
 
 from hapi import checkpoint, checkpoint_write, distributed, state_match
 from hapi import resume as resuming  # load() has an argument named resume
+from hapi.rng import global_state
+
+# The position of a file written before torch-hapi recorded the epoch's order.
+_UNKNOWN_POSITION = {"order": {"kind": "unknown"}, "inherited": False, "items": None}
 
 
 class ModelFiles:
@@ -87,7 +91,7 @@ class ModelFiles:
                     "epoch": self.epoch,
                     "epoch_step": self.epoch_step,
                     "step": self.step,
-                    "rng": resuming.rng_state(),
+                    "rng": global_state(),
                 }
             )
             if (
@@ -113,7 +117,7 @@ class ModelFiles:
                 run = self._fit_run
                 state["fit"] = resuming.fit_state(
                     run.data_seed,
-                    distributed.consumed_items(run.train_loader, self.epoch_step),
+                    run.train_data.position(self.epoch_step),
                     state["rng"],
                     self._metrics,
                     run.callbacks,
@@ -291,16 +295,17 @@ class ModelFiles:
 
     def _resume_fit(self, file: str, state: dict) -> None:
         """Put the running fit back where the file left it."""
-        run = self._fit_run
-        run.data_seed = state["fit"]["data_seed"]
-        distributed.set_seed(run.train_loader, run.data_seed)
-        if not resuming.restore_fit(state["fit"], file, self._metrics, run.callbacks):
-            # Another number of processes: the rest of the epoch's order, split anew
-            # (or, where torch-hapi did not build the sampler, the whole epoch again).
-            done = state["fit"].get("epoch_items")
-            if done is not None and self.epoch_step:
-                distributed.resume_at(run.train_loader, self.epoch, done)
-            self.epoch_step = 0
+        run, saved = self._fit_run, state["fit"]
+        run.data_seed = run.train_data.seed = saved["data_seed"]
+        own, first_rank = resuming.restore_fit(saved, file, self._metrics, run.callbacks)
+        self.epoch_step, outcome, reason = run.train_data.resume(
+            saved.get("data") or _UNKNOWN_POSITION,
+            None if own is None else own.get("data"),
+            first_rank.get("data") or {"generators": {}},
+            self.epoch,
+            self.epoch_step,
+        )
+        resuming.warn_resume(file, len(saved["per_rank"]), outcome, reason)
 
     def _load_optimizer_state(
         self,

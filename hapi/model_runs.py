@@ -21,6 +21,7 @@ from hapi.callbacks.checks import require_int
 from hapi.callbacks.run import callbacks_for_run
 from hapi.data import make_loader, num_batches
 from hapi.loops import Parts, evaluate_loop, fit_loop, predict_loop
+from hapi.train_data import TrainData
 
 DEFAULT_BATCH_SIZE = 32  # Keras' default; Paddle's is 1, which is rarely what anyone wants.
 DEFAULT_LOG_FREQ = 10  # Paddle's default.
@@ -39,7 +40,7 @@ class _FitRun:
     """The parts of a running fit that a backup saves and a resume restores."""
 
     callbacks: CallbackList
-    train_loader: Any
+    train_data: TrainData
     data_seed: int
 
 
@@ -197,12 +198,13 @@ class ModelRuns:
         )
         self.stop_training = False
         self.epoch = self.epoch_step = 0
-        self._fit_run = _FitRun(cbks, train_loader, data_seed)
+        train = TrainData(train_loader, train_data, data_seed)
+        self._fit_run = _FitRun(cbks, train, data_seed)
         try:
             fit_loop(
                 self,
                 parts,
-                train_loader,
+                train,
                 eval_loader,
                 cbks,
                 epochs=epochs,

@@ -7,66 +7,36 @@ Saved with ``model.save(..., resumable=True)`` (``BackupAndRestore``,
 
 from __future__ import annotations
 
-import random
 import warnings
 from typing import Any
 
-import numpy as np
-import torch
-
 from hapi import distributed
 from hapi.checkpoint_write import CheckpointError
-
-
-def rng_state() -> dict[str, Any]:
-    """Every random generator's state, in tensors and plain values only."""
-    np_state = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": {
-            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "cached_gaussian": float(np_state[4]),
-        },
-        "python": [random.getstate()[0], *random.getstate()[1], random.getstate()[2]],
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` captured."""
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    saved_np = state["numpy"]
-    np.random.set_state(
-        (
-            "MT19937",
-            saved_np["keys"].numpy().astype(np.uint32),
-            saved_np["pos"],
-            saved_np["has_gauss"],
-            saved_np["cached_gaussian"],
-        )
-    )
-    python = state["python"]
-    random.setstate((python[0], tuple(python[1:-1]), python[-1]))
+from hapi.rng import set_global_state
 
 
 def fit_state(
-    data_seed: int, epoch_items: int | None, rng: dict[str, Any], metrics: Any, callbacks: Any
+    data_seed: int,
+    position: tuple[dict[str, Any], dict[str, Any]],
+    rng: dict[str, Any],
+    metrics: Any,
+    callbacks: Any,
 ) -> dict[str, Any]:
     """What resuming a fit needs beyond the model (collective: every process calls it).
 
     Random streams and running sums differ between processes, so each rank's
-    are kept and each resumes its own. ``epoch_items`` is how far the epoch
-    went into its global order of samples, which a resume on another number
-    of processes continues from.
+    are kept and each resumes its own. ``position`` is the training data's
+    (:meth:`hapi.train_data.TrainData.position`): what decides the epoch's
+    order and how far the epoch went into it, which a resume on another
+    number of processes continues from, and each process's random states at
+    the epoch's start, which a resume on as many replays.
     """
+    shared, own = position
+    per_rank = {"rng": rng, "metrics": metrics.training_state_dict(), "data": own}
     return {
         "data_seed": data_seed,
-        "epoch_items": epoch_items,
-        "per_rank": distributed.gather_objects({"rng": rng, "metrics": metrics.state_dict()}),
+        "data": shared,
+        "per_rank": distributed.gather_objects(per_rank),
         "callbacks": [[type(c).__name__, c.state_dict()] for c in callbacks],
     }
 
@@ -88,32 +58,19 @@ def check_resumable(file: str, state: dict[str, Any]) -> None:
         )
 
 
-def restore_fit(saved: dict[str, Any], file: str, metrics: Any, callbacks: Any) -> bool:
+def restore_fit(
+    saved: dict[str, Any], file: str, metrics: Any, callbacks: Any
+) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """Give each process its random streams and running figures, and each callback its state.
 
-    Returns False when the file was written by another number of processes:
-    the per-process parts cannot be matched, and the caller restarts the
-    interrupted epoch.
+    Returns this process's part of the file (``None`` when another number of
+    processes wrote it: the per-process parts cannot be matched, and random
+    streams and the epoch's running figures start afresh) and rank 0's.
     """
     own = distributed.own(saved["per_rank"])
     if own is not None:
-        set_rng_state(own["rng"])
+        set_global_state(own["rng"])
         metrics.load_state_dict(own["metrics"])
-    else:
-        epoch = (
-            "the rest of the interrupted epoch is split across the processes there are now (each "
-            "remaining sample trained once); random streams and that epoch's running figures start "
-            "afresh, so results differ from an uninterrupted run"
-            if saved.get("epoch_items") is not None
-            else "the data splits differently, so the interrupted epoch restarts from its first batch "
-            "with fresh random streams; results will differ from an uninterrupted run"
-        )
-        warnings.warn(
-            f"Resuming from {file!r}, saved by {len(saved['per_rank'])} processes, on "
-            f"{distributed.world_size()}: the weights, optimizer and callbacks are restored, and "
-            f"{epoch}.",
-            stacklevel=4,
-        )
     callbacks = list(callbacks)
     names = [name for name, _ in saved["callbacks"]]
     if names != [type(c).__name__ for c in callbacks]:
@@ -130,4 +87,34 @@ def restore_fit(saved: dict[str, Any], file: str, metrics: Any, callbacks: Any) 
         )
         if match is not None:
             callback.load_state_dict(pending.pop(match)[1])
-    return own is not None
+    return own, saved["per_rank"][0]
+
+
+def warn_resume(file: str, saved_by: int, outcome: str, reason: str | None) -> None:
+    """One warning when a resumed fit will not equal the uninterrupted one, saying why.
+
+    ``outcome`` is what :meth:`hapi.train_data.TrainData.resume` did.
+    """
+    here = distributed.world_size()
+    epoch = {
+        "exact": None,
+        "fresh": "random streams start afresh, so results differ from an uninterrupted run",
+        "split": (
+            f"the rest of the interrupted epoch is split across the {here} processes there are "
+            "now (each remaining sample trained once); random streams and that epoch's running "
+            "figures start afresh, so results differ from an uninterrupted run"
+        ),
+        "restart": (
+            f"the interrupted epoch restarts from its first batch, because {reason}; results "
+            "differ from an uninterrupted run"
+        ),
+        "inexact": f"the rest of the interrupted epoch may differ from an uninterrupted run's: {reason}",
+    }[outcome]
+    if epoch is None:
+        return
+    moved = f", saved by {saved_by} processes, on {here}" if saved_by != here else ""
+    warnings.warn(
+        f"Resuming from {file!r}{moved}: the weights, optimizer and callbacks are restored, and "
+        f"{epoch}.",
+        stacklevel=4,
+    )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -57,3 +57,130 @@ def seeded_streams(seed: int, hand_back_torch: bool = True) -> Iterator[None]:
     finally:
         if saved is not None:
             generator.set_state(saved)
+
+
+def global_state() -> dict[str, Any]:
+    """Every global generator's state (torch, CUDA, NumPy, Python), in tensors and plain values."""
+    np_state = np.random.get_state()
+    python = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "python": [python[0], *python[1], python[2]],
+    }
+
+
+def set_global_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`global_state` captured."""
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    saved_np = state["numpy"]
+    np.random.set_state(
+        (
+            "MT19937",
+            saved_np["keys"].numpy().astype(np.uint32),
+            saved_np["pos"],
+            saved_np["has_gauss"],
+            saved_np["cached_gaussian"],
+        )
+    )
+    python = state["python"]
+    random.setstate((python[0], tuple(python[1:-1]), python[-1]))
+
+
+# Attributes never searched for generators: the data itself, and what is not an order.
+_NOT_SEARCHED = frozenset(
+    {"dataset", "data_source", "collate_fn", "worker_init_fn", "indices", "weights"}
+)
+_GENERATORS = (torch.Generator, random.Random, np.random.RandomState, np.random.Generator)
+
+
+def generators_of(root: Any, depth: int = 3) -> dict[str, Any]:
+    """The random generators an object keeps in its attributes, by attribute path.
+
+    What decides a sampler's order besides the global generators: a
+    ``DataLoader``'s ``generator``, a ``SubsetRandomSampler(generator=...)``'s,
+    a user's batch sampler's ``random.Random``. Searched ``depth`` attributes
+    deep (loader -> batch sampler -> sampler -> generator); the data set and
+    plain containers are not searched. The paths name the same generators in
+    a later run of the same script, so states saved by path can be put back.
+    """
+    found: dict[str, Any] = {}
+    seen: set[int] = set()
+
+    def search(value: Any, path: str, left: int) -> None:
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        if isinstance(value, _GENERATORS):
+            found[path] = value
+            return
+        if left == 0 or not hasattr(value, "__dict__") or isinstance(value, (type, torch.Tensor)):
+            return
+        for name, attribute in sorted(vars(value).items()):
+            if name not in _NOT_SEARCHED and not isinstance(attribute, (list, tuple, dict)):
+                search(attribute, f"{path}.{name}", left - 1)
+
+    search(root, "", depth)
+    return found
+
+
+def generator_states(generators: dict[str, Any]) -> dict[str, Any]:
+    """The states of :func:`generators_of`'s generators, in tensors and plain values."""
+    return {path: _state_of(generator) for path, generator in generators.items()}
+
+
+def set_generator_states(generators: dict[str, Any], states: dict[str, Any]) -> None:
+    """Put saved states back into the generators found at the same paths (others are left)."""
+    for path, state in states.items():
+        generator = generators.get(path)
+        if generator is not None:
+            _set_state(generator, state)
+
+
+def _state_of(generator: Any) -> Any:
+    if isinstance(generator, torch.Generator):
+        return generator.get_state()
+    if isinstance(generator, random.Random):
+        version, internal, gauss = generator.getstate()
+        return [version, list(internal), gauss]
+    if isinstance(generator, np.random.RandomState):
+        _, keys, pos, has_gauss, cached = generator.get_state()
+        return [torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
+    return _plain_numpy(generator.bit_generator.state)
+
+
+def _set_state(generator: Any, state: Any) -> None:
+    if isinstance(generator, torch.Generator):
+        generator.set_state(state)
+    elif isinstance(generator, random.Random):
+        generator.setstate((state[0], tuple(state[1]), state[2]))
+    elif isinstance(generator, np.random.RandomState):
+        keys, pos, has_gauss, cached = state
+        generator.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    else:
+        generator.bit_generator.state = _numpy_plain(state)
+
+
+def _plain_numpy(value: Any) -> Any:
+    """A NumPy bit generator's state with arrays as (tensor, dtype) pairs: loadable safely."""
+    if isinstance(value, np.ndarray):
+        return {"array": torch.from_numpy(value.astype(np.int64)), "dtype": str(value.dtype)}
+    if isinstance(value, dict):
+        return {key: _plain_numpy(item) for key, item in value.items()}
+    return value
+
+
+def _numpy_plain(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"array", "dtype"}:
+        return value["array"].numpy().astype(value["dtype"])
+    if isinstance(value, dict):
+        return {key: _numpy_plain(item) for key, item in value.items()}
+    return value

@@ -72,7 +72,8 @@ class ResumableSampler(DistributedSampler):
         """Leave out the first ``items`` samples of the epoch's global order, next iteration only."""
         self._skip = items
 
-    def _order(self) -> list[int]:
+    def order(self) -> list[int]:
+        """The epoch's global order of sample indices, the same on every process."""
         if not self.shuffle:
             return list(range(len(self.dataset)))
         generator = torch.Generator()
@@ -80,7 +81,7 @@ class ResumableSampler(DistributedSampler):
         return torch.randperm(len(self.dataset), generator=generator).tolist()
 
     def __iter__(self) -> Iterator[int]:
-        order = self._order()
+        order = self.order()
         skip, self._skip = self._skip, 0
         return iter(strided_share(order[skip:], order, self.num_replicas, self.rank))
 
@@ -126,7 +127,9 @@ def eval_sampler(dataset: Any) -> Sampler | None:
     return ContiguousShardSampler(len(dataset), world_size(), rank())
 
 
-def reshard(loader: DataLoader, training: bool, seed: int) -> dict[str, Any] | None:
+def reshard(
+    loader: DataLoader, training: bool, seed: int, force: bool = False
+) -> dict[str, Any] | None:
     """How to rebuild a user's DataLoader so this process reads only its share.
 
     ``None`` keeps the loader as given: on one process, for iterable data
@@ -145,10 +148,15 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> dict[str, Any] | N
     * a batch sampler of the user's own (not torch's ``BatchSampler``) is
       kept whole, and its batches are split (:class:`BatchSamplerShard`).
 
+    ``force`` rebuilds the loader on one process too (a run resumed from
+    several processes continues their order).
+
     Raises:
         DistributedSetupError: the sampler cannot be split (no length).
     """
-    if world_size() == 1 or isinstance(loader.dataset, torch.utils.data.IterableDataset):
+    if (world_size() == 1 and not force) or isinstance(
+        loader.dataset, torch.utils.data.IterableDataset
+    ):
         return None
     batches = loader.batch_sampler  # None when the user turned automatic batching off
     inner = _index_sampler(loader)
@@ -236,6 +244,7 @@ class _StreamShard:
         self.epoch = -1
         self._skip = 0
         self.resumed_at = 0  # items of this epoch's stream done before this run (see resume_at)
+        self._next_stream: list | None = None  # a stream already drawn for the next iteration
         _length(source, what)  # fails now, not at the first epoch
         self.loader_generator = torch.Generator()  # see ResumableSampler
         self.set_epoch(0)
@@ -259,7 +268,8 @@ class _StreamShard:
         shard = ContiguousShardSampler(len(stream), self.num_replicas, self.rank)
         return stream[shard.start : shard.stop]
 
-    def __iter__(self) -> Iterator[Any]:
+    def stream(self) -> list:
+        """This epoch's whole stream, as every process draws it."""
         with seeded_streams(mix(self.seed, self.epoch, 0x5A3)):
             stream = list(self.source)
         expected = _length(self.source, self.what)
@@ -269,7 +279,16 @@ class _StreamShard:
                 f"items (__len__) but yielded {len(stream)}; torch-hapi splits its items across "
                 f"{self.num_replicas} processes by that length. Make __len__ match what __iter__ yields."
             )
-        share = self._share(stream)
+        return stream
+
+    def use_stream(self, stream: list) -> None:
+        """Serve ``stream`` at the next iteration instead of drawing it (a resumed epoch's
+        stream, drawn with the generators as they were when the epoch began)."""
+        self._next_stream = stream
+
+    def __iter__(self) -> Iterator[Any]:
+        stream, self._next_stream = self._next_stream, None
+        share = self._share(self.stream() if stream is None else stream)
         self._skip = 0
         return iter(share)
 

@@ -432,18 +432,18 @@ def draw() -> tuple:
 @pytest.fixture
 def keep_rng():
     """Leaves the global generators as this test found them."""
-    saved = hapi.resume.rng_state()
+    saved = hapi.rng.global_state()
     yield
-    hapi.resume.set_rng_state(saved)
+    hapi.rng.set_global_state(saved)
 
 
 def test_rng_state_round_trips(keep_rng):
     random.gauss(0, 1)  # leaves a cached Gaussian in `random`
     np.random.randn()  # and one in NumPy (odd count)
-    state = hapi.resume.rng_state()
+    state = hapi.rng.global_state()
     first = draw()
     second_without_restore = draw()
-    hapi.resume.set_rng_state(state)
+    hapi.rng.set_global_state(state)
     assert draw() == first
     assert first != second_without_restore
 
@@ -454,7 +454,7 @@ def test_rng_state_round_trips_through_a_saved_checkpoint(tmp_path, keep_rng):
     first = draw()
     draw()
     state = torch.load(file, weights_only=True)
-    hapi.resume.set_rng_state(state["rng"])
+    hapi.rng.set_global_state(state["rng"])
     assert draw() == first
 
 
