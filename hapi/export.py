@@ -161,12 +161,15 @@ def _check_not_sharded(network: nn.Module) -> None:
     """Refuse FSDP's sharded parameters: a forward would wait for every other process's shards."""
     if not torch.distributed.is_available():
         return
+    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
     sharded = [name for name, p in network.named_parameters() if isinstance(p, DTensor)]
     if sharded:
+        # FSDP swaps the network's class for a subclass (FSDPNet): name the user's class.
+        users = next(c for c in type(network).__mro__ if not issubclass(c, FSDPModule))
         raise RuntimeError(
-            f"{type(network).__name__}'s parameters are sharded over processes (DTensors: "
+            f"{users.__name__}'s parameters are sharded over processes (DTensors: "
             f"{', '.join(sharded[:3])}{', ...' if len(sharded) > 3 else ''}), as FSDP leaves "
             "them; its forward gathers the shards from every process, so one process cannot "
             "run or export it alone. Call model.export(...) on every process (it gathers the "
