@@ -86,10 +86,12 @@ def export_network(
 
     Raises:
         TypeError: ``example_inputs`` is not a tensor/array or a tuple/list of them.
-        RuntimeError: ``network`` fails on ``example_inputs``, or ``torch.export``
+        RuntimeError: ``network``'s parameters are sharded over processes (FSDP), or
+            ``network`` fails on ``example_inputs``, or ``torch.export``
             cannot trace it; the message says which operation and line, and
             what to change. The original exception is chained.
     """
+    _check_not_sharded(network)
     inputs = _as_inputs(example_inputs, _device_of(network))
     file = export_path(path)
     modes = {module: module.training for module in network.modules()}
@@ -155,17 +157,47 @@ def _device_of(network: nn.Module) -> torch.device | None:
     return None
 
 
+def _check_not_sharded(network: nn.Module) -> None:
+    """Refuse FSDP's sharded parameters: a forward would wait for every other process's shards."""
+    if not torch.distributed.is_available():
+        return
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    sharded = [name for name, p in network.named_parameters() if isinstance(p, DTensor)]
+    if sharded:
+        # FSDP swaps the network's class for a subclass (FSDPNet): name the user's class.
+        users = next(c for c in type(network).__mro__ if not issubclass(c, FSDPModule))
+        raise RuntimeError(
+            f"{users.__name__}'s parameters are sharded over processes (DTensors: "
+            f"{', '.join(sharded[:3])}{', ...' if len(sharded) > 3 else ''}), as FSDP leaves "
+            "them; its forward gathers the shards from every process, so one process cannot "
+            "run or export it alone. Call model.export(...) on every process (it gathers the "
+            "full weights and exports a plain copy on rank 0), or load a saved checkpoint "
+            "into an unsharded network and export that."
+        )
+
+
 def _check_runs(network: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
     """Run ``forward`` eagerly once, so that a wrong example is not reported as an export failure."""
     try:
         with torch.no_grad():
             network(*inputs)
     except Exception as error:
+        problem = (
+            f"{type(error).__name__}: {_first_lines(str(error))}{_user_location(error, network)}"
+        )
+        if torch.distributed.is_available() and isinstance(error, torch.distributed.DistError):
+            raise RuntimeError(
+                f"{type(network).__name__}'s forward made a collective that failed, before any "
+                f"export: {problem}. Export runs forward on rank 0 alone; a forward that needs "
+                "the other processes cannot be exported as it is."
+            ) from error
         raise RuntimeError(
             f"{type(network).__name__} fails on example_inputs {describe(list(inputs))} before any "
-            f"export: {type(error).__name__}: {_first_lines(str(error))}{_user_location(error, network)}. "
-            "Pass example_inputs as forward takes them (one tensor per positional argument, the shapes and "
-            "dtypes of a real batch)."
+            f"export: {problem}. If example_inputs are not what forward takes, pass them as it "
+            "does (one tensor per positional argument, the shapes and dtypes of a real batch); "
+            "if they are, the line named is where forward itself fails."
         ) from error
 
 

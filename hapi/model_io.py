@@ -334,13 +334,17 @@ class ModelFiles:
 
         ``torch.export.load(path).module()`` runs it with no torch-hapi. Every process
         calls it; rank 0 writes. Returns the file written (``path`` + ``.pt2``).
+
+        Under FSDP on several processes every process first gathers the full
+        weights and rank 0 exports a plain copy of the network holding them (a
+        sharded forward on rank 0 alone would wait for the others' shards); the
+        copy costs rank 0 the memory of the whole model once, as ``save`` does.
         """
         from hapi.export import export_network, export_path  # torch.export only when exporting
 
+        network = self._strategy.inference_network(self._network)  # a collective under FSDP
         distributed.on_main(  # every process calls it, rank 0 writes (like save)
-            lambda: export_network(
-                self._network, path, example_inputs, dynamic_batch=dynamic_batch
-            ),
+            lambda: export_network(network(), path, example_inputs, dynamic_batch=dynamic_batch),
             lambda: RuntimeError(
                 f"Rank 0 could not export to {export_path(path)!r}; see its error."
             ),

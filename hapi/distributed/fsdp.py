@@ -14,12 +14,17 @@ own engine; what this module adds is what a Model needs around it:
   no torch-hapi distributed code;
 * evaluation with the full weights on every process, so that shards of the
   evaluation data may differ in length (FSDP's per-layer gathers are
-  collectives every process must join).
+  collectives every process must join);
+* modules that share a parameter (tied embeddings) kept in one unit, which
+  FSDP requires;
+* a plain, unsharded copy of the network for ``model.export`` (a sharded
+  forward on rank 0 alone would wait forever for the others' gathers).
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -71,6 +76,13 @@ def selected_units(network: nn.Module, wrap: Any) -> list[nn.Module]:
 
     ``wrap``: ``None`` (each direct child that holds parameters), a set of
     module classes, or a callable ``module -> bool``.
+
+    FSDP refuses a parameter managed by two units ("shared with a parameter
+    already managed by another FSDP group"), so a module whose parameters are
+    also used outside it (an embedding tied to the output layer) is never a
+    unit of its own: its parameters stay in the nearest unit holding every
+    user, the root at worst. By default that is silent (the default is only a
+    guess at a good split); modules the user named are left out with a warning.
     """
     classes = check_wrap(wrap)
     if wrap is None:
@@ -79,7 +91,34 @@ def selected_units(network: nn.Module, wrap: Any) -> list[nn.Module]:
         chosen = [m for m in network.modules() if m is not network and wrap(m)]
     else:
         chosen = [m for m in network.modules() if m is not network and isinstance(m, classes)]
-    return _children_first(network, chosen)
+    shared = {id(m): names for m in chosen if (names := _shared_outside(network, m))}
+    if shared and wrap is not None:
+        where = {id(m): name for name, m in network.named_modules(remove_duplicate=False)}
+        listed = "; ".join(
+            f"{where[key]!r} shares {', '.join(names)}" for key, names in shared.items()
+        )
+        warnings.warn(
+            f"hapi.FSDP(wrap={wrap!r}) selected module(s) whose parameters are also used "
+            f"outside them ({listed}). FSDP needs a shared parameter in one unit, so these "
+            "are not sharded on their own: their parameters stay in the enclosing unit "
+            "(the whole network's at worst). To shard them separately, untie the parameters.",
+            stacklevel=4,
+        )
+    return _children_first(network, [m for m in chosen if id(m) not in shared])
+
+
+def _shared_outside(network: nn.Module, module: nn.Module) -> list[str]:
+    """Names (in ``network``) of ``module``'s parameters that a module outside it also holds."""
+    inside = {id(m) for m in module.modules()}
+    own = {id(p) for p in module.parameters()}
+    names = []
+    for owner_name, owner in network.named_modules(remove_duplicate=False):
+        if id(owner) in inside:
+            continue
+        for name, parameter in owner.named_parameters(recurse=False, remove_duplicate=False):
+            if id(parameter) in own:
+                names.append(f"{owner_name}.{name}" if owner_name else name)
+    return sorted(set(names))
 
 
 def _children_first(network: nn.Module, modules: list[nn.Module]) -> list[nn.Module]:
@@ -177,6 +216,93 @@ def is_sharded(network: nn.Module) -> bool:
 def full_state_dict(network: nn.Module) -> dict[str, torch.Tensor]:
     """The network's weights as full plain CPU tensors on rank 0 (empty elsewhere); a collective."""
     return get_model_state_dict(network, options=_FULL)
+
+
+def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
+    """A copy of the sharded ``network`` holding the full weights ``state``, with nothing of FSDP.
+
+    For ``model.export`` on rank 0: a forward of the sharded network gathers
+    each unit's shards from every process, so rank 0 running it alone waits
+    for the others until the process group times out. The copy is made of
+    the user's classes (FSDP swaps each unit's class for a subclass), with
+    plain parameters from ``state`` (:func:`full_state_dict`, which every
+    process must have called), the module's buffers, the user's own hooks and
+    none of FSDP's; tied parameters stay tied. ``network`` is not changed.
+    """
+    device = next((t.device for t in [*network.parameters(), *network.buffers()]), None)
+    names: dict[int, list[str]] = {}
+    for name, parameter in network.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), []).append(name)
+    copies: dict[int, Any] = {}
+
+    def full(parameter: nn.Parameter) -> nn.Parameter:
+        if id(parameter) not in copies:
+            found = [state[name] for name in names.get(id(parameter), []) if name in state]
+            if not found:
+                raise KeyError(
+                    f"the gathered state has no entry for parameter(s) "
+                    f"{names.get(id(parameter), ['(unnamed)'])}"
+                )
+            tensor = found[0].to(device) if device is not None else found[0]
+            copies[id(parameter)] = nn.Parameter(
+                tensor.detach().clone(), requires_grad=parameter.requires_grad
+            )
+        return copies[id(parameter)]
+
+    def copy_module(module: nn.Module) -> nn.Module:
+        if id(module) in copies:  # a module used twice stays one module
+            return copies[id(module)]
+        cls = _user_class(type(module))
+        twin = cls.__new__(cls)
+        copies[id(module)] = twin
+        fields = {k: v for k, v in vars(module).items() if not _is_fsdp_field(k)}
+        fields["_parameters"] = {
+            k: None if p is None else full(p) for k, p in module._parameters.items()
+        }
+        fields["_buffers"] = {
+            k: None if b is None else b.detach().clone() for k, b in module._buffers.items()
+        }
+        fields["_modules"] = {
+            k: None if m is None else copy_module(m) for k, m in module._modules.items()
+        }
+        for key, value in fields.items():
+            if key.endswith("_hooks") and isinstance(value, dict):
+                fields[key] = value.__class__(
+                    (handle, hook) for handle, hook in value.items() if not _is_fsdp_hook(hook)
+                )
+        for flags, hooks in (
+            ("_forward_pre_hooks_with_kwargs", "_forward_pre_hooks"),
+            ("_forward_hooks_with_kwargs", "_forward_hooks"),
+            ("_forward_hooks_always_called", "_forward_hooks"),
+        ):
+            if isinstance(fields.get(flags), dict):
+                fields[flags] = fields[flags].__class__(
+                    (handle, flag)
+                    for handle, flag in fields[flags].items()
+                    if handle in fields.get(hooks, {})
+                )
+        twin.__dict__.update(fields)
+        return twin
+
+    return copy_module(network)
+
+
+def _user_class(cls: type) -> type:
+    """The class FSDP subclassed for a unit (``FSDPLinear`` -> ``Linear``); others unchanged."""
+    while issubclass(cls, FSDPModule):
+        cls = next(base for base in cls.__bases__ if base is not FSDPModule)
+    return cls
+
+
+def _is_fsdp_field(key: str) -> bool:
+    # torch's composable-API state (FSDP's state and registry) and shard()'s own note
+    return key.startswith("__composable_api_") or key == "_hapi_reshard_after_forward"
+
+
+def _is_fsdp_hook(hook: Any) -> bool:
+    function = getattr(hook, "func", hook)  # through functools.partial
+    module = getattr(function, "__module__", None) or ""
+    return module.startswith("torch.distributed.fsdp")
 
 
 def load_state_dict(network: nn.Module, state: dict[str, torch.Tensor], strict: bool) -> None:

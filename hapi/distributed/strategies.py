@@ -56,6 +56,15 @@ class Strategy:
     def check_own_step(self, model_class: str) -> None:
         """Refuse a ``train_step`` of the user's own where this strategy cannot run one."""
 
+    def inference_network(self, network: nn.Module) -> Callable[[], nn.Module]:
+        """What rank 0 exports, as a function to call there once every process has called this.
+
+        The network itself where each process holds it whole. Where it is
+        sharded, the full weights are gathered here (a collective) and the
+        function builds a plain copy, whose forward needs no other process.
+        """
+        return lambda: network
+
     def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
         """Clip to a total L2 norm over every gradient; returns the norm before clipping."""
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
@@ -225,6 +234,12 @@ class FSDP(Strategy):
 
     def gathered(self, network: nn.Module) -> contextlib.AbstractContextManager:
         return fsdp.gathered(network)
+
+    def inference_network(self, network: nn.Module) -> Callable[[], nn.Module]:
+        if not fsdp.is_sharded(network):
+            return super().inference_network(network)
+        state = fsdp.full_state_dict(network)  # every process gathers; rank 0 keeps the tensors
+        return lambda: fsdp.plain_copy(network, state)
 
     def check_own_step(self, model_class: str) -> None:
         if world_size() > 1:

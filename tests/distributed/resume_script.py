@@ -8,7 +8,10 @@ rank KILL_RANK (default 0) calls os._exit at that optimizer step, once per job: 
 creates the file KILL_MARKER (default OUT_DIR/killed), and no process kills itself once
 it exists. (torchrun's TORCHELASTIC_RESTART_COUNT cannot tell: an agent restarted by
 another node's failure keeps its count, and the ranks may move between machines.)
-Each rank writes OUT_DIR/result.rank<R>.json.
+Before the kill every process waits for the backups already started (they are written
+in the background), so the run resumes from the last backup before the kill however
+slow the disk; BACKUP_DELAY_S delays each background write of the killed run, as a
+loaded disk would. Each rank writes OUT_DIR/result.rank<R>.json.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import pathlib
 import random
 import sys
+import time
 
 import numpy as np
 import torch
@@ -37,6 +41,7 @@ from callbacks import (  # noqa: E402
     ModelCheckpoint,
 )
 from hapi import Model  # noqa: E402
+from hapi import checkpoint as hapi_checkpoint  # noqa: E402
 from hapi.metrics import Accuracy  # noqa: E402
 
 
@@ -66,18 +71,40 @@ class NoisySamples(torch.utils.data.Dataset):
 
 
 class KillAt(Callback):
+    """Ends this process with os._exit(17) at optimizer step ``step``, on rank ``rank``, once per job.
+
+    Every process first waits for the backups already started (``wait_for_saves``, a
+    collective, so all take part): which backup the run resumes from then depends on
+    the step, not on how fast the background write was. Whether this run kills is
+    decided at its start, alike on every process: the marker appears only at the kill.
+    """
+
     def __init__(self, step: int, rank: int, marker: pathlib.Path):
         super().__init__()
         self.step, self.rank, self.marker = step, rank, marker
+        self.armed = False
+
+    def on_train_begin(self, logs=None):
+        self.armed = not self.marker.exists()
 
     def on_train_batch_end(self, step, logs=None):
-        if (
-            self.params["rank"] == self.rank
-            and self.model.step == self.step
-            and not self.marker.exists()
-        ):
-            self.marker.touch()
-            os._exit(17)  # no cleanup, no exception: like a kill
+        if self.armed and self.model.step == self.step:
+            self.armed = False
+            self.model.wait_for_saves()
+            if self.params["rank"] == self.rank:
+                self.marker.touch()
+                os._exit(17)  # no cleanup, no exception: like a kill
+
+
+def delay_background_writes(seconds: float) -> None:
+    """Each checkpoint write sleeps ``seconds`` first, as on a loaded disk."""
+    write = hapi_checkpoint.write_file
+
+    def slow_write(*args, **kwargs):
+        time.sleep(seconds)
+        return write(*args, **kwargs)
+
+    hapi_checkpoint.write_file = slow_write
 
 
 def run(out: pathlib.Path, kill_at: int | None = None, kill_rank: int = 0) -> dict:
@@ -101,6 +128,8 @@ def run(out: pathlib.Path, kill_at: int | None = None, kill_rank: int = 0) -> di
     if kill_at is not None:
         marker = pathlib.Path(os.environ.get("KILL_MARKER", out / "killed"))
         callbacks.append(KillAt(kill_at, kill_rank, marker))
+        if float(os.environ.get("BACKUP_DELAY_S", "0")) > 0:
+            delay_background_writes(float(os.environ["BACKUP_DELAY_S"]))
     workers = os.environ.get("AUGMENT_WORKERS")
     train = (x, y) if workers is None else NoisySamples(x, y)
     history = model.fit(

@@ -113,6 +113,19 @@ def test_random_augmentation_resumes_exactly_on_one_process(
     _assert_same_run(_result(tmp_path), _result(augmented_references[0]))
 
 
+def test_the_run_resumes_from_the_last_backup_before_the_kill_however_slow_the_disk(
+    tmp_path, augmented_references
+):
+    """Backups are written in the background; the one at step 9, a step before the kill,
+    is the one resumed from even when each write takes a second (the kill waits for it)."""
+    killed = _run(tmp_path, MID_EPOCH_KILL, AUGMENT_WORKERS="0", BACKUP_DELAY_S="1")
+    assert killed.returncode == 17, killed.stderr[-3000:]
+    resumed = _run(tmp_path, AUGMENT_WORKERS="0")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "at epoch 2, batch 6 (optimizer step 9)" in resumed.stdout
+    _assert_same_run(_result(tmp_path), _result(augmented_references[0]))
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_random_augmentation_resumes_exactly_on_two_processes(
     tmp_path, workers, augmented_references
