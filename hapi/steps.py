@@ -7,6 +7,7 @@ tensors and the loop decides when to read them.
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -20,6 +21,18 @@ from hapi.data import describe
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # What DistributedDataParallel says when a parameter got no gradient in the previous step.
 _UNUSED_PARAMETERS = "parameters that were not used in producing loss"
+# A forward's error about what it was given: shapes, dtypes, sizes, arguments.
+_ABOUT_INPUTS = re.compile(
+    r"shape|size|dtype|scalar type|dimension|\bdims?\b|channels|mat1|mat2|must match|"
+    r"argument|expected (input|tensor|all tensors)|not enough values|index out of range|"
+    r"out of bounds|can't convert|cannot convert|unpack",
+    re.IGNORECASE,
+)
+# ... unless it comes from the processes' group or FSDP, whatever words it uses.
+_NOT_ABOUT_INPUTS = re.compile(
+    r"FSDP|DTensor|process group|collective|Gloo|NCCL|timed? ?out|another FSDP group",
+    re.IGNORECASE,
+)
 
 
 def check_amp(amp: Any) -> str | None:
@@ -201,7 +214,7 @@ class Stepper:
         except RuntimeError as error:
             if _UNUSED_PARAMETERS in str(error):
                 raise RuntimeError(
-                    f"Some parameters of {type(distributed.unwrap(network)).__name__} received no "
+                    f"Some parameters of {distributed.class_name(network)} received no "
                     "gradient in the last training step (a layer or branch the forward did not use), "
                     "which DistributedDataParallel does not allow by default. If that is intended, "
                     "prepare the model with strategy=hapi.DDP(find_unused_parameters=True); otherwise "
@@ -215,9 +228,7 @@ class Stepper:
     def own_loss(self, network_loss: torch.Tensor | None) -> torch.Tensor:
         """The loss the network computed itself, trained when ``prepare`` got no loss."""
         if network_loss is None:
-            name = type(
-                distributed.unwrap(getattr(self.network, "_orig_mod", self.network))
-            ).__name__
+            name = distributed.class_name(self.network)
             raise RuntimeError(
                 f"prepare() got no loss, so the network's own loss is trained, but {name} returned "
                 "no 'loss'. Pass a loss to prepare(loss=...), or return it from forward as a dict "
@@ -233,13 +244,16 @@ class Stepper:
 
     @staticmethod
     def _explained(network: nn.Module, inputs: list[Any], error: Exception) -> Exception:
-        plain = distributed.unwrap(getattr(network, "_orig_mod", network))  # through torch.compile
-        name = type(distributed.unwrap(plain)).__name__
-        return type(error)(
-            f"The network {name} failed on inputs {describe(inputs)}: {error}. Check that the "
-            "data's inputs have the shape and dtype the network expects (e.g. float32 for "
-            "Linear/Conv layers); Model(inputs=..., labels=...) sets how samples are split."
-        )
+        """The error with the inputs it failed on named; advice about the inputs only when the
+        error is about shapes, dtypes or arguments (not a process group's, say)."""
+        message = f"The network {distributed.class_name(network)} failed on inputs {describe(inputs)}: {error}."
+        if _ABOUT_INPUTS.search(str(error)) and not _NOT_ABOUT_INPUTS.search(str(error)):
+            message += (
+                " Check that the data's inputs have the shape and dtype the network expects "
+                "(e.g. float32 for Linear/Conv layers); Model(inputs=..., labels=...) sets how "
+                "samples are split."
+            )
+        return type(error)(message)
 
     def compute_loss(self, outputs: list[torch.Tensor], labels: list[torch.Tensor]) -> torch.Tensor:
         """``loss_fn(*outputs, *labels)``; a list of losses is summed, as in Paddle."""

@@ -37,7 +37,7 @@ from hapi.distributed.collectives import (
     shared_seed,
     sync_from_main,
 )
-from hapi.distributed.ddp import unwrap, wrap
+from hapi.distributed.ddp import class_name, unwrap, wrap
 from hapi.distributed.env import DistributedSetupError
 from hapi.distributed.group import (
     backend_name,
@@ -123,6 +123,7 @@ __all__ = [
     "teardown",
     "train_sampler",
     "unwrap",
+    "class_name",
     "world_size",
     "wrap",
 ]

@@ -170,6 +170,18 @@ def unwrap(network: nn.Module) -> nn.Module:
     return network.module if isinstance(network, nn.parallel.DistributedDataParallel) else network
 
 
+def class_name(network: nn.Module) -> str:
+    """The name of the user's class of ``network``, for messages: through DDP, torch.compile
+    and FSDP's class swap (``fully_shard`` turns a ``Net`` into an ``FSDPNet``)."""
+    module = unwrap(getattr(network, "_orig_mod", network))
+    module = unwrap(getattr(module, "_orig_mod", module))
+    if not type(module).__name__.startswith("FSDP"):
+        return type(module).__name__
+    from torch.distributed.fsdp import FSDPModule  # only when the name says FSDP
+
+    return next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule)).__name__
+
+
 @contextlib.contextmanager
 def no_sync(wrapped: nn.Module, skip_gradient_sync: bool) -> Iterator[None]:
     """Skip DDP's gradient all-reduce on accumulation steps (they sync on the update)."""
