@@ -81,6 +81,9 @@ class Cell:
     accumulate: int = 1
     eval_steps: int | None = None
     strategy: str | None = None  # None: DDP (the default); "fsdp"
+    # A second crash before the resume: the resumed run, on ``after`` processes, is killed
+    # (rank 0) when ``model.step`` reaches ``again``, and resumed once more on ``after``.
+    again: int | None = None
 
     @property
     def mid_accumulation(self) -> bool:
@@ -132,6 +135,12 @@ CELLS = {
     # 2 -> 3
     "weighted-2to3-mid_epoch": Cell("weighted", 2, 3, "mid_epoch", 2, 5),  # ep 0 @ 4
     "loader_shuffle-2to3-epoch1": Cell("loader_shuffle", 2, 3, "epoch1", 2, 9, kill_rank=1),
+    # 2 -> 1, killed again, -> 1: a resume on as many processes after one on another number,
+    # in the same epoch (the rest of epoch 0 is 8 batches on one process: steps 3..10)
+    "tensors-2to1to1-mid_epoch": Cell("tensors", 2, 1, "mid_epoch", 2, 3, kill_rank=1, again=7),
+    "loader_shuffle-2to1to1-mid_epoch": Cell(
+        "loader_shuffle", 2, 1, "mid_epoch", 2, 3, kill_rank=1, again=7
+    ),  # ep 0 @ 2 (of 2 processes); then ep 0 @ 6, 4 batches into the rest on one process
     # ep 1 @ 2
 }
 
@@ -268,11 +277,17 @@ class Recorder(Callback):
             self._maybe_kill()
 
     def _maybe_kill(self) -> None:
-        if self.kill is None or self.model.step != self.cell.kill_step:
+        if self.kill is None:
+            return
+        first = self.kill.name == "killed"
+        kill_step, kill_rank = (
+            (self.cell.kill_step, self.cell.kill_rank) if first else (self.cell.again, 0)
+        )
+        if self.model.step != kill_step:
             return
         marker, self.kill = self.kill, None
         self.model.wait_for_saves()  # collective: every process, before the kill
-        if self.params["rank"] == self.cell.kill_rank:
+        if self.params["rank"] == kill_rank:
             marker.touch()
             os._exit(17)  # no cleanup, no exception: like a kill
 
@@ -337,6 +352,12 @@ def phase_of_cell(out: pathlib.Path, phase: str, name: str) -> int:
     rank = os.environ.get("RANK", "0")
     cell, directory = CELLS[name], out / name
     directory.mkdir(parents=True, exist_ok=True)
+    if phase == "again":
+        if cell.again is not None:
+            step = backup_step(directory / "backup")  # the backup this run resumes from
+            (directory / "again_backup_step.json").write_text(json.dumps(step))
+            run(cell, directory, "crashed_again", directory / "backup", directory / "killed_again")
+        return 3
     if phase == "crash":
         if cell.before == cell.after:
             result = run(cell, directory, "reference", directory / "reference_backup", None)
@@ -426,6 +447,8 @@ def main(out: pathlib.Path, phases: list[str], names: list[str]) -> None:
         for name in names:
             cell = CELLS[name]
             processes = cell.before if phase == "crash" else cell.after
+            if phase == "again" and cell.again is None:
+                continue
             print(f"=== {name} {phase} ===", file=sys.stderr, flush=True)
             began = time.perf_counter()
             codes = launch(out, phase, name, processes, timeout=120)

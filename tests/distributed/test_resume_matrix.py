@@ -84,7 +84,7 @@ def runs(tmp_path_factory):
     """Every cell crashed, then every cell resumed (one launcher, which forks each run's
     processes); returns the output directory and each cell's part of the output."""
     out = tmp_path_factory.mktemp("resume_matrix")
-    command = [sys.executable, str(SCRIPT), str(out), "crash+resume", ",".join(CELLS)]
+    command = [sys.executable, str(SCRIPT), str(out), "crash+again+resume", ",".join(CELLS)]
     result = run_bounded(command, TIMEOUT, child_env(HAPI_DIST_TIMEOUT="60"))
     outputs: dict[str, str] = collections.defaultdict(str)
     for part in ("\n" + result.stderr).split("\n=== ")[1:]:
@@ -167,16 +167,23 @@ def problems_of(cell: matrix.Cell, directory: pathlib.Path) -> list[str]:
             f"the backup holds optimizer step {step}, but the resumed run started at step "
             f"{resumed[0]['start']['step']} ({resumed[0]['start']})"
         )
-    whole_crash = [_log(directory / f"crashed.rank{r}.log") for r in range(cell.before)]
-    crashed = [[b for b in log if b[1] < step] for log in whole_crash]  # what the backup covers
+    runs = [(cell.before, "crashed")] + ([(cell.after, "crashed_again")] if cell.again else [])
+    first_backup = step
+    if cell.again is not None:  # the first crash's backup is the one the second run resumed
+        if not (directory / "killed_again").exists():
+            return ["the second crashed run never reached its kill point"]
+        first_backup = json.loads((directory / "again_backup_step.json").read_text())
+    cut = [first_backup, step]  # each crashed run counts up to the backup the next resumed
+    wholes = [[_log(directory / f"{name}.rank{r}.log") for r in range(n)] for n, name in runs]
+    kept = [[[b for b in log if b[1] < c] for log in whole] for whole, c in zip(wholes, cut)]
+    crashed = kept[0]
     after = [_log(directory / f"resumed.rank{r}.log") for r in range(cell.after)]
     for epoch in range(matrix.EPOCHS):
         counts: collections.Counter = collections.Counter()
         allowed = 0
-        for world, logs, whole in (
-            (cell.before, crashed, whole_crash),
-            (cell.after, after, after),
-        ):
+        for world, logs, whole in [
+            (n, logs, whole) for (n, _), logs, whole in zip(runs, kept, wholes)
+        ] + [(cell.after, after, after)]:
             trained = [i for log in logs for e, _, ids in log if e == epoch for i in ids]
             counts.update(trained)
             # A run pads the epoch's shards where it reads the epoch's end: the resumed
