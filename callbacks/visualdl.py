@@ -33,6 +33,7 @@ import os
 import re
 from typing import Any
 
+from . import files
 from .base import Callback
 
 # Batch-log keys that describe the batch, not the model; never plotted.
@@ -190,9 +191,27 @@ class _ScalarLogger(Callback):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back :meth:`state_dict`'s values; the run directory only as ``version_<N>``.
+
+        The saved ``version`` is joined to ``log_dir`` and written into, and a
+        state comes from a file: it must be a name this callback chooses
+        (``version_<N>``, a directory of ``log_dir`` itself, not a link).
+
+        Raises:
+            ValueError: the saved ``version`` is anything else (the error names
+                the entry and the value); nothing is taken back then.
+        """
+        restored = state.get("version")
+        if restored is not None:
+            files.child(
+                self.log_dir,
+                restored,
+                f"{type(self).__name__} state 'version'",
+                _VERSION_DIR,
+                follow_links=False,
+            )
         self.train_step = int(state["train_step"])
         self.next_eval_step = int(state.get("next_eval_step", state.get("eval_count", 0) + 1))
-        restored = state.get("version")
         if self._auto and isinstance(restored, str) and restored != self._run:
             # A resumed run: keep writing where the interrupted one wrote. A fixed
             # version (or None) given to this callback wins over the saved one.

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from hapi import distributed
-from hapi.checkpoint_write import CheckpointError
+from hapi.checkpoint.errors import CheckpointError
 
 
 def rng_state() -> dict[str, Any]:

@@ -22,6 +22,7 @@ peer that is alive but stuck at most ``HAPI_DIST_TIMEOUT`` seconds (default
 300) before it raises.
 """
 
+from hapi.distributed.background import background_group
 from hapi.distributed.collectives import (
     SyncFlag,
     all_reduce_sum,
@@ -69,18 +70,11 @@ from hapi.distributed.samplers import (
     reshard,
     train_sampler,
 )
-from hapi.distributed.sharded import load as load_shards
-from hapi.distributed.sharded import load_optimizer as load_optimizer_shards
-from hapi.distributed.sharded import save as save_shards
-from hapi.distributed.sharded import saved_shapes
 from hapi.distributed.strategies import DDP, FSDP, Strategy
 from hapi.distributed.strategies import resolve as resolve_strategy
 
 __all__ = [
-    "load_shards",
-    "load_optimizer_shards",
-    "save_shards",
-    "saved_shapes",
+    "background_group",
     "DDP",
     "FSDP",
     "Strategy",

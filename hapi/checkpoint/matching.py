@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from hapi.checkpoint_write import CheckpointError
+from hapi.checkpoint.errors import CheckpointError
 
 
 def match_state_dict(
