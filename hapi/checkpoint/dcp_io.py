@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
 from hapi import distributed
 from hapi.checkpoint.background import snapshot
 from hapi.checkpoint.dcp_reader import SafeFileSystemReader
+from hapi.checkpoint.matching import check_state_keys
 
 
 @contextlib.contextmanager
@@ -163,10 +164,25 @@ def load(directory: str, network: nn.Module, keys: set[str]) -> None:
 def load_optimizer(
     directory: str, network: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]
 ) -> None:
-    """The optimizer state :func:`save` wrote (``saved``: the manifest's part), resharded."""
+    """The optimizer state :func:`save` wrote (``saved``: the manifest's part), resharded.
+
+    Raises:
+        ValueError: the file's per-parameter state has other keys than this
+            optimizer's settings create (see :func:`check_state_keys`).
+    """
     state: dict[str, dict[str, Any]] = {
         name: dict(values) for name, values in saved["plain_values"].items()
     }
+    keys = _saved_optimizer_keys(directory, saved) if saved["has_tensors"] else {}
+    parameters = dict(network.named_parameters())
+    check_state_keys(
+        optimizer,
+        [
+            [(parameters.get(name), keys.get(name)) for name in group["params"]]
+            for group in saved["param_groups"]
+        ],
+        saved["param_groups"],
+    )
     if saved["has_tensors"]:
         template = get_optimizer_state_dict(network, optimizer)  # creates the state to read into
         tensors = {name: _split(values)[0] for name, values in template["state"].items()}
@@ -178,3 +194,16 @@ def load_optimizer(
     set_optimizer_state_dict(
         network, optimizer, {"state": state, "param_groups": saved["param_groups"]}
     )
+
+
+def _saved_optimizer_keys(directory: str, saved: dict[str, Any]) -> dict[str, set[str]]:
+    """Each parameter's state keys in the file: its tensors in the shards, the rest in the manifest."""
+    keys: dict[str, set[str]] = {
+        name: set(values) for name, values in saved["plain_values"].items()
+    }
+    prefix = "optimizer."
+    for entry in SafeFileSystemReader(directory).read_metadata().state_dict_metadata:
+        if entry.startswith(prefix):
+            name, _, key = entry[len(prefix) :].rpartition(".")
+            keys.setdefault(name, set()).add(key)
+    return keys
