@@ -50,7 +50,7 @@ def save_sharded(
     holds the moment of the call, not what training has made of its objects
     by the time the shards are on disk.
     """
-    directory = check_path(path)
+    directory = check_path(path, directory=True)
     background.wait_for_writes()
     # Every process must name the same directory: rank 0's random name is everyone's.
     name = "shards-" + distributed.broadcast_bytes(secrets.token_hex(8).encode()).decode()

@@ -59,20 +59,22 @@ def resolve_path(path: str | os.PathLike) -> str:
     return path if path.endswith((".pt", ".pth")) else path + SUFFIX
 
 
-def check_path(path: str | os.PathLike) -> str:
-    """``path`` as a str, once it names a file or directory (not ``""``, not ending in a separator).
+def check_path(path: str | os.PathLike, directory: bool = False) -> str:
+    """``path`` as a str, once it names a file (or, with ``directory``, a directory).
+
+    ``""``, a path ending in a separator, ``.`` or ``..`` name no file: a save
+    there would write the hidden file ``.pt`` (or ``..pt``) where it ends.
 
     Raises:
         ValueError: naming the path received and what to pass instead.
     """
-    given = os.fspath(path)
-    if not isinstance(given, str):
-        given = os.fsdecode(given)
-    if not os.path.basename(given) or "\0" in given:
+    given = os.fsdecode(os.fspath(path))
+    name = os.path.basename(given.rstrip("/" + os.sep) if directory else given)
+    if "\0" in given or (not given if directory else name in ("", ".", "..")):
         raise ValueError(
-            f"A checkpoint path must name a file (or a sharded checkpoint's directory); received "
-            f"{given!r}, which would write a hidden '.pt' where it ends. Pass a name, e.g. "
-            "model.save('checkpoints/final')."
+            f"A checkpoint path must name a {'directory' if directory else 'file'}; received "
+            f"{given!r}, which names none (a save would write the hidden file '.pt' where it "
+            "ends). Pass a name, e.g. model.save('checkpoints/final')."
         )
     return given
 

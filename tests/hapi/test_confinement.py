@@ -304,11 +304,13 @@ def test_a_link_named_as_a_checkpoint_is_replaced_not_followed(tmp_path):
 def test_an_empty_path_is_refused_instead_of_a_hidden_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     model = _model()
-    for path in ("", "ckpt/"):
-        with pytest.raises(ValueError, match=r"must name a file.*received '"):
+    for path in ("", "ckpt/", ".", ".."):
+        with pytest.raises(ValueError, match=r"must name a file; received '"):
             model.save(path)
         with pytest.raises(ValueError, match=r"must name a file"):
             model.save(path, wait=False)
-    with pytest.raises(ValueError, match=r"must name a file"):
+    with pytest.raises(ValueError, match=r"must name a directory; received ''"):
         model.save("", sharded=True)
     assert sorted(os.listdir(tmp_path)) == []
+    model.save("ckpt/", sharded=True)  # a directory may end in a separator
+    assert sorted(os.listdir(tmp_path / "ckpt"))[0] == "checkpoint.pt"
