@@ -120,14 +120,16 @@ def _resume(case: pathlib.Path, crafted: dict, callbacks: list) -> Exception | N
             verbose=0,
             callbacks=[*callbacks, BackupAndRestore(backup)],
         )
-    except (RuntimeError, ValueError) as error:
+    except Exception as error:  # noqa: BLE001 -- whatever it is, _check says whether it names the entry
         return error
     return None
 
 
 def _callbacks(case: pathlib.Path) -> list:
+    # save_steps=3 with 4 batches an epoch: no step checkpoint at the resumed epoch's last
+    # batch, so a restored pending_step reaches the epoch's end, where it is written.
     return [
-        ModelCheckpoint(case / "ckpt", save_steps=2, keep=1, resumable=True),
+        ModelCheckpoint(case / "ckpt", save_steps=3, keep=1, resumable=True),
         VisualDL(case / "vdl"),
         TensorBoard(case / "tb"),
         CSVLogger(case / "log.csv"),
@@ -257,7 +259,7 @@ def test_a_manifest_names_no_shards_outside_its_directory(tmp_path):
         error = None
         try:
             _model(seed=1).load(checkpoint)
-        except (RuntimeError, ValueError) as caught:
+        except Exception as caught:  # noqa: BLE001 -- _check says whether it names the entry
             error = caught
         _check(failures, label, outside, before, error, "'shards'", value)
         tried += 1
