@@ -147,6 +147,7 @@ def test_files_are_written_renamed_linked_and_deleted_in_callbacks_files_only():
         for p in _sources("hapi")
         + _sources("hapi/checkpoint")
         + _sources("hapi/distributed")
+        + _sources("hapi/datasets")
         + _sources("callbacks")
         if p.name != "files.py" and pattern.search(p.read_text())
     ]

@@ -88,6 +88,7 @@ def save_state(path: str | os.PathLike, state: dict[str, Any], wait: bool = True
     and its failure raised then, on every process. Returns the file written.
 
     Raises:
+        ValueError: ``path`` names no file (see :func:`check_path`).
         CheckpointError: an entry is neither a tensor nor a plain value
             (at once, also with ``wait=False``), or writing failed.
     """
@@ -153,6 +154,11 @@ def _existing_file(path: str | os.PathLike) -> str:
 
 def load_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     """Read a checkpoint safely; returns ``(file, state)`` with tensors on CPU.
+
+    After a background save (every process made it) this is a collective:
+    every process waits until the file is on disk, not only the one writing
+    it, which alone would read the new file while the others read the old.
+    Otherwise it may run on one process alone.
 
     Raises:
         FileNotFoundError: no such checkpoint (lists the paths tried).
