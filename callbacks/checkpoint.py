@@ -11,41 +11,19 @@ what touches files directly (links, deletions) is left to the main process.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import secrets
-import shutil
+import re
 from typing import Any
 
 from tqdm import tqdm
 
+from . import files
 from .base import Callback
-from .files import atomic_write, remove_with_spare
 from .monitor import MonitorCallback, require_int
 
-
-def _link_or_copy(source: str, target: str) -> None:
-    """Give the file ``source`` a second name ``target`` (replacing it atomically).
-
-    A hard link costs no write; where the file system has none, the bytes are
-    copied (atomically too).
-    """
-    temporary = os.path.join(
-        os.path.dirname(os.path.abspath(target)),
-        f".{os.path.basename(target)}.{secrets.token_hex(6)}.link",
-    )
-    try:
-        os.link(source, temporary)
-    except OSError:
-        with atomic_write(target) as handle, open(source, "rb") as original:
-            shutil.copyfileobj(original, handle)
-        return
-    try:
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(temporary)
-        raise
+# The numbered checkpoints ModelCheckpoint writes (<epoch>, step-<N>): the only names it rotates.
+_NUMBERED = re.compile(r"\d+|step-\d+")
+_STEP = re.compile(r"step-\d+")
 
 
 class ModelCheckpoint(MonitorCallback):
@@ -165,14 +143,38 @@ class ModelCheckpoint(MonitorCallback):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back :meth:`state_dict`'s values, refusing file names that are not this callback's.
+
+        The names are joined to ``save_dir`` and written or deleted later, and
+        a state comes from a file: each must be a numbered checkpoint's name
+        (``<epoch>`` or ``step-<N>``), nothing that leads out of ``save_dir``.
+
+        Raises:
+            ValueError: an entry of ``written`` or ``pending_step`` is not such
+                a name (the error names the entry and the value); nothing is
+                taken back then.
+        """
+        written = state.get("written", [])
+        if not isinstance(written, (list, tuple)):
+            raise files.UnsafeNameError(
+                f"ModelCheckpoint state 'written' must be a list of file names; received "
+                f"{written!r}. The checkpoint it came from is damaged or was crafted."
+            )
+        written = [
+            files.check_name(name, f"ModelCheckpoint state 'written'[{index}]", _NUMBERED)
+            for index, name in enumerate(written)
+        ]
+        pending = state.get("pending_step") or None  # "" when there is none
+        if pending is not None:
+            files.check_name(pending, "ModelCheckpoint state 'pending_step'", _STEP)
         super().load_state_dict(state)
         # The step last looked at: a resume must not save that step again (between
         # the batches of its next group, a file that could not resume exactly).
         self._last_step = int(state.get("last_step", self._last_step))
-        self._pending_step = state.get("pending_step") or None
+        self._pending_step = pending
         # Files listed for another directory are not this run's to rotate.
         if state.get("save_dir") == os.path.abspath(self.save_dir):
-            self._written = [str(name) for name in state.get("written", [])]
+            self._written = written
 
     # -- hooks ----------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -225,10 +227,10 @@ class ModelCheckpoint(MonitorCallback):
         )
 
     def _file(self, name: str) -> str:
-        return os.path.join(self.save_dir, name + ".pt")
+        return files.child(self.save_dir, name, "ModelCheckpoint's file name") + ".pt"
 
     def _save(self, name: str, prefix: str, reason: str = "") -> None:
-        path = os.path.join(self.save_dir, name)
+        path = files.child(self.save_dir, name, "ModelCheckpoint's file name")
         if self.verbose and self.is_main:
             tqdm.write(f"{prefix}{reason}saving model to {path}.pt")
         # Collective: every rank, never behind is_main.
@@ -259,9 +261,9 @@ class ModelCheckpoint(MonitorCallback):
                     tqdm.write(
                         f"{prefix}{self._file(name)} is the same checkpoint as {self._file(written)}"
                     )
-                _link_or_copy(self._file(written), self._file(name))
+                files.link_or_copy(self._file(written), self._file(name))
         for name in dropped:
-            remove_with_spare(self._file(name))
+            files.remove_with_spare(self._file(name))
 
 
 class BackupAndRestore(Callback):
@@ -279,17 +281,28 @@ class BackupAndRestore(Callback):
     --max-restarts`` restarts the workers), ``on_train_begin`` finds the
     backup and ``fit`` continues from it: the final weights equal those of a
     run never interrupted. The backup is deleted when training ends normally,
-    unless ``delete_checkpoint=False``.
+    unless ``delete_checkpoint=False``: the file it wrote (and the hidden
+    spare beside it), and, under FSDP, the sharded backup's manifest and
+    shards directories -- never anything else in ``backup_dir``. Then
+    ``backup_dir`` itself goes if it is empty and was made for this training
+    (absent when the fit began, or holding nothing but an interrupted run's
+    backup), as Keras removes its backup directory.
 
     Fit runs this callback's ``on_train_begin`` after every other callback's,
     so what they reset there is then restored.
 
     Args:
-        backup_dir: directory of the backup file.
+        backup_dir: directory of the backup file (not empty: ``""`` would
+            back up into the working directory).
         save_freq: ``"epoch"`` (at each epoch end) or a positive int: every
             that many optimizer steps (``model.step``), i.e. only after an
             update, never between accumulated batches.
         delete_checkpoint: remove the backup when training ends normally.
+
+    Raises:
+        ValueError: ``backup_dir`` is ``None`` or empty (as Keras and Paddle
+            refuse it), or ``save_freq`` is neither ``"epoch"`` nor a positive int.
+        TypeError: ``backup_dir`` is not a path.
     """
 
     FILE_NAME = "backup"
@@ -301,6 +314,13 @@ class BackupAndRestore(Callback):
         delete_checkpoint: bool = True,
     ) -> None:
         super().__init__()
+        if backup_dir is None or (
+            isinstance(backup_dir, (str, os.PathLike)) and not os.fspath(backup_dir)
+        ):
+            raise ValueError(
+                f"BackupAndRestore: backup_dir must name a directory; received {backup_dir!r}. "
+                "Pass the directory to keep the backup in, e.g. BackupAndRestore('backup')."
+            )
         if not isinstance(backup_dir, (str, os.PathLike)):
             raise TypeError(
                 f"BackupAndRestore: backup_dir must be a directory path (str or os.PathLike); "
@@ -317,13 +337,31 @@ class BackupAndRestore(Callback):
         self.save_freq = save_freq
         self.delete_checkpoint = bool(delete_checkpoint)
         self._last_step = 0
+        # Decided at on_train_begin: what this fit may delete at its end.
+        self._sharded_backup = False  # a sharded backup was read or written by this fit
+        self._made_for_training = False  # backup_dir was absent, or held only a backup
 
     @property
     def path(self) -> str:
         """The backup as ``model.save``/``load`` name it (the file adds ``.pt``)."""
         return os.path.join(self.backup_dir, self.FILE_NAME)
 
+    def _own_entries(self) -> set[str]:
+        """The names this callback writes in ``backup_dir``."""
+        file = self.FILE_NAME + ".pt"
+        return {file, os.path.basename(files.spare_of(file)), self.FILE_NAME}
+
     def on_train_begin(self, logs: dict | None = None) -> None:
+        # Before any backup of this fit (the load below is collective): what is there now
+        # is not this fit's to delete, unless it is a backup an interrupted run left.
+        try:
+            entries = set(os.listdir(self.backup_dir))
+        except FileNotFoundError:
+            entries = set()
+        self._made_for_training = not os.path.exists(self.backup_dir) or bool(
+            entries and entries <= self._own_entries()
+        )
+        self._sharded_backup = os.path.isfile(os.path.join(self.path, files.MANIFEST))
         # Every process asks, and gets the latest backup on any machine: only rank 0
         # writes it, and a restart may have moved rank 0 to a machine without one.
         file = self.path + ".pt"
@@ -360,13 +398,19 @@ class BackupAndRestore(Callback):
         # (a directory <backup_dir>/backup/), so no process ever holds the whole model.
         # The file is written in the background: training goes on once the state is
         # copied to CPU memory, and the previous backup stays until the new one is whole.
-        self.model.save(self.path, resumable=True, sharded=self.model.sharded, wait=False)
+        sharded = self.model.sharded
+        self._sharded_backup |= sharded
+        self.model.save(self.path, resumable=True, sharded=sharded, wait=False)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         # Every process deletes its machine's copy: one left by a rank 0 that a restart
         # moved elsewhere would otherwise "resume" the next, unrelated run.
         self.model.wait_for_saves()  # the last backup's write must not land after the deletion
-        if self.delete_checkpoint:
-            remove_with_spare(self.path + ".pt")
-            if self.is_main:  # a sharded backup: one directory that every process sees
-                shutil.rmtree(self.path, ignore_errors=True)
+        if not self.delete_checkpoint:
+            return
+        files.remove_with_spare(self.path + ".pt")
+        if self._sharded_backup and self.is_main:  # one directory that every process sees
+            # Its manifest and shards only: a file of the user's there stays, with the directory.
+            files.remove_sharded(self.path)
+        if self._made_for_training:
+            files.remove_empty_directory(self.backup_dir)

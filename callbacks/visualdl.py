@@ -33,6 +33,7 @@ import os
 import re
 from typing import Any
 
+from . import files
 from .base import Callback
 
 # Batch-log keys that describe the batch, not the model; never plotted.
@@ -124,6 +125,7 @@ class _ScalarLogger(Callback):
         # "auto", until the main process picks version_<N>.
         self._run: str | None = None if self._auto else run
         self.train_step = 0
+        self._in_batch = False  # between a batch's begin and end
         self.next_eval_step = 1  # where the next standalone evaluate is plotted
         self._epoch = 0
         self._training = False
@@ -190,9 +192,27 @@ class _ScalarLogger(Callback):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back :meth:`state_dict`'s values; the run directory only as ``version_<N>``.
+
+        The saved ``version`` is joined to ``log_dir`` and written into, and a
+        state comes from a file: it must be a name this callback chooses
+        (``version_<N>``, a directory of ``log_dir`` itself, not a link).
+
+        Raises:
+            ValueError: the saved ``version`` is anything else (the error names
+                the entry and the value); nothing is taken back then.
+        """
+        restored = state.get("version")
+        if restored is not None:
+            files.child(
+                self.log_dir,
+                restored,
+                f"{type(self).__name__} state 'version'",
+                _VERSION_DIR,
+                follow_links=False,
+            )
         self.train_step = int(state["train_step"])
         self.next_eval_step = int(state.get("next_eval_step", state.get("eval_count", 0) + 1))
-        restored = state.get("version")
         if self._auto and isinstance(restored, str) and restored != self._run:
             # A resumed run: keep writing where the interrupted one wrote. A fixed
             # version (or None) given to this callback wins over the saved one.
@@ -206,7 +226,13 @@ class _ScalarLogger(Callback):
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
 
+    def on_train_batch_begin(self, step: int, logs: dict | None = None) -> None:
+        # An evaluation fit runs after a step (eval_steps) comes before that step's
+        # on_train_batch_end: it is plotted at that batch, which has begun.
+        self._in_batch = True
+
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
+        self._in_batch = False
         self.train_step += 1
         scalars = {k: v for k, v in (logs or {}).items() if k not in _NOT_SCALARS}
         if not scalars:
@@ -223,7 +249,7 @@ class _ScalarLogger(Callback):
         if self._training and self._eval_at_batch:
             # The batches trained so far, the x of the train/* curves: the
             # evaluated weights are those the train curve shows at that x.
-            step = self.train_step
+            step = self.train_step + int(self._in_batch)
         elif self._training:
             step = self._epoch
         else:

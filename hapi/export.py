@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hapi import distributed
 from hapi.callbacks.files import atomic_write
 from hapi.data import describe
 
@@ -159,17 +160,10 @@ def _device_of(network: nn.Module) -> torch.device | None:
 
 def _check_not_sharded(network: nn.Module) -> None:
     """Refuse FSDP's sharded parameters: a forward would wait for every other process's shards."""
-    if not torch.distributed.is_available():
-        return
-    from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor import DTensor
-
-    sharded = [name for name, p in network.named_parameters() if isinstance(p, DTensor)]
+    sharded = distributed.sharded_parameters(network)
     if sharded:
-        # FSDP swaps the network's class for a subclass (FSDPNet): name the user's class.
-        users = next(c for c in type(network).__mro__ if not issubclass(c, FSDPModule))
         raise RuntimeError(
-            f"{users.__name__}'s parameters are sharded over processes (DTensors: "
+            f"{distributed.class_name(network)}'s parameters are sharded over processes (DTensors: "
             f"{', '.join(sharded[:3])}{', ...' if len(sharded) > 3 else ''}), as FSDP leaves "
             "them; its forward gathers the shards from every process, so one process cannot "
             "run or export it alone. Call model.export(...) on every process (it gathers the "
@@ -187,14 +181,14 @@ def _check_runs(network: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
         problem = (
             f"{type(error).__name__}: {_first_lines(str(error))}{_user_location(error, network)}"
         )
-        if torch.distributed.is_available() and isinstance(error, torch.distributed.DistError):
+        if distributed.is_collective_failure(error):
             raise RuntimeError(
-                f"{type(network).__name__}'s forward made a collective that failed, before any "
+                f"{distributed.class_name(network)}'s forward made a collective that failed, before any "
                 f"export: {problem}. Export runs forward on rank 0 alone; a forward that needs "
                 "the other processes cannot be exported as it is."
             ) from error
         raise RuntimeError(
-            f"{type(network).__name__} fails on example_inputs {describe(list(inputs))} before any "
+            f"{distributed.class_name(network)} fails on example_inputs {describe(list(inputs))} before any "
             f"export: {problem}. If example_inputs are not what forward takes, pass them as it "
             "does (one tensor per positional argument, the shapes and dtypes of a real batch); "
             "if they are, the line named is where forward itself fails."

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from hapi import checkpoint, checkpoint_write, distributed, state_match
+from hapi import checkpoint, distributed
 from hapi import resume as resuming  # load() has an argument named resume
+from hapi.checkpoint import matching as state_match
 from hapi.rng import global_state
 
 # The position of a file written before torch-hapi recorded the epoch's order.
@@ -128,7 +129,7 @@ class ModelFiles:
                 path,
                 state,
                 functools.partial(
-                    distributed.save_shards, network=self._network, optimizer=optimizer
+                    checkpoint.save_shards, network=self._network, optimizer=optimizer
                 ),
                 wait=wait,
             )
@@ -141,7 +142,7 @@ class ModelFiles:
         frees the CPU copy of the state that background saves keep for reuse.
         """
         checkpoint.wait_for_writes()
-        checkpoint_write.release_staging()
+        checkpoint.release_staging()
 
     def load(
         self,
@@ -239,10 +240,10 @@ class ModelFiles:
         directory = checkpoint.shards_directory(file, state)
         saved = {
             key: torch.empty(shape, device="meta")
-            for key, shape in distributed.saved_shapes(directory).items()
+            for key, shape in checkpoint.saved_shapes(directory).items()
         }
         weights, skipped = state_match.match_state_dict(self._network, saved, file, skip_mismatch)
-        distributed.load_shards(directory, self._network, set(weights))
+        checkpoint.load_shards(directory, self._network, set(weights))
         return skipped
 
     def _restore_optimizer(self, file: str, state: dict, keep_hyperparameters: bool) -> None:
@@ -266,7 +267,7 @@ class ModelFiles:
             {"param_groups": shards["param_groups"]},
             state.get("optimizer_type"),
             file,
-            load=lambda _: distributed.load_optimizer_shards(
+            load=lambda _: checkpoint.load_optimizer_shards(
                 directory, self._network, self._optimizer, shards
             ),
             keep_hyperparameters=keep_hyperparameters,

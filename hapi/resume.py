@@ -11,7 +11,7 @@ import warnings
 from typing import Any
 
 from hapi import distributed
-from hapi.checkpoint_write import CheckpointError
+from hapi.checkpoint.errors import CheckpointError
 from hapi.rng import set_global_state
 
 

@@ -22,6 +22,7 @@ peer that is alive but stuck at most ``HAPI_DIST_TIMEOUT`` seconds (default
 300) before it raises.
 """
 
+from hapi.distributed.background import background_group
 from hapi.distributed.collectives import (
     SyncFlag,
     all_reduce_sum,
@@ -32,6 +33,7 @@ from hapi.distributed.collectives import (
     broadcast_freshest,
     gather_in_order,
     gather_objects,
+    is_collective_failure,
     on_main,
     own,
     shared_seed,
@@ -39,6 +41,7 @@ from hapi.distributed.collectives import (
 )
 from hapi.distributed.ddp import class_name, unwrap, wrap
 from hapi.distributed.env import DistributedSetupError
+from hapi.distributed.fsdp import sharded_parameters
 from hapi.distributed.group import (
     backend_name,
     default_device,
@@ -54,10 +57,8 @@ from hapi.distributed.positions import (
     consumed_items,
     loader_batch_size,
     resumable,
-    resume_at,
     set_epoch,
     set_seed,
-    skip_batches,
     skip_items,
 )
 from hapi.distributed.samplers import (
@@ -69,18 +70,11 @@ from hapi.distributed.samplers import (
     reshard,
     train_sampler,
 )
-from hapi.distributed.sharded import load as load_shards
-from hapi.distributed.sharded import load_optimizer as load_optimizer_shards
-from hapi.distributed.sharded import save as save_shards
-from hapi.distributed.sharded import saved_shapes
 from hapi.distributed.strategies import DDP, FSDP, Strategy
 from hapi.distributed.strategies import resolve as resolve_strategy
 
 __all__ = [
-    "load_shards",
-    "load_optimizer_shards",
-    "save_shards",
-    "saved_shapes",
+    "background_group",
     "DDP",
     "FSDP",
     "Strategy",
@@ -91,9 +85,7 @@ __all__ = [
     "ContiguousShardSampler",
     "SamplerShard",
     "resumable",
-    "skip_batches",
     "consumed_items",
-    "resume_at",
     "skip_items",
     "DistributedSetupError",
     "ResumableSampler",
@@ -108,6 +100,7 @@ __all__ = [
     "eval_sampler",
     "gather_in_order",
     "gather_objects",
+    "is_collective_failure",
     "is_main",
     "loader_batch_size",
     "local_rank",
@@ -124,6 +117,7 @@ __all__ = [
     "train_sampler",
     "unwrap",
     "class_name",
+    "sharded_parameters",
     "world_size",
     "wrap",
 ]

@@ -249,3 +249,8 @@ def broadcast_freshest(
     sending = rank() == source
     payload = broadcast_bytes(found[1] if sending else None, source)
     return payload, (found[2] if sending else None)
+
+
+def is_collective_failure(error: BaseException) -> bool:
+    """Whether ``error`` is torch.distributed's own (a collective failed or timed out)."""
+    return dist.is_available() and isinstance(error, dist.DistError)

@@ -208,6 +208,11 @@ def _point_at_shards(
     optimizer.state.clear()
 
 
+def sharded_parameters(network: nn.Module) -> list[str]:
+    """Names of ``network``'s parameters that are shards of FSDP's (DTensors)."""
+    return [name for name, p in network.named_parameters() if isinstance(p, DTensor)]
+
+
 def is_sharded(network: nn.Module) -> bool:
     """Whether :func:`shard` sharded ``network`` (not on one process, nor before training)."""
     return isinstance(network, FSDPModule)

@@ -43,21 +43,6 @@ def consumed_items(loader: Any, batches: int) -> int | None:
     return None if per_batch is None else sampler.resumed_at + batches * per_batch
 
 
-def resume_at(loader: Any, epoch: int, items: int) -> bool:
-    """Continue ``epoch`` ``items`` into its whole stream, on however many processes there are now.
-
-    A resume on another number of processes: the batches done so far were
-    another world's, so this run counts its steps of the epoch from 0, and
-    :func:`consumed_items` adds ``items``. False when torch-hapi did not build
-    the sampler (the caller redoes the epoch).
-    """
-    set_epoch(loader, epoch)
-    if not skip_items(loader, items):
-        return False
-    resumable(loader).resumed_at = items
-    return True
-
-
 def skip_items(loader: Any, items: int) -> bool:
     """Make the next iteration of ``loader`` start ``items`` into the epoch's whole stream.
 
@@ -70,16 +55,6 @@ def skip_items(loader: Any, items: int) -> bool:
         return False
     sampler.skip_next(items)
     return True
-
-
-def skip_batches(loader: Any, batches: int) -> bool:
-    """Make the next iteration of ``loader`` start at batch ``batches`` of this epoch.
-
-    False when torch-hapi did not build the sampler (the caller reads and
-    drops the batches instead).
-    """
-    items = consumed_items(loader, batches)
-    return items is not None and skip_items(loader, items)
 
 
 def set_seed(loader: Any, seed: int) -> None:

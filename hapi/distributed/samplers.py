@@ -54,7 +54,9 @@ class ResumableSampler(DistributedSampler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._skip = 0
-        self.resumed_at = 0  # items of this epoch's order done before this run (see resume_at)
+        self.resumed_at = (
+            0  # items of this epoch's order done before this run (see hapi.train_data)
+        )
         # Given to the DataLoader: it draws its workers' base seed from this
         # generator instead of torch's global one, so iterating the data never
         # shifts the random numbers the model draws (dropout), and a resumed
@@ -243,7 +245,9 @@ class _StreamShard:
         self.num_replicas, self.rank, self.seed, self.training = num_replicas, rank, seed, training
         self.epoch = -1
         self._skip = 0
-        self.resumed_at = 0  # items of this epoch's stream done before this run (see resume_at)
+        self.resumed_at = (
+            0  # items of this epoch's stream done before this run (see hapi.train_data)
+        )
         self._next_stream: list | None = None  # a stream already drawn for the next iteration
         _length(source, what)  # fails now, not at the first epoch
         self.loader_generator = torch.Generator()  # see ResumableSampler

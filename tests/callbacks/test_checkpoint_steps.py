@@ -361,7 +361,7 @@ def test_two_processes_write_and_rotate_step_files_on_rank_0_only(tmp_path):
 def _two_process_script(out: pathlib.Path) -> None:
     """Rank R records the checkpoint files it writes and deletes in OUT/rankR.json."""
     writes, removed = [], []
-    write_file, remove = hapi.checkpoint.write_file, callbacks.checkpoint.remove_with_spare
+    write_file, remove = hapi.checkpoint.state.write_file, callbacks.files.remove_with_spare
 
     def recording_write(state, target, *args, **kwargs):
         writes.append(os.path.basename(target))
@@ -371,7 +371,7 @@ def _two_process_script(out: pathlib.Path) -> None:
         removed.append(os.path.basename(path))
         return remove(path)
 
-    hapi.checkpoint.write_file, callbacks.checkpoint.remove_with_spare = (
+    hapi.checkpoint.state.write_file, callbacks.files.remove_with_spare = (
         recording_write,
         recording_remove,
     )

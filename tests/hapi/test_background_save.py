@@ -13,8 +13,8 @@ from conftest import TinyNet, make_tiny_data
 from torch import nn
 
 import hapi
-from hapi import checkpoint
 from hapi.checkpoint import CheckpointError
+from hapi.checkpoint import state as checkpoint
 
 
 def prepared() -> hapi.Model:

@@ -22,7 +22,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
 from hapi.checkpoint import CheckpointError
-from hapi.distributed.dcp_reader import SafeFileSystemReader
+from hapi.checkpoint.dcp_reader import SafeFileSystemReader
 
 REFUSED = "torch-hapi refuses to run code from checkpoint files"
 # dcp.save/load warn that no process group exists, even with no_dist=True.

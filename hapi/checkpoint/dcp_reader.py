@@ -36,6 +36,9 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
+from hapi.callbacks.files import is_plain_name
+from hapi.checkpoint.errors import CheckpointError
+
 _DCP = "torch.distributed.checkpoint.metadata"
 
 # Every global a .metadata written by torch 2.13's dcp.save holds (found by
@@ -162,15 +165,13 @@ class SafeFileSystemReader(FileSystemReader):
                 self._refuse(
                     f"its .metadata asks for stream transforms {list(item.transform_descriptors)}"
                 )
-            if not _plain_file_name(item.relative_path):
+            if not is_plain_name(item.relative_path):
                 self._refuse(
                     f"its .metadata points at the data file {item.relative_path!r}, "
                     "outside the checkpoint directory"
                 )
 
     def _refuse(self, found: str) -> NoReturn:
-        from hapi.checkpoint import CheckpointError  # hapi.checkpoint imports hapi.distributed
-
         raise CheckpointError(
             f"Sharded checkpoint {os.fspath(self.path)!r} was not loaded: {found}. torch-hapi refuses "
             "to run code from checkpoint files, and a checkpoint it wrote never holds this. If you "
@@ -178,22 +179,9 @@ class SafeFileSystemReader(FileSystemReader):
         )
 
     def _damaged(self, path: Any, size: int, error: Exception) -> NoReturn:
-        from hapi.checkpoint import CheckpointError  # hapi.checkpoint imports hapi.distributed
-
         raise CheckpointError(
             f"Sharded checkpoint {os.fspath(self.path)!r} is damaged: its metadata file "
             f"{os.fspath(path)!r} ({size} bytes) cannot be read ({type(error).__name__}: {error}). "
             "It was probably cut off while being copied or written. Use an earlier checkpoint, "
             "or save it again with model.save(path, sharded=True)."
         ) from error
-
-
-def _plain_file_name(name: Any) -> bool:
-    """True for a bare file name: no directory part on POSIX or Windows, not '.' nor '..'."""
-    return (
-        isinstance(name, str)
-        and name not in ("", ".", "..")
-        and "\0" not in name
-        and pathlib.PurePosixPath(name).name == name
-        and pathlib.PureWindowsPath(name).name == name
-    )

@@ -1,17 +1,22 @@
-"""Sharded checkpoints through ``torch.distributed.checkpoint`` (DCP): every process writes its own.
+"""A sharded checkpoint's tensors through ``torch.distributed.checkpoint`` (DCP): every process writes its own.
 
 What DCP stores is tensors only -- the network's state and the tensors of
 the optimizer state, each process writing the shards it holds (replicated
 tensors once) -- in one directory per save. Everything else (optimizer
 hyper-parameters, non-tensor optimizer values, counters, RNG states) goes to
-the checkpoint's manifest, written by :mod:`hapi.checkpoint` like any file.
+the checkpoint's manifest, written by :mod:`hapi.checkpoint.sharded` like any file.
 DCP reshards on reading: a directory saved by 2 FSDP processes loads on 1, 3,
 or under DDP, optimizer state included, since every state is named by
 parameter (fully qualified names), not by position or rank.
 
 DCP's own reader unpickles the directory's ``.metadata`` and can be told to
 ``torch.load`` entries with ``weights_only=False``: reading goes through
-:class:`hapi.distributed.dcp_reader.SafeFileSystemReader`, which refuses both.
+:class:`hapi.checkpoint.dcp_reader.SafeFileSystemReader`, which refuses both.
+
+Who writes the manifest is DCP's own choice: its coordinator (the process
+that also writes ``.metadata``), which :class:`_Writer` records; this module
+never tests a rank. Background saves run their collectives on a process group
+of their own (:func:`hapi.distributed.background_group`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,6 @@ import warnings
 from typing import Any, Callable, Iterator
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
@@ -32,9 +36,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from hapi.distributed.dcp_reader import SafeFileSystemReader
-from hapi.distributed.env import timeout
-from hapi.distributed.group import is_main, world_size
+from hapi import distributed
+from hapi.checkpoint.background import snapshot
+from hapi.checkpoint.dcp_reader import SafeFileSystemReader
+from hapi.checkpoint.matching import check_state_keys
 
 
 @contextlib.contextmanager
@@ -64,23 +69,14 @@ def _named_groups(network: nn.Module, optimizer: torch.optim.Optimizer) -> list[
     ]
 
 
-_checkpoint_group: dist.ProcessGroup | None = None
+class _Writer(dcp.FileSystemWriter):
+    """DCP's file writer, remembering whether DCP made this process its coordinator."""
 
+    is_coordinator: bool | None = None
 
-def _background_group() -> dist.ProcessGroup | None:
-    """A Gloo group of its own for saves running in the background.
-
-    Their collectives then never interleave with training's on the default
-    group (torch runs a group's collectives in the order each process issues
-    them, and a background thread issues them at any time). Created by every
-    process at its first background save, which they make together.
-    """
-    global _checkpoint_group
-    if world_size() == 1:
-        return None
-    if _checkpoint_group is None:
-        _checkpoint_group = dist.new_group(backend="gloo", timeout=timeout())
-    return _checkpoint_group
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.is_coordinator = is_coordinator
+        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
 
 
 def save(
@@ -96,8 +92,10 @@ def save(
     ``then_on_main(rest)`` runs on rank 0 once every process's shards are
     written, with what the manifest must keep for :func:`load` (the
     optimizer's groups and its non-tensor state values; ``None`` without an
-    optimizer). With ``wait=False`` the tensors are copied to CPU memory
-    (DCP's ``async_save``) and the writing goes on in a background thread.
+    optimizer), on the process DCP coordinates from, which wrote
+    ``.metadata`` last. With ``wait=False`` the tensors are copied to CPU
+    memory (DCP's ``async_save``), the rest is copied too (the moment of the
+    call), and the writing goes on in a background thread.
     Returns what completes the save: called now with ``wait``, else in the
     caller's background thread (it waits for DCP's future).
     """
@@ -117,22 +115,27 @@ def save(
             "plain_values": plain_values,
             "has_tensors": "optimizer" in payload,
         }
-    writer = dcp.FileSystemWriter(directory)
-    main = is_main()
+    writer = _Writer(directory)
     if wait:
         with _quiet():
             dcp.save(payload, storage_writer=writer)
         future = None
     else:
+        optimizer_rest = snapshot(optimizer_rest)
         with _quiet():
             future = dcp.async_save(
-                payload, storage_writer=writer, process_group=_background_group()
+                payload, storage_writer=writer, process_group=distributed.background_group()
             )
 
     def complete() -> None:
         if future is not None:
             future.result()  # every process's shards written, the metadata too
-        if main:
+        if writer.is_coordinator is None:
+            raise RuntimeError(
+                "torch.distributed.checkpoint never set up its writer for this save; "
+                "the manifest cannot be written. Report this with your torch version."
+            )
+        if writer.is_coordinator:
             then_on_main(optimizer_rest)
 
     return complete
@@ -161,10 +164,25 @@ def load(directory: str, network: nn.Module, keys: set[str]) -> None:
 def load_optimizer(
     directory: str, network: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]
 ) -> None:
-    """The optimizer state :func:`save` wrote (``saved``: the manifest's part), resharded."""
+    """The optimizer state :func:`save` wrote (``saved``: the manifest's part), resharded.
+
+    Raises:
+        ValueError: the file's per-parameter state has other keys than this
+            optimizer's settings create (see :func:`check_state_keys`).
+    """
     state: dict[str, dict[str, Any]] = {
         name: dict(values) for name, values in saved["plain_values"].items()
     }
+    keys = _saved_optimizer_keys(directory, saved) if saved["has_tensors"] else {}
+    parameters = dict(network.named_parameters())
+    check_state_keys(
+        optimizer,
+        [
+            [(parameters.get(name), keys.get(name)) for name in group["params"]]
+            for group in saved["param_groups"]
+        ],
+        saved["param_groups"],
+    )
     if saved["has_tensors"]:
         template = get_optimizer_state_dict(network, optimizer)  # creates the state to read into
         tensors = {name: _split(values)[0] for name, values in template["state"].items()}
@@ -176,3 +194,16 @@ def load_optimizer(
     set_optimizer_state_dict(
         network, optimizer, {"state": state, "param_groups": saved["param_groups"]}
     )
+
+
+def _saved_optimizer_keys(directory: str, saved: dict[str, Any]) -> dict[str, set[str]]:
+    """Each parameter's state keys in the file: its tensors in the shards, the rest in the manifest."""
+    keys: dict[str, set[str]] = {
+        name: set(values) for name, values in saved["plain_values"].items()
+    }
+    prefix = "optimizer."
+    for entry in SafeFileSystemReader(directory).read_metadata().state_dict_metadata:
+        if entry.startswith(prefix):
+            name, _, key = entry[len(prefix) :].rpartition(".")
+            keys.setdefault(name, set()).add(key)
+    return keys

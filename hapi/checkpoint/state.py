@@ -1,10 +1,11 @@
-"""Checkpoint files: one file per save, written atomically, read safely.
+"""The checkpoint file: its format, who writes it and when, and reading it safely.
 
 A checkpoint is a plain dict of tensors and Python scalars, saved with
 ``torch.save`` and read back with ``torch.load(weights_only=True)``: a file
 that carries code (pickled classes or functions) is refused, never executed.
-Writes go through :func:`callbacks.files.atomic_write`, so a crash while
-saving leaves the previous file intact.
+Writes go through :func:`callbacks.files.atomic_write` (see
+:mod:`hapi.checkpoint.write`), so a crash while saving leaves the previous
+file intact.
 
 Layout of a training checkpoint (``FORMAT``)::
 
@@ -25,27 +26,19 @@ import io
 import os
 import pickle
 import re
-import secrets
-import shutil
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from hapi import distributed
-from hapi.checkpoint_write import (
-    CheckpointError,
-    _background,
-    _detail,
-    _plain,
-    _refuse_unsafe,
-    _staging,
-    write_file,
-)
+from hapi.callbacks.files import MANIFEST
+from hapi.checkpoint import background
+from hapi.checkpoint.errors import CheckpointError
+from hapi.checkpoint.write import detail, plain, refuse_unsafe, write_file
 
 FORMAT = "torch-hapi"
 VERSION = 1
 SUFFIX = ".pt"
-MANIFEST = "checkpoint.pt"  # in the directory of a sharded checkpoint
 
 # The global torch's weights-only unpickler refused, e.g. "GLOBAL posix.system".
 _GLOBAL = re.compile(r"GLOBAL [A-Za-z_]\w*(\.[A-Za-z_]\w*)+(\s|$)")
@@ -56,76 +49,34 @@ def resolve_path(path: str | os.PathLike) -> str:
 
     Mirrors Paddle, where ``model.save("ckpt/final")`` writes
     ``ckpt/final.pdparams``: users name checkpoints without a suffix.
+
+    Raises:
+        ValueError: ``path`` names no file (``""``, or a directory such as
+            ``"ckpt/"``), which would write a hidden ``.pt`` (Paddle and
+            Keras refuse it too).
     """
-    path = os.fspath(path)
+    path = check_path(path)
     return path if path.endswith((".pt", ".pth")) else path + SUFFIX
 
 
-def save_sharded(
-    path: str | os.PathLike,
-    state: dict[str, Any],
-    write_shards: Callable[..., Callable[[], None]],
-    wait: bool = True,
-) -> str:
-    """A sharded checkpoint: a directory ``path`` with a manifest and a directory of shards.
+def check_path(path: str | os.PathLike, directory: bool = False) -> str:
+    """``path`` as a str, once it names a file (or, with ``directory``, a directory).
 
-    ``write_shards(directory, then_on_main=..., wait=...)`` is the collective
-    that writes every process's tensors there (:func:`hapi.distributed.save_shards`)
-    and returns what completes it. Each save writes a new shards directory;
-    the manifest (``state``, the optimizer's non-tensor parts and the shards'
-    name), replaced atomically once every shard is written, then names it,
-    and older ones are removed. A crash at any point leaves the previous
-    checkpoint loadable. With ``wait=False`` the tensors are copied to CPU
-    memory and the rest runs in the background (see :func:`save_state`).
-    Returns the directory.
+    ``""``, a path ending in a separator, ``.`` or ``..`` name no file: a save
+    there would write the hidden file ``.pt`` (or ``..pt``) where it ends.
+
+    Raises:
+        ValueError: naming the path received and what to pass instead.
     """
-    wait_for_writes()
-    directory = os.fspath(path)
-    # Every process must name the same directory: rank 0's random name is everyone's.
-    name = "shards-" + distributed.broadcast_bytes(secrets.token_hex(8).encode()).decode()
-    manifest = os.path.join(directory, MANIFEST)
-    _refuse_unsafe(_plain(state), manifest)
-
-    def write_manifest(optimizer_part: dict[str, Any] | None) -> None:
-        write_file({**state, "optimizer_shards": optimizer_part, "shards": name}, manifest)
-        for entry in os.listdir(directory):
-            if entry.startswith("shards-") and entry != name:
-                shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)
-
-    complete = write_shards(os.path.join(directory, name), then_on_main=write_manifest, wait=wait)
-    if wait:
-        _agree(complete, manifest)
-    else:
-        _background.start(complete, manifest)
-    return directory
-
-
-def _agree(action: Callable[[], None], target: str) -> None:
-    """``action()`` on every process; a failure on any is raised on all."""
-    failure = None
-    try:
-        action()
-    except Exception as error:  # noqa: BLE001 -- every process must learn of it
-        failure = error
-    if distributed.any_true(failure is not None):
-        if failure is not None:
-            raise failure
-        raise CheckpointError(
-            f"Another process failed to write the checkpoint {target!r}; see its error."
+    given = os.fsdecode(os.fspath(path))
+    name = os.path.basename(given.rstrip("/" + os.sep) if directory else given)
+    if "\0" in given or (not given if directory else name in ("", ".", "..")):
+        raise ValueError(
+            f"A checkpoint path must name a {'directory' if directory else 'file'}; received "
+            f"{given!r}, which names none (a save would write the hidden file '.pt' where it "
+            "ends). Pass a name, e.g. model.save('checkpoints/final')."
         )
-
-
-def wait_for_writes() -> None:
-    """Every process waits until its background write (if any) is on disk.
-
-    A collective. Raises on every process when a write failed on any.
-    """
-    _agree(_background.join, "written in the background")
-
-
-def shards_directory(file: str, state: dict[str, Any]) -> str:
-    """Where the shards of the sharded checkpoint whose manifest is ``file`` lie."""
-    return os.path.join(os.path.dirname(file), state["shards"])
+    return given
 
 
 def save_state(path: str | os.PathLike, state: dict[str, Any], wait: bool = True) -> str:
@@ -137,23 +88,28 @@ def save_state(path: str | os.PathLike, state: dict[str, Any], wait: bool = True
     and its failure raised then, on every process. Returns the file written.
 
     Raises:
+        ValueError: ``path`` names no file (see :func:`check_path`).
         CheckpointError: an entry is neither a tensor nor a plain value
             (at once, also with ``wait=False``), or writing failed.
     """
-    wait_for_writes()
     target = resolve_path(path)
+    background.wait_for_writes()
 
     def write() -> None:
         write_file(state, target)
 
     def start() -> None:
-        plain = _plain(state)
-        _refuse_unsafe(plain, target)  # now, not in the background
+        converted = plain(state)
+        refuse_unsafe(converted, target)  # now, not in the background
         # Backups rewrite one file again and again: its previous blocks are reused.
-        staged = _staging.copy(plain)  # the previous write has ended (save_state waited for it)
-        _background.start(
+        # The previous write has ended (save_state waited for it).
+        staged = background.staging.copy(converted)
+        background.background.start(
             functools.partial(write_file, staged, target, reuse_previous=True), target
         )
+
+    if not wait:
+        background.note_started()  # on every process: a load now waits for it everywhere
 
     distributed.on_main(
         write if wait else start,
@@ -199,12 +155,17 @@ def _existing_file(path: str | os.PathLike) -> str:
 def load_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     """Read a checkpoint safely; returns ``(file, state)`` with tensors on CPU.
 
+    After a background save (every process made it) this is a collective:
+    every process waits until the file is on disk, not only the one writing
+    it, which alone would read the new file while the others read the old.
+    Otherwise it may run on one process alone.
+
     Raises:
         FileNotFoundError: no such checkpoint (lists the paths tried).
         CheckpointError: the file is truncated or corrupt, carries code, or
             is not a checkpoint at all.
     """
-    _background.join()  # this process's own background write of it, if any, first
+    background.wait_if_saving()  # a background save of it, on whichever process writes it
     file = _existing_file(path)
     return file, _parse(file, file)
 
@@ -225,7 +186,7 @@ def load_freshest_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
         CheckpointError, OSError: on every process, when a machine's copy
             cannot be read (that machine raises the error itself).
     """
-    wait_for_writes()
+    background.wait_for_writes()
     file = resolve_path(path)
 
     def read() -> tuple[tuple, bytes, dict[str, Any]] | None:
@@ -273,7 +234,7 @@ def _parse(source: str | io.BytesIO, file: str) -> dict[str, Any]:
             "read with torch.load(weights_only=True) and never execute code. If you "
             "wrote this file yourself and trust it, load it with "
             "torch.load(path, weights_only=False) and pass the state dict to "
-            f"model.network.load_state_dict(). Details: {_detail(error)}"
+            f"model.network.load_state_dict(). Details: {detail(error)}"
         ) from error
     except PermissionError:
         raise  # names the file; not a damaged checkpoint
@@ -296,7 +257,7 @@ def _damaged(file: str, error: BaseException) -> CheckpointError:
     size = os.path.getsize(file)
     return CheckpointError(
         f"Checkpoint {file!r} ({size} bytes) is truncated or corrupt and cannot be read "
-        f"({type(error).__name__}: {_detail(error)}). "
+        f"({type(error).__name__}: {detail(error)}). "
         "It was probably cut off while being copied or written by another tool; torch-hapi "
         "itself writes checkpoints atomically. Use an earlier checkpoint or save it again."
     )

@@ -2,7 +2,13 @@
 
 Used by ``Model.load``: errors name the missing, unexpected and reshaped keys
 and the fix; an optimizer state keeps the settings given to ``prepare``
-unless a fit resumes.
+unless a fit resumes. Some settings decide which per-parameter state an
+optimizer keeps (Adam's ``amsgrad`` adds ``max_exp_avg_sq``, RMSprop's
+``centered`` ``grad_avg``): a state saved with another value lacks what the
+first update reads, or holds what it never updates, so those must match
+(:func:`check_state_keys`). Which settings do is found out, not listed: a
+step of a throwaway copy of the optimizer, on a one-element parameter, shows
+the state keys its settings create.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from hapi.checkpoint_write import CheckpointError
+from hapi.checkpoint.errors import CheckpointError
 
 
 def match_state_dict(
@@ -86,6 +92,8 @@ def load_optimizer_state(
         lacking = sorted(set(optimizer.defaults) - set(groups[0]))
         if lacking:
             raise ValueError(f"it was saved from another optimizer (its settings lack {lacking})")
+        if keep_hyperparameters and "state" in optimizer_state:
+            check_state_keys(optimizer, _file_keys(optimizer, optimizer_state), groups)
         (load or optimizer.load_state_dict)(optimizer_state)
     except (ValueError, KeyError, RuntimeError) as error:
         raise CheckpointError(
@@ -126,3 +134,112 @@ def _same_setting(saved: Any, given: Any) -> bool:
         )
     except (TypeError, ValueError, RuntimeError):
         return saved is given
+
+
+def _file_keys(
+    optimizer: torch.optim.Optimizer, optimizer_state: dict
+) -> list[list[tuple[torch.Tensor, set[str] | None]]]:
+    """Each parameter of each group, with the state keys the file holds for it (None: no state).
+
+    torch matches a saved state to the optimizer by position, group by group.
+    """
+    state = optimizer_state.get("state") or {}
+    return [
+        [
+            (parameter, set(state[index]) if index in state else None)
+            for parameter, index in zip(group["params"], saved.get("params", []))
+        ]
+        for group, saved in zip(optimizer.param_groups, optimizer_state.get("param_groups", []))
+    ]
+
+
+# Settings that choose an implementation or a device, never the state's keys: left at
+# values a throwaway copy on CPU accepts (fused=True, say, needs a GPU).
+_IMPLEMENTATION = {"foreach": None, "fused": None, "capturable": False, "differentiable": False}
+
+
+def _state_keys(kind: type, settings: dict[str, Any], ndim: int) -> frozenset[str] | None:
+    """The per-parameter state keys a first step of ``kind(settings)`` creates, for a parameter
+    of ``ndim`` dimensions; None when such a copy cannot be made or stepped (an optimizer
+    of the user's with other arguments, LBFGS' closure, SparseAdam's sparse gradients)."""
+    parameter = torch.zeros((1,) * ndim, requires_grad=True)
+    parameter.grad = torch.ones_like(parameter)
+    plain = {k: v for k, v in _IMPLEMENTATION.items() if k in settings}
+    try:
+        copy = kind([{**settings, **plain, "params": [parameter]}])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            copy.step()
+    except Exception:  # noqa: BLE001 -- nothing to learn from this optimizer: no check
+        return None
+    return frozenset(copy.state[parameter])
+
+
+def check_state_keys(
+    optimizer: torch.optim.Optimizer,
+    saved: list[list[tuple[torch.Tensor | None, set[str] | None]]],
+    saved_groups: list[dict[str, Any]],
+) -> None:
+    """Refuse a saved per-parameter state whose keys differ from those ``optimizer`` creates.
+
+    ``saved``: per group of ``optimizer``, each parameter with the keys the
+    file holds for it (None: no state, nothing to check). ``saved_groups``:
+    the file's settings, to name the setting to blame.
+
+    Raises:
+        ValueError: naming the setting(s), the file's value, prepare()'s value
+            and what to do.
+    """
+    kind = type(optimizer)
+    for index, (group, pairs) in enumerate(zip(optimizer.param_groups, saved)):
+        given = {k: v for k, v in group.items() if k != "params"}
+        file_settings = saved_groups[index] if index < len(saved_groups) else {}
+        known: dict[int, frozenset[str] | None] = {}
+        for parameter, keys in pairs:
+            if parameter is None or not keys:
+                continue
+            ndim = parameter.ndim
+            if ndim not in known:
+                known[ndim] = _state_keys(kind, given, ndim)
+            needed = known[ndim]
+            if needed is None or needed == keys:
+                continue
+            where = f"group {index}: " if len(optimizer.param_groups) > 1 else ""
+            raise ValueError(
+                _shape_message(kind, given, file_settings, set(keys), set(needed), ndim, where)
+            )
+
+
+def _shape_message(
+    kind: type,
+    given: dict[str, Any],
+    file_settings: dict[str, Any],
+    keys: set[str],
+    needed: set[str],
+    ndim: int,
+    where: str,
+) -> str:
+    differing = [
+        k
+        for k in given
+        if k in file_settings and k != "params" and not _same_setting(file_settings[k], given[k])
+    ]
+    # The settings whose file value alone gives the file's keys; else any that changes the keys.
+    blamed = [
+        k for k in differing if _state_keys(kind, {**given, k: file_settings[k]}, ndim) == keys
+    ] or [k for k in differing if _state_keys(kind, {**given, k: file_settings[k]}, ndim) != needed]
+    name = kind.__name__
+    if not blamed:
+        return (
+            f"{where}its per-parameter state holds {sorted(keys)}, but a step of this {name} "
+            f"creates {sorted(needed)} (it was saved with other settings, or by another "
+            f"version of {name}). Build the optimizer as the file's was to continue from this state"
+        )
+    in_file = ", ".join(f"{k}={file_settings[k]!r}" for k in blamed)
+    in_prepare = ", ".join(f"{k}={given[k]!r}" for k in blamed)
+    return (
+        f"{where}{in_file} in the file, {in_prepare} given to prepare(): with it {name} keeps "
+        f"other per-parameter state ({sorted(keys)} in the file, {sorted(needed)} after a step "
+        f"with prepare()'s settings), so the first update would fail or start part of that "
+        f"state afresh. Build the optimizer with {in_file} to continue from this state"
+    )

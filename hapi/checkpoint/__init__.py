@@ -1,0 +1,58 @@
+"""Checkpoints: one file (or one sharded directory) per save, written atomically, read safely.
+
+The modules of this package, each with one job:
+
+* :mod:`~hapi.checkpoint.state` -- the file format (``FORMAT``), :func:`save_state`
+  and :func:`load_state` (which process writes, which reads, what is safe to read);
+* :mod:`~hapi.checkpoint.write` -- one file written and verified (tensors and plain
+  values only);
+* :mod:`~hapi.checkpoint.background` -- saves running beside training, and the
+  snapshot that makes each capture one moment;
+* :mod:`~hapi.checkpoint.sharded` -- a sharded checkpoint's directory and manifest;
+  :mod:`~hapi.checkpoint.dcp_io` its tensors through ``torch.distributed.checkpoint``,
+  read through :mod:`~hapi.checkpoint.dcp_reader`, which runs no code from the files;
+* :mod:`~hapi.checkpoint.matching` -- a saved state against this model and optimizer.
+
+Imports go one way: this package uses :mod:`hapi.distributed` (which process writes)
+and ``callbacks.files`` (every write, rename, link, deletion and every name joined to
+a directory); neither imports it back.
+"""
+
+from hapi.checkpoint.background import release_staging, wait_for_writes
+from hapi.checkpoint.dcp_io import load as load_shards
+from hapi.checkpoint.dcp_io import load_optimizer as load_optimizer_shards
+from hapi.checkpoint.dcp_io import save as save_shards
+from hapi.checkpoint.dcp_io import saved_shapes
+from hapi.checkpoint.errors import CheckpointError
+from hapi.checkpoint.sharded import MANIFEST, save_sharded, shards_directory
+from hapi.checkpoint.state import (
+    FORMAT,
+    SUFFIX,
+    VERSION,
+    load_freshest_state,
+    load_state,
+    resolve_path,
+    save_state,
+)
+from hapi.checkpoint.write import write_file
+
+__all__ = [
+    "CheckpointError",
+    "FORMAT",
+    "MANIFEST",
+    "SUFFIX",
+    "VERSION",
+    "load_freshest_state",
+    "load_optimizer_shards",
+    "load_shards",
+    "load_state",
+    "release_staging",
+    "resolve_path",
+    "save_sharded",
+    "save_shards",
+    "save_state",
+    "saved_shapes",
+    "shards_directory",
+    "wait_for_writes",
+    "write_file",
+]

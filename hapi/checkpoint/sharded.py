@@ -1,0 +1,94 @@
+"""A sharded checkpoint: a directory with a manifest and the shards every process wrote.
+
+Layout (names in ``callbacks.files``)::
+
+    <path>/checkpoint.pt          the manifest: counters, RNG, fit state, the
+                                  optimizer's non-tensor parts, and "shards"
+    <path>/shards-<16 hex>/       the tensors, written through
+                                  torch.distributed.checkpoint (hapi.checkpoint.dcp_io)
+
+Each save writes a new shards directory; the manifest, replaced atomically
+once every shard is written, then names it, and older ones are removed. A
+crash at any point leaves the previous checkpoint loadable. The manifest is
+data from outside when read back: the shards directory it names is joined to
+the checkpoint's directory only as a plain name of the form torch-hapi writes,
+never a path (``callbacks.files.child``).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Any, Callable
+
+from hapi import distributed
+from hapi.callbacks import files
+from hapi.callbacks.files import MANIFEST
+from hapi.checkpoint import background
+from hapi.checkpoint.errors import CheckpointError
+from hapi.checkpoint.state import check_path
+from hapi.checkpoint.write import plain, refuse_unsafe, write_file
+
+__all__ = ["MANIFEST", "save_sharded", "shards_directory"]
+
+
+def save_sharded(
+    path: str | os.PathLike,
+    state: dict[str, Any],
+    write_shards: Callable[..., Callable[[], None]],
+    wait: bool = True,
+) -> str:
+    """Write the sharded checkpoint ``path`` (a directory); returns it.
+
+    ``write_shards(directory, then_on_main=..., wait=...)`` is the collective
+    that writes every process's tensors there (:func:`hapi.checkpoint.save_shards`)
+    and returns what completes it; ``then_on_main(optimizer_part)`` writes the
+    manifest (``state``, the optimizer's non-tensor parts and the shards'
+    name). With ``wait=False`` the tensors are copied to CPU memory and the
+    rest runs in the background (see :func:`hapi.checkpoint.save_state`):
+    ``state`` is copied now, containers and tensors alike, so the manifest
+    holds the moment of the call, not what training has made of its objects
+    by the time the shards are on disk.
+    """
+    directory = check_path(path, directory=True)
+    background.wait_for_writes()
+    # Every process must name the same directory: rank 0's random name is everyone's.
+    name = "shards-" + distributed.broadcast_bytes(secrets.token_hex(8).encode()).decode()
+    shards = files.child(directory, name, "the new shards directory", files.SHARDS_NAME)
+    manifest = os.path.join(directory, MANIFEST)
+    converted = plain(state)
+    refuse_unsafe(converted, manifest)
+    if not wait:
+        converted = background.snapshot(converted)
+
+    def write_manifest(optimizer_part: dict[str, Any] | None) -> None:
+        write_file({**converted, "optimizer_shards": optimizer_part, "shards": name}, manifest)
+        files.remove_shards(directory, keep=name)
+
+    complete = write_shards(shards, then_on_main=write_manifest, wait=wait)
+    if wait:
+        background.agree(complete, manifest)
+    else:
+        background.note_started()
+        background.background.start(complete, manifest)
+    return directory
+
+
+def shards_directory(file: str, state: dict[str, Any]) -> str:
+    """Where the shards of the sharded checkpoint whose manifest is ``file`` lie.
+
+    Raises:
+        CheckpointError: the manifest names anything but a shards directory
+            inside the checkpoint's own directory (an absolute path, ``..``,
+            a separator, a link leading elsewhere), naming the value.
+    """
+    try:
+        return files.child(
+            os.path.dirname(file),
+            state.get("shards"),
+            f"The manifest {file!r} entry 'shards'",
+            files.SHARDS_NAME,
+            follow_links=False,
+        )
+    except files.UnsafeNameError as error:
+        raise CheckpointError(str(error)) from error

@@ -1,0 +1,130 @@
+"""Writing one checkpoint file: only tensors and plain values, atomically, verified.
+
+:func:`write_file` writes a state straight to its file (through
+``callbacks.files.atomic_write``) and verifies it with the safe loader before
+the file replaces the previous one. :mod:`hapi.checkpoint.state` decides which
+process writes and when; :mod:`hapi.checkpoint.background` runs it beside
+training.
+"""
+
+from __future__ import annotations
+
+import collections
+import pickle
+from typing import Any
+
+import numpy as np
+import torch
+
+from hapi.callbacks.files import atomic_write
+from hapi.checkpoint.errors import CheckpointError
+
+
+def write_file(state: dict[str, Any], target: str, reuse_previous: bool = False) -> None:
+    """``state`` to ``target`` atomically, as a checkpoint that loads with ``weights_only=True``.
+
+    NumPy scalars (``lr=0.1 * np.sqrt(4)`` is common in scaling recipes) pickle
+    as NumPy objects, which the safe loader refuses: they are stored as the
+    Python numbers they are. The file is written straight to disk, then read
+    back with ``torch.load(weights_only=True, mmap=True)`` (its structure, not
+    a second copy of the tensors) before it replaces ``target``: anything the
+    safe loader would refuse makes the save fail now, naming the entry,
+    instead of a backup that is found useless only after a crash.
+    ``reuse_previous``: see :func:`callbacks.files.atomic_write`.
+
+    Raises:
+        CheckpointError: an entry of ``state`` is not a tensor or plain value.
+    """
+    converted = plain(state)
+    try:
+        with atomic_write(
+            target, "wb", verify=_loads_safely, reuse_previous=reuse_previous
+        ) as handle:
+            torch.save(converted, handle)  # an object pickle cannot even write fails here
+    except (pickle.PicklingError, pickle.UnpicklingError, AttributeError, TypeError) as error:
+        offender = _first_unsafe(converted, "checkpoint")
+        if offender is None and not isinstance(error, pickle.UnpicklingError):
+            raise
+        raise _unsafe_entry(
+            target,
+            f"{offender[0]} is a {offender[1]}" if offender else f"an entry: {detail(error)}",
+        ) from error
+
+
+def detail(error: BaseException) -> str:
+    """The unpickler's own message: torch wraps it in a generic ``weights_only`` preamble."""
+    inner = error.__context__ if isinstance(error.__context__, pickle.UnpicklingError) else error
+    lines = [line.strip() for line in str(inner).splitlines() if line.strip()]
+    telling = [line for line in lines if "GLOBAL" in line or "Unsupported" in line]
+    return (telling or lines or ["no detail"])[0]
+
+
+def _loads_safely(file: str) -> None:
+    torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+
+
+def refuse_unsafe(converted: Any, target: str) -> None:
+    """Raise, naming the entry, if ``converted`` (see :func:`plain`) holds what the safe loader refuses."""
+    offender = _first_unsafe(converted, "checkpoint")
+    if offender is not None:
+        raise _unsafe_entry(target, f"{offender[0]} is a {offender[1]}")
+
+
+def _unsafe_entry(target: str, where: str) -> CheckpointError:
+    return CheckpointError(
+        f"Not saving {target!r}: {where}, which torch.load(weights_only=True) refuses, so "
+        "the file could never be loaded again. Checkpoints hold tensors and plain Python "
+        "values (numbers, strings, lists, dicts): store that entry as one (e.g. float(x), "
+        "x.tolist(), or a tensor), or leave it out of the state_dict() that holds it."
+    )
+
+
+_PLAIN_LEAVES = (
+    torch.Tensor,
+    str,
+    bytes,
+    int,
+    float,
+    complex,
+    bool,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.Size,
+)
+
+
+def plain(value: Any) -> Any:
+    """``value`` with NumPy scalars and arrays turned into Python numbers and tensors."""
+    if isinstance(value, np.generic):  # before the numbers: np.float64 is a float subclass
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, dict):
+        converted = type(value)() if type(value) in (dict, collections.OrderedDict) else {}
+        converted.update((key, plain(item)) for key, item in value.items())
+        return converted
+    if type(value) in (list, tuple):
+        return type(value)(plain(item) for item in value)
+    return value
+
+
+def _first_unsafe(value: Any, path: str) -> tuple[str, str] | None:
+    """Where the first entry the safe loader would refuse lies, and its type."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _first_unsafe(item, f"{path}[{key!r}]")
+            if found:
+                return found
+        return (
+            None if type(value) in (dict, collections.OrderedDict) else (path, type(value).__name__)
+        )
+    if type(value) in (list, tuple):
+        for index, item in enumerate(value):
+            found = _first_unsafe(item, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    if type(value) in _PLAIN_LEAVES or isinstance(value, torch.Tensor):
+        return None
+    return path, f"{type(value).__module__}.{type(value).__qualname__}"
