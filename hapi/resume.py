@@ -100,9 +100,9 @@ def warn_resume(file: str, saved_by: int, outcome: str, reason: str | None) -> N
         "exact": None,
         "fresh": "random streams start afresh, so results differ from an uninterrupted run",
         "split": (
-            f"the rest of the interrupted epoch is split across the {here} processes there are "
-            "now (each remaining sample trained once); random streams and that epoch's running "
-            "figures start afresh, so results differ from an uninterrupted run"
+            f"the rest of the interrupted epoch is split across the processes there are now "
+            f"({here}; each remaining sample trained once); random streams and that epoch's "
+            "running figures start afresh, so results differ from an uninterrupted run"
         ),
         "restart": (
             f"the interrupted epoch restarts from its first batch, because {reason}; results "

@@ -65,8 +65,8 @@ class ResumableSampler(DistributedSampler):
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
-        if epoch != getattr(self, "epoch", None):
-            self.resumed_at = 0
+        if epoch != getattr(self, "epoch", None):  # a resumed epoch's skip ends with it
+            self.resumed_at, self._skip = 0, 0
         super().set_epoch(epoch)
         self.loader_generator.manual_seed(self.seed * 7919 + epoch)
 
@@ -254,8 +254,8 @@ class _StreamShard:
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self.resumed_at = 0
+        if epoch != self.epoch:  # a resumed epoch's skip and stream end with it
+            self.resumed_at, self._skip, self._next_stream = 0, 0, None
         self.epoch = epoch
         self.loader_generator.manual_seed(mix(self.seed, epoch))
         if hasattr(self.source, "set_epoch"):
