@@ -306,6 +306,7 @@ class BackupAndRestore(Callback):
     """
 
     FILE_NAME = "backup"
+    resumable = True  # its files continue a fit (fit warns at once when that cannot be exact)
 
     def __init__(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -199,6 +200,13 @@ class ModelRuns:
         self.stop_training = False
         self.epoch = self.epoch_step = 0
         train = TrainData(train_loader, train_data, data_seed)
+        inexact = train.inexact_reason()
+        if inexact and (resume_from is not None or any(getattr(c, "resumable", 0) for c in cbks)):
+            warnings.warn(
+                f"This fit writes or reads checkpoints to resume from, but a resumed epoch will "
+                f"not equal the uninterrupted one: {inexact}.",
+                stacklevel=2,
+            )
         self._fit_run = _FitRun(cbks, train, data_seed)
         try:
             fit_loop(
