@@ -236,10 +236,11 @@ class TrainData:
         set_global_state(own["epoch_start"]["global"])
         set_generator_states(self._generators, own["epoch_start"]["generators"])
         iterator = iter(self.loader)
-        # Without workers: skip indices, not batches (nothing is loaded). Workers get their
-        # batches in turn, so there the batches are read, to keep each batch on its worker.
-        workers = getattr(self.given, "num_workers", 1)
-        skip = getattr(iterator, "_next_index", None) if workers == 0 else None
+        # A map-style data set without workers: skip indices, not batches (nothing is
+        # loaded). Workers get their batches in turn, so there the batches are read, to
+        # keep each batch on its worker; an IterableDataset's stream is read too.
+        indexed = self.kind == "given" and self.given.num_workers == 0
+        skip = getattr(iterator, "_next_index", None) if indexed else None
         for _ in range(epoch_step):
             skip() if skip is not None else next(iterator)
         set_global_state(now)
