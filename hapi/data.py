@@ -382,8 +382,9 @@ def with_last(iterable: Iterable, length: int | None = None) -> Iterator[tuple[A
     step holds the random state before the next batch's loading.
     """
     if length is not None:
-        for index, item in zip(range(length), iterable):
-            yield item, index + 1 == length
+        if length > 0:  # no iterator (no workers started) for an epoch with nothing left
+            for index, item in zip(range(length), iterable):
+                yield item, index + 1 == length
         return
     iterator = iter(iterable)
     try:
