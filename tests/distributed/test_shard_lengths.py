@@ -74,7 +74,7 @@ def test_resumable_sampler_lengths_match_what_each_rank_reads(world, length, shu
         for sampler in samplers:
             sampler.skip_next(skip)
         lengths = [len(s) for s in samplers]
-        order = samplers[0]._order()
+        order = samplers[0].order()
         shares = [list(s) for s in samplers]
         assert lengths == [len(share) for share in shares]
         _check_shares(shares, order[skip:], order, world)
