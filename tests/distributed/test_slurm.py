@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+import socket
 import subprocess
 import sys
 import warnings
@@ -45,10 +47,21 @@ def _srun_like(tmp_path, port, tasks=2):
     return [json.loads((tmp_path / f"slurm.rank{task}.json").read_text()) for task in range(tasks)]
 
 
-def test_srun_tasks_train_as_one_job(tmp_path, free_port):
-    if not 20000 <= free_port < 60000:
-        pytest.skip(f"the free port {free_port} is not one a Slurm job id maps to (20000-59999)")
-    ranks = _srun_like(tmp_path, free_port)
+def _free_port_a_job_id_maps_to() -> int:
+    """A free port in 20000-59999, the range MASTER_PORT = 20000 + job id mod 40000 covers
+    (a port the system hands out may lie outside it)."""
+    for candidate in random.Random().sample(range(20000, 60000), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+            return candidate
+    raise RuntimeError("no free port in 20000-59999 on 127.0.0.1")
+
+
+def test_srun_tasks_train_as_one_job(tmp_path):
+    ranks = _srun_like(tmp_path, _free_port_a_job_id_maps_to())
     assert [(r["rank"], r["world_size"], r["local_world_size"]) for r in ranks] == [
         (0, 2, "2"),
         (1, 2, "2"),
