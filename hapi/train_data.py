@@ -287,7 +287,11 @@ class TrainData:
     def _user_stream(self, order: dict[str, Any], epoch: int) -> list:
         given = self.given
         if order["kind"] == "stream":
-            source = given.batch_sampler if order["unit"] == "batches" else _index_sampler(given)
+            source = (
+                given.batch_sampler
+                if order["unit"] == "batches"
+                else distributed.index_sampler(given)
+            )
             shard_type = (
                 distributed.BatchSamplerShard
                 if order["unit"] == "batches"
@@ -335,10 +339,3 @@ class TrainData:
     def _dataset(self) -> Any:
         dataset = getattr(self.loader if self.given is None else self.given, "dataset", None)
         return dataset.dataset if isinstance(dataset, SeededDataset) else dataset
-
-
-def _index_sampler(loader: DataLoader) -> Any:
-    """The sampler of sample indices: the loader's own, or the one inside its batch sampler."""
-    if loader.batch_size is None and hasattr(loader.batch_sampler, "sampler"):
-        return loader.batch_sampler.sampler
-    return loader.sampler

@@ -67,6 +67,7 @@ from hapi.distributed.samplers import (
     ResumableSampler,
     SamplerShard,
     eval_sampler,
+    index_sampler,
     reshard,
     train_sampler,
 )
@@ -98,6 +99,7 @@ __all__ = [
     "broadcast_bytes",
     "default_device",
     "eval_sampler",
+    "index_sampler",
     "gather_in_order",
     "gather_objects",
     "is_collective_failure",

@@ -161,7 +161,7 @@ def reshard(
     ):
         return None
     batches = loader.batch_sampler  # None when the user turned automatic batching off
-    inner = _index_sampler(loader)
+    inner = index_sampler(loader)
     rank_aware = isinstance(inner, DistributedSampler) or hasattr(batches, "set_epoch")
     if training and rank_aware:
         return None
@@ -328,7 +328,7 @@ class BatchSamplerShard(_StreamShard, Sampler[list]):
         self.drop_last = getattr(batch_sampler, "drop_last", False)
 
 
-def _index_sampler(loader: DataLoader) -> Any:
+def index_sampler(loader: DataLoader) -> Any:
     """The sampler of sample indices: the loader's own, or the one inside its batch sampler."""
     if loader.batch_size is None and hasattr(loader.batch_sampler, "sampler"):
         return loader.batch_sampler.sampler
