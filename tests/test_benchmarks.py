@@ -70,6 +70,10 @@ CASES = {
         ],
     ),
     "bench_fsdp_memory.py": (["--width", "64"], ["ddp", "fsdp"]),
+    "bench_startup.py": (
+        ["--imports", "1", "--jobs", "1", "--batches", "1"],
+        ["import torch", "import hapi", "hand DDP script", "Model.fit"],
+    ),
     "bench_scaling.py": (
         ["--repeats", "2", "--samples", "512", "--plain"],
         [
