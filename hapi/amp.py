@@ -70,10 +70,6 @@ class AmpSetting:
     scaler_options: dict[str, Any] = field(default_factory=dict)
     dynamic_scaling: bool = True
 
-    @property
-    def dtype(self) -> torch.dtype | None:
-        return AMP_DTYPES.get(self.name) if self.name else None
-
 
 class FixedScaleGradScaler(torch.amp.GradScaler):
     """A ``GradScaler`` whose scale never moves: Paddle's ``use_dynamic_loss_scaling=False``.
@@ -125,8 +121,7 @@ def _from_level(level: str, where: str = "amp") -> AmpSetting:
 
 
 def _from_configs(configs: Mapping) -> AmpSetting:
-    keys = list(configs)
-    unknown = [k for k in keys if k not in ACCEPTED_KEYS]
+    unknown = [key for key in configs if key not in ACCEPTED_KEYS]
     if "use_pure_fp16" in unknown:
         raise ValueError(
             "amp['use_pure_fp16'] is not a key: as in Paddle, the level alone chooses the kind of "
