@@ -8,6 +8,10 @@ Two displays, chosen like Paddle's ``verbose``:
   files, ``torchrun`` workers): lines in Paddle's form
   ``step 400/938 - loss: 0.4262 - acc_top1: 0.7887 - 5ms/step``, at the
   steps chosen below;
+* ``verbose=3``: the lines of ``verbose=2`` plus Paddle's time counters,
+  ``step 400/938 - loss: 0.4262 - avg_reader_cost: 0.00012 sec -
+  avg_batch_cost: 0.00456 sec - ips: 14035.08772 samples/sec - 5ms/step``
+  (see "Time counters" below);
 * ``verbose=0`` prints nothing.
 
 Which steps get a line. Figures reach the callbacks every ``log_freq`` steps
@@ -36,6 +40,17 @@ is unaffected. A pass of unknown length (an ``IterableDataset``) has no
 1%, so it prints its first candidate, then at most one line per
 ``interval``, and its last step.
 
+Time counters (``verbose=3``), averaged over the pass so far, measured from
+the hooks alone: ``avg_reader_cost`` is the time from a batch's end (or the
+pass's start) to the next batch's begin -- fetching and preparing the batch;
+``avg_batch_cost`` the time from a batch's begin to its end -- the step; ``ips``
+the samples (the logs' ``batch_size``, times the number of processes) per
+second of both. An evaluation run inside a training batch is not counted in
+that batch's cost. Nothing synchronises the device: on a GPU a step's cost is
+what the host waited for it, which averages out over a pass as the queue of
+launched work fills. With ``verbose`` other than 3 the batch-begin hooks are
+left out of the loop (``unused_hooks``), so the counters cost nothing then.
+
 Only the main process prints. The figures come from the loop's ``logs`` (they
 are running means over the epoch), so printing never touches the device.
 """
@@ -50,6 +65,7 @@ from .base import Callback
 from .checks import require_int
 
 _NOT_FIGURES = ("batch_size", "samples", "step")
+_BEGIN_HOOKS = ("on_train_batch_begin", "on_eval_batch_begin", "on_predict_batch_begin")
 
 # The one clock for paces and intervals; tests replace it (monkeypatch
 # ``callbacks.progbar._clock``) instead of sleeping.
@@ -85,6 +101,14 @@ class _Phase:
         self.lines = 0  # lines printed for this pass
         self.part = -1  # the 1/max_lines of the pass the last line was in
         self.last_line = self.started  # when the last line was printed
+        # verbose=3's counters: seconds between batches (reading) and inside them.
+        self.reader_time = 0.0
+        self.batch_time = 0.0
+        self.timed_batches = 0
+        self.timed_samples = 0
+        self.mark = self.started  # the last batch begin or end
+        self.paused = 0.0  # seconds of an evaluation inside the current interval
+        self.pause_began: float | None = None
 
     def seconds_per_step(self) -> float:
         return (_clock() - self.started) / max(self.done, 1)
@@ -95,6 +119,24 @@ class _Phase:
             return -1
         return self.done * max_lines // max(self.steps, 1)
 
+    def since_mark(self) -> float:
+        """Seconds since the last batch begin or end, evaluations inside it left out."""
+        now = _clock()
+        seconds = now - self.mark - self.paused
+        self.mark, self.paused = now, 0.0
+        return seconds
+
+    def counters(self, world_size: int) -> list[str]:
+        """``verbose=3``'s ``avg_reader_cost``, ``avg_batch_cost`` and ``ips``, as Paddle prints them."""
+        count = max(self.timed_batches, 1)
+        spent = self.reader_time + self.batch_time
+        ips = self.timed_samples * world_size / spent if spent > 0 else 0.0
+        return [
+            f"avg_reader_cost: {self.reader_time / count:.5f} sec",
+            f"avg_batch_cost: {self.batch_time / count:.5f} sec",
+            f"ips: {ips:.5f} samples/sec",
+        ]
+
 
 class ProgBarLogger(Callback):
     """Prints progress and running figures (default in fit/evaluate/predict).
@@ -103,7 +145,8 @@ class ProgBarLogger(Callback):
         log_freq: a line may be printed (or the bar's figures refreshed) every
             this many steps, and always on the last step.
         verbose: 0 silent; 1 a progress bar on a terminal (lines otherwise);
-            2 lines.
+            2 lines; 3 lines with Paddle's time counters (``avg_reader_cost``,
+            ``avg_batch_cost``, ``ips``; see the module docstring).
         max_lines: lines per pass from progress: the first ``log_freq``
             step, then the first one in each new ``1/max_lines`` of the pass,
             and the last step (see the module docstring). ``log_freq`` steps
@@ -127,8 +170,10 @@ class ProgBarLogger(Callback):
     ) -> None:
         super().__init__()
         require_int("ProgBarLogger", "log_freq", log_freq)
-        if verbose not in (0, 1, 2):
-            raise ValueError(f"verbose must be 0, 1 or 2; received {verbose!r}.")
+        if verbose not in (0, 1, 2, 3):
+            raise ValueError(
+                f"verbose must be 0, 1, 2 or 3 (lines with time counters); received {verbose!r}."
+            )
         require_int("ProgBarLogger", "max_lines", max_lines, allow_none=True)  # None: every line
         if interval is not None and (
             isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0
@@ -143,6 +188,8 @@ class ProgBarLogger(Callback):
         self.interval = interval
         self._phase: _Phase | None = None
         self._outer: _Phase | None = None  # the training epoch while an evaluation runs
+        # Only verbose=3 times batches from their begin: otherwise no per-batch begin call.
+        self.unused_hooks = () if verbose == 3 else _BEGIN_HOOKS
 
     # -- display helpers -------------------------------------------------
     @property
@@ -167,11 +214,20 @@ class ProgBarLogger(Callback):
             )
         return _Phase(steps, bar)
 
+    def _on_batch_begin(self) -> None:
+        phase = self._phase
+        if phase is not None:
+            phase.reader_time += phase.since_mark()
+
     def _on_batch_end(self, step: int, logs: dict | None) -> None:
         phase = self._phase
         if phase is None:
             return
         logs = logs or {}
+        if self.verbose == 3:
+            phase.batch_time += phase.since_mark()
+            phase.timed_batches += 1
+            phase.timed_samples += int(logs.get("batch_size", 0))
         phase.done = step + 1
         phase.samples += int(logs.get("batch_size", 0))
         if "samples" in logs:  # the count the figures cover: every process's at the end
@@ -207,6 +263,8 @@ class ProgBarLogger(Callback):
         total = f"/{phase.steps}" if phase.steps is not None else ""
         parts = [f"step {phase.done}{total}"]
         parts += [f"{name}: {_format_value(value)}" for name, value in phase.unprinted.items()]
+        if self.verbose == 3:
+            parts += phase.counters(self.params.get("world_size", 1))
         parts.append(_format_pace(phase.seconds_per_step()))
         print(" - ".join(parts), flush=True)
         phase.unprinted = None
@@ -242,6 +300,9 @@ class ProgBarLogger(Callback):
             print(header, flush=True)
         self._phase = self._start(self.params.get("steps"), header)
 
+    def on_train_batch_begin(self, step: int, logs: dict | None = None) -> None:
+        self._on_batch_begin()
+
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
         self._on_batch_end(step, logs)
 
@@ -258,9 +319,14 @@ class ProgBarLogger(Callback):
         elif self._phase is not None:
             self._print_line(self._phase)  # the epoch's last figures before "Eval begin..."
         self._outer = self._phase
+        if self._outer is not None:
+            self._outer.pause_began = _clock()  # the evaluation is no part of a batch's cost
         if not self._use_bar():
             print("Eval begin...", flush=True)
         self._phase = self._start((logs or {}).get("steps"), "Eval")
+
+    def on_eval_batch_begin(self, step: int, logs: dict | None = None) -> None:
+        self._on_batch_begin()
 
     def on_eval_batch_end(self, step: int, logs: dict | None = None) -> None:
         self._on_batch_end(step, logs)
@@ -269,6 +335,9 @@ class ProgBarLogger(Callback):
         if not self._active or self._phase is None:
             return
         phase, self._phase, self._outer = self._phase, self._outer, None
+        if self._phase is not None and self._phase.pause_began is not None:
+            self._phase.paused += _clock() - self._phase.pause_began
+            self._phase.pause_began = None
         if phase.bar is not None and logs:
             phase.bar.set_postfix({k: _format_value(v) for k, v in logs.items()}, refresh=False)
         self._finish(phase)
@@ -281,6 +350,9 @@ class ProgBarLogger(Callback):
         if not self._use_bar():
             print("Predict begin...", flush=True)
         self._phase = self._start((logs or {}).get("steps"), "Predict")
+
+    def on_predict_batch_begin(self, step: int, logs: dict | None = None) -> None:
+        self._on_batch_begin()
 
     def on_predict_batch_end(self, step: int, logs: dict | None = None) -> None:
         self._on_batch_end(step, logs)

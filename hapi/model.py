@@ -16,13 +16,14 @@ import torch
 from torch import nn
 
 from hapi import distributed
+from hapi.amp import AMP_DTYPES, make_scaler, parse_amp
 from hapi.batches import BatchSplitter
 from hapi.loops import Parts
 from hapi.metrics import MetricSet, normalise_metrics
 from hapi.model_io import ModelFiles
 from hapi.model_runs import DEFAULT_BATCH_SIZE, DEFAULT_LOG_FREQ, ModelRuns, _FitRun  # noqa: F401
 from hapi.own_steps import OwnSteps, named_optimizers
-from hapi.steps import AMP_DTYPES, Stepper, check_amp, check_clipping, check_loss, make_scaler
+from hapi.steps import Stepper, check_clipping, check_loss
 from hapi.summary import summarize
 
 
@@ -105,12 +106,13 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
         optimizer: torch.optim.Optimizer | Sequence | dict | None = None,
         loss: Any = None,
         metrics: Any = None,
-        amp: str | None = None,
+        amp: str | dict | None = None,
         compile: bool = False,
         strategy: Any = None,
         clip_grad_norm: float | None = None,
         clip_grad_value: float | None = None,
         loss_weights: Sequence[float] | None = None,
+        amp_configs: str | dict | None = None,
     ) -> None:
         """Set what training and evaluation use.
 
@@ -122,8 +124,22 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
                 e.g. ``torch.nn.CrossEntropyLoss()``.
             metrics: a ``torchmetrics.Metric``, a list of them, or a dict
                 name -> metric (see :func:`hapi.metrics.normalise_metrics`).
-            amp: ``None``, ``"bf16"`` (autocast to bfloat16) or ``"fp16"``
-                (float16 autocast with a gradient scaler).
+            amp: mixed precision. ``None`` (float32), ``"bf16"`` (autocast to
+                bfloat16) or ``"fp16"`` (float16 autocast with a gradient
+                scaler); or Paddle's ``amp_configs``: ``"O0"`` (float32),
+                ``"O1"`` (= ``"fp16"``), or a dict such as ``{"level": "O1",
+                "init_loss_scaling": 1024, "incr_ratio": 2.0, "decr_ratio":
+                0.5, "incr_every_n_steps": 1000, "use_dynamic_loss_scaling":
+                True, "dtype": "float16"}`` (``level`` defaults to ``"O1"``;
+                ``dtype`` may be ``"bfloat16"``, then without loss scaling).
+                The scaler keys set ``torch.amp.GradScaler``'s ``init_scale``,
+                ``growth_factor``, ``backoff_factor`` and ``growth_interval``;
+                ``use_dynamic_loss_scaling=False`` keeps the scale fixed.
+                What torch has no equivalent for (``"O2"``, per-op
+                ``custom_white_list``/``custom_black_list``,
+                ``decr_every_n_nan_or_inf`` other than 1, static-graph keys)
+                raises a ``ValueError`` saying what to use instead; see
+                :mod:`hapi.amp`.
             compile: run the network through ``torch.compile`` (the first
                 steps pay the compilation); ``model.network`` stays your module
                 and checkpoints hold its plain state dict.
@@ -142,8 +158,18 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
                 Keras), the weight of each in the trained sum; every part is
                 logged as ``output_<i>_loss``. ``metrics=[[...], [...]]`` gives
                 metrics per output likewise (logged as ``output_<i>_<name>``).
+            amp_configs: Paddle's name for ``amp`` (give one of the two).
+
+        Raises:
+            ValueError: an ``amp`` setting torch-hapi cannot honour (see above).
         """
         chosen_strategy = distributed.resolve_strategy(strategy)
+        if amp_configs is not None and amp is not None:
+            raise ValueError(
+                f"prepare() got amp={amp!r} and amp_configs={amp_configs!r}; amp_configs is "
+                "Paddle's name for amp: pass one of them."
+            )
+        amp_setting = parse_amp(amp if amp_configs is None else amp_configs)
         clip_norm, clip_value = check_clipping(clip_grad_norm, clip_grad_value)
         wrapped_for_several = self._wrapped is not None and distributed.world_size() > 1
         if wrapped_for_several and chosen_strategy != self._strategy:
@@ -156,7 +182,7 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
         loss = check_loss(loss, loss_weights)
         named_metrics = normalise_metrics(metrics)
         self._strategy = chosen_strategy
-        self._amp = check_amp(amp)
+        self._amp = amp_setting.name
         self._compile = bool(compile)
         self._clipping = (clip_norm, clip_value)
         self._given_optimizers = optimizer
@@ -167,7 +193,7 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
         self._splitter.labels_to_network = (
             loss is None
         )  # dict batches: the network computes its loss
-        self._scaler = make_scaler(self._amp, self.device)
+        self._scaler = make_scaler(amp_setting, self.device)
         self._stepper = None
         if self._pending_optimizer is not None and len(by_name) == 1:
             self._load_optimizer_state(

@@ -29,10 +29,10 @@ DEFAULT_LOG_FREQ = 10  # Paddle's default.
 
 
 def _check_verbose(verbose: Any) -> None:
-    if verbose not in (0, 1, 2):
+    if verbose not in (0, 1, 2, 3):
         raise ValueError(
-            f"verbose must be 0 (silent), 1 (progress bar) or 2 (one line per "
-            f"log_freq steps); received {verbose!r}."
+            f"verbose must be 0 (silent), 1 (progress bar), 2 (one line per log_freq steps) "
+            f"or 3 (lines with Paddle's time counters); received {verbose!r}."
         )
 
 

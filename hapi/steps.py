@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from hapi import distributed
+from hapi.amp import AMP_DTYPES
 from hapi.batches import KeywordInputs
 from hapi.data import describe
 
-AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # What DistributedDataParallel says when a parameter got no gradient in the previous step.
 _UNUSED_PARAMETERS = "parameters that were not used in producing loss"
 # A forward's error about what it was given: shapes, dtypes, sizes, arguments.
@@ -33,15 +33,6 @@ _NOT_ABOUT_INPUTS = re.compile(
     r"FSDP|DTensor|process group|collective|Gloo|NCCL|timed? ?out|another FSDP group",
     re.IGNORECASE,
 )
-
-
-def check_amp(amp: Any) -> str | None:
-    if amp is None or amp in AMP_DTYPES:
-        return amp
-    raise ValueError(
-        f"amp must be None, 'bf16' or 'fp16'; received {amp!r}. 'bf16' runs on CPU and "
-        "recent GPUs without loss scaling; 'fp16' adds a gradient scaler."
-    )
 
 
 def check_clipping(clip_grad_norm: Any, clip_grad_value: Any) -> tuple[float | None, float | None]:
@@ -131,11 +122,6 @@ def check_loss(loss: Any, loss_weights: Sequence[float] | None) -> Any:
     return loss
 
 
-def make_scaler(amp: str | None, device: torch.device) -> Any:
-    """fp16 needs loss scaling against gradient underflow; bf16 and fp32 do not."""
-    return torch.amp.GradScaler(device.type) if amp == "fp16" else None
-
-
 def _outputs_and_loss(result: Any) -> tuple[list[Any], torch.Tensor | None]:
     """A network's return value as (outputs, its own loss or None); see :meth:`Stepper.forward`."""
     if isinstance(result, dict):
@@ -168,7 +154,7 @@ class Stepper:
     loss_fn: Callable | None = None
     optimizer: torch.optim.Optimizer | None = None
     amp: str | None = None
-    scaler: Any = None  # a torch.amp.GradScaler with amp="fp16" (see make_scaler)
+    scaler: Any = None  # a torch.amp.GradScaler with amp="fp16" (see hapi.amp.make_scaler)
     # Evaluation and prediction run the plain module (or its torch.compile'd
     # twin): DDP's forward would broadcast buffers, a collective that hangs
     # when shards differ in length.

@@ -96,7 +96,7 @@ def test_a_bar_on_a_terminal(monkeypatch, capsys):
     assert "step 1/3" not in out  # the bar replaces the lines
 
 
-@pytest.mark.parametrize("kwargs", [{"log_freq": 0}, {"verbose": 3}])
+@pytest.mark.parametrize("kwargs", [{"log_freq": 0}, {"verbose": 4}])
 def test_bad_arguments(kwargs):
     with pytest.raises(ValueError, match="log_freq|verbose"):
         ProgBarLogger(**kwargs)

@@ -312,7 +312,10 @@ def test_fit_rejects_bad_data(data, error, pattern):
             {"epochs": 0},
             r"fit: epochs must be a positive int; received 0 \(int\)\. Pass e\.g\. epochs=1",
         ),
-        ({"verbose": 3}, r"verbose must be 0 \(silent\), 1 \(progress bar\) or 2 .*; received 3"),
+        (
+            {"verbose": 4},
+            r"verbose must be 0 \(silent\), 1 \(progress bar\), 2 .* or 3 .*; received 4",
+        ),
     ],
 )
 def test_fit_rejects_bad_arguments(tiny_data, kwargs, pattern):

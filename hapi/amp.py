@@ -1,0 +1,250 @@
+"""Mixed precision: ``prepare(amp=...)`` read into what the steps need.
+
+``amp`` takes torch-hapi's short names and Paddle's ``amp_configs`` alike:
+
+* ``None``, ``"bf16"``, ``"fp16"``: float32; bfloat16 autocast; float16
+  autocast with a gradient scaler (torch's defaults, which are Paddle's).
+* Paddle's levels ``"O0"`` (float32) and ``"O1"`` (float16 autocast with a
+  gradient scaler, the same as ``"fp16"``).
+* A dict of Paddle's keys: ``level`` (default ``"O1"``, as in Paddle),
+  ``dtype`` (``"float16"``, the default, or ``"bfloat16"``) and the loss
+  scaler's ``init_loss_scaling``, ``incr_ratio``, ``decr_ratio``,
+  ``incr_every_n_steps``, ``decr_every_n_nan_or_inf`` and
+  ``use_dynamic_loss_scaling``, mapped onto ``torch.amp.GradScaler``'s
+  ``init_scale``, ``growth_factor``, ``backoff_factor`` and
+  ``growth_interval``; ``use_dynamic_loss_scaling=False`` keeps the scale at
+  ``init_loss_scaling`` (steps with inf/NaN gradients are still skipped, as
+  Paddle skips them).
+
+What torch has no equivalent for is refused with a ``ValueError`` that says
+why and what to use instead, rather than accepted and silently ignored:
+``"O2"`` (Paddle's pure float16: torch has no switch that casts a network to
+float16 while the optimizer keeps float32 master weights), per-op lists
+(``custom_white_list``/``custom_black_list``: ``torch.autocast`` picks each
+op's dtype from fixed lists), ``decr_every_n_nan_or_inf`` other than 1 (torch's
+scaler backs off at every inf/NaN step), and Paddle's static-graph keys.
+Unknown keys are refused too, as in Paddle.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# torch-hapi's names of the autocast dtypes; the steps and strategies read these.
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+LEVELS = ("O0", "O1", "O2")
+# Paddle's loss-scaling keys -> torch.amp.GradScaler's keywords.
+SCALER_KEYS = {
+    "init_loss_scaling": "init_scale",
+    "incr_ratio": "growth_factor",
+    "decr_ratio": "backoff_factor",
+    "incr_every_n_steps": "growth_interval",
+}
+_LOSS_SCALING = (*SCALER_KEYS, "decr_every_n_nan_or_inf", "use_dynamic_loss_scaling")
+_OP_LISTS = ("custom_white_list", "custom_black_list", "custom_black_varnames")
+ACCEPTED_KEYS = ("level", "dtype", *_LOSS_SCALING, *_OP_LISTS, "use_fp16_guard")
+_DTYPE_NAMES = {
+    "float16": "fp16",
+    "bfloat16": "bf16",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+}
+
+
+@dataclass(frozen=True)
+class AmpSetting:
+    """What ``prepare(amp=...)`` chose, in torch's terms.
+
+    ``name`` is ``None``, ``"bf16"`` or ``"fp16"`` (what the steps and the
+    FSDP policy read); ``scaler_options`` are ``torch.amp.GradScaler``
+    keywords, used with ``"fp16"`` only; ``dynamic_scaling=False`` keeps the
+    scale fixed.
+    """
+
+    name: str | None = None
+    scaler_options: dict[str, Any] = field(default_factory=dict)
+    dynamic_scaling: bool = True
+
+
+class FixedScaleGradScaler(torch.amp.GradScaler):
+    """A ``GradScaler`` whose scale never moves: Paddle's ``use_dynamic_loss_scaling=False``.
+
+    Gradients are still checked: a step with inf/NaN gradients is skipped,
+    as Paddle's scaler skips it, but the scale stays where it is.
+    """
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        if new_scale is None and self._enabled and self._scale is not None:
+            new_scale = self._scale  # keep it (a tensor: no device sync)
+        super().update(new_scale)
+
+
+def parse_amp(amp: Any) -> AmpSetting:
+    """``prepare``'s ``amp``: a name, a Paddle level or a Paddle ``amp_configs`` dict.
+
+    Raises:
+        ValueError: an unknown value or key, or a Paddle setting torch has no
+            equivalent for; the message says what to use instead.
+    """
+    if amp is None or (isinstance(amp, str) and amp in AMP_DTYPES):
+        return AmpSetting(amp)
+    if isinstance(amp, str) and amp in LEVELS:
+        return _from_level(amp)
+    if isinstance(amp, Mapping):
+        return _from_configs(amp)
+    raise ValueError(
+        f"amp must be None, 'bf16' or 'fp16'; received {amp!r}. 'bf16' runs on CPU and recent "
+        "GPUs without loss scaling; 'fp16' adds a gradient scaler. Paddle's levels 'O0'/'O1' "
+        "and a dict of Paddle's amp_configs keys (e.g. {'level': 'O1', 'init_loss_scaling': "
+        "1024}) are accepted too."
+    )
+
+
+def _from_level(level: str, where: str = "amp") -> AmpSetting:
+    if level == "O0":
+        return AmpSetting(None)
+    if level == "O1":
+        return AmpSetting("fp16")
+    raise ValueError(
+        f"{where}={level!r} is Paddle's pure float16 training (the network's weights cast to "
+        "float16, the optimizer keeping float32 master copies); torch has no such switch and "
+        "torch-hapi does not fake one. Use 'O1' (or 'fp16'/'bf16'): torch.autocast runs matmuls "
+        "and convolutions in the low dtype while the weights stay float32, which is where most "
+        "of O2's speed comes from. (Under strategy='fsdp', 'fp16' also gathers the "
+        "parameters in float16 for compute while float32 shards are stepped: the closest to O2.)"
+    )
+
+
+def _from_configs(configs: Mapping) -> AmpSetting:
+    unknown = [key for key in configs if key not in ACCEPTED_KEYS]
+    if "use_pure_fp16" in unknown:
+        raise ValueError(
+            "amp['use_pure_fp16'] is not a key: as in Paddle, the level alone chooses the kind of "
+            "mixed precision (amp={'level': 'O1'}); Paddle's pure float16 ('O2') has no torch "
+            "equivalent."
+        )
+    if unknown:
+        raise ValueError(
+            f"amp has unknown key(s) {unknown!r}. Accepted keys (Paddle's amp_configs): "
+            f"{', '.join(ACCEPTED_KEYS)}."
+        )
+    if not configs:
+        return AmpSetting(None)  # Paddle: an empty amp_configs is float32
+    level = configs.get("level", "O1")  # Paddle: a dict without 'level' means O1
+    if not isinstance(level, str) or level not in LEVELS:
+        raise ValueError(
+            f"amp['level'] must be 'O0', 'O1' or 'O2' (Paddle's levels); received {level!r}."
+        )
+    if level == "O0":
+        return AmpSetting(None)  # Paddle ignores the other keys at O0
+    setting = _from_level(level, where="amp['level']")
+    if "use_fp16_guard" in configs:
+        raise ValueError(
+            "amp['use_fp16_guard'] belongs to Paddle's static-graph mode (Paddle refuses it in "
+            "dynamic mode too); torch-hapi runs eagerly. Remove the key; to keep a part of the "
+            "network in float32, run it under torch.autocast(device_type, enabled=False) in your "
+            "forward."
+        )
+    for key in _OP_LISTS:
+        if configs.get(key):
+            raise ValueError(
+                f"amp[{key!r}]={configs[key]!r}: torch.autocast has no per-op lists; it picks each "
+                "op's dtype from its own fixed lists (matmul/conv/linear in the low dtype; "
+                "softmax, norms, losses and reductions in float32). Remove the key; to keep a "
+                "part of the network in float32, run it under torch.autocast(device_type, "
+                "enabled=False) in your forward and cast its inputs with .float()."
+            )
+    name = _dtype_name(configs.get("dtype", "float16"))
+    scaling = [k for k in _LOSS_SCALING if k in configs]
+    if name == "bf16":
+        if scaling:
+            raise ValueError(
+                f"amp has dtype 'bfloat16' and loss-scaling key(s) {scaling!r}: bfloat16 has "
+                "float32's range, so torch-hapi uses no loss scaler with it. Remove those keys, "
+                "or use dtype 'float16' to scale the loss."
+            )
+        return AmpSetting("bf16")
+    return AmpSetting(setting.name, _scaler_options(configs), _dynamic_scaling(configs))
+
+
+def _dtype_name(dtype: Any) -> str:
+    try:
+        name = _DTYPE_NAMES.get(dtype)
+    except TypeError:  # unhashable
+        name = None
+    if name is None:
+        raise ValueError(f"amp['dtype'] must be 'float16' or 'bfloat16'; received {dtype!r}.")
+    return name
+
+
+def _number(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"amp[{key!r}] must be a number; received {value!r}.")
+    return float(value)
+
+
+def _scaler_options(configs: Mapping) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if "init_loss_scaling" in configs:
+        value = _number("init_loss_scaling", configs["init_loss_scaling"])
+        if not 0 < value < math.inf:
+            raise ValueError(
+                f"amp['init_loss_scaling'] must be a positive finite number; received "
+                f"{configs['init_loss_scaling']!r}. Paddle's and torch's default is 65536."
+            )
+        options["init_scale"] = value
+    if "incr_ratio" in configs:
+        value = _number("incr_ratio", configs["incr_ratio"])
+        if not 1 < value < math.inf:
+            raise ValueError(
+                f"amp['incr_ratio'] must be greater than 1 (the scale grows by it); received "
+                f"{configs['incr_ratio']!r}."
+            )
+        options["growth_factor"] = value
+    if "decr_ratio" in configs:
+        value = _number("decr_ratio", configs["decr_ratio"])
+        if not 0 < value < 1:
+            raise ValueError(
+                f"amp['decr_ratio'] must be between 0 and 1 (the scale shrinks by it); received "
+                f"{configs['decr_ratio']!r}."
+            )
+        options["backoff_factor"] = value
+    if "incr_every_n_steps" in configs:
+        value = configs["incr_every_n_steps"]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"amp['incr_every_n_steps'] must be a positive int; received {value!r}."
+            )
+        options["growth_interval"] = value
+    if "decr_every_n_nan_or_inf" in configs:
+        value = configs["decr_every_n_nan_or_inf"]
+        if isinstance(value, bool) or value != 1:
+            raise ValueError(
+                f"amp['decr_every_n_nan_or_inf']={value!r}: torch.amp.GradScaler shrinks the "
+                "scale at every step with inf/NaN gradients and keeps no count of them, so only "
+                "1 (Paddle's default) has an equivalent. Remove the key, or set it to 1; "
+                "a gentler back-off is amp['decr_ratio'] closer to 1."
+            )
+    return options
+
+
+def _dynamic_scaling(configs: Mapping) -> bool:
+    value = configs.get("use_dynamic_loss_scaling", True)
+    if not isinstance(value, bool):
+        raise ValueError(
+            f"amp['use_dynamic_loss_scaling'] must be True or False; received {value!r}."
+        )
+    return value
+
+
+def make_scaler(setting: AmpSetting, device: torch.device) -> torch.amp.GradScaler | None:
+    """fp16 needs loss scaling against gradient underflow; bf16 and float32 do not."""
+    if setting.name != "fp16":
+        return None
+    kind = torch.amp.GradScaler if setting.dynamic_scaling else FixedScaleGradScaler
+    return kind(device.type, **setting.scaler_options)
