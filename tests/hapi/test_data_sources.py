@@ -126,9 +126,7 @@ def test_a_list_of_tuples_trains_like_the_tensors_it_holds():
     ],
     ids=["string", "tensor", "dict", "list-of-lists", "empty-list", "int"],
 )
-def test_what_is_not_data_is_refused_naming_what_is_accepted_and_what_was_received(
-    data, received
-):
+def test_what_is_not_data_is_refused_naming_what_is_accepted_and_what_was_received(data, received):
     model = _classifier()
     accepted = (
         r"train_data must be a torch\.utils\.data\.Dataset or any map-style data set "
