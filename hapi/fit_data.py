@@ -3,13 +3,20 @@
 ``batch_size`` is an int, or Paddle's pair ``(train, eval)``
 (:func:`batch_sizes`). The data seed orders the shuffle of every epoch and
 seeds the loading of batches that may draw random numbers
-(:mod:`hapi.seeded_loader`). It is the only number a fit draws from the
-global generators, and it is drawn only when the run needs it
-(:func:`needs_seed`): one ``int64`` from torch's global CPU generator, on
-rank 0 (broadcast to the others), when ``fit`` starts -- before any
-callback runs or any batch loads. ``evaluate`` and ``predict`` draw nothing.
-A fit that draws nothing trains like a hand-written loop seeded alike, its
-dropout drawing the same numbers.
+(:mod:`hapi.seeded_loader`). It is the only number torch-hapi itself draws
+from the global generators in a fit, and it is drawn only when the run
+needs it (:func:`needs_seed`): one ``int64`` in ``[0, 2**31 - 1)`` from
+torch's global CPU generator, on rank 0 (broadcast to the others), when
+``fit`` starts -- after its arguments are checked, before any callback runs
+or any batch loads. ``evaluate`` and ``predict`` draw nothing. A user's
+DataLoader used as given draws what it draws in a hand loop (its
+``RandomSampler``'s seed, its workers' base seed, from its own generator or
+torch's), nothing more. A fit that draws nothing trains like a hand-written
+loop seeded alike, its dropout drawing the same numbers.
+
+Not a draw, but a change to global generators: a batch that loads under its
+own seed in the main process leaves Python's and NumPy's global generators
+reseeded by it (torch's is handed back; see :func:`hapi.rng.seeded_streams`).
 """
 
 from __future__ import annotations

@@ -117,15 +117,19 @@ class ModelRuns:
     ) -> History:
         """Train; returns the :class:`callbacks.History` of per-epoch figures.
 
-        ``batch_size`` is per process: an int, or a pair ``(train, eval)``
-        whose second size batches ``eval_data`` (Paddle's convention).
-        ``shuffle`` reshuffles the training data every epoch; the order
-        follows a seed drawn from torch's global generator when ``fit``
-        starts, the one number ``fit`` may draw from the global generators,
-        and only when needed (``shuffle=True``, or a data set that may draw
-        random numbers while loading: see :mod:`hapi.fit_data`). With
-        ``shuffle=False`` over tensors or a list of samples nothing is drawn,
-        so a network with dropout trains as a hand loop seeded alike.
+        ``train_data`` and ``eval_data``: a Dataset or any map-style object
+        (``__len__`` and ``__getitem__(int)``, e.g. a ``datasets.Dataset``), a
+        list of samples (tuples or dicts), an IterableDataset, a DataLoader, or
+        a tuple of tensors/arrays ``(x, y)``. ``batch_size`` is per process: an
+        int, or a pair ``(train, eval)`` whose second size batches
+        ``eval_data`` (Paddle's convention).
+        ``shuffle=True`` reshuffles the training data every epoch, in an
+        order that follows one number drawn from torch's global generator
+        when ``fit`` starts. That is the only draw torch-hapi makes from the
+        global generators, and only when needed (see :mod:`hapi.fit_data`):
+        with ``shuffle=False`` over tensors, a list of samples or a data set
+        marked ``draws_random_numbers = False``, nothing is drawn, so a
+        network with dropout trains bit for bit as a hand loop seeded alike.
         ``eval_data`` is evaluated when
         ``epoch % eval_freq == 0`` (0-based, as in Paddle). ``save_dir`` adds
         a ``ModelCheckpoint(save_dir, save_freq)``. ``num_iters`` is the
