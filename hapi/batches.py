@@ -119,7 +119,7 @@ class BatchSplitter:
 
     def split(self, batch: Any, need_labels: bool = True) -> tuple[list[Any], list[Any]]:
         if not isinstance(batch, (tuple, list)):  # tuples first: the common case costs one check
-            if isinstance(batch, Mapping):
+            if isinstance(batch, dict) or isinstance(batch, Mapping):  # dict: no ABC check
                 return self._split_dict(batch, need_labels)
             return self._to_device([batch]), []
         batch = list(batch)
