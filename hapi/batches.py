@@ -181,9 +181,10 @@ class BatchSplitter:
             missing = [key for key in keys if key not in batch]
             if missing and need_labels:
                 raise KeyError(
-                    f"A batch is a {type(batch).__name__} with keys {sorted(batch)}, without the label keys {missing} "
-                    f"that Model(labels={keys}) names. Name the keys your data set returns, e.g. "
-                    f"Model(network, labels={[k for k in sorted(batch) if 'label' in k] or ['labels']})."
+                    f"A batch is a {type(batch).__name__} with keys {sorted(batch)}, without the "
+                    f"label keys {missing} that Model(labels={keys}) names. Name the keys your "
+                    f"data set returns, e.g. Model(network, "
+                    f"labels={[k for k in sorted(batch) if 'label' in k] or ['labels']})."
                 )
         else:
             keys = [next((key for key in DEFAULT_LABEL_KEYS if key in batch), None)]
@@ -193,8 +194,8 @@ class BatchSplitter:
         }
         if not features:
             raise ValueError(
-                f"A {type(batch).__name__} batch with keys {sorted(batch)} leaves no network inputs: every "
-                f"key is a label key ({keys})."
+                f"A {type(batch).__name__} batch with keys {sorted(batch)} leaves no network "
+                f"inputs: every key is a label key ({keys})."
             )
         inputs = KeywordInputs(zip(features, self._to_device(features.values())))
         labels = self._to_device(batch[key] for key in keys if key in batch) if need_labels else []
