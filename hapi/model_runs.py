@@ -173,6 +173,7 @@ class ModelRuns:
             )
         train_batch_size, eval_batch_size = batch_sizes(batch_size)
         train_source = as_source(train_data, "train_data")  # refused before anything is drawn
+        eval_source = as_source(eval_data, "eval_data")
         data_seed = fit_seed(train_source, shuffle)
         train_loader, cbks = self._run_setup(
             train_source,
@@ -194,9 +195,9 @@ class ModelRuns:
         )
         eval_loader = (
             None
-            if eval_data is None
+            if eval_source is None
             else make_loader(
-                eval_data,
+                eval_source,
                 role="eval_data",
                 batch_size=eval_batch_size,
                 num_workers=num_workers,

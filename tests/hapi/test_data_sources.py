@@ -137,6 +137,8 @@ def test_what_is_not_data_is_refused_naming_what_is_accepted_and_what_was_receiv
     state = torch.get_rng_state()
     with pytest.raises(TypeError, match=accepted + received):
         model.fit(data, verbose=0)
+    with pytest.raises(TypeError, match=accepted.replace("train_data", "eval_data") + received):
+        model.fit(TokenData(), eval_data=data, verbose=0)
     assert torch.equal(torch.get_rng_state(), state)  # refused before the seed is drawn
 
 
