@@ -1,12 +1,14 @@
 """Splitting a batch into the network's inputs and the loss's labels, and moving it to the device.
 
 Tuple batches split by position (``Model(inputs=, labels=)``), dict batches
-(the Hugging Face convention) by key; see :class:`BatchSplitter`.
+(the Hugging Face convention) by key -- also any other ``Mapping``, such as
+transformers' ``BatchEncoding`` or the ``UserDict`` a data collator returns;
+see :class:`BatchSplitter`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Iterable
 
 import numpy as np
@@ -72,7 +74,8 @@ class BatchSplitter:
     """Splits a batch into ``(inputs, labels)`` and moves them to the device.
 
     A tuple batch is split by position (``Model(inputs=, labels=)`` counts).
-    A dict batch (the Hugging Face convention) is split by key: the label keys
+    A dict batch (the Hugging Face convention), or any other ``Mapping``
+    (``BatchEncoding``, ``UserDict``), is split by key: the label keys
     (``Model(labels=[names])``, by default ``"labels"``, else ``"label"``)
     go to the loss and metrics, every other key to the network as a keyword
     argument; with ``labels_to_network`` (no loss given to ``prepare``) the
@@ -115,9 +118,9 @@ class BatchSplitter:
         ]
 
     def split(self, batch: Any, need_labels: bool = True) -> tuple[list[Any], list[Any]]:
-        if isinstance(batch, dict):
-            return self._split_dict(batch, need_labels)
-        if not isinstance(batch, (tuple, list)):
+        if not isinstance(batch, (tuple, list)):  # tuples first: the common case costs one check
+            if isinstance(batch, dict) or isinstance(batch, Mapping):  # dict: no ABC check
+                return self._split_dict(batch, need_labels)
             return self._to_device([batch]), []
         batch = list(batch)
         if self.n_inputs is not None:
@@ -150,31 +153,38 @@ class BatchSplitter:
         """The batch on the device, its structure kept (for a step of the user's own)."""
         if torch.is_tensor(batch):
             return self._to_device([batch])[0]
-        if isinstance(batch, dict):
-            return type(batch)(zip(batch, self._to_device(batch.values())))
         if isinstance(batch, (tuple, list)):
             return type(batch)(self._to_device(batch))
+        if isinstance(batch, Mapping):
+            moved = dict(zip(batch, self._to_device(batch.values())))
+            if type(batch) is dict:
+                return moved
+            try:  # keep the user's type (UserDict, BatchEncoding) where it takes a dict
+                return type(batch)(moved)
+            except TypeError:
+                return moved
         return batch
 
     @staticmethod
     def length(batch: Any) -> int:
-        """Samples in a whole batch (tuple, dict or tensor)."""
+        """Samples in a whole batch (tuple, mapping or tensor)."""
         values = (
             list(batch.values())
-            if isinstance(batch, dict)
+            if isinstance(batch, Mapping)
             else (list(batch) if isinstance(batch, (tuple, list)) else [batch])
         )
         return batch_length(values, [])
 
-    def _split_dict(self, batch: dict, need_labels: bool) -> tuple[list[Any], list[Any]]:
+    def _split_dict(self, batch: Mapping, need_labels: bool) -> tuple[list[Any], list[Any]]:
         if self.label_keys is not None:
             keys = self.label_keys
             missing = [key for key in keys if key not in batch]
             if missing and need_labels:
                 raise KeyError(
-                    f"A batch is a dict with keys {sorted(batch)}, without the label keys {missing} "
-                    f"that Model(labels={keys}) names. Name the keys your data set returns, e.g. "
-                    f"Model(network, labels={[k for k in sorted(batch) if 'label' in k] or ['labels']})."
+                    f"A batch is a {type(batch).__name__} with keys {sorted(batch)}, without the "
+                    f"label keys {missing} that Model(labels={keys}) names. Name the keys your "
+                    f"data set returns, e.g. Model(network, "
+                    f"labels={[k for k in sorted(batch) if 'label' in k] or ['labels']})."
                 )
         else:
             keys = [next((key for key in DEFAULT_LABEL_KEYS if key in batch), None)]
@@ -184,8 +194,8 @@ class BatchSplitter:
         }
         if not features:
             raise ValueError(
-                f"A dict batch with keys {sorted(batch)} leaves no network inputs: every "
-                f"key is a label key ({keys})."
+                f"A {type(batch).__name__} batch with keys {sorted(batch)} leaves no network "
+                f"inputs: every key is a label key ({keys})."
             )
         inputs = KeywordInputs(zip(features, self._to_device(features.values())))
         labels = self._to_device(batch[key] for key in keys if key in batch) if need_labels else []

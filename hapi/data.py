@@ -1,9 +1,12 @@
 """From what the user passes to fit/evaluate/predict to batches on the device.
 
-Accepted data: a map-style ``Dataset`` whose items are tuples, an
+Accepted data: a map-style ``Dataset`` whose items are tuples (or dicts), any
+other map-style object (``__len__`` and ``__getitem__(int)``, such as a Hugging
+Face ``datasets.Dataset``), a list of samples (tuples or dicts), an
 ``IterableDataset``, a ``DataLoader`` (used as given on one process), or a
 tuple/list of tensors or NumPy arrays ``(x, y)`` of equal length. Samplers
-come from :mod:`hapi.distributed`, so sharding is decided there.
+come from :mod:`hapi.distributed`, so sharding is decided there, alike for
+every kind of map-style data.
 
 Each batch is split into network inputs and loss labels: by default every
 element but the last is an input and the last is the label; ``Model(inputs=,
@@ -13,7 +16,7 @@ labels=)`` override the counts.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -25,8 +28,9 @@ from hapi.callbacks.checks import require_int
 from hapi.seeded_loader import SeededLoader, may_draw_random_numbers
 
 ACCEPTED = (
-    "a torch.utils.data.Dataset, an IterableDataset, a DataLoader, or a tuple of "
-    "tensors/NumPy arrays (x, y) of equal length"
+    "a torch.utils.data.Dataset or any map-style data set (__len__ and __getitem__(int), e.g. a "
+    "Hugging Face datasets.Dataset), a list of samples (tuples or dicts), an IterableDataset, a "
+    "DataLoader, or a tuple of tensors/NumPy arrays (x, y) of equal length"
 )
 
 
@@ -34,7 +38,7 @@ def describe(values: Any) -> str:
     """Shapes and dtypes for error messages: ``(float32[4, 3], int64[4])``."""
     if torch.is_tensor(values) or isinstance(values, np.ndarray):
         return f"{values.dtype}{list(values.shape)}".replace("torch.", "")
-    if isinstance(values, dict):
+    if isinstance(values, Mapping):
         return "{" + ", ".join(f"{key}: {describe(value)}" for key, value in values.items()) + "}"
     if isinstance(values, (list, tuple)):
         kinds = {type(v).__name__ for v in values}
@@ -133,8 +137,74 @@ def device_resident(dataset: Any, device: torch.device, free_bytes: int) -> Any:
     return dataset.to(device)
 
 
-def as_dataset(data: Any, role: str) -> Dataset:
-    """A Dataset for ``data``; tensors and arrays become :class:`TensorBatches`."""
+class Samples(Dataset):
+    """A list of samples (tuples or dicts) as a data set.
+
+    Indexing a list draws no random numbers, so its batches need no seeds
+    (:mod:`hapi.seeded_loader`); ``__getitems__`` fetches a batch in one call.
+    """
+
+    draws_random_numbers = False
+
+    def __init__(self, samples: list) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.samples[index]
+
+    def __getitems__(self, indices: list[int]) -> list:
+        samples = self.samples
+        return [samples[index] for index in indices]
+
+
+def is_map_style(data: Any) -> bool:
+    """Whether ``data`` reads as a map-style data set: a length, and samples by int index.
+
+    That is all torch's ``DataLoader`` needs of a data set, so any such object
+    is data (a Hugging Face ``datasets.Dataset`` is no torch ``Dataset``).
+    Tensors, arrays, strings and mappings have both methods too, but their
+    items are not samples.
+    """
+    if isinstance(data, (str, bytes, Mapping, np.ndarray)) or torch.is_tensor(data):
+        return False
+    kind = type(data)
+    return hasattr(kind, "__len__") and hasattr(kind, "__getitem__")
+
+
+def _refusal(data: Any, role: str) -> TypeError:
+    """The error for data of no accepted kind, saying what was received and what would do."""
+    hint = ""
+    if torch.is_tensor(data) or isinstance(data, np.ndarray):
+        received = f"a single {type(data).__name__} {describe(data)}"
+        hint = " Pass a tuple: (x, y) to train and evaluate, (x,) to predict."
+    elif isinstance(data, Mapping):
+        received = f"a {type(data).__name__} with keys {list(data)[:8]}"
+        hint = (
+            " A mapping is one sample or one batch, not a data set: pass a list of such "
+            "samples, or a data set whose items they are."
+        )
+    elif isinstance(data, (tuple, list)):
+        kinds = "/".join(sorted({type(item).__name__ for item in data})) or "nothing"
+        received = f"a {type(data).__name__} of {len(data)} {kinds}"
+        hint = (
+            " A list is data when it holds samples (tuples or dicts, e.g. list(zip(x, y))); "
+            "a tuple or list, when it holds tensors or arrays with one row per sample."
+        )
+    else:
+        received = type(data).__name__
+    return TypeError(f"{role} must be {ACCEPTED}; received {received}.{hint}")
+
+
+def as_dataset(data: Any, role: str) -> Any:
+    """A data set for ``data``: map-style or iterable.
+
+    Tensors and arrays become :class:`TensorBatches`, a list of samples
+    :class:`Samples`; a ``Dataset`` or any other map-style object is used as
+    it is.
+    """
     if type(data) is TensorDataset:
         return TensorBatches(*data.tensors)
     if isinstance(data, Dataset):
@@ -152,7 +222,11 @@ def as_dataset(data: Any, role: str) -> Dataset:
                 "of the tuple must have one row per sample."
             )
         return TensorBatches(*tensors)
-    raise TypeError(f"{role} must be {ACCEPTED}; received {type(data).__name__}.")
+    if isinstance(data, list) and data and all(isinstance(s, (tuple, Mapping)) for s in data):
+        return Samples(data)
+    if not isinstance(data, (tuple, list)) and is_map_style(data):
+        return data
+    raise _refusal(data, role)
 
 
 class ExplainingCollate:
@@ -213,7 +287,13 @@ def _checked(loader: Iterable, role: str, batch_size: int | None, drop_last: boo
     if batches is None:
         return NonEmpty(loader, role)
     dataset = getattr(loader, "dataset", None)
-    if batches == 0 and not drop_last and isinstance(dataset, Dataset) and len(dataset) > 0:
+    if (
+        batches == 0
+        and not drop_last
+        and not isinstance(dataset, IterableDataset)
+        and is_map_style(dataset)
+        and len(dataset) > 0
+    ):
         return loader  # data set smaller than the process count: this process's shard is empty
     if batches == 0:
         reason = f" with batch_size={batch_size} and drop_last=True" if drop_last else ""

@@ -21,6 +21,7 @@ from hapi.callbacks import Callback, CallbackList, History
 from hapi.callbacks.checks import require_int
 from hapi.callbacks.run import callbacks_for_run
 from hapi.data import make_loader, num_batches
+from hapi.fit_data import as_source, batch_sizes, fit_seed
 from hapi.loops import Parts, evaluate_loop, fit_loop, predict_loop
 from hapi.train_data import TrainData
 
@@ -98,7 +99,7 @@ class ModelRuns:
         self,
         train_data: Any,
         eval_data: Any = None,
-        batch_size: int = DEFAULT_BATCH_SIZE,
+        batch_size: int | tuple[int, int] = DEFAULT_BATCH_SIZE,
         epochs: int = 1,
         eval_freq: int = 1,
         log_freq: int = DEFAULT_LOG_FREQ,
@@ -116,7 +117,20 @@ class ModelRuns:
     ) -> History:
         """Train; returns the :class:`callbacks.History` of per-epoch figures.
 
-        ``batch_size`` is per process. ``eval_data`` is evaluated when
+        ``train_data`` and ``eval_data``: a Dataset or any map-style object
+        (``__len__`` and ``__getitem__(int)``, e.g. a ``datasets.Dataset``), a
+        list of samples (tuples or dicts), an IterableDataset, a DataLoader, or
+        a tuple of tensors/arrays ``(x, y)``. ``batch_size`` is per process: an
+        int, or a pair ``(train, eval)`` whose second size batches
+        ``eval_data`` (Paddle's convention).
+        ``shuffle=True`` reshuffles the training data every epoch, in an
+        order that follows one number drawn from torch's global generator
+        when ``fit`` starts. That is the only draw torch-hapi makes from the
+        global generators, and only when needed (see :mod:`hapi.fit_data`):
+        with ``shuffle=False`` over tensors, a list of samples or a data set
+        marked ``draws_random_numbers = False``, nothing is drawn, so a
+        network with dropout trains bit for bit as a hand loop seeded alike.
+        ``eval_data`` is evaluated when
         ``epoch % eval_freq == 0`` (0-based, as in Paddle). ``save_dir`` adds
         a ``ModelCheckpoint(save_dir, save_freq)``. ``num_iters`` is the
         number of training batches in total: ``epochs`` becomes
@@ -157,12 +171,15 @@ class ModelRuns:
                 f"your own ({type(self).__name__}): your step decides when to update; "
                 "accumulate in it, or leave accumulate_grad_batches=1."
             )
-        data_seed = distributed.shared_seed()
+        train_batch_size, eval_batch_size = batch_sizes(batch_size)
+        train_source = as_source(train_data, "train_data")  # refused before anything is drawn
+        eval_source = as_source(eval_data, "eval_data")
+        data_seed = fit_seed(train_source, shuffle)
         train_loader, cbks = self._run_setup(
-            train_data,
+            train_source,
             "train_data",
             callbacks,
-            batch_size=batch_size,
+            batch_size=train_batch_size,
             verbose=verbose,
             log_freq=log_freq,
             num_workers=num_workers,
@@ -178,11 +195,11 @@ class ModelRuns:
         )
         eval_loader = (
             None
-            if eval_data is None
+            if eval_source is None
             else make_loader(
-                eval_data,
+                eval_source,
                 role="eval_data",
-                batch_size=batch_size,
+                batch_size=eval_batch_size,
                 num_workers=num_workers,
                 device=self.device,
             )
