@@ -18,11 +18,9 @@ and ``callbacks.files`` (every write, rename, link, deletion and every name join
 a directory); neither imports it back.
 """
 
+from typing import Any
+
 from hapi.checkpoint.background import release_staging, wait_for_writes
-from hapi.checkpoint.dcp_io import load as load_shards
-from hapi.checkpoint.dcp_io import load_optimizer as load_optimizer_shards
-from hapi.checkpoint.dcp_io import save as save_shards
-from hapi.checkpoint.dcp_io import saved_shapes
 from hapi.checkpoint.errors import CheckpointError
 from hapi.checkpoint.sharded import MANIFEST, save_sharded, shards_directory
 from hapi.checkpoint.state import (
@@ -56,3 +54,20 @@ __all__ = [
     "wait_for_writes",
     "write_file",
 ]
+
+# A sharded checkpoint's tensors go through torch.distributed.checkpoint, whose import costs
+# about a second (DTensor, sympy) on every process: dcp_io is imported on first use.
+_SHARD_IO = {
+    "load_shards": "load",
+    "load_optimizer_shards": "load_optimizer",
+    "save_shards": "save",
+    "saved_shapes": "saved_shapes",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SHARD_IO:
+        from hapi.checkpoint import dcp_io
+
+        return getattr(dcp_io, _SHARD_IO[name])
+    raise AttributeError(f"module 'hapi.checkpoint' has no attribute {name!r}")

@@ -24,34 +24,43 @@ own engine; what this module adds is what a Model needs around it:
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import (
-    CPUOffloadPolicy,
-    FSDPModule,
-    MixedPrecisionPolicy,
-    OffloadPolicy,
-    fully_shard,
-)
-from torch.distributed.tensor import DTensor
 
 from hapi.distributed.collectives import sync_from_main
 from hapi.distributed.env import DistributedSetupError
 from hapi.distributed.group import world_size
 
 _NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+# torch's FSDP2, its state-dict helpers and DTensor are imported where they are used: together
+# they cost about a second at import (DTensor brings sympy), paid by every process of every run,
+# and most runs never shard. A run that never imported them holds no DTensor and no FSDP module,
+# which is what the two checks below rely on.
+def _dtensor_class() -> type | None:
+    module = sys.modules.get("torch.distributed.tensor")
+    return None if module is None else module.DTensor
+
+
+def _is_dtensor(tensor: Any) -> bool:
+    dtensor = _dtensor_class()
+    return dtensor is not None and isinstance(tensor, dtensor)
+
+
+def _fsdp_module_class() -> type | None:
+    module = sys.modules.get("torch.distributed.fsdp")
+    return None if module is None else module.FSDPModule
+
+
+def _full_options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def check_wrap(wrap: Any) -> tuple[type, ...] | None:
@@ -159,6 +168,14 @@ def shard(
             "network, whose parameters are replaced by their shards. Build the optimizer over "
             "model.parameters()."
         )
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
+
     sync_from_main(network, parameters=True)  # one starting model, whatever each rank initialised
     saved_optimizer = optimizer.state_dict() if optimizer is not None and optimizer.state else None
     mesh = init_device_mesh(device.type, (world_size(),))
@@ -210,17 +227,20 @@ def _point_at_shards(
 
 def sharded_parameters(network: nn.Module) -> list[str]:
     """Names of ``network``'s parameters that are shards of FSDP's (DTensors)."""
-    return [name for name, p in network.named_parameters() if isinstance(p, DTensor)]
+    return [name for name, p in network.named_parameters() if _is_dtensor(p)]
 
 
 def is_sharded(network: nn.Module) -> bool:
     """Whether :func:`shard` sharded ``network`` (not on one process, nor before training)."""
-    return isinstance(network, FSDPModule)
+    fsdp_module = _fsdp_module_class()
+    return fsdp_module is not None and isinstance(network, fsdp_module)
 
 
 def full_state_dict(network: nn.Module) -> dict[str, torch.Tensor]:
     """The network's weights as full plain CPU tensors on rank 0 (empty elsewhere); a collective."""
-    return get_model_state_dict(network, options=_FULL)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(network, options=_full_options())
 
 
 def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
@@ -294,8 +314,9 @@ def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
 
 def _user_class(cls: type) -> type:
     """The class FSDP subclassed for a unit (``FSDPLinear`` -> ``Linear``); others unchanged."""
-    while issubclass(cls, FSDPModule):
-        cls = next(base for base in cls.__bases__ if base is not FSDPModule)
+    fsdp_module = _fsdp_module_class()
+    while fsdp_module is not None and issubclass(cls, fsdp_module):
+        cls = next(base for base in cls.__bases__ if base is not fsdp_module)
     return cls
 
 
@@ -312,6 +333,8 @@ def _is_fsdp_hook(hook: Any) -> bool:
 
 def load_state_dict(network: nn.Module, state: dict[str, torch.Tensor], strict: bool) -> None:
     """Full tensors (on every process) into the network, sharded as it is."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
     set_model_state_dict(
         network, state, options=StateDictOptions(full_state_dict=True, strict=strict)
     )
@@ -327,7 +350,9 @@ def full_optimizer_state(network: nn.Module, optimizer: torch.optim.Optimizer) -
     """The optimizer state in torch's plain layout (full tensors, parameters numbered), on rank 0."""
     if not optimizer.state:
         return optimizer.state_dict()  # no state yet: only the groups, the same on every process
-    by_name = get_optimizer_state_dict(network, optimizer, options=_FULL)
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    by_name = get_optimizer_state_dict(network, optimizer, options=_full_options())
     numbers = {name: index for index, name in enumerate(_parameter_names(network, optimizer))}
     return {
         "state": {numbers[name]: value for name, value in by_name.get("state", {}).items()},
@@ -356,6 +381,8 @@ def load_optimizer_state(
             for group in state["param_groups"]
         ],
     }
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
     set_optimizer_state_dict(
         network, optimizer, by_name, options=StateDictOptions(full_state_dict=True)
     )
@@ -368,7 +395,10 @@ def gathered(network: nn.Module) -> Iterator[None]:
     Evaluation shards may differ by a batch between processes; with the
     weights gathered once, each runs its own batches. Resharded on the way out.
     """
-    units = [m for m in network.modules() if isinstance(m, FSDPModule)]
+    fsdp_module = _fsdp_module_class()
+    units = (
+        [] if fsdp_module is None else [m for m in network.modules() if isinstance(m, fsdp_module)]
+    )
     if not units:
         yield
         return
@@ -383,7 +413,7 @@ def gathered(network: nn.Module) -> Iterator[None]:
             unit.set_reshard_after_forward(_reshard_setting(unit), recurse=False)
 
 
-def _reshard_setting(unit: FSDPModule) -> bool:
+def _reshard_setting(unit: nn.Module) -> bool:
     return bool(getattr(unit, "_hapi_reshard_after_forward", True))
 
 
@@ -403,7 +433,7 @@ def no_sync(network: nn.Module, skip_gradient_sync: bool) -> Iterator[None]:
 def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
     """torch's ``clip_grad_norm_``; over DTensor shards it is the norm of the whole gradient."""
     norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    return norm.full_tensor() if _is_dtensor(norm) else norm
 
 
 def local_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
@@ -412,6 +442,6 @@ def local_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     for tensor in tensors:
         if tensor is None:
             continue
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        local = tensor.to_local() if _is_dtensor(tensor) else tensor
         total += local.numel() * local.element_size()
     return total
