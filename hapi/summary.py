@@ -34,8 +34,9 @@ def _check_shape(shape: tuple, input_size: Any) -> torch.Size:
     if len(unknown) > 1:
         raise ValueError(
             f"{where} has {len(unknown)} dimensions given as -1 or None; only the first "
-            "(batch) dimension may be -1 or None, one per shape (for an RNN's h0/c0 the batch dimension is the second). "
-            "Give every other dimension its size, e.g. (-1, 16) instead of (-1, -1)."
+            "(batch) dimension may be -1 or None, one per shape (for an RNN's h0/c0 the batch "
+            "dimension is the second). Give every other dimension its size, e.g. (-1, 16) "
+            "instead of (-1, -1)."
         )
     for d in shape:
         if d is not None and d != -1 and d <= 0:
@@ -150,11 +151,11 @@ def forward_once(network: nn.Module, args: list[Any], input_size: Any) -> None:
             try:
                 network(*args)
             except Exception as error:
+                given = "input=" if input_size is None else f"input_size={input_size!r}"
                 if hasattr(error, "add_note"):  # Python 3.11+
                     error.add_note(
                         f"(raised by the example forward pass of {type(network).__name__} on "
-                        f"inputs of shapes {shapes(args)} built from "
-                        f"{'input_size=' + repr(input_size) if input_size is not None else 'input='})"
+                        f"inputs of shapes {shapes(args)} built from {given})"
                     )
                 raise
     finally:
