@@ -51,20 +51,20 @@ def _avg_pool(m: nn.Module, x: tuple, y: Any) -> int:
     return _first_tensor(y).numel()
 
 
-def _adaptive_avg_pool(m: nn.Module, x: tuple, y: Any) -> int:
-    out = _first_tensor(y)
-    dims = {nn.AdaptiveAvgPool1d: 1, nn.AdaptiveAvgPool2d: 2, nn.AdaptiveAvgPool3d: 3}[
-        next(c for c in type(m).__mro__ if c in _ADAPTIVE)
-    ]
-    kernel = math.prod(i // o for i, o in zip(x[0].shape[-dims:], out.shape[-dims:]))
-    return (kernel + 1) * out.numel()  # the adds of a window, and one division
+def _adaptive_avg_pool(dims: int) -> CountFn:
+    """The count of an adaptive average pooling over the last ``dims`` dimensions."""
+
+    def count(m: nn.Module, x: tuple, y: Any) -> int:
+        out = _first_tensor(y)
+        kernel = math.prod(i // o for i, o in zip(x[0].shape[-dims:], out.shape[-dims:]))
+        return (kernel + 1) * out.numel()  # the adds of a window, and one division
+
+    return count
 
 
 def _zero(m: nn.Module, x: tuple, y: Any) -> int:
     return 0
 
-
-_ADAPTIVE = (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)
 
 # Paddle's table (paddle/hapi/dynamic_flops.py register_hooks), in torch's names. BatchNorm
 # of every rank counts as Paddle counts BatchNorm2D; torch's other dropouts count as Dropout.
@@ -96,7 +96,9 @@ COUNTERS: dict[type, CountFn] = {
     nn.LeakyReLU: _leaky_relu,
     nn.Linear: _linear,
     **dict.fromkeys((nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d), _avg_pool),
-    **dict.fromkeys(_ADAPTIVE, _adaptive_avg_pool),
+    nn.AdaptiveAvgPool1d: _adaptive_avg_pool(1),
+    nn.AdaptiveAvgPool2d: _adaptive_avg_pool(2),
+    nn.AdaptiveAvgPool3d: _adaptive_avg_pool(3),
 }
 
 
