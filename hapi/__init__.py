@@ -2,7 +2,8 @@
 
 ``Model`` wraps an ``nn.Module`` with prepare/fit/evaluate/predict;
 ``hapi.metrics`` holds Paddle's ``Accuracy`` on torchmetrics;
-``hapi.datasets`` reads MNIST-style IDX files; ``spawn`` starts a training
+``hapi.datasets`` reads MNIST-style IDX files; ``flops`` counts a network's
+FLOPs as ``paddle.flops`` does; ``spawn`` starts a training
 function on several local processes. ``hapi.callbacks`` is torch-hapi's
 ``callbacks`` package (Paddle's ``paddle.callbacks``), reachable by that name
 even where a ``callbacks.py`` of the user's hides the top-level one.
@@ -12,10 +13,11 @@ even where a ``callbacks.py`` of the user's hides the top-level one.
 from hapi._callbacks import callbacks  # isort: skip
 from hapi import metrics
 from hapi.distributed.strategies import DDP, FSDP
+from hapi.flops import flops
 from hapi.launch import spawn
 from hapi.model import Model
 
-__all__ = ["Model", "DDP", "FSDP", "spawn", "callbacks", "metrics", "datasets"]
+__all__ = ["Model", "DDP", "FSDP", "flops", "spawn", "callbacks", "metrics", "datasets"]
 __version__ = "0.1.0"
 
 

@@ -18,6 +18,7 @@ from torch import nn
 from hapi import distributed
 from hapi.amp import AMP_DTYPES, make_scaler, parse_amp
 from hapi.batches import BatchSplitter
+from hapi.flops import count_flops
 from hapi.loops import Parts
 from hapi.metrics import MetricSet, normalise_metrics
 from hapi.model_io import ModelFiles
@@ -277,10 +278,42 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
             self._splitter,
         )
 
-    def summary(self, input_size: Any = None, dtype: torch.dtype | None = None) -> dict[str, int]:
+    def summary(
+        self, input_size: Any = None, dtype: Any = None, input: Any = None
+    ) -> dict[str, int]:
         """Print the layers and parameter counts; returns ``{"total_params", "trainable_params"}``.
 
-        ``input_size`` (a shape with the batch dimension, e.g. ``(1, 1, 28, 28)``,
-        or a list of shapes for several inputs) adds each layer's output shape.
+        With example inputs the table also shows each layer's input and output shapes, read
+        from one forward pass (eval mode, no gradients, on zeros; each module's mode is
+        restored). ``input_size`` is read as Paddle reads it: an int ``n`` is the shape
+        ``(n,)``; a tuple such as ``(1, 1, 28, 28)`` is one input (``-1``/``None`` for the
+        batch dimension reads as 1; no other dimension may be unknown); a list of shapes gives
+        one input each; nested tuples give nested inputs, e.g.
+        ``[(-1, 23, 16), ((2, -1, 32), (2, -1, 32))]`` for an LSTM's ``x, (h0, c0)``.
+        ``dtype`` (a ``torch.dtype`` or its name, default float32) is one for all inputs or a
+        list with one per input. ``input`` gives actual tensors instead (a tensor, or a list
+        or dict of them, passed to the network as its one argument, as in Paddle).
+
+        Raises:
+            TypeError: ``input_size`` holds something that is no size, or ``dtype`` is unknown.
+            ValueError: a shape has more than one ``-1``/``None`` or a size below 1, or both
+                ``input_size`` and ``input`` were given.
         """
-        return summarize(self._network, input_size, dtype, self.device)
+        return summarize(self._network, input_size, dtype, self.device, input)
+
+    def flops(
+        self,
+        input_size: Any = None,
+        custom_ops: dict[type, Any] | None = None,
+        print_detail: bool = False,
+        *,
+        input: Any = None,
+    ) -> int:
+        """The network's FLOPs on one forward pass: ``hapi.flops(model.network, ...)``.
+
+        See ``hapi.flops`` for the arguments; the example inputs are made on the model's
+        device.
+        """
+        return count_flops(
+            self._network, input_size, custom_ops, print_detail, input=input, device=self.device
+        )

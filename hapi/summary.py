@@ -1,92 +1,238 @@
-"""``Model.summary``: parameter counts and, given an input size, each layer's output shape."""
+"""``Model.summary``: parameter counts and, given example inputs, each layer's shapes.
+
+Also home of what ``summary`` and ``flops`` share: reading Paddle's ``input_size`` (or
+``input=``) into the arguments of one forward pass, and running that pass without changing
+the network (no gradients, every module's train/eval mode and the global RNG left as found).
+"""
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+_SHAPE_HELP = (
+    "Give a shape such as (1, 1, 28, 28) or an int (one dimension), a list of shapes for "
+    "several inputs, or nested tuples for nested inputs, e.g. [(-1, 23, 16), ((2, -1, 32), "
+    "(2, -1, 32))] for an LSTM's x and (h0, c0)"
+)
 
-def _shapes(value: Any) -> str:
+
+def _is_dim(value: Any) -> bool:
+    return value is None or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
+
+
+def _check_shape(shape: tuple, input_size: Any) -> torch.Size:
+    """One input's shape, its batch dimension (-1 or None) made 1."""
+    where = f"input_size {input_size!r}"
+    if not (isinstance(input_size, (tuple, list)) and tuple(input_size) == shape):
+        where += f" holds the shape {shape!r}, which"
+    unknown = [i for i, d in enumerate(shape) if d is None or d == -1]
+    if len(unknown) > 1:
+        raise ValueError(
+            f"{where} has {len(unknown)} dimensions given as -1 or None; only the first "
+            "(batch) dimension may be -1 or None, one per shape (for an RNN's h0/c0 the batch "
+            "dimension is the second). Give every other dimension its size, e.g. (-1, 16) "
+            "instead of (-1, -1)."
+        )
+    for d in shape:
+        if d is not None and d != -1 and d <= 0:
+            raise ValueError(
+                f"{where} has the size {d}; every size must be greater than zero (-1 or None "
+                "only for the batch dimension)."
+            )
+    return torch.Size(1 if i in unknown else int(d) for i, d in enumerate(shape))
+
+
+def _parse(size: Any, input_size: Any) -> Any:
+    """A ``torch.Size`` for a shape, else the same list/tuple of parsed items."""
+    if _is_dim(size) and size is not None:
+        return _check_shape((size,), input_size)  # Paddle: an int n is the shape (n,)
+    if isinstance(size, (tuple, list)):
+        if all(_is_dim(d) for d in size):
+            return _check_shape(tuple(size), input_size)
+        return type(size)(_parse(item, input_size) for item in size)
+    raise TypeError(
+        f"input_size {input_size!r} holds {size!r} ({type(size).__name__}), which is neither "
+        f"a size nor a shape. {_SHAPE_HELP}."
+    )
+
+
+def _parse_dtype(value: Any) -> torch.dtype:
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str):
+        found = getattr(torch, value.removeprefix("torch."), None)
+        if isinstance(found, torch.dtype):
+            return found
+    raise TypeError(
+        f"dtype must be a torch.dtype or its name (e.g. torch.int64 or 'int64'), one for all "
+        f"inputs or a list with one per input; received {value!r}."
+    )
+
+
+def _zeros(parsed: Any, dtype: Any, device: torch.device) -> Any:
+    """Zeros for each shape (zeros, not random: the global RNG stays untouched)."""
+    if isinstance(parsed, torch.Size):
+        if isinstance(dtype, (list, tuple)):
+            raise ValueError(
+                f"dtype {dtype!r} is a list where the input is the single shape "
+                f"{tuple(parsed)}; give one dtype for it, e.g. 'int64'."
+            )
+        return torch.zeros(parsed, dtype=torch.float32 if dtype is None else dtype, device=device)
+    if isinstance(dtype, (list, tuple)):
+        if len(dtype) != len(parsed):
+            raise ValueError(
+                f"dtype {dtype!r} has {len(dtype)} entries for {len(parsed)} inputs; give one "
+                "dtype per input, or a single dtype for all of them."
+            )
+        return type(parsed)(_zeros(p, d, device) for p, d in zip(parsed, dtype))
+    return type(parsed)(_zeros(p, dtype, device) for p in parsed)
+
+
+def _dtypes(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_dtypes(v) for v in value]
+    return _parse_dtype(value)
+
+
+def example_args(input_size: Any, dtype: Any, input: Any, device: torch.device) -> list[Any] | None:
+    """The positional arguments of one forward pass, or ``None`` when nothing was given.
+
+    Paddle's reading of ``input_size``: an int ``n`` is the shape ``(n,)``; a tuple or list
+    of sizes is one input's shape; a list of shapes gives one positional input each, and a
+    nested tuple one nested input (an LSTM's ``(h0, c0)``). ``input=`` (a tensor, a list or a
+    dict of them) is passed to the network as its one argument, as Paddle does.
+    """
+    if input is not None:
+        if input_size is not None or dtype is not None:
+            raise ValueError(
+                "Give either input_size (with dtype) or input, not both: input= is passed to "
+                "the network as it is, so its tensors already have their shapes and dtypes."
+            )
+        if not (torch.is_tensor(input) or isinstance(input, (list, tuple, Mapping))):
+            raise TypeError(
+                f"input must be a tensor, a list/tuple of tensors or a dict of them (passed to "
+                f"the network as its one argument); received {type(input).__name__}."
+            )
+        return [input]
+    if input_size is None:
+        return None
+    if isinstance(input_size, (list, tuple)) and len(input_size) == 0:
+        raise ValueError(f"input_size is empty ({input_size!r}). {_SHAPE_HELP}.")
+    parsed = _parse(input_size, input_size)
+    args = [parsed] if isinstance(parsed, torch.Size) else list(parsed)
+    return list(_zeros(args, _dtypes(dtype), device))
+
+
+def network_device(network: nn.Module) -> torch.device:
+    """Where the network's first parameter (or buffer) lives; the CPU for one with neither."""
+    for tensor in (*network.parameters(), *network.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+def forward_once(network: nn.Module, args: list[Any], input_size: Any) -> None:
+    """Runs ``network(*args)`` in eval mode without gradients; restores each module's mode.
+
+    Eval mode, as Paddle does: dropout stays off and BatchNorm's running statistics keep
+    their values. Each module gets back its own mode (a frozen BatchNorm inside a training
+    network stays in eval). A failing forward says which example inputs it was given.
+    """
+    modes = [(module, module.training) for module in network.modules()]
+    network.eval()
+    try:
+        with torch.no_grad():
+            try:
+                network(*args)
+            except Exception as error:
+                given = "input=" if input_size is None else f"input_size={input_size!r}"
+                if hasattr(error, "add_note"):  # Python 3.11+
+                    error.add_note(
+                        f"(raised by the example forward pass of {type(network).__name__} on "
+                        f"inputs of shapes {shapes(args)} built from {given})"
+                    )
+                raise
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def shapes(value: Any) -> str:
+    """Shapes of the tensors in ``value`` (nested lists, tuples and dicts)."""
     if torch.is_tensor(value):
         return str(list(value.shape))
     if isinstance(value, (list, tuple)):
-        return ", ".join(_shapes(v) for v in value)
+        return ", ".join(shapes(v) for v in value)
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}: {shapes(v)}" for k, v in value.items())
     return type(value).__name__
 
 
-def _example_inputs(
-    input_size: Any, dtype: torch.dtype | None, device: torch.device
-) -> list[torch.Tensor]:
-    """Zeros of each requested shape; a batch dimension of None or -1 becomes 1."""
-    sizes = input_size if isinstance(input_size, list) else [input_size]
-    inputs = []
-    for size in sizes:
-        if not isinstance(size, (tuple, list)) or not all(
-            isinstance(d, int) or d is None for d in size
-        ):
-            raise TypeError(
-                f"input_size must be a shape such as (1, 1, 28, 28) (batch dimension first; None "
-                f"or -1 allowed for it) or a list of shapes, one per input; received {input_size!r}."
-            )
-        shape = [1 if (d is None or d < 0) and i == 0 else d for i, d in enumerate(size)]
-        inputs.append(torch.zeros(shape, dtype=dtype or torch.float32, device=device))
-    return inputs
+def print_table(headers: tuple[str, ...], rows: list[tuple]) -> int:
+    """Prints a ruled table; returns its width for the lines printed after it."""
+    widths = [
+        max(len(headers[i]), *(len(str(row[i])) for row in rows)) if rows else len(headers[i])
+        for i in range(len(headers))
+    ]
+    line = "-" * (sum(widths) + 2 * (len(headers) - 1))
+    print(line)
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    print(line.replace("-", "="))
+    for row in rows:
+        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
+    print(line.replace("-", "="))
+    return len(line)
 
 
 def summarize(
-    network: nn.Module, input_size: Any, dtype: torch.dtype | None, device: torch.device
+    network: nn.Module,
+    input_size: Any,
+    dtype: Any,
+    device: torch.device,
+    input: Any = None,
 ) -> dict[str, int]:
-    """Print a table of layers and return ``{"total_params", "trainable_params"}``."""
-    rows: list[tuple[str, str, str, int]] = []
-    hooks = []
+    """Print a table of layers and return ``{"total_params", "trainable_params"}``.
+
+    The totals count every parameter of the network once, whether or not the example
+    forward pass uses it, so they are the same with and without ``input_size``.
+    """
+    args = example_args(input_size, dtype, input, device)
     leaves = [
         (name, module) for name, module in network.named_modules() if not list(module.children())
     ]
-    output_shapes: dict[str, str] = {}
-    if input_size is not None:
-        for name, module in leaves:
-            hooks.append(
-                module.register_forward_hook(
-                    lambda _m, _i, out, name=name: output_shapes.__setitem__(name, _shapes(out))
-                )
+    seen: dict[str, tuple[str, str]] = {}
+    if args is not None:
+        hooks = [
+            module.register_forward_hook(
+                lambda _m, ins, out, name=name: seen.__setitem__(name, (shapes(ins), shapes(out)))
             )
-        was_training = network.training
+            for name, module in leaves
+        ]
         try:
-            network.eval()
-            with torch.no_grad():
-                network(*_example_inputs(input_size, dtype, device))
+            forward_once(network, args, input_size)
         finally:
-            network.train(was_training)
             for hook in hooks:
                 hook.remove()
-    for name, module in leaves:
-        count = sum(p.numel() for p in module.parameters(recurse=False))
-        rows.append(
-            (
-                name or type(network).__name__,
-                type(module).__name__,
-                output_shapes.get(name, "-"),
-                count,
-            )
+    rows = [
+        (
+            name or type(network).__name__,
+            type(module).__name__,
+            *seen.get(name, ("-", "-")),
+            f"{sum(p.numel() for p in module.parameters(recurse=False)):,}",
         )
+        for name, module in leaves
+    ]
     total = sum(p.numel() for p in network.parameters())
     trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
-    headers = ("Layer", "Type", "Output shape", "Params")
-    widths = [
-        max(len(headers[i]), *(len(str(row[i])) for row in rows)) if rows else len(headers[i])
-        for i in range(4)
-    ]
-    line = "-" * (sum(widths) + 6)
-    print(line)
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
-    print(line.replace("-", "="))
-    for row in rows:
-        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)))
-    print(line.replace("-", "="))
+    width = print_table(("Layer", "Type", "Input shape", "Output shape", "Params"), rows)
     print(f"Total params: {total:,}")
     print(f"Trainable params: {trainable:,}")
     print(f"Non-trainable params: {total - trainable:,}")
-    print(line)
+    print("-" * width)
     return {"total_params": total, "trainable_params": trainable}
