@@ -9,8 +9,10 @@ processes and devices in :mod:`hapi.distributed`, files in
 
 from __future__ import annotations
 
+import contextlib
+import io
 import warnings
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -18,7 +20,7 @@ from torch import nn
 from hapi import distributed
 from hapi.amp import AMP_DTYPES, make_scaler, parse_amp
 from hapi.batches import BatchSplitter
-from hapi.flops import count_flops
+from hapi.flop_count import count_flops
 from hapi.loops import Parts
 from hapi.metrics import MetricSet, normalise_metrics
 from hapi.model_io import ModelFiles
@@ -292,14 +294,16 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
         ``[(-1, 23, 16), ((2, -1, 32), (2, -1, 32))]`` for an LSTM's ``x, (h0, c0)``.
         ``dtype`` (a ``torch.dtype`` or its name, default float32) is one for all inputs or a
         list with one per input. ``input`` gives actual tensors instead (a tensor, or a list
-        or dict of them, passed to the network as its one argument, as in Paddle).
+        or dict of them, passed to the network as its one argument, as in Paddle). Under
+        several processes every process computes it and the main process prints it.
 
         Raises:
             TypeError: ``input_size`` holds something that is no size, or ``dtype`` is unknown.
             ValueError: a shape has more than one ``-1``/``None`` or a size below 1, or both
                 ``input_size`` and ``input`` were given.
         """
-        return summarize(self._network, input_size, dtype, self.device, input)
+        with _printed_by_main_process():
+            return summarize(self._network, input_size, dtype, self.device, input)
 
     def flops(
         self,
@@ -312,8 +316,19 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
         """The network's FLOPs on one forward pass: ``hapi.flops(model.network, ...)``.
 
         See ``hapi.flops`` for the arguments; the example inputs are made on the model's
-        device.
+        device. Under several processes every process counts and the main process prints.
         """
-        return count_flops(
-            self._network, input_size, custom_ops, print_detail, input=input, device=self.device
-        )
+        with _printed_by_main_process():
+            return count_flops(
+                self._network, input_size, custom_ops, print_detail, input=input, device=self.device
+            )
+
+
+@contextlib.contextmanager
+def _printed_by_main_process() -> Iterator[None]:
+    """A table printed once per job, not once per process (the counts are the same on each)."""
+    if distributed.is_main():
+        yield
+        return
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
