@@ -88,6 +88,7 @@ def wandb_offline_fixture(tmp_path, monkeypatch):
         "WANDB_CONSOLE": "off",
         "WANDB_X_DISABLE_STATS": "true",
         "WANDB_X_DISABLE_MACHINE_INFO": "true",
+        "WANDB_X_SAVE_REQUIREMENTS": "false",
         "WANDB_DIR": str(tmp_path),
         "WANDB_CONFIG_DIR": str(home / "config"),
         "WANDB_CACHE_DIR": str(home / "cache"),

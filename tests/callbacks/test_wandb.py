@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 from conftest import TinyNet, make_tiny_data
+from dist_helpers import WORKER, read_ranks, torchrun
 from stub import attach
 from wandb_offline import wandb_offline_fixture  # noqa: F401  (the wandb_offline fixture)
 
@@ -233,3 +234,19 @@ def test_the_open_run_registry_is_empty_after_each_fit(wandb_offline):
     cb = WandbCallback(project="hapi-test", dir=str(wandb_offline.dir))
     fit_two_epochs(cb, attach(cb, log_freq=2))
     assert callbacks.wandb._OPEN == []
+
+
+def test_under_torchrun_only_rank_0_starts_a_run(wandb_offline):
+    script = WORKER.parent / "wandb_script.py"
+    out = wandb_offline.dir
+    torchrun(["--standalone", "--nproc_per_node=2", str(script), str(out)], timeout=240)
+    ranks = read_ranks(out, "wandb", 2)
+    assert [r["imported_wandb"] for r in ranks] == [True, False]  # rank 1 never imports it
+    assert [r["held_run"] for r in ranks] == [True, False]
+    (run,) = wandb_offline.runs()  # one run, rank 0's
+    assert run.exit_code == 0
+    train = [row for row in run.history if "train/loss" in row]
+    # 32 samples on 2 processes at 8 each: 2 batches per epoch, figures every batch.
+    assert [row["train/step"] for row in train] == [1, 2, 3, 4]
+    evals = [row for row in run.history if "eval/loss" in row]
+    assert [row["eval/loss"] for row in evals] == pytest.approx(ranks[0]["history"]["val_loss"])
