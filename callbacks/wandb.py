@@ -32,6 +32,24 @@ _NOT_FIGURES = ("batch_size", "samples", "step")
 # The callbacks whose run is open. A fit that ends finishes its run, so one still open
 # when another run starts was left by a fit that raised: it is finished then, as failed.
 _OPEN: list[WandbCallback] = []
+_exit_hook_registered = False
+
+
+def _finish_open_runs() -> None:
+    """At interpreter exit: finish, as failed, each run a fit that raised left open.
+
+    One hook for every callback (not one per callback, which would keep each
+    callback and its model alive until exit).
+    """
+    for callback in list(_OPEN):
+        callback._finish(exit_code=1)
+
+
+def _register_exit_hook() -> None:
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        atexit.register(_finish_open_runs)
+        _exit_hook_registered = True
 
 
 def _require_wandb() -> None:
@@ -130,7 +148,6 @@ class WandbCallback(Callback):
         }
         self.run: Any = None
         self._owns_run = False  # started here (finished here), not the user's own
-        self._exit_hook = False
         self.train_step = 0
         self._in_batch = False
         self._epoch = 0
@@ -155,10 +172,8 @@ class WandbCallback(Callback):
             self.run, self._owns_run = current, False
         else:
             self.run, self._owns_run = wandb.init(**self.wandb_args), True
+            _register_exit_hook()  # after wandb.init: it then runs before wandb's own
             _OPEN.append(self)
-            if not self._exit_hook:
-                atexit.register(self._finish_at_exit)
-                self._exit_hook = True
         self.run.define_metric("train/step")
         self.run.define_metric("train/*", step_metric="train/step")
         self.run.define_metric("epoch")
@@ -177,11 +192,6 @@ class WandbCallback(Callback):
             _OPEN.remove(self)
         if run is not None and self._owns_run:
             run.finish(exit_code=exit_code)
-
-    def _finish_at_exit(self) -> None:
-        # Still open at exit: its fit raised (a finished fit finished it).
-        if self.run is not None and self._owns_run:
-            self._finish(exit_code=1)
 
     def _log(self, row: dict[str, float]) -> None:
         if self.run is not None:

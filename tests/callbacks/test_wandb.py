@@ -190,7 +190,7 @@ def test_a_run_left_open_by_a_raise_is_finished_as_failed_at_exit(wandb_offline)
     cb.on_train_begin()
     cb.on_epoch_begin(0)
     cb.on_train_batch_end(0, {"batch_size": 8, "loss": 1.0})
-    cb._finish_at_exit()  # what atexit runs
+    callbacks.wandb._finish_open_runs()  # what atexit runs
     assert wandb.run is None
     (run,) = wandb_offline.runs()
     assert run.exit_code == 1
@@ -250,3 +250,40 @@ def test_under_torchrun_only_rank_0_starts_a_run(wandb_offline):
     assert [row["train/step"] for row in train] == [1, 2, 3, 4]
     evals = [row for row in run.history if "eval/loss" in row]
     assert [row["eval/loss"] for row in evals] == pytest.approx(ranks[0]["history"]["val_loss"])
+
+
+def test_an_evaluation_inside_a_batch_is_plotted_at_that_batch(wandb_offline):
+    # fit(eval_steps=N) evaluates after a step's update, before its on_train_batch_end.
+    cb = WandbCallback(project="hapi-test", dir=str(wandb_offline.dir))
+    attach(cb, eval_steps=2)
+    cb.on_train_begin()
+    cb.on_epoch_begin(0)
+    for step in range(2):
+        cb.on_train_batch_begin(step)
+        if step == 1:
+            cb.on_eval_begin({"steps": 1})
+            cb.on_eval_end({"loss": 0.5})
+        cb.on_train_batch_end(step, {"batch_size": 8, "loss": 1.0})
+    cb.on_train_end()
+    (run,) = wandb_offline.runs()
+    assert [row["train/step"] for row in run.history] == [1, 2, 2]
+    assert run.history[1] == {"epoch": 0, "train/step": 2, "eval/loss": 0.5}
+
+
+def test_no_optimizer_means_no_lr(wandb_offline):
+    cb = WandbCallback(project="hapi-test", dir=str(wandb_offline.dir))
+    attach(cb).optimizer = None
+    cb.on_train_begin()
+    cb.on_train_batch_end(0, {"batch_size": 8, "loss": 2.0})
+    cb.on_train_end()
+    (run,) = wandb_offline.runs()
+    assert run.history == [{"train/step": 1, "train/loss": 2.0}]
+
+
+def test_mode_disabled_trains_and_writes_nothing(wandb_offline):
+    import wandb
+
+    cb = WandbCallback(project="hapi-test", dir=str(wandb_offline.dir), mode="disabled")
+    fit_two_epochs(cb, attach(cb, log_freq=2))
+    assert cb.run is None and wandb.run is None
+    assert not (wandb_offline.dir / "wandb").exists()
