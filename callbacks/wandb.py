@@ -198,6 +198,12 @@ class WandbCallback(Callback):
             self.run.log(row)
 
     # -- hooks -----------------------------------------------------------------
+    def set_params(self, params: dict[str, Any]) -> None:
+        super().set_params(params)
+        # Called as each fit, evaluate or predict sets up, before its first hook: none is
+        # under way now, even if the last fit raised before its on_train_end.
+        self._training = self._in_batch = False
+
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._training = True
         if self.is_main:

@@ -287,3 +287,20 @@ def test_mode_disabled_trains_and_writes_nothing(wandb_offline):
     fit_two_epochs(cb, attach(cb, log_freq=2))
     assert cb.run is None and wandb.run is None
     assert not (wandb_offline.dir / "wandb").exists()
+
+
+def test_an_evaluate_after_a_fit_that_raised_is_a_run_of_its_own(wandb_offline):
+    torch.manual_seed(0)
+    model = Model(TinyNet())
+    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.CrossEntropyLoss())
+    cb = WandbCallback(project="hapi-test", dir=str(wandb_offline.dir))
+    with pytest.raises(RuntimeError, match="boom"):
+        _fit(model, cb, _Boom())
+    logs = model.evaluate(make_tiny_data(16, seed=1), batch_size=8, verbose=0, callbacks=[cb])
+    # Both epochs ran (the second raised in on_epoch_end, after this callback saw it).
+    failed, evaluation = wandb_offline.runs()
+    assert failed.exit_code == 1
+    assert evaluation.history == [
+        {"epoch": 2, "train/step": 4, "eval/loss": pytest.approx(logs["loss"])}
+    ]
+    assert evaluation.exit_code == 0
