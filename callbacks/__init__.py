@@ -16,6 +16,7 @@ from .nan import TerminateOnNaN
 from .progbar import ProgBarLogger
 from .tensorboard import TensorBoard
 from .visualdl import VisualDL
+from .wandb import WandbCallback
 
 __all__ = [
     "BackupAndRestore",
@@ -33,4 +34,5 @@ __all__ = [
     "TensorBoard",
     "TerminateOnNaN",
     "VisualDL",
+    "WandbCallback",
 ]
