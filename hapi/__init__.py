@@ -14,8 +14,9 @@ from hapi import metrics
 from hapi.distributed.strategies import DDP, FSDP
 from hapi.launch import spawn
 from hapi.model import Model
+from hapi.seed import seed_everything
 
-__all__ = ["Model", "DDP", "FSDP", "spawn", "callbacks", "metrics", "datasets"]
+__all__ = ["Model", "DDP", "FSDP", "spawn", "callbacks", "metrics", "datasets", "seed_everything"]
 __version__ = "0.1.0"
 
 
