@@ -102,13 +102,13 @@ def test_a_run_killed_mid_epoch_resumes_its_carried_hidden_state_exactly(tmp_pat
     assert torch.equal(resumed.hidden, uninterrupted.hidden)
 
 
-def test_resumable_files_hold_each_process_state_and_plain_files_do_not(tmp_path):
+def test_a_resumable_save_holds_the_state_and_fit_resume_from_restores_it(tmp_path):
     model = _model()
     saved = {}
 
     class Save(Callback):
         def on_train_batch_end(self, step, logs=None):
-            if self.model.step == 3:
+            if self.model.step == 13:  # mid-way through the second epoch
                 saved["resumable"] = self.model.save(tmp_path / "resumable", resumable=True)
                 saved["plain"] = self.model.save(tmp_path / "plain")
 
@@ -117,6 +117,12 @@ def test_resumable_files_hold_each_process_state_and_plain_files_do_not(tmp_path
     assert [sorted(part["step_state"]) for part in per_rank] == [["hidden"]]
     assert per_rank[0]["step_state"]["hidden"].shape == (1, 1, 8)
     assert "fit" not in torch.load(saved["plain"], weights_only=True)
+
+    resumed = _model(seed=5)
+    resumed.fit(
+        _data(), batch_size=1, epochs=2, shuffle=False, verbose=0, resume_from=saved["resumable"]
+    )
+    assert torch.equal(_weights(resumed), _weights(model))
 
 
 def test_a_file_saved_without_step_state_still_resumes(tmp_path):
