@@ -16,8 +16,19 @@ from hapi.distributed.strategies import DDP, FSDP
 from hapi.flop_count import flops  # the module has another name than the function
 from hapi.launch import spawn
 from hapi.model import Model
+from hapi.seed import seed_everything
 
-__all__ = ["Model", "DDP", "FSDP", "flops", "spawn", "callbacks", "metrics", "datasets"]
+__all__ = [
+    "Model",
+    "DDP",
+    "FSDP",
+    "flops",
+    "seed_everything",
+    "spawn",
+    "callbacks",
+    "metrics",
+    "datasets",
+]
 __version__ = "0.1.0"
 
 

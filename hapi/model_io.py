@@ -122,6 +122,7 @@ class ModelFiles:
                     state["rng"],
                     self._metrics,
                     run.callbacks,
+                    resuming.step_state(self),
                 )
         if sharded:
             optimizer = self._optimizer if training else None
@@ -299,6 +300,7 @@ class ModelFiles:
         run, saved = self._fit_run, state["fit"]
         run.data_seed = run.train_data.seed = saved["data_seed"]
         own, first_rank = resuming.restore_fit(saved, file, self._metrics, run.callbacks)
+        resuming.restore_step_state(self, own, file)
         self.epoch_step, outcome, reason = run.train_data.resume(
             saved.get("data") or _UNKNOWN_POSITION,
             None if own is None else own.get("data"),

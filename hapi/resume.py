@@ -21,6 +21,7 @@ def fit_state(
     rng: dict[str, Any],
     metrics: Any,
     callbacks: Any,
+    step_state: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What resuming a fit needs beyond the model (collective: every process calls it).
 
@@ -29,16 +30,76 @@ def fit_state(
     (:meth:`hapi.train_data.TrainData.position`): what decides the epoch's
     order and how far the epoch went into it, which a resume on another
     number of processes continues from, and each process's random states at
-    the epoch's start, which a resume on as many replays.
+    the epoch's start, which a resume on as many replays. ``step_state`` is
+    what a ``train_step`` of the user's own carries between batches
+    (:func:`step_state`), kept per process like the random streams.
     """
     shared, own = position
     per_rank = {"rng": rng, "metrics": metrics.training_state_dict(), "data": own}
+    if step_state is not None:
+        per_rank["step_state"] = step_state
     return {
         "data_seed": data_seed,
         "data": shared,
         "per_rank": distributed.gather_objects(per_rank),
         "callbacks": [[type(c).__name__, c.state_dict()] for c in callbacks],
     }
+
+
+def step_state(model: Any) -> dict[str, Any] | None:
+    """What the Model's own step carries between batches, from its ``step_state_dict()``.
+
+    A ``Model`` subclass whose ``train_step`` keeps state from one batch to
+    the next (a language model's hidden state in truncated backpropagation
+    through time, a running statistic) defines ``step_state_dict()`` returning
+    it as a dict, and ``load_step_state_dict(state)`` taking that dict back; a
+    resumable checkpoint then holds each process's and a resumed fit restores
+    it. ``None`` for a Model that defines neither.
+    """
+    save = getattr(model, "step_state_dict", None)
+    load = getattr(model, "load_step_state_dict", None)
+    if save is None and load is None:
+        return None
+    if save is None or load is None:
+        given, missing = (
+            ("step_state_dict", "load_step_state_dict")
+            if load is None
+            else ("load_step_state_dict", "step_state_dict")
+        )
+        raise TypeError(
+            f"{type(model).__name__} defines {given}() but not {missing}(): a resumed fit needs "
+            "both to carry the train_step's state over. Define the pair: step_state_dict() "
+            "returning a dict, load_step_state_dict(state) taking it back."
+        )
+    state = save()
+    if not isinstance(state, dict):
+        raise TypeError(
+            f"{type(model).__name__}.step_state_dict() returned {type(state).__name__}; it must "
+            "return a dict (of tensors, numbers, strings, lists or dicts), e.g. "
+            "{'hidden': self.hidden}."
+        )
+    return state
+
+
+def restore_step_state(model: Any, own: dict[str, Any] | None, file: str) -> None:
+    """Give the Model's own step its state back from this process's part of a resumable file.
+
+    A file saved without one (by a Model without ``step_state_dict``, or an
+    older torch-hapi) leaves the Model's state as it is.
+    """
+    if own is None or "step_state" not in own:
+        return
+    load = getattr(model, "load_step_state_dict", None)
+    if load is None:
+        warnings.warn(
+            f"Resuming from {file!r}: it holds the state a train_step carried between batches "
+            f"(keys {sorted(own['step_state'])}), but {type(model).__name__} defines no "
+            "load_step_state_dict(state) to take it, so it is not restored. Define "
+            "step_state_dict() and load_step_state_dict(state) on the Model subclass.",
+            stacklevel=4,
+        )
+        return
+    load(own["step_state"])
 
 
 def check_fitting(fitting: bool) -> None:

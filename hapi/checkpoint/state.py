@@ -13,7 +13,10 @@ Layout of a training checkpoint (``FORMAT``)::
      "network": state_dict, "optimizer": state_dict | None,
      "scaler": state_dict | None, "epoch": int, "step": int,
      "rng": {"torch": ByteTensor, "cuda": [ByteTensor], "numpy": {...},
-             "python": [int, ...]}}
+             "python": [int, ...]},
+     "fit": {...}}  # resumable saves only (hapi.resume.fit_state): the data order, and per
+                    # process its random streams, running figures and, for a Model whose own
+                    # train_step carries state between batches, its "step_state" dict
 
 A bare ``state_dict`` saved by plain PyTorch (``torch.save(net.state_dict())``)
 loads too, as network weights.

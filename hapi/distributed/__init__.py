@@ -45,14 +45,18 @@ from hapi.distributed.fsdp import sharded_parameters
 from hapi.distributed.group import (
     backend_name,
     default_device,
-    is_main,
     local_rank,
     note_failure,
-    rank,
     setup,
     teardown,
-    world_size,
 )
+
+# What scripts (and hapi's modules outside this package) ask: the group's answers once it exists,
+# the launcher's (torchrun, hapi.spawn, srun) before, so a script can act on its rank before
+# building the Model. The collectives here ask the group alone (group.rank, group.world_size).
+from hapi.distributed.group import launched_is_main as is_main
+from hapi.distributed.group import launched_rank as rank
+from hapi.distributed.group import launched_world_size as world_size
 from hapi.distributed.positions import (
     consumed_items,
     loader_batch_size,

@@ -88,6 +88,33 @@ def from_slurm() -> bool:
     return True
 
 
+def launcher_place() -> tuple[int, int]:
+    """``(rank, world size)`` as the launcher set them, read without changing the environment.
+
+    ``RANK``/``WORLD_SIZE`` (torchrun, :func:`hapi.spawn`, any torch.distributed
+    launcher), else, under ``srun`` with several tasks, ``SLURM_PROCID`` and
+    ``SLURM_STEP_NUM_TASKS`` (the values :func:`from_slurm` will set). ``(0, 1)``
+    when no launcher said anything usable: a value that is not an integer, or
+    a rank outside ``[0, world size)``, counts as none here, since this is
+    asked before (and outside) the setup that reports such errors, and a
+    question like "am I the main process?" must not fail.
+    """
+    if os.environ.get("WORLD_SIZE"):
+        world, place = _quiet_int("WORLD_SIZE"), _quiet_int("RANK")
+    else:
+        world, place = _quiet_int("SLURM_STEP_NUM_TASKS"), _quiet_int("SLURM_PROCID")
+    if world is None or world <= 1 or place is None or not 0 <= place < world:
+        return 0, 1
+    return place, world
+
+
+def _quiet_int(name: str) -> int | None:
+    try:
+        return int(os.environ.get(name, ""))
+    except ValueError:
+        return None
+
+
 def tasks_per_node(text: str) -> list[int]:
     """Slurm's ``"2(x3),1"`` as ``[2, 2, 2, 1]``."""
     counts: list[int] = []

@@ -11,7 +11,13 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from hapi.distributed.env import DistributedSetupError, env_int, from_slurm, timeout
+from hapi.distributed.env import (
+    DistributedSetupError,
+    env_int,
+    from_slurm,
+    launcher_place,
+    timeout,
+)
 from hapi.distributed.store import leave_attempt_store, restart_safe_store
 
 _created_group = False  # True when hapi created the default group (and so destroys it)
@@ -22,8 +28,43 @@ def _active() -> bool:
 
 
 def rank() -> int:
-    """Global rank of this process (0 on a single process)."""
+    """Global rank of this process in the process group (0 before it exists or on one process).
+
+    The group's view, which torch-hapi's own collectives and samplers use.
+    Scripts ask :func:`launched_rank` (``hapi.distributed.rank``), which also
+    answers before the Model has joined the group.
+    """
     return dist.get_rank() if _active() else 0
+
+
+def launched_rank() -> int:
+    """This process's global rank, also before a Model exists (``hapi.distributed.rank()``).
+
+    The process group's once joined (or one the user created); before that,
+    what the launcher set: ``RANK`` (torchrun, :func:`hapi.spawn`) or Slurm's
+    ``SLURM_PROCID`` under ``srun``; 0 on a single process. So a script can
+    pick its main process before building the Model, e.g. to download data
+    once.
+    """
+    return dist.get_rank() if _active() else launcher_place()[0]
+
+
+def launched_world_size() -> int:
+    """How many processes train together, also before a Model exists (``hapi.distributed.world_size()``).
+
+    The process group's size once joined; before that ``WORLD_SIZE`` (or
+    Slurm's ``SLURM_STEP_NUM_TASKS`` under ``srun``); 1 on a single process.
+    """
+    return dist.get_world_size() if _active() else launcher_place()[1]
+
+
+def launched_is_main() -> bool:
+    """True on the one process that prints and writes files (``hapi.distributed.is_main()``).
+
+    Answers from the launcher's environment before a Model exists, so
+    ``if hapi.distributed.is_main(): download()`` runs on one process only.
+    """
+    return launched_rank() == 0
 
 
 def local_rank() -> int:
@@ -32,7 +73,7 @@ def local_rank() -> int:
 
 
 def world_size() -> int:
-    """Number of processes training together."""
+    """Number of processes in the process group (1 before it exists): the group's view, see :func:`rank`."""
     return dist.get_world_size() if _active() else 1
 
 
