@@ -23,6 +23,7 @@ from hapi.callbacks.run import callbacks_for_run
 from hapi.data import make_loader, num_batches
 from hapi.fit_data import as_source, batch_sizes, fit_seed
 from hapi.loops import Parts, evaluate_loop, fit_loop, predict_loop
+from hapi.seed import streams_for_training
 from hapi.train_data import TrainData
 
 DEFAULT_BATCH_SIZE = 32  # Keras' default; Paddle's is 1, which is rarely what anyone wants.
@@ -174,6 +175,7 @@ class ModelRuns:
         train_batch_size, eval_batch_size = batch_sizes(batch_size)
         train_source = as_source(train_data, "train_data")  # refused before anything is drawn
         eval_source = as_source(eval_data, "eval_data")
+        streams_for_training()  # after seed_everything: each process its own stream from here
         data_seed = fit_seed(train_source, shuffle)
         train_loader, cbks = self._run_setup(
             train_source,

@@ -43,6 +43,7 @@ def _flat(network: nn.Module) -> list[float]:
 
 def _run() -> dict:
     hapi.seed_everything(7)
+    made_after_seeding = torch.randn(4).tolist()  # synthetic data a script makes: alike everywhere
     network = nn.Sequential(nn.Linear(2, 8), nn.Dropout(0.5), nn.Linear(8, 1))
     model = Noisy(network)
     model.start, model.noise, model.seen = None, [], []
@@ -54,6 +55,7 @@ def _run() -> dict:
         "start": model.start,
         "end": _flat(model.network),
         "seen": model.seen,
+        "made_after_seeding": made_after_seeding,
     }
 
 

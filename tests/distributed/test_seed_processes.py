@@ -22,8 +22,11 @@ def test_seeded_processes_draw_their_own_noise_reproducibly_and_agree_on_weights
         (run, again) = rank["runs"]
         assert run == again  # the same seed: the same noise, samples and weights, run after run
     one, two = first["runs"][0], second["runs"][0]
+    # What the script made after seeding (data, a split) is the same on every process: fit
+    # shards one data set, not two.
+    assert one["made_after_seeding"] == two["made_after_seeding"]
     assert len(one["noise"]) == len(two["noise"]) == 2
-    assert one["noise"] != two["noise"]  # each process its own stream
+    assert one["noise"] != two["noise"]  # during fit, each process its own stream
     assert one["start"] == two["start"]  # training starts from one set of weights
     assert one["end"] == two["end"]
     # fit's shuffling agreed: the two shards of one shuffled order cover every sample once.

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import hapi
+from hapi import seed as seed_module
 from hapi.rng import mix
 
 
@@ -27,19 +28,38 @@ def test_on_one_process_it_equals_seeding_each_library_by_hand(monkeypatch):
     assert seeded == _draws()
 
 
-def test_another_rank_gets_its_own_stream_unless_per_process_is_false(monkeypatch):
+def test_every_rank_is_seeded_alike_and_fit_moves_the_others_to_their_own_stream(monkeypatch):
+    """Data made after seeding agrees across ranks; training's draws differ (rank 1 shown)."""
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")  # as torchrun tells the second process, before any Model
-    assert hapi.seed_everything(123) == mix(123, 1)
-    second = _draws()
-    assert hapi.seed_everything(123) == mix(123, 1)
-    assert _draws() == second  # reproducible
-    assert hapi.seed_everything(123, per_process=False) == 123
+    assert hapi.seed_everything(123) == 123
+    made = _draws()
+    torch.manual_seed(123)
+    np.random.seed(123)
+    random.seed(123)
+    assert made == _draws()  # the same on rank 0 and rank 1: the script's data agrees
+
+    seed_module.streams_for_training()  # what fit does first
+    first_fit = _draws()
+    seed_module.streams_for_training()  # a second fit gets streams of its own
+    second_fit = _draws()
+    torch.manual_seed(mix(123, 1, 1))
+    np.random.seed(mix(123, 1, 1) & 0xFFFFFFFF)
+    random.seed(mix(123, 1, 1))
+    assert first_fit == _draws() != second_fit
+
+    hapi.seed_everything(123)  # seeding again starts the count again: the same run again
+    _draws()
+    seed_module.streams_for_training()
+    assert _draws() == first_fit
+
+    hapi.seed_everything(123, per_process=False)
+    seed_module.streams_for_training()  # nothing moves: every process on one stream
     alike = _draws()
     torch.manual_seed(123)
     np.random.seed(123)
     random.seed(123)
-    assert alike == _draws() != second
+    assert alike == _draws()
 
 
 def test_a_seed_that_is_no_integer_or_out_of_range_is_refused_with_the_fix():
