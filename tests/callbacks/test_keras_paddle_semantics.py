@@ -144,17 +144,22 @@ def test_without_the_monitored_figure_nothing_is_restored_and_it_says_so(capsys)
     assert "Restoring" not in out
 
 
-def test_a_baseline_never_beaten_restores_nothing_and_says_so(capsys):
+def test_a_baseline_never_beaten_still_restores_the_best_epoch_and_says_so(capsys):
+    # Keras 3: the best of the watched epochs comes back even if none beat the baseline
+    # (the old code kept the last weights: epoch 2's here).
     cb = EarlyStopping(baseline=0.1, patience=5, restore_best_weights=True)
     model = attach(cb)
     cb.on_train_begin()
-    for epoch in range(2):
+    for epoch, value in enumerate([0.5, 0.3, 0.4]):
         with torch.no_grad():
             model.network.weight.fill_(epoch)
-        cb.on_epoch_end(epoch, {"val_loss": 0.5})
+        cb.on_epoch_end(epoch, {"val_loss": value})
     cb.on_train_end()
     assert torch.equal(model.network.weight, torch.ones_like(model.network.weight))
-    assert "no epoch beat the baseline 0.1" in capsys.readouterr().out
+    assert capsys.readouterr().out == (
+        "Restoring model weights from the end of the best epoch: 2 "
+        "(val_loss=0.3; no epoch beat the baseline 0.1).\n"
+    )
 
 
 def test_rank_1_restores_the_same_snapshot_silently(capsys):
