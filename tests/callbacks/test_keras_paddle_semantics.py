@@ -549,3 +549,57 @@ def test_paddles_by_epoch_in_a_fit(switches, per_update):
     # 4 updates per epoch
     expected = [0.1 * 0.5**i for i in range(8)] if per_update else [0.1] * 4 + [0.05] * 4
     assert lrs.lrs == pytest.approx(expected)
+
+
+# ---- 7. Two processes: every rank saves the best model and raises alike ----------------
+
+TWO_PROCESS_SCRIPT = """
+import json, math, os, sys
+sys.path[:0] = [{root!r}, {tests!r}]
+import torch
+from torch import nn
+from conftest import TinyNet, make_tiny_data
+from callbacks import EarlyStopping, TerminateOnNaN
+from hapi import Model
+
+out = sys.argv[1]
+rank = int(os.environ["RANK"])
+torch.manual_seed(0)
+model = Model(TinyNet())
+model.prepare(torch.optim.SGD(model.parameters(), lr=0.05), nn.CrossEntropyLoss())
+stopper = EarlyStopping(monitor="val_loss", mode="max", patience=10, verbose=0)
+x, y = make_tiny_data(40)
+model.fit((x, y), (x, y), batch_size=5, epochs=2, verbose=0, save_dir=out, callbacks=[stopper])
+result = {{"best_model_path": stopper.best_model_path, "best_epoch": stopper.best_epoch}}
+x[12] = math.nan
+try:
+    model.fit((x, y), batch_size=5, epochs=1, log_freq=1, shuffle=False, verbose=0,
+              callbacks=[TerminateOnNaN(raise_error=True)])
+except RuntimeError as error:
+    result["raised"] = str(error)
+with open(os.path.join(out, f"rank{{rank}}.json"), "w") as f:
+    json.dump(result, f)
+"""
+
+
+def test_two_processes_save_the_best_model_and_raise_on_nan_together(tmp_path):
+    import json
+    import pathlib
+
+    from dist_helpers import torchrun
+
+    tests = pathlib.Path(__file__).resolve().parents[1]
+    script = tmp_path / "two.py"
+    script.write_text(TWO_PROCESS_SCRIPT.format(root=str(tests.parent), tests=str(tests)))
+    out = tmp_path / "out"
+    out.mkdir()
+    torchrun(["--standalone", "--nproc_per_node=2", str(script), str(out)], timeout=180)
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    # model.save ran on both ranks (a collective): no hang, one file written by rank 0
+    assert ranks[0]["best_model_path"] == ranks[1]["best_model_path"] == str(out / "best_model.pt")
+    assert ranks[0]["best_epoch"] == ranks[1]["best_epoch"] == 0
+    assert (out / "best_model.pt").is_file()
+    # the NaN sample lies in one rank's second batch; the logged loss is reduced across the
+    # ranks, so both see it at step 2 and raise the same error
+    for rank in ranks:
+        assert rank["raised"].startswith("NaN or Inf loss encountered at epoch 1, step 2:")
