@@ -46,12 +46,11 @@ class LambdaCallback(Callback):
             value that is not callable, or an ``on_*`` name that is no hook
             (a misspelt hook would otherwise never run).
 
-    Example::
-
-        from callbacks import LambdaCallback
+    Example (``LambdaCallback`` imported from ``callbacks``)::
 
         seen = []
         cb = LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(logs["loss"]))
+        model.fit(data, epochs=3, callbacks=[cb])  # seen: the loss of each epoch
     """
 
     def __init__(
