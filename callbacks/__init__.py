@@ -10,6 +10,7 @@ from .csv_logger import CSVLogger
 from .early_stopping import EarlyStopping
 from .ema import EMA
 from .history import History
+from .lambda_callback import LambdaCallback
 from .lr import LRScheduler, ReduceLROnPlateau
 from .monitor import MonitorNameWarning
 from .nan import TerminateOnNaN
@@ -26,6 +27,7 @@ __all__ = [
     "EarlyStopping",
     "EMA",
     "History",
+    "LambdaCallback",
     "LRScheduler",
     "ModelCheckpoint",
     "MonitorNameWarning",

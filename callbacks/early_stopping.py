@@ -2,17 +2,20 @@
 
 Keras semantics, because they are the ones users already know: ``patience``
 counts evaluations without improvement, so a flat ``val_loss`` with
-``patience=2`` stops after the third epoch (index 2), and
-``restore_best_weights=True`` puts the best epoch's weights back when training
-ends, whether it stopped early or ran all its epochs (Keras 3). Every rank
-sees the same (already reduced) logs, so every rank reaches the same decision
-without a collective of its own.
+``patience=2`` stops after the third epoch (index 2); ``start_from_epoch``
+skips a warm-up; ``restore_best_weights=True`` puts the best epoch's weights
+back when training ends, whether it stopped early or ran all its epochs
+(Keras 3). Paddle's ``save_best_model`` saves the best model into fit's
+``save_dir``. Every rank sees the same (already reduced) logs, so every rank
+reaches the same decision -- and makes the same collective ``model.save``
+calls -- without a collective of its own.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import os
 from typing import Any
 
 import torch
@@ -101,22 +104,40 @@ class EarlyStopping(MonitorCallback):
         patience: evaluations without improvement before stopping; 0 stops at
             the first evaluation that does not improve.
         min_delta: smallest change that counts as an improvement.
-        baseline: if set, the value to beat from the start: training stops
-            after ``patience`` + 1 evaluations that do not beat it.
+        baseline: if set, the value to beat: an evaluation that does not beat
+            it counts towards ``patience`` even when it is the best so far, so
+            training stops after ``patience`` evaluations (at least one) that
+            do not beat it (Paddle's and Keras 2's rule).
         restore_best_weights: when training ends -- stopped early or not --
             load the network weights of the best evaluation back into
-            ``model.network`` (Keras 3). If no epoch improved (the figure was
-            never logged, or never beat ``baseline``), the last weights stay.
-        verbose: print "Epoch N: early stopping" and the restoration at the
-            end of training (main process only).
+            ``model.network``, as Keras 3 does: the best of the monitored
+            epochs, even when none beat ``baseline``; the first monitored
+            epoch's when no value improved on it (all NaN). If the figure was
+            never logged, the last weights stay.
+        verbose: print "Epoch N: early stopping", what was restored and where
+            the best model was saved, at the end of training (main process).
+        save_best_model: Paddle's switch: each time the figure improves (and
+            beats ``baseline``), save the model with ``model.save`` to
+            ``<save_dir>/best_model`` (the file ``best_model.pt``), where
+            ``save_dir`` is fit's ``save_dir``. Nothing is saved when fit has no
+            ``save_dir``. Every process saves (saving is collective; the
+            main process writes), as every process sees the same figures.
+        start_from_epoch: Keras 3's warm-up: epochs before this one (0-based)
+            are not watched at all -- no improvement, no count, no snapshot,
+            no save.
 
     Attributes:
         stopped_epoch: 0-based epoch at which training was stopped, or None.
-        best_epoch: 0-based epoch of the best value, or None.
+        best: the best value of the figure seen in this fit (``+inf`` /
+            ``-inf`` before any), whether or not it beat ``baseline``.
+        best_epoch: 0-based epoch of the best value (of the first monitored
+            epoch while none improved), or None.
         best_weights: detached copy of the best ``state_dict`` (only with
             ``restore_best_weights``). Every process keeps its own copy of its
             network -- the same weights on every process under DDP, its own
             shards (DTensors) under FSDP -- and restores it.
+        save_dir: fit's ``save_dir`` for the current fit (None without one).
+        best_model_path: the file ``save_best_model`` last wrote, or None.
     """
 
     def __init__(
@@ -128,15 +149,23 @@ class EarlyStopping(MonitorCallback):
         baseline: float | None = None,
         restore_best_weights: bool = False,
         verbose: int = 1,
+        save_best_model: bool = True,
+        start_from_epoch: int = 0,
     ) -> None:
         super().__init__(monitor=monitor, mode=mode, min_delta=min_delta)
         self.patience = require_int("EarlyStopping", "patience", patience, minimum=0)
         self.baseline = None if baseline is None else float(baseline)
         self.restore_best_weights = bool(restore_best_weights)
         self.verbose = verbose
+        self.save_best_model = bool(save_best_model)
+        self.start_from_epoch = require_int(
+            "EarlyStopping", "start_from_epoch", start_from_epoch, minimum=0
+        )
         self.stopped_epoch: int | None = None
         self.best_epoch: int | None = None
         self.best_weights: dict[str, Any] | None = None
+        self.save_dir: str | None = None
+        self.best_model_path: str | None = None
         self._monitored = False  # whether any epoch of this fit logged the monitored figure
 
     def state_dict(self) -> dict[str, Any]:
@@ -158,6 +187,7 @@ class EarlyStopping(MonitorCallback):
             "best_epoch": self.best_epoch,
             "best_weights": weights,
             "monitored": self._monitored,
+            "best_model_path": self.best_model_path,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -166,53 +196,88 @@ class EarlyStopping(MonitorCallback):
         self.best_epoch = state["best_epoch"]
         self.best_weights = state["best_weights"]
         self._monitored = bool(state.get("monitored", state["best_epoch"] is not None))
+        self.best_model_path = state.get("best_model_path")
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.wait = 0
-        self.best = self.initial_best if self.baseline is None else self.baseline
+        self.best = self.initial_best
         self.stopped_epoch = None
         self.best_epoch = None
         self.best_weights = None
+        self.best_model_path = None
         self._monitored = False
+        save_dir = self.params.get("save_dir")
+        self.save_dir = None if save_dir is None else os.fspath(save_dir)
+
+    def _beats_baseline(self, value: float) -> bool:
+        return self.baseline is None or self.is_improvement(value, self.baseline)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         current = self.get_monitor_value(logs)
-        if current is None:
+        if current is None or epoch < self.start_from_epoch:
             return
         self._monitored = True
-        if self.is_improvement(current, self.best):
-            self.best = current
+        if self.best_epoch is None:
+            # Keras 3: the first watched epoch is the best until one improves on it (all NaN).
             self.best_epoch = epoch
-            self.wait = 0
             if self.restore_best_weights:
                 self.best_weights = _snapshot(self.model.network.state_dict())
+        improved = self.is_improvement(current, self.best)
+        if improved:
+            self.best = current
+            if self.best_epoch != epoch:
+                self.best_epoch = epoch
+                if self.restore_best_weights:
+                    self.best_weights = _snapshot(self.model.network.state_dict())
+        if improved and self._beats_baseline(current):
+            self.wait = 0
+            if self.save_best_model and self.save_dir is not None:
+                self._save_best()
             return
         self.wait += 1
         if self.wait >= self.patience:
             self.model.stop_training = True
             self.stopped_epoch = epoch
 
+    def _save_best(self) -> None:
+        """``model.save`` on every process (collective); the main process writes."""
+        path = os.path.join(self.save_dir, "best_model")
+        written = self.model.save(path)
+        self.best_model_path = written if isinstance(written, str) else path + ".pt"
+
     def on_train_end(self, logs: dict | None = None) -> None:
         speak = self.verbose and self.is_main
         if self.stopped_epoch is not None and speak:
             tqdm.write(f"Epoch {self.stopped_epoch + 1}: early stopping")
+        if self.best_model_path is not None and speak:
+            tqdm.write(
+                f"EarlyStopping: the best model ({self.monitor}={self.best:g}) is saved at "
+                f"{os.path.abspath(self.best_model_path)}."
+            )
         if not self.restore_best_weights:
             return
         if self.best_weights is not None:
             # Every process restores its own snapshot (all equal under DDP), so no collective.
             _load_weights(self.model.network, self.best_weights)
             if speak:
-                tqdm.write(
-                    f"Restoring model weights from the end of the best epoch: {self.best_epoch + 1}."
-                )
+                tqdm.write(self._restored_message())
         elif speak:
-            if not self._monitored:
-                reason = f"no epoch logged {self.monitor!r}"
-            elif self.baseline is not None:
-                reason = f"no epoch beat the baseline {self.baseline:g}"
-            else:
-                reason = f"no value of {self.monitor!r} was a finite number"
+            since = f" from epoch {self.start_from_epoch + 1} on" if self.start_from_epoch else ""
             tqdm.write(
-                f"EarlyStopping: {reason}, so the best weights were not restored; "
-                "the model keeps its last weights."
+                f"EarlyStopping: no epoch logged {self.monitor!r}{since}, so the best weights "
+                "were not restored; the model keeps its last weights."
             )
+
+    def _restored_message(self) -> str:
+        epoch = self.best_epoch + 1
+        if self.best == self.initial_best:  # nothing improved on the first watched epoch
+            return (
+                f"Restoring model weights from the end of the first monitored epoch: {epoch} "
+                f"(no value of {self.monitor!r} was a finite number)."
+            )
+        if not self._beats_baseline(self.best):
+            return (
+                f"Restoring model weights from the end of the best epoch: {epoch} "
+                f"({self.monitor}={self.best:g}; no epoch beat the baseline {self.baseline:g})."
+            )
+        return f"Restoring model weights from the end of the best epoch: {epoch}."

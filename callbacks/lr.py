@@ -40,6 +40,23 @@ def _check_scheduler(scheduler: Any, received: str) -> None:
         )
 
 
+def _per_step(by_step: bool | None, by_epoch: bool | None) -> bool:
+    """Whether LRScheduler steps per optimizer step, from torch-hapi's and Paddle's keywords."""
+    if by_epoch is None:
+        return bool(by_step)
+    if by_step is None:
+        return not by_epoch
+    by_step, by_epoch = bool(by_step), bool(by_epoch)
+    if by_step == by_epoch:
+        raise ValueError(
+            f"LRScheduler received by_step={by_step} and by_epoch={by_epoch}: the scheduler "
+            f"would step {'both per step and per epoch' if by_step else 'never'}. Pass one of "
+            "them: by_step=True (after every optimizer step, e.g. OneCycleLR) or by_epoch=True "
+            "(at each epoch end, e.g. StepLR)."
+        )
+    return by_step
+
+
 class LRScheduler(Callback):
     """Steps a ``torch.optim.lr_scheduler`` once per epoch, or once per optimizer step.
 
@@ -48,18 +65,29 @@ class LRScheduler(Callback):
             model's optimizer (``StepLR``, ``CosineAnnealingLR``, ``OneCycleLR``...),
             or a factory ``(optimizer, total) -> scheduler`` that this callback
             calls at the start of every ``fit`` with ``model.optimizer`` and
-            the length of that fit in scheduler steps: with ``by_step=True``
-            the number of optimizer updates this process will make,
+            the length of that fit in scheduler steps: per step, the number of
+            optimizer updates this process will make,
             ``epochs * ceil(steps / accumulate_grad_batches)`` (``steps`` being
             this process's batches per epoch, so the schedule fits any number
-            of processes); with ``by_step=False`` the number of epochs. A
-            schedule sized by hand from ``len(loader)`` of the whole data set
-            would run only half its course on two processes.
-        by_step: False (default) steps at each epoch end, PyTorch's convention
-            for ``StepLR`` and its kin. True steps after every optimizer step,
-            as ``OneCycleLR`` needs; with gradient accumulation that is once per
+            of processes); per epoch, the number of epochs. A schedule sized
+            by hand from ``len(loader)`` of the whole data set would run only
+            half its course on two processes.
+        by_step: True steps after every optimizer step, as ``OneCycleLR``
+            needs; with gradient accumulation that is once per
             ``accumulate_grad_batches`` batches, because the callback follows
             ``model.step`` (the count of optimizer steps), not the batch index.
+            False steps at each epoch end. Unset (None) means False --
+            PyTorch's convention for ``StepLR`` and its kin, whose arguments
+            (``step_size``, ``T_max``, ``milestones``) count epochs -- unless
+            ``by_epoch=False`` asks for steps.
+        by_epoch: Paddle's keyword, the other switch: True steps at each epoch
+            end, False after every optimizer step. Paddle's
+            ``LRScheduler(by_step=True, by_epoch=False)`` and
+            ``LRScheduler(by_step=False, by_epoch=True)`` mean the same here.
+
+    Raises:
+        ValueError: ``by_step`` and ``by_epoch`` both True (the scheduler would
+            step twice as fast) or both False (it would never step).
 
     A factory-made scheduler is stepped ``total - 1`` times, never after the
     fit's last update: the learning rate left in the optimizer at the end is
@@ -69,12 +97,17 @@ class LRScheduler(Callback):
     Attributes:
         scheduler: the scheduler driven (with a factory: None until ``fit``
             starts, then the one made for the current fit).
+        by_step: True when the scheduler steps per optimizer step, False per
+            epoch (``by_step`` and ``by_epoch`` resolved).
         total: the length the factory was called with in the current fit, or
             None for a scheduler given ready-made.
     """
 
     def __init__(
-        self, scheduler: torch_lr.LRScheduler | SchedulerFactory, by_step: bool = False
+        self,
+        scheduler: torch_lr.LRScheduler | SchedulerFactory,
+        by_step: bool | None = None,
+        by_epoch: bool | None = None,
     ) -> None:
         super().__init__()
         self._factory: SchedulerFactory | None = None
@@ -90,7 +123,7 @@ class LRScheduler(Callback):
         else:
             _check_scheduler(scheduler, "received")
             self.scheduler = scheduler
-        self.by_step = bool(by_step)
+        self.by_step = _per_step(by_step, by_epoch)
         if not self.by_step:
             self.unused_hooks = (
                 "on_train_batch_end",
@@ -203,10 +236,14 @@ class ReduceLROnPlateau(MonitorCallback):
     Keras semantics: after ``patience`` epochs without improvement, every
     param group's ``"lr"`` of ``model.optimizer`` becomes
     ``max(lr * factor, min_lr)`` (a group already at or below ``min_lr`` is
-    left alone), the wait restarts, and the next ``cooldown`` epochs are not
-    counted (they still update the best value). Cooldown epochs are skipped
-    entirely, as in PyTorch; Keras starts counting one epoch earlier, which
-    makes ``cooldown=1`` a no-op there.
+    left alone) and the wait restarts.
+
+    ``cooldown`` counts as in Keras and Paddle: after a reduction at epoch
+    ``e``, epochs ``e+1`` to ``e+cooldown-1`` neither count towards
+    ``patience`` nor reduce (they still update the best value), and epoch
+    ``e+cooldown`` counts again. So ``cooldown=1`` is the same as 0, and with
+    ``patience=1, cooldown=2`` a flat figure reduces at epochs 1, 3, 5...
+    (PyTorch's own ``ReduceLROnPlateau`` skips one epoch more.)
 
     Args:
         monitor: the logged figure to watch (default ``"val_loss"``).
@@ -214,7 +251,8 @@ class ReduceLROnPlateau(MonitorCallback):
         patience: epochs without improvement before a reduction.
         mode: ``"min"``, ``"max"`` or ``"auto"`` (see :class:`MonitorCallback`).
         min_delta: smallest change that counts as an improvement.
-        cooldown: epochs to wait after a reduction before counting again.
+        cooldown: epochs after a reduction until the epochs count again
+            (the ``cooldown``-th epoch after it counts).
         min_lr: lower bound of every group's learning rate.
         verbose: print each reduction (main process only).
     """
@@ -269,15 +307,14 @@ class ReduceLROnPlateau(MonitorCallback):
         current = self.get_monitor_value(logs)
         if current is None:
             return
-        in_cooldown = self.cooldown_counter > 0
-        if in_cooldown:
+        if self.cooldown_counter > 0:
             self.cooldown_counter -= 1
             self.wait = 0
         if self.is_improvement(current, self.best):
             self.best = current
             self.wait = 0
             return
-        if in_cooldown:
+        if self.cooldown_counter > 0:  # read after the decrement: the cooldown's last epoch counts
             return
         self.wait += 1
         if self.wait >= self.patience:

@@ -29,13 +29,22 @@ _MAX_HINTS = ("acc", "auc", "precision", "recall", "f1", "score")
 _MODES = ("auto", "min", "max")
 
 
-def resolve_mode(mode: str, monitor: str, owner: str = "MonitorCallback") -> str:
-    """Turn ``"auto"`` into ``"min"`` or ``"max"`` from the monitored name."""
+def resolve_mode(mode: Any, monitor: str, owner: str = "MonitorCallback") -> str:
+    """Turn ``"auto"`` into ``"min"`` or ``"max"`` from the monitored name.
+
+    An unknown ``mode`` warns and is read as ``"auto"``, as Paddle's hapi and
+    Keras do: a script written for either (``EarlyStopping(mode="auto_")``)
+    keeps running, and the warning names the value to fix.
+    """
     if mode not in _MODES:
-        raise ValueError(
-            f"{owner}: mode must be one of 'auto', 'min', 'max'; received {mode!r}. "
-            "Use 'min' for losses and errors, 'max' for accuracies and scores."
+        warnings.warn(
+            f"{owner}: mode {mode!r} is unknown; using 'auto' instead (accepted: 'auto', "
+            "'min', 'max'). Pass mode='min' for losses and errors, mode='max' for accuracies "
+            "and scores, or mode='auto' to pick from the monitored name.",
+            UserWarning,
+            stacklevel=4,  # resolve_mode <- MonitorCallback.__init__ <- subclass <- the caller
         )
+        mode = "auto"
     if mode != "auto":
         return mode
     lowered = monitor.lower()
@@ -57,7 +66,8 @@ class MonitorCallback(Callback):
         monitor: key of the ``logs`` dict to watch, e.g. ``"val_loss"``.
         mode: ``"min"``, ``"max"`` or ``"auto"``. ``"auto"`` picks ``"max"``
             when the name contains acc, auc, precision, recall, f1 or score
-            (case-insensitive) and ``"min"`` otherwise.
+            (case-insensitive) and ``"min"`` otherwise. Any other value warns
+            and is read as ``"auto"`` (Paddle and Keras do the same).
         min_delta: the smallest change that counts as an improvement; a
             non-negative number.
 

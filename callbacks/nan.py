@@ -15,7 +15,7 @@ from .base import Callback
 
 
 class TerminateOnNaN(Callback):
-    """Sets ``model.stop_training`` when a logged ``loss`` is NaN or +-inf.
+    """Stops training when a logged ``loss`` is NaN or +-inf; or raises, with ``raise_error``.
 
     Checked in ``on_train_batch_end`` and ``on_epoch_end``. Batch logs carry
     the loss only every ``log_freq`` steps (and on an epoch's last step), so a
@@ -23,10 +23,20 @@ class TerminateOnNaN(Callback):
     produced it; fit with ``log_freq=1`` to stop at that exact step. The logged
     loss is a running mean over the epoch, so one NaN batch keeps it NaN until
     the epoch ends and cannot be missed.
+
+    Args:
+        raise_error: False (default) sets ``model.stop_training``: the epoch
+            ends as usual and every callback's ``on_train_end`` runs (a last
+            checkpoint, EarlyStopping's restore). True raises a
+            ``RuntimeError`` at once instead (Keras 3): ``fit`` ends with the
+            error and no ``on_train_end`` runs, so nothing written at the end
+            of training (``final.pt``, a removed backup) replaces the last good
+            state. The loss is the same on every process, so all of them raise.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, raise_error: bool = False) -> None:
         super().__init__()
+        self.raise_error = bool(raise_error)
         self._epoch = 0
         self._last_step: int | None = None
         self._reported = False
@@ -49,8 +59,17 @@ class TerminateOnNaN(Callback):
         loss = (logs or {}).get("loss")
         if loss is None or math.isfinite(float(loss)):
             return
+        where = f"epoch {self._epoch + 1}" + ("" if step is None else f", step {step + 1}")
+        if self.raise_error:
+            raise RuntimeError(
+                f"NaN or Inf loss encountered at {where}: the logged training loss is "
+                f"{float(loss)} (TerminateOnNaN(raise_error=True) ends fit here, without "
+                "on_train_end). Lower the learning rate, clip gradients, or look for NaN/Inf in "
+                "the inputs; fit with log_freq=1 to find the first such step."
+            )
         self.model.stop_training = True
         if self.is_main and not self._reported:
             self._reported = True
-            where = f"Epoch {self._epoch + 1}" + ("" if step is None else f", step {step + 1}")
-            tqdm.write(f"{where}: loss is {float(loss)}; stopping training (TerminateOnNaN).")
+            tqdm.write(
+                f"{where[0].upper()}{where[1:]}: loss is {float(loss)}; stopping training (TerminateOnNaN)."
+            )

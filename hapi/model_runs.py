@@ -192,6 +192,7 @@ class ModelRuns:
                 "resume_from": resume_from,
             },
             eval_steps=eval_steps,
+            **({} if save_dir is None else {"save_dir": save_dir}),  # EarlyStopping's best_model
             accumulate_grad_batches=accumulate_grad_batches,
             num_iters=num_iters,
         )

@@ -113,3 +113,21 @@ def test_plateau_lowers_the_lr_in_the_explicit_direction(monitor, mode):
     )
     # The opposite direction sees no improvement after epoch 0: the lr halves every epoch.
     assert plateau_lrs(monitor, "auto", values) == pytest.approx([0.1 * 0.5**e for e in range(6)])
+
+
+# ---- an unknown mode: a warning, then "auto" (Paddle and Keras) ---------------------------
+
+
+def test_an_unknown_mode_acts_as_auto_in_each_of_the_three(tmp_path):
+    """The old code raised ValueError for each of these; now each warns once and behaves
+    exactly as with mode="auto"."""
+    values = [0.5, 0.4, 0.45, 0.3, 0.35, 0.36]
+    with pytest.warns(UserWarning, match=r"ModelCheckpoint: mode 'x' is unknown"):
+        unknown = checkpoint_run(tmp_path / "x", "val_acc", "x", values)
+    assert unknown == checkpoint_run(tmp_path / "auto", "val_acc", "auto", values)
+    with pytest.warns(UserWarning, match=r"EarlyStopping: mode 'auto_' is unknown"):
+        unknown = early_stopping_run("val_acc", "auto_", values)
+    assert unknown == early_stopping_run("val_acc", "auto", values)
+    with pytest.warns(UserWarning, match=r"ReduceLROnPlateau: mode '1' is unknown"):
+        unknown = plateau_lrs("val_loss", "1", values)
+    assert unknown == plateau_lrs("val_loss", "auto", values)

@@ -144,17 +144,22 @@ def test_without_the_monitored_figure_nothing_is_restored_and_it_says_so(capsys)
     assert "Restoring" not in out
 
 
-def test_a_baseline_never_beaten_restores_nothing_and_says_so(capsys):
+def test_a_baseline_never_beaten_still_restores_the_best_epoch_and_says_so(capsys):
+    # Keras 3: the best of the watched epochs comes back even if none beat the baseline
+    # (the old code kept the last weights: epoch 2's here).
     cb = EarlyStopping(baseline=0.1, patience=5, restore_best_weights=True)
     model = attach(cb)
     cb.on_train_begin()
-    for epoch in range(2):
+    for epoch, value in enumerate([0.5, 0.3, 0.4]):
         with torch.no_grad():
             model.network.weight.fill_(epoch)
-        cb.on_epoch_end(epoch, {"val_loss": 0.5})
+        cb.on_epoch_end(epoch, {"val_loss": value})
     cb.on_train_end()
     assert torch.equal(model.network.weight, torch.ones_like(model.network.weight))
-    assert "no epoch beat the baseline 0.1" in capsys.readouterr().out
+    assert capsys.readouterr().out == (
+        "Restoring model weights from the end of the best epoch: 2 "
+        "(val_loss=0.3; no epoch beat the baseline 0.1).\n"
+    )
 
 
 def test_rank_1_restores_the_same_snapshot_silently(capsys):
@@ -428,3 +433,173 @@ def test_a_state_loaded_before_the_factory_ran_waits_for_it():
         model.optimizer.param_groups[0]["lr"]
     )
     assert math.isclose(other.optimizer.param_groups[0]["lr"], one_cycle_curve(12)[3])
+
+
+# ---- 4. Paddle's EarlyStopping(save_best_model=True) in a real fit -----------------------
+
+
+def test_save_best_model_writes_best_model_pt_into_fits_save_dir(tmp_path, capsys):
+    model = _model()
+    snaps = Snapshots()
+    # mode="max" on a falling val_loss: only epoch 0 "improves", so best_model.pt is epoch 0's
+    stopper = EarlyStopping(monitor="val_loss", mode="max", patience=10)
+    model.fit(
+        DATA,
+        eval_data=EVAL,
+        batch_size=10,
+        epochs=3,
+        verbose=0,
+        save_dir=tmp_path,
+        callbacks=[snaps, stopper],
+    )
+    # beside fit's own ModelCheckpoint files, which it leaves alone
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["0.pt", "1.pt", "2.pt", "best.pt", "best_model.pt", "final.pt"]
+    assert stopper.best_model_path == str(tmp_path / "best_model.pt")
+    best = _model()
+    best.load(tmp_path / "best_model.pt")
+    assert _same(_weights(best.network), snaps.per_epoch[0])
+    assert not _same(_weights(model.network), snaps.per_epoch[0])  # the model keeps training
+    assert f"is saved at {tmp_path / 'best_model.pt'}." in capsys.readouterr().out
+
+
+def test_without_save_dir_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    stopper = EarlyStopping(monitor="val_loss", patience=10, save_best_model=True)
+    _model().fit(DATA, eval_data=EVAL, batch_size=10, epochs=2, verbose=0, callbacks=[stopper])
+    assert list(tmp_path.iterdir()) == [] and stopper.best_model_path is None
+
+
+# ---- 5. Keras 3's TerminateOnNaN(raise_error=True) in a real fit -------------------------
+
+
+class Ends(Callback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended = False
+
+    def on_train_end(self, logs=None):
+        self.ended = True
+
+
+def nan_data():
+    x, y = make_tiny_data(40)
+    x[25] = math.nan  # the third batch of 10
+    return x, y
+
+
+def test_raise_error_ends_fit_with_the_error_and_no_on_train_end(tmp_path):
+    from callbacks import TerminateOnNaN
+
+    ends = Ends()
+    with pytest.raises(RuntimeError, match=r"NaN or Inf loss encountered at epoch 1, step 3"):
+        _model().fit(
+            nan_data(),
+            batch_size=10,
+            epochs=3,
+            log_freq=1,
+            shuffle=False,
+            verbose=0,
+            save_dir=tmp_path,
+            callbacks=[ends, TerminateOnNaN(raise_error=True)],
+        )
+    assert not ends.ended
+    assert not (tmp_path / "final.pt").exists()  # nothing written at the end of training
+
+
+def test_without_raise_error_the_fit_stops_and_ends_normally():
+    from callbacks import TerminateOnNaN
+
+    ends = Ends()
+    history = _model().fit(
+        nan_data(),
+        batch_size=10,
+        epochs=3,
+        log_freq=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[ends, TerminateOnNaN()],
+    )
+    assert ends.ended and history.epoch == [0] and math.isnan(history.history["loss"][0])
+
+
+# ---- 6. Paddle's LRScheduler(by_epoch=...) in a real fit ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "switches, per_update",
+    [
+        ({"by_epoch": False}, True),  # Paddle's default meaning: per step
+        ({"by_step": True, "by_epoch": False}, True),
+        ({"by_step": False, "by_epoch": True}, False),
+        ({}, False),  # torch's convention stays the default
+    ],
+)
+def test_paddles_by_epoch_in_a_fit(switches, per_update):
+    model = _model(lr=0.1)
+    lrs = LrPerUpdate()
+    scheduler = StepLR(model.optimizer, step_size=1, gamma=0.5)
+    model.fit(
+        DATA,
+        batch_size=10,
+        epochs=2,
+        verbose=0,
+        callbacks=[LRScheduler(scheduler, **switches), lrs],
+    )
+    # 4 updates per epoch
+    expected = [0.1 * 0.5**i for i in range(8)] if per_update else [0.1] * 4 + [0.05] * 4
+    assert lrs.lrs == pytest.approx(expected)
+
+
+# ---- 7. Two processes: every rank saves the best model and raises alike ----------------
+
+TWO_PROCESS_SCRIPT = """
+import json, math, os, sys
+sys.path[:0] = [{root!r}, {tests!r}]
+import torch
+from torch import nn
+from conftest import TinyNet, make_tiny_data
+from callbacks import EarlyStopping, TerminateOnNaN
+from hapi import Model
+
+out = sys.argv[1]
+rank = int(os.environ["RANK"])
+torch.manual_seed(0)
+model = Model(TinyNet())
+model.prepare(torch.optim.SGD(model.parameters(), lr=0.05), nn.CrossEntropyLoss())
+stopper = EarlyStopping(monitor="val_loss", mode="max", patience=10, verbose=0)
+x, y = make_tiny_data(40)
+model.fit((x, y), (x, y), batch_size=5, epochs=2, verbose=0, save_dir=out, callbacks=[stopper])
+result = {{"best_model_path": stopper.best_model_path, "best_epoch": stopper.best_epoch}}
+x[12] = math.nan
+try:
+    model.fit((x, y), batch_size=5, epochs=1, log_freq=1, shuffle=False, verbose=0,
+              callbacks=[TerminateOnNaN(raise_error=True)])
+except RuntimeError as error:
+    result["raised"] = str(error)
+with open(os.path.join(out, f"rank{{rank}}.json"), "w") as f:
+    json.dump(result, f)
+"""
+
+
+def test_two_processes_save_the_best_model_and_raise_on_nan_together(tmp_path):
+    import json
+    import pathlib
+
+    from dist_helpers import torchrun
+
+    tests = pathlib.Path(__file__).resolve().parents[1]
+    script = tmp_path / "two.py"
+    script.write_text(TWO_PROCESS_SCRIPT.format(root=str(tests.parent), tests=str(tests)))
+    out = tmp_path / "out"
+    out.mkdir()
+    torchrun(["--standalone", "--nproc_per_node=2", str(script), str(out)], timeout=180)
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    # model.save ran on both ranks (a collective): no hang, one file written by rank 0
+    assert ranks[0]["best_model_path"] == ranks[1]["best_model_path"] == str(out / "best_model.pt")
+    assert ranks[0]["best_epoch"] == ranks[1]["best_epoch"] == 0
+    assert (out / "best_model.pt").is_file()
+    # the NaN sample lies in one rank's second batch; the logged loss is reduced across the
+    # ranks, so both see it at step 2 and raise the same error
+    for rank in ranks:
+        assert rank["raised"].startswith("NaN or Inf loss encountered at epoch 1, step 2:")

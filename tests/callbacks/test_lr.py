@@ -78,6 +78,61 @@ def test_one_cycle_by_step_reaches_its_peak_mid_run():
     assert seen[-1] < 0.01
 
 
+def steps_taken(**switches):
+    """(lr after 3 optimizer steps in epoch 0, lr after its end) for LRScheduler(**switches)."""
+    model = StubModel(lr=0.1)
+    cb = LRScheduler(
+        torch.optim.lr_scheduler.StepLR(model.optimizer, step_size=1, gamma=0.5), **switches
+    )
+    attach(cb, model)
+    cb.on_train_begin()
+    cb.on_epoch_begin(0)
+    for step in range(3):
+        model.optimizer_step()
+        cb.on_train_batch_end(step, {"batch_size": 8})
+    after_batches = lr_of(model)
+    cb.on_epoch_end(0, {"loss": 1.0})
+    return cb, after_batches, lr_of(model)
+
+
+PER_EPOCH, PER_STEP = (0.1, 0.05), (0.1 * 0.5**3, 0.1 * 0.5**3)
+
+
+@pytest.mark.parametrize(
+    "switches, expected",
+    [
+        ({}, PER_EPOCH),  # torch's convention: the default stays per epoch
+        ({"by_step": False}, PER_EPOCH),
+        ({"by_step": True}, PER_STEP),
+        ({"by_epoch": True}, PER_EPOCH),  # Paddle's keyword
+        ({"by_epoch": False}, PER_STEP),  # Paddle: by_epoch=False with by_step unset -> per step
+        ({"by_step": True, "by_epoch": False}, PER_STEP),  # Paddle's defaults, spelt out
+        ({"by_step": False, "by_epoch": True}, PER_EPOCH),  # Paddle's per-epoch example
+    ],
+)
+def test_by_step_and_paddles_by_epoch_combine(switches, expected):
+    cb, after_batches, after_epoch = steps_taken(**switches)
+    assert (after_batches, after_epoch) == pytest.approx(expected)
+    assert cb.by_step == (expected is PER_STEP)
+    # per epoch, the loop makes no per-batch call at all (callbacks.base)
+    assert ("on_train_batch_end" in getattr(cb, "unused_hooks", ())) == (expected is PER_EPOCH)
+
+
+@pytest.mark.parametrize(
+    "by_step, by_epoch, says",
+    [(True, True, "both per step and per epoch"), (False, False, "never")],
+)
+def test_contradicting_switches_are_a_clear_error(by_step, by_epoch, says):
+    model = StubModel()
+    sched = torch.optim.lr_scheduler.StepLR(model.optimizer, step_size=1)
+    with pytest.raises(
+        ValueError,
+        match=rf"received by_step={by_step} and by_epoch={by_epoch}: the scheduler would step "
+        rf"{says}\. Pass one of them: by_step=True .* or by_epoch=True",
+    ):
+        LRScheduler(sched, by_step=by_step, by_epoch=by_epoch)
+
+
 def test_torch_reduce_on_plateau_points_to_the_callback():
     model = StubModel()
     with pytest.raises(TypeError, match=r"Use callbacks\.ReduceLROnPlateau"):
@@ -150,17 +205,39 @@ def test_min_lr_bounds_the_reduction_and_stops_it():
     assert lr_of(model) == pytest.approx(0.05)
 
 
-def test_cooldown_skips_epochs_after_a_reduction():
+def flat_lrs(cooldown, patience=1, epochs=7):
     model = StubModel(lr=1.0)
-    cb = ReduceLROnPlateau(factor=0.5, patience=1, cooldown=2, verbose=0)
+    cb = ReduceLROnPlateau(factor=0.5, patience=patience, cooldown=cooldown, verbose=0)
     attach(cb, model)
     cb.on_train_begin()
     history = []
-    for epoch in range(7):
+    for epoch in range(epochs):
         cb.on_epoch_end(epoch, {"val_loss": 1.0})
         history.append(lr_of(model))
-    # reduce at 1; cooldown epochs 2, 3; counting again from 4 -> reduce at 4; cooldown 5, 6
-    assert history == [1.0, 0.5, 0.5, 0.5, 0.25, 0.25, 0.25]
+    return history
+
+
+def test_cooldown_counts_as_keras_and_paddle():
+    # reduce at 1; epoch 2 is the cooldown; epoch 3 (the cooldown-th after) counts -> reduce
+    # at 3, then 5. The old count skipped epoch 3 too: [1, .5, .5, .5, .25, .25, .25].
+    assert flat_lrs(cooldown=2) == [1.0, 0.5, 0.5, 0.25, 0.25, 0.125, 0.125]
+    # patience 2: reduce at 2; epoch 3 cooldown; 4 and 5 count -> reduce at 5
+    assert flat_lrs(cooldown=2, patience=2) == [1.0, 1.0, 0.5, 0.5, 0.5, 0.25, 0.25]
+
+
+def test_cooldown_1_is_the_same_as_0():
+    assert flat_lrs(cooldown=1) == flat_lrs(cooldown=0) == [1.0, *(0.5**e for e in range(1, 7))]
+
+
+def test_an_improvement_during_the_cooldown_sets_the_best():
+    model = StubModel(lr=1.0)
+    cb = ReduceLROnPlateau(factor=0.5, patience=1, cooldown=3, verbose=0)
+    attach(cb, model)
+    cb.on_train_begin()
+    for epoch, value in enumerate([1.0, 1.0, 0.5, 0.6, 0.6]):
+        cb.on_epoch_end(epoch, {"val_loss": value})
+    # reduced at 1; 0.5 at epoch 2 (cooldown) is the new best; epoch 4 counts again -> reduce
+    assert (cb.best, lr_of(model)) == (0.5, 0.25)
 
 
 def test_accuracy_plateau_in_auto_mode():

@@ -68,9 +68,33 @@ def test_missing_key_warns_once_listing_the_sorted_keys():
     assert "Available keys: ['acc', 'loss', 'val_loss']" in message
 
 
-def test_bad_mode_is_a_value_error_naming_it():
-    with pytest.raises(ValueError, match=r"mode must be one of .*received 'median'"):
-        MonitorCallback(mode="median")
+@pytest.mark.parametrize("mode", ["median", "auto_", "1", None, 1])
+def test_an_unknown_mode_warns_naming_it_and_means_auto(mode):
+    # Paddle and Keras warn and fall back to "auto"; the old code raised ValueError.
+    with pytest.warns(UserWarning) as caught:
+        cb = MonitorCallback(monitor="val_acc", mode=mode)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert f"mode {mode!r} is unknown; using 'auto'" in message
+    assert "accepted: 'auto', 'min', 'max'" in message
+    assert cb.mode == "max"  # what "auto" picks for val_acc
+    with pytest.warns(UserWarning, match="'x' is unknown"):
+        assert MonitorCallback(monitor="val_loss", mode="x").mode == "min"
+
+
+def test_a_known_mode_does_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for mode in ("auto", "min", "max"):
+            MonitorCallback(mode=mode)
+
+
+def test_the_warning_points_at_the_callers_line():
+    from callbacks.early_stopping import EarlyStopping
+
+    with pytest.warns(UserWarning, match="is unknown") as caught:
+        EarlyStopping(mode="auto_")
+    assert caught[0].filename == __file__
 
 
 def test_bad_monitor_and_min_delta_are_refused():

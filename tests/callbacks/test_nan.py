@@ -74,3 +74,43 @@ def test_rank_1_stops_without_printing(capsys):
     cb.on_train_batch_end(0, {"loss": math.nan})
     assert model.stop_training
     assert capsys.readouterr().out == ""
+
+
+# ---- raise_error (Keras 3) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_raise_error_raises_at_the_step_instead_of_stopping(bad, capsys):
+    cb = TerminateOnNaN(raise_error=True)
+    model = attach(cb, rank=1)  # every rank raises: the loss is the same everywhere
+    cb.on_train_begin()
+    cb.on_epoch_begin(1)
+    cb.on_train_batch_end(0, {"loss": 0.5})
+    with pytest.raises(
+        RuntimeError,
+        match=rf"NaN or Inf loss encountered at epoch 2, step 2: the logged training loss is "
+        rf"{bad} \(TerminateOnNaN\(raise_error=True\) ends fit here, without on_train_end\)\. "
+        r"Lower the learning rate",
+    ):
+        cb.on_train_batch_end(1, {"loss": bad})
+    assert not model.stop_training
+    assert capsys.readouterr().out == ""
+
+
+def test_raise_error_at_the_epoch_end_too():
+    cb = TerminateOnNaN(raise_error=True)
+    attach(cb)
+    cb.on_train_begin()
+    cb.on_epoch_begin(0)
+    with pytest.raises(RuntimeError, match=r"at epoch 1: the logged training loss is nan"):
+        cb.on_epoch_end(0, {"loss": math.nan})
+
+
+def test_raise_error_with_finite_losses_does_nothing():
+    cb = TerminateOnNaN(raise_error=True)
+    model = attach(cb)
+    cb.on_train_begin()
+    cb.on_epoch_begin(0)
+    cb.on_train_batch_end(0, {"loss": 1.0})
+    cb.on_epoch_end(0, {"loss": 1.0})
+    assert not model.stop_training

@@ -1,0 +1,150 @@
+"""LambdaCallback: a callback made of plain functions, for the one-off hook (Keras 3).
+
+A few lines that print, log or check something at one point of the run should
+not need a class. The loop calls a hook only on the callbacks that implement it
+(``callbacks.base``), so a LambdaCallback lists the hooks it was not given in
+``unused_hooks``: one given only ``on_epoch_end`` costs no call per batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .base import HOOKS, Callback
+
+# Keras' names for what torch-hapi calls evaluation ("test") and its old batch aliases.
+_KERAS_NAMES = {
+    "on_test_begin": "on_eval_begin",
+    "on_test_end": "on_eval_end",
+    "on_test_batch_begin": "on_eval_batch_begin",
+    "on_test_batch_end": "on_eval_batch_end",
+    "on_batch_begin": "on_train_batch_begin",
+    "on_batch_end": "on_train_batch_end",
+}
+
+
+class LambdaCallback(Callback):
+    """Calls the functions given for each hook, with the hook's arguments, positionally.
+
+    Args:
+        on_epoch_begin: ``f(epoch, logs)`` at the start of every epoch.
+        on_epoch_end: ``f(epoch, logs)`` at the end of every epoch.
+        on_train_begin: ``f(logs)`` when training begins.
+        on_train_end: ``f(logs)`` when training ends.
+        on_train_batch_begin: ``f(step, logs)`` before every training batch.
+        on_train_batch_end: ``f(step, logs)`` after every training batch.
+        **kwargs: any other hook of :class:`callbacks.Callback` by name --
+            ``on_eval_begin(logs)``, ``on_eval_batch_end(step, logs)``,
+            ``on_predict_end(logs)``, ``on_before_optimizer_step(step, logs)``,
+            ... Keras' ``on_test_*`` names are accepted for the ``on_eval_*``
+            hooks, and ``on_batch_begin``/``on_batch_end`` for the training
+            batch hooks. Any other keyword not starting with ``on_`` becomes an
+            attribute of the callback, as in Keras.
+
+    Raises:
+        TypeError: a hook given twice (``on_test_end`` and ``on_eval_end``), a
+            value that is not callable, or an ``on_*`` name that is no hook
+            (a misspelt hook would otherwise never run).
+
+    Example (``LambdaCallback`` imported from ``callbacks``)::
+
+        seen = []
+        cb = LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(logs["loss"]))
+        model.fit(data, epochs=3, callbacks=[cb])  # seen: the loss of each epoch
+    """
+
+    def __init__(
+        self,
+        on_epoch_begin: Callable[..., Any] | None = None,
+        on_epoch_end: Callable[..., Any] | None = None,
+        on_train_begin: Callable[..., Any] | None = None,
+        on_train_end: Callable[..., Any] | None = None,
+        on_train_batch_begin: Callable[..., Any] | None = None,
+        on_train_batch_end: Callable[..., Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__()
+        given = {
+            "on_epoch_begin": on_epoch_begin,
+            "on_epoch_end": on_epoch_end,
+            "on_train_begin": on_train_begin,
+            "on_train_end": on_train_end,
+            "on_train_batch_begin": on_train_batch_begin,
+            "on_train_batch_end": on_train_batch_end,
+        }
+        self._functions: dict[str, Callable[..., Any]] = {
+            hook: fn for hook, fn in given.items() if fn is not None
+        }
+        for name, value in kwargs.items():
+            if not name.startswith("on_"):
+                setattr(self, name, value)  # Keras: extra keywords become attributes
+                continue
+            hook = _KERAS_NAMES.get(name, name)
+            if hook not in HOOKS:
+                raise TypeError(
+                    f"LambdaCallback received {name}=, which is no callback hook. Pass one of "
+                    f"{', '.join(HOOKS)} (Keras' on_test_* names mean on_eval_*)."
+                )
+            if hook in self._functions:
+                raise TypeError(
+                    f"LambdaCallback received two functions for {hook} ({name}= is another name "
+                    "for it). Pass one."
+                )
+            if value is not None:
+                self._functions[hook] = value
+        for hook, fn in self._functions.items():
+            if not callable(fn):
+                raise TypeError(
+                    f"LambdaCallback: {hook} must be a function; received {fn!r} of type "
+                    f"{type(fn).__name__}. Pass e.g. {hook}=lambda *args: print(args)."
+                )
+        # The loop skips the hooks listed here (callbacks.base): no call for a hook not given.
+        self.unused_hooks = tuple(hook for hook in HOOKS if hook not in self._functions)
+
+    def _call(self, hook: str, *args: Any) -> None:
+        self._functions[hook](*args)
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._call("on_train_begin", logs)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self._call("on_train_end", logs)
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._call("on_epoch_begin", epoch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._call("on_epoch_end", epoch, logs)
+
+    def on_train_batch_begin(self, step: int, logs: dict | None = None) -> None:
+        self._call("on_train_batch_begin", step, logs)
+
+    def on_before_optimizer_step(self, step: int, logs: dict | None = None) -> None:
+        self._call("on_before_optimizer_step", step, logs)
+
+    def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
+        self._call("on_train_batch_end", step, logs)
+
+    def on_eval_begin(self, logs: dict | None = None) -> None:
+        self._call("on_eval_begin", logs)
+
+    def on_eval_end(self, logs: dict | None = None) -> None:
+        self._call("on_eval_end", logs)
+
+    def on_eval_batch_begin(self, step: int, logs: dict | None = None) -> None:
+        self._call("on_eval_batch_begin", step, logs)
+
+    def on_eval_batch_end(self, step: int, logs: dict | None = None) -> None:
+        self._call("on_eval_batch_end", step, logs)
+
+    def on_predict_begin(self, logs: dict | None = None) -> None:
+        self._call("on_predict_begin", logs)
+
+    def on_predict_end(self, logs: dict | None = None) -> None:
+        self._call("on_predict_end", logs)
+
+    def on_predict_batch_begin(self, step: int, logs: dict | None = None) -> None:
+        self._call("on_predict_batch_begin", step, logs)
+
+    def on_predict_batch_end(self, step: int, logs: dict | None = None) -> None:
+        self._call("on_predict_batch_end", step, logs)
