@@ -145,6 +145,7 @@ class EarlyStopping(MonitorCallback):
         monitor: str = "val_loss",
         mode: str = "auto",
         patience: int = 0,
+        *,
         min_delta: float = 0.0,
         baseline: float | None = None,
         restore_best_weights: bool = False,

@@ -249,3 +249,12 @@ def test_no_warning_when_the_monitor_is_present():
         warnings.simplefilter("error")
         cb.on_train_begin()
         cb.on_epoch_end(0, {"val_loss": 1.0})
+
+
+def test_arguments_after_patience_are_keywords_so_paddle_and_keras_orders_cannot_misbind():
+    """Paddle's order is (monitor, mode, patience, verbose, min_delta, ...), ours puts min_delta
+    fourth: a Paddle call with five positional arguments would take verbose for min_delta."""
+    with pytest.raises(TypeError, match="positional"):
+        EarlyStopping("loss", "min", 3, 1, 0.01)
+    stopper = EarlyStopping("val_loss", "min", 3, min_delta=0.01, verbose=0)
+    assert (stopper.patience, stopper.min_delta) == (3, 0.01)
