@@ -219,9 +219,7 @@ def _evaluate_in_fit(
     they carry on after it and a save made during it keeps them."""
     distributed.sync_from_main(parts.stepper.eval_network)
     with parts.metrics.set_aside():
-        figures = evaluate_loop(
-            parts, loader, cbks, log_freq=log_freq, num_iters=None, model=model
-        )
+        figures = evaluate_loop(parts, loader, cbks, log_freq=log_freq, num_iters=None, model=model)
     parts.stepper.network.train()
     return figures
 
@@ -301,9 +299,7 @@ def _train_epoch(
         if notify_end:
             cbks.on_train_batch_end(step, _batch_logs(batch_size, figures, metrics))
         if is_last or (
-            check_stop
-            and (due or single_process)
-            and distributed.any_true(model.stop_training)
+            check_stop and (due or single_process) and distributed.any_true(model.stop_training)
         ):
             break
     return (figures if figures is not None else _train_figures(stepper, metrics)), done
