@@ -74,12 +74,13 @@ class _Budget:
 
 @dataclass
 class _StopCheck:
-    """Where a pass asks whether a callback set ``model.stop_training`` / ``stop_evaluating`` /
-    ``stop_predicting``, so that every process stops after the same batch.
+    """Where an evaluation or a prediction asks whether a callback set
+    ``model.stop_evaluating`` / ``model.stop_predicting``, so that every process stops after
+    the same batch.
 
     One process: after every batch (a Python flag, no cost). Several: the
-    flag is agreed (one all-reduce) every ``every`` batches, as for
-    ``stop_training``, and only among the first ``before`` batches, which
+    flag is agreed (one all-reduce) every ``every`` batches (``log_freq``), as
+    ``stop_training`` is, and only among the first ``before`` batches, which
     every process has and none ends with (an evaluation's shards may differ by
     a batch, and its last batch reduces the figures: any other collective
     there would pair with the wrong one). Where a length is unknown (iterable
