@@ -2,7 +2,38 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .base import Callback
+
+
+def learning_rates(model: Any) -> dict[str, float]:
+    """The learning rate of each optimizer of ``model``, by its logged name.
+
+    ``"lr"`` for a single optimizer (the name VisualDL and TensorBoard plot as
+    ``train/lr``); ``"lr_<name>"`` for each of several (``prepare([a, b])``:
+    ``lr_0``, ``lr_1``; ``prepare({"g": a, "d": b})``: ``lr_g``, ``lr_d``).
+    Each is its first parameter group's ``lr``.
+    """
+    given = getattr(model, "optimizers", None)
+    if given is None:
+        given = getattr(model, "optimizer", None)
+    if given is None:
+        return {}
+    if isinstance(given, dict):
+        named = [(f"lr_{name}", optimizer) for name, optimizer in given.items()]
+    elif isinstance(given, (list, tuple)):
+        named = [(f"lr_{index}", optimizer) for index, optimizer in enumerate(given)]
+        if len(named) == 1:
+            named = [("lr", given[0])]
+    else:
+        named = [("lr", given)]
+    rates = {}
+    for name, optimizer in named:
+        groups = getattr(optimizer, "param_groups", None)
+        if groups:
+            rates[name] = float(groups[0]["lr"])  # a tensor lr (capturable) becomes a float
+    return rates
 
 
 class History(Callback):
@@ -13,6 +44,10 @@ class History(Callback):
     in which it was logged; ``history.epoch`` lists those epoch indices.
     A name that first appears in a later epoch (``val_*`` with ``eval_freq``
     > 1) has a list only as long as the epochs that logged it, as in Keras.
+    The learning rate each epoch trained with (read at its start, after a
+    per-epoch schedule set it) is recorded too, as ``"lr"`` (one optimizer) or
+    ``"lr_<name>"`` per optimizer (see :func:`learning_rates`), unless the
+    epoch's logs already carry that name.
 
     ``history.evaluations`` lists every evaluation run during ``fit`` -- at
     the epoch ends and, with ``fit(eval_steps=N)``, every N optimizer steps --
@@ -26,18 +61,21 @@ class History(Callback):
         self.history: dict[str, list[float]] = {}
         self.evaluations: list[dict[str, float]] = []
         self._training = False
+        self._rates: dict[str, float] = {}  # this epoch's learning rates, read at its start
 
     def state_dict(self) -> dict:
         return {
             "epoch": list(self.epoch),
             "history": {k: list(v) for k, v in self.history.items()},
             "evaluations": [dict(e) for e in self.evaluations],
+            "rates": dict(self._rates),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch = list(state["epoch"])
         self.history = {k: list(v) for k, v in state["history"].items()}
         self.evaluations = [dict(e) for e in state.get("evaluations", [])]
+        self._rates = dict(state.get("rates", self._rates))
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.epoch = []
@@ -48,11 +86,17 @@ class History(Callback):
     def on_train_end(self, logs: dict | None = None) -> None:
         self._training = False
 
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        if not getattr(self.model, "epoch_step", 0):  # a resumed epoch keeps its restored rates
+            self._rates = learning_rates(self.model)
+
     def on_eval_end(self, logs: dict | None = None) -> None:
         if self._training and logs:
             self.evaluations.append({"step": self.model.step, "epoch": self.model.epoch, **logs})
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self.epoch.append(epoch)
-        for name, value in (logs or {}).items():
+        logs = logs or {}
+        rates = {name: rate for name, rate in self._rates.items() if name not in logs}
+        for name, value in {**logs, **rates}.items():
             self.history.setdefault(name, []).append(value)

@@ -11,9 +11,12 @@ Read top to bottom, ``fit_loop`` is the whole of training::
             on_eval_begin / on_eval_batch_* / on_eval_end
         on_epoch_end(epoch, train figures + val_ figures)
         stop when any process set model.stop_training (checked at the epoch end,
-        and every log_freq steps when a batch callback could set it), or num_iters
-        is reached
+        and every log_freq steps when a batch callback could set it; after every
+        batch on one process, where asking costs nothing), or num_iters is reached
     on_train_end
+
+``evaluate_loop`` and ``predict_loop`` end early, after a batch, when a callback sets
+``model.stop_evaluating`` / ``model.stop_predicting`` (Keras 3; see :class:`_StopCheck`).
 
 Figures reach the host only every ``log_freq`` steps and at the end of a pass
 (:meth:`MetricSet.compute`); nothing here depends on which process runs it
@@ -22,6 +25,7 @@ Figures reach the host only every ``log_freq`` steps and at the end of a pass
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -66,6 +70,46 @@ class _Budget:
     @property
     def spent(self) -> bool:
         return self.left == 0
+
+
+@dataclass
+class _StopCheck:
+    """Where an evaluation or a prediction asks whether a callback set
+    ``model.stop_evaluating`` / ``model.stop_predicting``, so that every process stops after
+    the same batch.
+
+    One process: after every batch (a Python flag, no cost). Several: the
+    flag is agreed (one all-reduce) every ``every`` batches (``log_freq``), as
+    ``stop_training`` is, and only among the first ``before`` batches, which
+    every process has and none ends with (an evaluation's shards may differ by
+    a batch, and its last batch reduces the figures: any other collective
+    there would pair with the wrong one). Where a length is unknown (iterable
+    data) each process reads its own flag: no collective, so none can hang.
+    """
+
+    every: int
+    before: int | None = None
+    local: bool = True
+
+    @classmethod
+    def for_pass(cls, can_stop: bool, steps: int | None, log_freq: int) -> "_StopCheck | None":
+        """``None`` when nothing can stop the pass (no callback with a batch hook anywhere):
+        then no process asks, per batch or otherwise. A collective on several processes."""
+        if distributed.world_size() == 1:
+            return cls(1) if can_stop else None
+        facts = distributed.gather_objects((bool(can_stop), steps))
+        if not any(wants for wants, _ in facts):
+            return None
+        lengths = [length for _, length in facts]
+        if any(length is None for length in lengths):
+            return cls(1)
+        return cls(log_freq, min(lengths), local=False)
+
+    def __call__(self, step: int, flag: bool) -> bool:
+        """Whether the pass stops after batch ``step`` (the same answer on every process)."""
+        if (step + 1) % self.every or (self.before is not None and step + 1 >= self.before):
+            return False
+        return bool(flag) if self.local else distributed.any_true(flag)
 
 
 def _limit(steps: int | None, num_iters: int | None) -> int | None:
@@ -116,6 +160,15 @@ def fit_loop(
 ) -> dict[str, float]:
     """Train ``epochs`` epochs (fewer when stopped); returns the last epoch's logs."""
     logs: dict[str, float] = {}
+    if parts.train_step is None and parts.stepper.nothing_trainable():
+        warnings.warn(
+            f"fit(): no parameter of {distributed.class_name(parts.stepper.eval_network)} "
+            "requires a gradient (every one has requires_grad=False), so nothing will be "
+            "updated: the loss and metrics are computed and reported, the weights stay as "
+            "they are (as Keras trains a model with trainable=False). Set requires_grad=True "
+            "on the parameters to train, and give them to the optimizer.",
+            stacklevel=3,
+        )
     parts.stepper.optimizer.zero_grad(set_to_none=True)  # nothing left from a stopped accumulation
     cbks.on_train_begin()  # a resume (BackupAndRestore) moves model.epoch / model.epoch_step here
     budget = _Budget(
@@ -131,7 +184,7 @@ def fit_loop(
         def evaluate_after_update(is_last: bool) -> None:
             # Every eval_steps optimizer steps; not twice in a row at the epoch's end.
             if model.step % eval_steps == 0 and not (is_last and ends_with_evaluation):
-                _evaluate_in_fit(parts, eval_loader, cbks, log_freq)
+                _evaluate_in_fit(model, parts, eval_loader, cbks, log_freq)
 
         logs, batches_done = _train_epoch(
             model,
@@ -148,7 +201,7 @@ def fit_loop(
             else evaluate_after_update,
         )
         if ends_with_evaluation:
-            val_logs = _evaluate_in_fit(parts, eval_loader, cbks, log_freq)
+            val_logs = _evaluate_in_fit(model, parts, eval_loader, cbks, log_freq)
             logs.update({f"val_{name}": value for name, value in val_logs.items()})
         model.epoch, model.epoch_step = epoch + 1, 0
         cbks.on_epoch_end(epoch, logs)
@@ -160,14 +213,14 @@ def fit_loop(
 
 
 def _evaluate_in_fit(
-    parts: Parts, loader: Iterable, cbks: CallbackList, log_freq: int
+    model: Any, parts: Parts, loader: Iterable, cbks: CallbackList, log_freq: int
 ) -> dict[str, float]:
     """An evaluation during fit (each ``eval_steps`` optimizer steps, or the epoch's): one
     model's statistics everywhere, and the training figures set aside meanwhile, so that
     they carry on after it and a save made during it keeps them."""
     distributed.sync_from_main(parts.stepper.eval_network)
     with parts.metrics.set_aside():
-        figures = evaluate_loop(parts, loader, cbks, log_freq=log_freq, num_iters=None)
+        figures = evaluate_loop(parts, loader, cbks, log_freq=log_freq, num_iters=None, model=model)
     parts.stepper.network.train()
     return figures
 
@@ -205,6 +258,7 @@ def _train_epoch(
     # when a script gives a batch callback to one process only.
     read_figures = distributed.any_true(notify_end)
     check_stop = distributed.any_true(notify_begin or notify_end)
+    single_process = distributed.world_size() == 1  # asking after every batch costs nothing
     stepper.network.train()
     metrics.use_metrics = parts.train_step is None
     if first_step == 0:
@@ -245,7 +299,9 @@ def _train_epoch(
             after_update(is_last)
         if notify_end:
             cbks.on_train_batch_end(step, _batch_logs(batch_size, figures, metrics))
-        if is_last or (due and check_stop and distributed.any_true(model.stop_training)):
+        if is_last or (
+            check_stop and (due or single_process) and distributed.any_true(model.stop_training)
+        ):
             break
     return (figures if figures is not None else _train_figures(stepper, metrics)), done
 
@@ -268,12 +324,27 @@ def _figures_of(returned: Any, step_name: str) -> dict[str, Any]:
 
 
 def evaluate_loop(
-    parts: Parts, loader: Iterable, cbks: CallbackList, *, log_freq: int, num_iters: int | None
+    parts: Parts,
+    loader: Iterable,
+    cbks: CallbackList,
+    *,
+    log_freq: int,
+    num_iters: int | None,
+    model: Any = None,
 ) -> dict[str, float]:
-    """One pass over evaluation data; returns the figures over all of it."""
+    """One pass over evaluation data; returns the figures over all of it (over the batches
+    seen, when a callback set ``model.stop_evaluating``)."""
     stepper, metrics, splitter = parts.stepper, parts.metrics, parts.splitter
     notify_begin = cbks.wants("on_eval_batch_begin")
     steps = exact_length(loader)
+    stop_check = None
+    if model is not None:
+        model.stop_evaluating = False  # as Keras: each evaluation starts afresh
+        stop_check = _StopCheck.for_pass(
+            notify_begin or cbks.wants("on_eval_batch_end"), _limit(steps, num_iters), log_freq
+        )
+    no_labels = splitter.n_labels == 0  # Model(labels=0): the loss scores the outputs alone
+    stopped = False
     cbks.on_eval_begin(
         {"steps": _limit(num_batches(loader), num_iters), "metrics": metrics.names()}
     )
@@ -295,7 +366,7 @@ def evaluate_loop(
                     )
             else:
                 inputs, labels = splitter.split(batch)
-                loss, outputs = stepper.evaluate(inputs, labels)
+                loss, outputs = stepper.evaluate(inputs, labels, no_labels)
                 batch_size = batch_length(inputs, labels)
                 metrics.update(loss, outputs, labels, batch_size)
                 if loss is not None and stepper.loss_parts:
@@ -308,15 +379,32 @@ def evaluate_loop(
             cbks.on_eval_batch_end(step, _batch_logs(batch_size, figures, metrics))
             if is_last:
                 break
-    results = figures if figures is not None else metrics.compute()
+            if stop_check is not None and stop_check(step, model.stop_evaluating):
+                stopped = True  # the figures so far, over every process (one collective)
+                break
+    results = figures if figures is not None and not stopped else metrics.compute()
     cbks.on_eval_end(results)
     return results
 
 
-def predict_loop(parts: Parts, loader: Iterable, cbks: CallbackList) -> list[list[torch.Tensor]]:
-    """The network's outputs over the data, per output a list of CPU batches."""
+def predict_loop(
+    parts: Parts,
+    loader: Iterable,
+    cbks: CallbackList,
+    *,
+    model: Any = None,
+    log_freq: int = 10,
+) -> list[list[torch.Tensor]]:
+    """The network's outputs over the data, per output a list of CPU batches (those seen,
+    when a callback set ``model.stop_predicting``)."""
     stepper, splitter = parts.stepper, parts.splitter
     notify_begin = cbks.wants("on_predict_batch_begin")
+    stop_check = None
+    if model is not None:
+        model.stop_predicting = False
+        stop_check = _StopCheck.for_pass(
+            notify_begin or cbks.wants("on_predict_batch_end"), exact_length(loader), log_freq
+        )
     cbks.on_predict_begin({"steps": num_batches(loader)})
     stepper.network.eval()
     per_output: list[list[torch.Tensor]] = []
@@ -338,5 +426,7 @@ def predict_loop(parts: Parts, loader: Iterable, cbks: CallbackList) -> list[lis
             for store, output in zip(per_output, outputs):
                 store.append(output.cpu() if torch.is_tensor(output) else output)
             cbks.on_predict_batch_end(step, {"batch_size": batch_size})
+            if stop_check is not None and stop_check(step, model.stop_predicting):
+                break
     cbks.on_predict_end()
     return distributed.gather_in_order(per_output)

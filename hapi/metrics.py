@@ -174,6 +174,9 @@ class MetricSet:
         # Figures a step of the user's own returns (``train_step``/``eval_step``):
         # sums weighted by batch size, like the loss.
         self._figure_sums: dict[str, torch.Tensor] = {}
+        # The sum of the weights the figures were weighted by, once a step returned a
+        # ``"weight"`` (tokens, say); until then (and always without one) the sample count.
+        self._weight_sum: torch.Tensor | None = None
         # False while a user's step runs the pass: it hands back figures, not the
         # outputs and labels the metrics need (set by the loop, alike on every process).
         self.use_metrics = True
@@ -238,6 +241,7 @@ class MetricSet:
         return {
             "loss_sum": None if self._loss_sum is None else on_cpu(self._loss_sum),
             "samples": self._samples,
+            "weight_sum": None if self._weight_sum is None else on_cpu(self._weight_sum),
             "figures": {name: on_cpu(total) for name, total in self._figure_sums.items()},
             "metrics": [
                 {name: on_cpu(value) for name, value in metric.metric_state.items()}
@@ -257,6 +261,8 @@ class MetricSet:
         )
         self._loss_sum = None if state["loss_sum"] is None else state["loss_sum"].to(device)
         self._samples = int(state["samples"])
+        weight_sum = state.get("weight_sum")
+        self._weight_sum = None if weight_sum is None else weight_sum.to(device)
         self._figure_sums = {
             name: total.to(device) for name, total in state.get("figures", {}).items()
         }
@@ -272,6 +278,7 @@ class MetricSet:
         self._loss_sum = None
         self._samples = 0
         self._figure_sums = {}
+        self._weight_sum = None
         for metric in self.metrics.values():
             metric.reset()
 
@@ -305,23 +312,45 @@ class MetricSet:
                     "with its output and its label."
                 ) from error
 
-    def _add_loss(self, loss: torch.Tensor, batch_size: int) -> None:
+    def _add_loss(self, loss: torch.Tensor, batch_size: int | torch.Tensor) -> None:
         """The batch's loss into the running sum (``with_loss`` from then on: a network or a
         user's step may bring a loss although ``prepare`` got none)."""
         self.with_loss = True
         if self._loss_sum is None:
             self._loss_sum = torch.zeros((), dtype=torch.float32, device=loss.device)
-        self._loss_sum.add_(loss, alpha=batch_size)  # one in-place op, on the device
+        if torch.is_tensor(batch_size):  # a step's "weight"
+            self._loss_sum.add_(loss * batch_size.to(loss.device))
+        else:
+            self._loss_sum.add_(loss, alpha=batch_size)  # one in-place op, on the device
 
     @torch.no_grad()
     def update_figures(self, figures: dict[str, Any], batch_size: int) -> None:
-        """Accumulate one batch of a user's step: ``loss`` and any other named scalars."""
-        self.add_figures(figures, batch_size)
+        """Accumulate one batch of a user's step: ``loss`` and any other named scalars.
+
+        A ``"weight"`` entry (not logged) weighs this batch's figures instead of
+        ``batch_size``: a language model returns its token count, so that the
+        pass's figures are per token (the sum of value * weight over the sum of
+        the weights, over every process).
+        """
+        if "weight" in figures:
+            figures = dict(figures)
+            weight = _weight_of(figures.pop("weight"))
+            if self._weight_sum is None:  # earlier batches weigh their sample count
+                self._weight_sum = torch.full(
+                    (), float(self._samples), dtype=torch.float64, device=weight.device
+                )
+            self._weight_sum.add_(weight.to(self._weight_sum.device))
+            self.add_figures(figures, weight)
+        else:
+            if self._weight_sum is not None:
+                self._weight_sum.add_(batch_size)
+            self.add_figures(figures, batch_size)
         self._samples += batch_size
 
     @torch.no_grad()
-    def add_figures(self, figures: dict[str, Any], batch_size: int) -> None:
-        """Named scalars of a batch already counted by :meth:`update` (each output's loss, say)."""
+    def add_figures(self, figures: dict[str, Any], batch_size: int | torch.Tensor) -> None:
+        """Named scalars of a batch already counted by :meth:`update` (each output's loss, say),
+        weighted by ``batch_size``: a count, or a scalar tensor (a step's ``"weight"``)."""
         for name, value in figures.items():
             value = torch.as_tensor(value).detach()
             if value.numel() != 1:
@@ -337,7 +366,10 @@ class MetricSet:
                 total = self._figure_sums[name] = torch.zeros(
                     (), dtype=torch.float64, device=value.device
                 )
-            total.add_(value.reshape(()).double(), alpha=batch_size)
+            if torch.is_tensor(batch_size):
+                total.add_(value.reshape(()).double() * batch_size.to(total.device))
+            else:
+                total.add_(value.reshape(()).double(), alpha=batch_size)
 
     def compute(self, sync: bool = True) -> dict[str, float]:
         """Means over every sample since :meth:`reset`.
@@ -349,10 +381,12 @@ class MetricSet:
             self._loss_sum if self._loss_sum is not None else torch.zeros((), dtype=torch.float64)
         )
         figure_names = sorted(self._figure_sums)  # the same on every process: the same step code
+        samples = torch.tensor(float(self._samples), dtype=torch.float64)
         totals = torch.stack(
             [
                 loss_sum.double().cpu(),
-                torch.tensor(float(self._samples), dtype=torch.float64),
+                samples,
+                samples if self._weight_sum is None else self._weight_sum.cpu(),
                 *(self._figure_sums[name].cpu() for name in figure_names),
             ]
         )
@@ -363,9 +397,9 @@ class MetricSet:
             return {}
         results: dict[str, float] = {}
         if self.with_loss:
-            results["loss"] = (totals[0] / totals[1]).item()
-        for position, name in enumerate(figure_names, start=2):
-            results[name] = (totals[position] / totals[1]).item()
+            results["loss"] = (totals[0] / totals[2]).item()
+        for position, name in enumerate(figure_names, start=3):
+            results[name] = (totals[position] / totals[2]).item()
         if not self.use_metrics:
             return results
         self._sync.enabled = sync
@@ -389,6 +423,23 @@ class MetricSet:
                     )
                 results[name] = _to_float(sub_value, name)
         return results
+
+
+def _weight_of(value: Any) -> torch.Tensor:
+    """A step's ``"weight"``: a non-negative scalar (a number or a one-element tensor), kept on
+    its device (a token count summed on the GPU is not read back per batch)."""
+    weight = torch.as_tensor(value).detach()
+    if weight.numel() != 1 or weight.is_complex() or weight.dtype == torch.bool:
+        raise ValueError(
+            f"A step's 'weight' must be one number (what its figures are weighted by, e.g. "
+            f"the batch's token count); received {describe([value])}."
+        )
+    if weight.device.type == "cpu" and float(weight) < 0:  # no device read for a GPU tensor
+        raise ValueError(
+            f"A step's 'weight' must not be negative; received {float(weight)}. Return the "
+            "count its figures are averaged over (samples, tokens)."
+        )
+    return weight.reshape(()).double()
 
 
 def _leaves(metrics: Any) -> list[torchmetrics.Metric]:

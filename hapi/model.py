@@ -79,6 +79,10 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
         self._pending_optimizer: tuple[dict, str | None] | None = None  # (state, optimizer class)
         self._pending_scaler_state: dict | None = None
         self.stop_training = False
+        # Keras 3: a callback sets these in on_eval_batch_end / on_predict_batch_end to end
+        # evaluate / predict after that batch; each evaluation and prediction resets them.
+        self.stop_evaluating = False
+        self.stop_predicting = False
         self.epoch = 0  # epochs completed in the current fit (restored by load)
         self.epoch_step = 0  # batches done in the epoch in progress (restored by load)
         self.step = 0  # optimizer steps taken, over the model's life (restored by load)

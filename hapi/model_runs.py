@@ -259,7 +259,12 @@ class ModelRuns:
         callbacks: Callback | list[Callback] | None = None,
         num_iters: int | None = None,
     ) -> dict[str, float]:
-        """Figures over the whole of ``eval_data``: ``{"loss": float, <metric>: float}``."""
+        """Figures over the whole of ``eval_data``: ``{"loss": float, <metric>: float}``.
+
+        ``{}`` when there is nothing to compute (no loss, no metric, and the network
+        returns no loss), as in Paddle. A callback that sets ``model.stop_evaluating``
+        ends the evaluation after that batch; the figures cover the batches seen.
+        """
         parts = self._parts("evaluate")
         require_int("evaluate", "log_freq", log_freq)
         require_int("evaluate", "num_iters", num_iters, allow_none=True)
@@ -274,14 +279,9 @@ class ModelRuns:
             num_workers=num_workers,
         )
         self._same_model_everywhere()
-        results = evaluate_loop(parts, loader, cbks, log_freq=log_freq, num_iters=num_iters)
-        if not parts.metrics.names():  # known only now: a network may compute its own loss
-            raise RuntimeError(
-                "evaluate() had nothing to compute: call model.prepare(loss=..., "
-                "metrics=...) with a loss or at least one metric (or return a 'loss' "
-                "from the network)."
-            )
-        return results
+        return evaluate_loop(
+            parts, loader, cbks, log_freq=log_freq, num_iters=num_iters, model=self
+        )
 
     def predict(
         self,
@@ -311,7 +311,7 @@ class ModelRuns:
             num_workers=num_workers,
         )
         self._same_model_everywhere()
-        outputs = predict_loop(parts, loader, cbks)
+        outputs = predict_loop(parts, loader, cbks, model=self)
         if stack_outputs:
             return [
                 torch.cat(batches) if batches and torch.is_tensor(batches[0]) else batches
@@ -337,7 +337,7 @@ class ModelRuns:
         parts = self._parts("eval_batch")
         parts.stepper.network.eval()
         inputs_, labels_ = self._splitter.user_batch(inputs, labels)
-        loss, outputs = parts.stepper.evaluate(inputs_, labels_)
+        loss, outputs = parts.stepper.evaluate(inputs_, labels_, self._splitter.n_labels == 0)
         return self._batch_figures(parts, loss, outputs, labels_)
 
     def predict_batch(self, inputs: Any) -> list[torch.Tensor]:

@@ -293,6 +293,12 @@ class Stepper:
                     if self.loss_fn is not None
                     else self.own_loss(network_loss)
                 )
+            if not loss.requires_grad and self.nothing_trainable():
+                # Keras trains a frozen model: the loss is reported, nothing is updated
+                # (fit warns once why). Checked only when the loss has no graph.
+                if update:  # a no-op without gradients, but schedulers see it was taken
+                    self.optimizer.step()
+                return loss.detach(), [o.detach() for o in outputs]
             scaled = loss * loss_scale if loss_scale != 1.0 else loss
             if self.scaler is not None:
                 scaled = self.scaler.scale(scaled)
@@ -300,6 +306,13 @@ class Stepper:
         if update:
             self.update(self.optimizer, before_update)
         return loss.detach(), [o.detach() for o in outputs]
+
+    def nothing_trainable(self) -> bool:
+        """Whether no parameter of the network (or of the optimizer) requires a gradient."""
+        parameters = list(self.eval_network.parameters())
+        if self.optimizer is not None:
+            parameters += [p for group in self.optimizer.param_groups for p in group["params"]]
+        return not any(p.requires_grad for p in parameters)
 
     def end_own_step(self) -> None:
         """After a user's ``train_step``: the fp16 scale moves once per step, however many updates."""
@@ -356,12 +369,18 @@ class Stepper:
 
     @torch.no_grad()
     def evaluate(
-        self, inputs: list[torch.Tensor], labels: list[torch.Tensor]
+        self, inputs: list[torch.Tensor], labels: list[torch.Tensor], no_labels: bool = False
     ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        """The loss (``None`` for a batch without the labels the loss needs) and the outputs.
+
+        ``no_labels``: the model takes no labels (``Model(labels=0)``), so the
+        loss scores the outputs alone, as in training (a network returning
+        ``(logits, loss)``, with ``loss=lambda logits, loss: loss``).
+        """
         with self.autocast():
             outputs, network_loss = self.forward(self.eval_network, inputs)
             if self.loss_fn is not None:
-                loss = self.compute_loss(outputs, labels) if labels else None
+                loss = self.compute_loss(outputs, labels) if labels or no_labels else None
             else:
                 loss = None if network_loss is None else self.own_loss(network_loss)
         return loss, outputs

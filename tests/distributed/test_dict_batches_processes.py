@@ -21,7 +21,7 @@ def test_dict_batches_on_two_processes_equal_one_at_the_global_batch(tmp_path):
     ranks = read_ranks(tmp_path, "dict", 2)
     for rank in ranks:
         assert_close_lists(rank["weights"], reference["weights"], atol=1e-6)
-        assert set(rank["history"]) == {"loss", "acc", "val_loss", "val_acc"}
+        assert set(rank["history"]) == {"loss", "acc", "val_loss", "val_acc", "lr"}
         for name, values in reference["history"].items():
             assert rank["history"][name] == pytest.approx(values, rel=1e-5), name
         assert rank["evaluate"] == pytest.approx(reference["evaluate"], rel=1e-5)

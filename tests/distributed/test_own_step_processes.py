@@ -14,4 +14,9 @@ def test_a_gan_keeps_both_networks_identical_on_every_process(tmp_path):
     # (and rank 0's starting weights) keep the two copies equal.
     assert first["generator"] == second["generator"]
     assert first["discriminator"] == second["discriminator"]
-    assert first["history"] == second["history"] and set(first["history"]) == {"d_loss", "g_loss"}
+    assert first["history"] == second["history"] and set(first["history"]) == {
+        "d_loss",
+        "g_loss",
+        "lr_0",
+        "lr_1",
+    }

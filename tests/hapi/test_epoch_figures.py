@@ -62,6 +62,7 @@ def test_epoch_figures_are_means_over_every_batch_not_the_last():
         "val_loss",
         "val_acc",
         "val_multiclass_accuracy",
+        "lr",
     }
     for epoch in range(2):
         assert_figures({k: v[epoch] for k, v in history.history.items()}, everything)

@@ -29,7 +29,7 @@ def prepared(net=None, lr=0.05, metrics=None, **kwargs):
 def test_fit_learns_and_history_has_one_value_per_epoch(tiny_data):
     model = prepared()
     history = model.fit(tiny_data, eval_data=tiny_data, batch_size=16, epochs=4, verbose=0)
-    assert set(history.history) == {"loss", "acc", "val_loss", "val_acc"}
+    assert set(history.history) == {"loss", "acc", "val_loss", "val_acc", "lr"}
     assert all(len(values) == 4 for values in history.history.values())
     assert history.epoch == [0, 1, 2, 3]
     assert history.history["loss"][-1] < history.history["loss"][0]

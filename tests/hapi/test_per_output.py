@@ -57,7 +57,13 @@ def test_a_loss_and_metrics_per_output_train_like_a_hand_loop_and_log_each_part(
         sums = [total + part.item() * len(xb) for total, part in zip(sums, parts)]
     for mine, theirs in zip(model.parameters(), network.parameters()):
         torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=0)
-    assert set(history.history) == {"loss", "output_0_loss", "output_1_loss", "output_0_acc"}
+    assert set(history.history) == {
+        "loss",
+        "output_0_loss",
+        "output_1_loss",
+        "output_0_acc",
+        "lr",
+    }
     assert history.history["output_0_loss"][0] == pytest.approx(sums[0] / 40, rel=1e-5)
     assert history.history["output_1_loss"][0] == pytest.approx(sums[1] / 40, rel=1e-5)
     assert history.history["loss"][0] == pytest.approx((sums[0] + 0.5 * sums[1]) / 40, rel=1e-5)
