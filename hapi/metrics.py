@@ -12,88 +12,61 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 import warnings
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import torch
-import torchmetrics
 
 from hapi import distributed
 from hapi.data import describe
 
-__all__ = ["Accuracy", "MetricSet"]
+__all__ = ["Accuracy", "MetricSet"]  # noqa: F822 (Accuracy: module __getattr__, on first use)
 
 
-class Accuracy(torchmetrics.Metric):
-    """Top-k classification accuracy, Paddle's ``paddle.metric.Accuracy``.
+def __getattr__(name: str) -> Any:
+    # torchmetrics costs ~0.7 s at import (more where it finds transformers or matplotlib):
+    # it loads when a script uses hapi.metrics.Accuracy or brings a torchmetrics metric.
+    if name == "Accuracy":
+        from hapi.accuracy import Accuracy
 
-    ``topk=(1,)`` logs ``acc``; ``topk=(1, 2)`` logs ``acc_top1`` and
-    ``acc_top2``, as in Paddle's hapitrain output. ``name`` replaces ``acc``.
-    Predictions are scores ``[N, C]``; labels are class indices ``[N]`` or
-    ``[N, 1]``. Counting uses ``topk`` on the device, with no host sync.
+        return Accuracy
+    raise AttributeError(f"module 'hapi.metrics' has no attribute {name!r}")
+
+
+def _metric_types() -> tuple[type, ...]:
+    """torchmetrics' Metric and MetricCollection, or nothing when no metric was ever made.
+
+    torchmetrics is read from ``sys.modules``, never imported here: a metric object exists
+    only once its module was imported. A MetricCollection is not a Metric subclass, but it
+    behaves as one whose compute() returns a dict.
     """
-
-    full_state_update = False
-    higher_is_better = True
-
-    def __init__(self, topk: Sequence[int] = (1,), name: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        topk = tuple(topk) if isinstance(topk, (tuple, list)) else (topk,)
-        if not topk or any(not isinstance(k, int) or k < 1 for k in topk):
-            raise ValueError(
-                f"topk must be positive integers, e.g. (1,) or (1, 5); received {topk!r}."
-            )
-        self.topk = topk
-        self.maxk = max(topk)
-        self.name = name or "acc"
-        self.add_state(
-            "correct", default=torch.zeros(len(topk), dtype=torch.long), dist_reduce_fx="sum"
-        )
-        self.add_state("total", default=torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
-
-    def names(self) -> list[str]:
-        if len(self.topk) == 1 and self.topk[0] == 1:
-            return [self.name]
-        return [f"{self.name}_top{k}" for k in self.topk]
-
-    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
-        if preds.ndim < 2 or preds.shape[-1] < self.maxk:
-            raise ValueError(
-                f"Accuracy(topk={self.topk}) needs class scores of shape [N, C] with C >= "
-                f"{self.maxk}; received predictions of shape {tuple(preds.shape)}."
-            )
-        target = target.reshape(-1)
-        if target.shape[0] != preds.shape[0]:
-            raise ValueError(
-                f"Accuracy got {preds.shape[0]} predictions but {target.shape[0]} labels; "
-                "labels must be class indices of shape [N] or [N, 1]."
-            )
-        top = preds.topk(self.maxk, dim=-1).indices
-        hits = (top == target.unsqueeze(-1)).cumsum(dim=-1).clamp_(max=1).sum(dim=0)
-        self.correct += hits[[k - 1 for k in self.topk]]
-        self.total += target.shape[0]
-
-    def compute(self) -> dict[str, torch.Tensor]:
-        values = self.correct.double() / self.total.clamp(min=1)
-        return dict(zip(self.names(), values))
+    torchmetrics = sys.modules.get("torchmetrics")
+    return () if torchmetrics is None else (torchmetrics.Metric, torchmetrics.MetricCollection)
 
 
-# A MetricCollection is not a Metric subclass, but it behaves as one whose
-# compute() returns a dict.
-_METRIC_TYPES = (torchmetrics.Metric, torchmetrics.MetricCollection)
+def _is_collection(metric: Any) -> bool:
+    torchmetrics = sys.modules.get("torchmetrics")
+    return torchmetrics is not None and isinstance(metric, torchmetrics.MetricCollection)
+
+
+def _is_accuracy(metric: Any) -> bool:
+    accuracy = sys.modules.get("hapi.accuracy")
+    return accuracy is not None and isinstance(metric, accuracy.Accuracy)
 
 
 def _snake_case(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
 
 
-def _check_metric(metric: Any, where: str) -> torchmetrics.Metric:
-    if isinstance(metric, type) and issubclass(metric, _METRIC_TYPES):
+def _check_metric(metric: Any, where: str) -> Any:
+    metric_types = _metric_types()
+    if isinstance(metric, type) and metric_types and issubclass(metric, metric_types):
         raise TypeError(
             f"metrics{where} is the class {metric.__name__}, not an instance; "
             f"write {metric.__name__}(...) with its arguments."
         )
-    if not isinstance(metric, _METRIC_TYPES):
+    if not metric_types or not isinstance(metric, metric_types):
         raise TypeError(
             f"metrics{where} must be a torchmetrics.Metric; received {metric!r} of type "
             f"{type(metric).__name__}. Use a torchmetrics metric (e.g. "
@@ -104,7 +77,7 @@ def _check_metric(metric: Any, where: str) -> torchmetrics.Metric:
     return metric
 
 
-def normalise_metrics(metrics: Any) -> dict[str, torchmetrics.Metric]:
+def normalise_metrics(metrics: Any) -> dict[str, Any]:
     """``prepare(metrics=...)`` → ``{name: metric}`` with stable, documented names.
 
     A dict keeps its keys; otherwise a metric is named by its ``names()``
@@ -136,14 +109,14 @@ def normalise_metrics(metrics: Any) -> dict[str, torchmetrics.Metric]:
                 raise TypeError(f"metric names must be non-empty strings; received key {key!r}.")
             named[key] = _check_metric(metric, f"[{key!r}]")
         return named
-    if isinstance(metrics, _METRIC_TYPES) or isinstance(metrics, type):
+    if isinstance(metrics, _metric_types()) or isinstance(metrics, type):
         metrics = [metrics]
     if not isinstance(metrics, (list, tuple)):
         _check_metric(metrics, "")
     named = {}
     for index, metric in enumerate(metrics):
         _check_metric(metric, f"[{index}]")
-        base = metric.name if isinstance(metric, Accuracy) else _snake_case(type(metric).__name__)
+        base = metric.name if _is_accuracy(metric) else _snake_case(type(metric).__name__)
         name, n = base, 1
         while name in named:
             n += 1
@@ -166,7 +139,7 @@ def _output_pair(outputs: list, labels: list, position: int, key: str) -> tuple[
 class MetricSet:
     """The running loss and the metrics of one pass, on one device."""
 
-    def __init__(self, metrics: dict[str, torchmetrics.Metric], with_loss: bool) -> None:
+    def __init__(self, metrics: dict[str, Any], with_loss: bool) -> None:
         self.metrics = metrics
         self.with_loss = with_loss
         self._loss_sum: torch.Tensor | None = None
@@ -199,13 +172,13 @@ class MetricSet:
         """The logged names, ``"loss"`` first (known before any data is seen)."""
         names = (["loss"] if self.with_loss else []) + sorted(self._figure_sums)
         for key, metric in self.metrics.items() if self.use_metrics else ():
-            if isinstance(metric, Accuracy):
+            if _is_accuracy(metric):
                 names += (
                     [key]
                     if metric.names() == [metric.name]
                     else [f"{key}_top{k}" for k in metric.topk]
                 )
-            elif isinstance(metric, torchmetrics.MetricCollection):
+            elif _is_collection(metric):
                 names += list(metric.keys(keep_base=False))
             else:
                 names.append(key)
@@ -415,7 +388,7 @@ class MetricSet:
             metric = self.metrics[key]
             named = value.items() if isinstance(value, dict) else [(key, value)]
             for sub, sub_value in named:
-                name = key + sub[len(metric.name) :] if isinstance(metric, Accuracy) else sub
+                name = key + sub[len(metric.name) :] if _is_accuracy(metric) else sub
                 if name in results:
                     raise ValueError(
                         f"Two metrics log the name {name!r} (the second from metrics[{key!r}]); give "
@@ -442,11 +415,11 @@ def _weight_of(value: Any) -> torch.Tensor:
     return weight.reshape(()).double()
 
 
-def _leaves(metrics: Any) -> list[torchmetrics.Metric]:
+def _leaves(metrics: Any) -> list[Any]:
     """The Metric objects, looking inside MetricCollections."""
     found = []
     for metric in metrics:
-        if isinstance(metric, torchmetrics.MetricCollection):
+        if _is_collection(metric):
             found += _leaves(metric.values())
         else:
             found.append(metric)

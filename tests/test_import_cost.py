@@ -11,13 +11,17 @@ import sys
 
 import pytest
 
-# Loaded only by the feature that needs it: sharded checkpoints, FSDP, DTensor (with sympy),
+# Loaded only by the feature that needs it: sharded checkpoints, FSDP, DTensor (with sympy), the
+# metrics (torchmetrics, which loads matplotlib where installed and transformers where installed),
 # the dashboards' writers.
 LAZY = [
     "torch.distributed.checkpoint",
     "torch.distributed.fsdp",
     "torch.distributed.tensor",
     "sympy",
+    "torchmetrics",
+    "matplotlib",
+    "transformers",
     "visualdl",
     "torch.utils.tensorboard",
     "wandb",

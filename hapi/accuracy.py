@@ -1,0 +1,66 @@
+"""Paddle's ``paddle.metric.Accuracy`` on torchmetrics (``hapi.metrics.Accuracy``).
+
+A module of its own so that ``import hapi`` does not import torchmetrics: only a script that
+uses this metric, or a torchmetrics metric of its own, pays for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torchmetrics
+
+
+class Accuracy(torchmetrics.Metric):
+    """Top-k classification accuracy, Paddle's ``paddle.metric.Accuracy``.
+
+    ``topk=(1,)`` logs ``acc``; ``topk=(1, 2)`` logs ``acc_top1`` and
+    ``acc_top2``, as in Paddle's hapitrain output. ``name`` replaces ``acc``.
+    Predictions are scores ``[N, C]``; labels are class indices ``[N]`` or
+    ``[N, 1]``. Counting uses ``topk`` on the device, with no host sync.
+    """
+
+    full_state_update = False
+    higher_is_better = True
+
+    def __init__(self, topk: Sequence[int] = (1,), name: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        topk = tuple(topk) if isinstance(topk, (tuple, list)) else (topk,)
+        if not topk or any(not isinstance(k, int) or k < 1 for k in topk):
+            raise ValueError(
+                f"topk must be positive integers, e.g. (1,) or (1, 5); received {topk!r}."
+            )
+        self.topk = topk
+        self.maxk = max(topk)
+        self.name = name or "acc"
+        self.add_state(
+            "correct", default=torch.zeros(len(topk), dtype=torch.long), dist_reduce_fx="sum"
+        )
+        self.add_state("total", default=torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
+
+    def names(self) -> list[str]:
+        if len(self.topk) == 1 and self.topk[0] == 1:
+            return [self.name]
+        return [f"{self.name}_top{k}" for k in self.topk]
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        if preds.ndim < 2 or preds.shape[-1] < self.maxk:
+            raise ValueError(
+                f"Accuracy(topk={self.topk}) needs class scores of shape [N, C] with C >= "
+                f"{self.maxk}; received predictions of shape {tuple(preds.shape)}."
+            )
+        target = target.reshape(-1)
+        if target.shape[0] != preds.shape[0]:
+            raise ValueError(
+                f"Accuracy got {preds.shape[0]} predictions but {target.shape[0]} labels; "
+                "labels must be class indices of shape [N] or [N, 1]."
+            )
+        top = preds.topk(self.maxk, dim=-1).indices
+        hits = (top == target.unsqueeze(-1)).cumsum(dim=-1).clamp_(max=1).sum(dim=0)
+        self.correct += hits[[k - 1 for k in self.topk]]
+        self.total += target.shape[0]
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        values = self.correct.double() / self.total.clamp(min=1)
+        return dict(zip(self.names(), values))
