@@ -81,16 +81,6 @@ def test_keras_options_case_5_a_metric_not_available_still_saves(tmp_path):
     assert os.listdir(tmp_path) == ["best.pt"]
 
 
-def test_keras_options_case_6_an_unknown_mode_is_an_error(tmp_path):
-    """Keras test_model_checkpoint_options, case 6: mode='unknown'.
-
-    Keras warns "ModelCheckpoint mode 'unknown' is unknown" and falls back to 'auto';
-    torch-hapi refuses it (a typo in the direction would silently pick one).
-    """
-    with pytest.raises(ValueError, match=r"mode must be one of 'auto', 'min', 'max'"):
-        ModelCheckpoint(tmp_path, monitor="val_acc", save_best_only=True, mode="unknown")
-
-
 def test_keras_options_case_8_an_integer_save_freq_saves_every_n_steps(tmp_path):
     """Keras test_model_checkpoint_options, case 8a: save_freq=15 with 5 batches an epoch.
 
