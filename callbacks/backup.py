@@ -34,20 +34,20 @@ class BackupAndRestore(Callback):
     backup), as Keras removes its backup directory.
 
     ``double_checkpoint=True`` (Keras 3) keeps the previous backup too, as
-    ``<backup_dir>/backup-previous.pt``: before each backup, the newest one
-    complete on disk gets that second name (a hard link, so no bytes are
+    ``<backup_dir>/backup-previous.pt``: before each backup, once the last one
+    is on disk, it gets that second name (a hard link, so no bytes are
     copied; a copy where the file system has none). When the newest backup
     cannot be read at the start of training -- truncated, empty, garbage, a
     file that carries code or holds names leading outside its directories,
     or missing -- training resumes from the previous one, with a warning
     naming both files, and the next backup leaves the previous one as it
-    is. It costs a second file's disk space, and each backup is written into
-    fresh blocks (the spare that ``backup.pt`` reuses is then the previous
-    backup, which must stay intact). Without it an unreadable backup is an
-    error that says which file to delete. The previous backup is the one
-    before the newest, or an older one when a backup is still being written
-    when the next begins (a disk slower than ``save_freq``). Single-file
-    backups only: a sharded one (FSDP on several processes) is not doubled.
+    is. It costs a second file's disk space; each backup waits for the
+    previous one's write to end (normally long over), its CPU copy of the
+    state is made afresh, and it is written into fresh blocks (the file a
+    backup would reuse is the previous backup, which must stay intact).
+    Without it an unreadable backup is an error that says which file to
+    delete. Single-file backups only: a sharded one (FSDP on several
+    processes) is not doubled.
 
     Fit runs this callback's ``on_train_begin`` after every other callback's,
     so what they reset there is then restored.
@@ -231,9 +231,11 @@ class BackupAndRestore(Callback):
         # copied to CPU memory, and the previous backup stays until the new one is whole.
         sharded = self.model.sharded
         self._sharded_backup |= sharded
-        if self.double_checkpoint and not sharded and self.is_main:
-            # backup.pt is always a whole backup (replaced atomically): the last one on disk.
-            if not self._newest_unreadable:
+        if self.double_checkpoint and not sharded:
+            # The last backup's write has ended (collective), so backup.pt is the backup
+            # before the one about to be written -- unless it could not be read at the start.
+            self.model.wait_for_saves()
+            if self.is_main and not self._newest_unreadable:
                 files.keep_as_previous(self.path + ".pt", self.previous_path + ".pt")
         self._newest_unreadable = False
         self.model.save(self.path, resumable=True, sharded=sharded, wait=False)

@@ -136,9 +136,6 @@ class _Interrupt(Callback):
             raise RuntimeError("StepsInterruption")
         self.batches += 1
 
-    def on_epoch_end(self, epoch, logs=None):
-        self.model.wait_for_saves()  # each backup whole before the next (a slow disk aside)
-
     def on_epoch_begin(self, epoch, logs=None):
         if epoch == self.epochs:
             raise RuntimeError("EpochInterruption")
