@@ -180,7 +180,7 @@ def test_keras_best_case_step(tmp_path):
     model.wait_for_saves()
     assert backup_dir.exists()
     assert count.batches == 2
-    history = _backup_fit(model, [count, backup], epochs=5)
+    history = _backup_fit(model, [_Interrupt(), count, backup], epochs=5)
     assert history.epoch[-1] == 4
     assert count.batches == 15
     assert model.epoch == 5
@@ -195,7 +195,7 @@ def test_keras_best_case_epoch(tmp_path):
         _backup_fit(model, [_Interrupt(epochs=2), count, backup], epochs=6)
     assert backup_dir.exists()
     assert count.batches == 6
-    history = _backup_fit(model, [count, backup], epochs=5)
+    history = _backup_fit(model, [_Interrupt(), count, backup], epochs=5)
     assert history.epoch[-1] == 4
     assert count.batches == 5 * 3
 
@@ -214,7 +214,7 @@ def test_keras_backup_corrupted(tmp_path):
     (backup_dir / "backup.pt").write_text("0")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        history = _backup_fit(model, [count, backup], epochs=5)
+        history = _backup_fit(model, [_Interrupt(), count, backup], epochs=5)
     assert any("resuming from the previous backup" in str(w.message) for w in caught)
     assert history.epoch[-1] == 4
     # Resumed after epoch 1 (the previous backup): epochs 1-4 run again, 4 * 3 batches.
