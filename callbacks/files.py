@@ -274,6 +274,25 @@ def link_or_copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
         raise
 
 
+def keep_as_previous(path: str | os.PathLike, previous: str | os.PathLike) -> bool:
+    """Give the file at ``path`` the second name ``previous`` (replacing it), before ``path`` is
+    rewritten; returns whether it did.
+
+    For a file replaced by :func:`atomic_write` (never written in place: a
+    file with two names is neither reused as a spare nor written into), so
+    ``previous`` keeps the old content when ``path`` gets the new one.
+    Nothing happens when ``path`` is missing or not a regular file (a link
+    planted there is never followed).
+    """
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+    except FileNotFoundError:
+        return False
+    link_or_copy(path, previous)
+    return True
+
+
 def remove_with_spare(path: str | os.PathLike) -> None:
     """Delete ``path`` and the spare :func:`atomic_write` may keep beside it.
 

@@ -1,6 +1,7 @@
 """ModelCheckpoint: which files appear, with which weights, and on which ranks save() is called."""
 
 import os
+import re
 import warnings
 
 import pytest
@@ -32,7 +33,8 @@ def test_periodic_best_and_final_files(tmp_path):
     fit(cb, model, [1.0, 0.8, 0.9, 0.7])
     assert sorted(os.listdir(save_dir)) == ["0.pt", "2.pt", "best.pt", "final.pt"]
     names = [os.path.relpath(p, save_dir) for p in model.saved]
-    assert names == ["0", "best", "best", "2", "best", "final"]
+    # best.pt first: the best is judged before any file of that epoch end is written.
+    assert names == ["best", "0", "best", "2", "best", "final"]
     assert weight_in(os.path.join(save_dir, "0.pt")) == 0.0
     assert weight_in(os.path.join(save_dir, "2.pt")) == 2.0
     assert weight_in(os.path.join(save_dir, "best.pt")) == 3.0
@@ -67,12 +69,41 @@ def test_without_evaluation_no_best_and_no_warning(tmp_path):
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["0.pt", "1.pt", "final.pt"]
 
 
-def test_save_best_only_warns_when_the_monitor_is_missing(tmp_path):
+def test_save_best_only_with_a_monitor_never_logged_warns_once_and_saves_as_keras(tmp_path):
+    # Old: the warning, and no file at all (model.saved == []). Keras writes the file anyway.
     cb = ModelCheckpoint(tmp_path / "ckpt", save_best_only=True)
     model = attach(cb)
-    with pytest.warns(UserWarning, match=r"'val_loss'.*Available keys: \['loss'\]"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         fit(cb, model, [None, None])
-    assert model.saved == []
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1
+    assert re.search(
+        r"'val_loss', which is not in the logs\. Available keys: \['loss'\]\. Until it is "
+        r"logged, best\.pt is written with the latest weights at every epoch end \(as Keras",
+        messages[0],
+    )
+    assert [os.path.basename(p) for p in model.saved] == ["best", "best"]
+    assert os.listdir(tmp_path / "ckpt") == ["best.pt"]
+    assert weight_in(tmp_path / "ckpt" / "best.pt") == 1.0  # the latest epoch's weights
+    assert cb.best == float("inf")  # nothing was judged
+
+
+def test_once_the_monitor_was_judged_an_epoch_without_it_keeps_the_best(tmp_path):
+    cb = ModelCheckpoint(tmp_path, save_best_only=True)
+    model = attach(cb)
+    with pytest.warns(UserWarning, match=r"'val_loss'.*best\.pt keeps the best so far"):
+        fit(cb, model, [0.5, None, None])
+    assert [os.path.basename(p) for p in model.saved] == ["best"]
+    assert weight_in(tmp_path / "best.pt") == 0.0
+
+
+def test_verbose_says_why_best_is_written_without_the_monitor(tmp_path, capsys):
+    cb = ModelCheckpoint(tmp_path, save_best_only=True, verbose=1)
+    attach(cb)
+    with pytest.warns(UserWarning):
+        fit(cb, cb.model, [None])
+    assert "Epoch 1: val_loss not logged yet, saving model to" in capsys.readouterr().out
 
 
 def test_every_rank_calls_save_because_it_is_collective(tmp_path):
@@ -82,7 +113,7 @@ def test_every_rank_calls_save_because_it_is_collective(tmp_path):
         model = attach(cb, rank=rank)
         fit(cb, model, [1.0, 0.5])
         calls[rank] = [os.path.basename(p) for p in model.saved]
-    assert calls[0] == calls[1] == ["0", "best", "1", "best", "final"]
+    assert calls[0] == calls[1] == ["best", "0", "best", "1", "final"]
 
 
 def test_verbose_reports_saves_on_main_only(tmp_path, capsys):

@@ -11,17 +11,19 @@ import json
 import os
 import pathlib
 import sys
+import warnings
 
 import pytest
 import torch
-from conftest import make_tiny_data
+from conftest import TinyNet, make_tiny_data
 from dist_helpers import torchrun
 from stub import attach
 from torch import nn
 
 import callbacks.checkpoint
+import callbacks.run
 import hapi.checkpoint
-from callbacks import Callback, History, LRScheduler, ModelCheckpoint
+from callbacks import History, LRScheduler, ModelCheckpoint
 from hapi import Model
 
 
@@ -36,12 +38,12 @@ class DropoutNet(nn.Module):
         return self.body(x)
 
 
-class ResumeFrom(Callback):
-    """What ``fit(resume_from=...)`` does: load a file with resume=True at on_train_begin."""
+class ResumeFrom(callbacks.run.ResumeFrom):
+    """What ``fit(resume_from=...)`` does: load a file with resume=True at on_train_begin.
 
-    def __init__(self, path: str | os.PathLike | None) -> None:
-        super().__init__()
-        self.path = path
+    Its subclass, so that fit orders it as its own, after the callbacks whose state it
+    restores (ModelCheckpoint's on_train_begin would otherwise reset the restored best).
+    """
 
     def on_train_begin(self, logs=None):
         if self.path is not None:
@@ -221,7 +223,9 @@ def test_a_step_left_to_the_epochs_end_survives_a_resume_there(tmp_path, capsys)
     assert f"Epoch 1: {tmp_path / 'step-4.pt'} is the same checkpoint as {tmp_path / '0.pt'}" in out
 
 
-def _resumable_run(save_dir, resume_from=None, seed=0, keep=None, accumulate=1, saves=None):
+def _resumable_run(
+    save_dir, resume_from=None, seed=0, keep=None, accumulate=1, saves=None, eval_steps=None
+):
     """Two epochs, shuffled, with dropout, momentum, a per-epoch schedule and evaluation."""
     model, optimizer = _model(seed)
     if saves is not None:
@@ -238,6 +242,7 @@ def _resumable_run(save_dir, resume_from=None, seed=0, keep=None, accumulate=1, 
         verbose=0,
         shuffle=True,
         accumulate_grad_batches=accumulate,
+        eval_steps=eval_steps,
         callbacks=[schedule, history, checkpoints, ResumeFrom(resume_from)],
     )
     return model, optimizer, history, checkpoints
@@ -339,6 +344,191 @@ def test_save_steps_with_save_best_only_is_refused(tmp_path):
         ModelCheckpoint(tmp_path, save_best_only=True, save_steps=5)
 
 
+# -- best.pt after every evaluation of fit(eval_steps=N) ------------------------------------
+
+
+def _lively_model(lr: float = 2.0) -> Model:
+    """SGD at a large lr: its evaluation loss goes up and down within an epoch."""
+    torch.manual_seed(0)
+    model = Model(TinyNet())
+    model.prepare(torch.optim.SGD(model.parameters(), lr=lr), nn.CrossEntropyLoss())
+    return model
+
+
+def _best_saves(model: Model, calls: list) -> None:
+    """(model.step, model.epoch, model.epoch_step) of every save of best.pt, into ``calls``."""
+    save = model.save
+
+    def recording(path, *args, **kwargs):
+        if os.path.basename(os.fspath(path)) == "best":
+            calls.append((model.step, model.epoch, model.epoch_step))
+        return save(path, *args, **kwargs)
+
+    model.save = recording
+
+
+def test_best_is_judged_after_every_evaluation_inside_the_epoch(tmp_path):
+    # Old: only epoch ends were judged, so best.pt was written at steps 12 and 24 and held
+    # step 24's weights (val_loss 0.382), not step 14's (0.321), the best evaluation.
+    model, calls, history = _lively_model(), [], History()
+    _best_saves(model, calls)
+    checkpoints = ModelCheckpoint(tmp_path, save_steps=5, keep=1)
+    x, y = make_tiny_data(96)
+    model.fit(
+        (x, y),
+        eval_data=make_tiny_data(48, seed=1),
+        batch_size=8,
+        epochs=2,
+        eval_steps=2,
+        verbose=0,
+        callbacks=[checkpoints, history],
+    )
+    losses = {e["step"]: e["loss"] for e in history.evaluations}
+    assert sorted(losses) == list(range(2, 25, 2))
+    best_step = min(losses, key=losses.get)
+    assert best_step == 14 and checkpoints.best == losses[14]
+    # Every improvement, mid-epoch or at the epoch's end, and only then; the epoch's own
+    # evaluation (step 12) once, in a file of the finished epoch (epoch 1, batch 0).
+    assert calls == [(2, 0, 2), (4, 0, 4), (6, 0, 6), (12, 1, 0), (14, 1, 2)]
+    assert _saved(tmp_path / "best.pt")["step"] == 14
+    assert sorted(os.listdir(tmp_path)) == ["1.pt", "best.pt", "final.pt"]  # keep=1
+
+
+def test_save_best_only_keeps_the_best_evaluation_of_a_single_long_epoch(tmp_path):
+    model, history = _lively_model(lr=3.0), History()
+    checkpoints = ModelCheckpoint(tmp_path, save_best_only=True)
+    model.fit(
+        make_tiny_data(96),
+        eval_data=make_tiny_data(48, seed=1),
+        batch_size=8,
+        eval_steps=2,
+        verbose=0,
+        callbacks=[checkpoints, history],
+    )
+    losses = {e["step"]: e["loss"] for e in history.evaluations}
+    assert min(losses, key=losses.get) == 4  # old: best.pt held step 12, the epoch's end
+    assert _saved(tmp_path / "best.pt")["step"] == 4
+    assert checkpoints.best == losses[4]
+    assert os.listdir(tmp_path) == ["best.pt"]
+
+
+def test_a_monitor_of_training_figures_is_judged_at_epoch_ends_only(tmp_path):
+    model, calls = _lively_model(), []
+    _best_saves(model, calls)
+    model.fit(
+        make_tiny_data(96),
+        eval_data=make_tiny_data(48, seed=1),
+        batch_size=8,
+        epochs=2,
+        eval_steps=2,
+        verbose=0,
+        callbacks=[ModelCheckpoint(tmp_path, monitor="loss", save_best_only=True)],
+    )
+    assert [step for step, _, _ in calls] == [12, 24]  # no step evaluation counts
+
+
+def test_an_evaluation_of_unknown_position_is_judged_once(tmp_path):
+    """Epochs of unknown length: the epoch's own evaluation is judged at once, not again."""
+    cb = ModelCheckpoint(tmp_path, save_best_only=True)
+    model = attach(cb, steps=None)
+    cb.on_train_begin()
+    model.step, model.epoch_step = 7, 7
+    cb.on_eval_end({"loss": 0.5})
+    assert [os.path.basename(p) for p in model.saved] == ["best"]  # old: nothing yet
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the figure is there: no warning either
+        cb.on_epoch_end(0, {"loss": 1.0, "val_loss": 0.5})
+    assert [os.path.basename(p) for p in model.saved] == ["best"]
+    assert cb.best == 0.5
+
+
+def test_an_evaluation_at_the_last_batch_waits_for_the_epochs_end_even_across_a_resume(
+    tmp_path,
+):
+    """A step evaluation at the epoch's last batch, with no epoch evaluation after it
+    (eval_freq): judged at the epoch's end, also when a backup between the two is resumed."""
+    before = ModelCheckpoint(tmp_path, save_best_only=True)
+    model = attach(before, steps=4)
+    before.on_train_begin()
+    model.step, model.epoch_step = 4, 4
+    before.on_eval_end({"loss": 0.25})
+    assert model.saved == []  # not yet: the file is written at the epoch's end
+    after = ModelCheckpoint(tmp_path, save_best_only=True)
+    attach(after, model, steps=4)
+    after.on_train_begin()
+    after.load_state_dict(before.state_dict())
+    model.epoch, model.epoch_step = 1, 0
+    after.on_epoch_end(0, {"loss": 1.0})  # no val_loss: this epoch ran no evaluation of its own
+    assert [os.path.basename(p) for p in model.saved] == ["best"]  # old: nothing, and a warning
+    assert after.best == 0.25
+
+
+def test_a_crafted_deferred_evaluation_is_refused(tmp_path):
+    cb = ModelCheckpoint(tmp_path)
+    attach(cb)
+    with pytest.raises(ValueError, match=r"'deferred' must be \[\] or \[value, step\]; received"):
+        cb.load_state_dict({**cb.state_dict(), "deferred": ["../x"]})
+
+
+def test_evaluate_alone_writes_no_best(tmp_path):
+    model = _lively_model()
+    checkpoints = ModelCheckpoint(tmp_path)
+    model.evaluate(make_tiny_data(16), batch_size=8, verbose=0, callbacks=[checkpoints])
+    assert not tmp_path.joinpath("best.pt").exists()
+
+
+def test_the_best_of_step_evaluations_survives_a_resume(tmp_path):
+    reference, _, history, checkpoints = _resumable_run(
+        tmp_path / "reference", saves=(reference_saves := []), eval_steps=2
+    )
+    losses = [e["loss"] for e in history.evaluations]
+    assert checkpoints.best == min(losses)
+    resumed_saves = []
+    resumed, _, resumed_history, resumed_checkpoints = _resumable_run(
+        tmp_path / "resumed",
+        tmp_path / "reference" / "step-15.pt",
+        seed=1,
+        saves=resumed_saves,
+        eval_steps=2,
+    )
+    assert (_weights(resumed) - _weights(reference)).abs().max() < 1e-6
+    assert resumed_checkpoints.best == checkpoints.best
+    assert resumed_history.evaluations == history.evaluations
+
+    def best_steps(saves):
+        return [step for name, step in saves if name == "best" and step > 15]
+
+    # step-15.pt carried the best of evaluations up to step 14: the resumed run writes
+    # best.pt exactly where the uninterrupted one did (old: at epoch ends only).
+    assert best_steps(resumed_saves) == best_steps(reference_saves) == [20, 22, 24]
+
+
+def test_an_epoch_file_holds_the_best_judged_at_its_epochs_end(tmp_path):
+    # Old: 0.pt was written before the epoch's val_loss was judged, so a fit continued
+    # from it started with best=inf and wrote best.pt for any value at all.
+    _, _, history, _ = _resumable_run(tmp_path)
+    state = dict(_saved(tmp_path / "0.pt")["fit"]["callbacks"])["ModelCheckpoint"]
+    assert state["best"] == history.history["val_loss"][0]
+
+
+def test_two_processes_judge_each_evaluation_alike_and_rank_0_writes(tmp_path):
+    tests = str(pathlib.Path(__file__).resolve().parents[1])
+    torchrun(
+        ["--standalone", "--nproc_per_node=2", __file__, str(tmp_path), "best"],
+        timeout=120,
+        PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]),
+    )
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["best"] == ranks[1]["best"] == min(ranks[0]["losses"])
+    assert ranks[0]["losses"] == ranks[1]["losses"]
+    assert ranks[0]["saves"] == ranks[1]["saves"]  # the collective save, on both ranks
+    assert len(ranks[0]["saves"]) >= 2 and any(step % 6 for step in ranks[0]["saves"])
+    assert ranks[0]["writes"] == ["best.pt"] * len(ranks[0]["saves"])
+    assert ranks[1]["writes"] == []
+    best_step = ranks[0]["losses"].index(ranks[0]["best"])
+    assert _saved(tmp_path / "ckpt" / "best.pt")["step"] == ranks[0]["steps"][best_step]
+
+
 def test_two_processes_write_and_rotate_step_files_on_rank_0_only(tmp_path):
     tests = str(pathlib.Path(__file__).resolve().parents[1])
     torchrun(
@@ -356,6 +546,41 @@ def test_two_processes_write_and_rotate_step_files_on_rank_0_only(tmp_path):
     assert ranks[0]["written"] == ranks[1]["written"] == ["step-12", "1"]
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["1.pt", "final.pt", "step-12.pt"]
     assert os.path.samefile(tmp_path / "ckpt" / "step-12.pt", tmp_path / "ckpt" / "1.pt")
+
+
+def _two_process_best_script(out: pathlib.Path) -> None:
+    """Rank R records its best.pt saves, its writes and what it judged in OUT/rankR.json."""
+    writes = []
+    write_file = hapi.checkpoint.state.write_file
+
+    def recording_write(state, target, *args, **kwargs):
+        writes.append(os.path.basename(target))
+        return write_file(state, target, *args, **kwargs)
+
+    hapi.checkpoint.state.write_file = recording_write
+    model, history, saves = _lively_model(), History(), []
+    _best_saves(model, saves)
+    checkpoints = ModelCheckpoint(out / "ckpt", save_best_only=True)
+    model.fit(
+        make_tiny_data(96),
+        eval_data=make_tiny_data(48, seed=1),
+        batch_size=8,
+        epochs=2,
+        eval_steps=2,
+        verbose=0,
+        callbacks=[checkpoints, history],
+    )
+    (out / f"rank{os.environ['RANK']}.json").write_text(
+        json.dumps(
+            {
+                "writes": writes,
+                "saves": [step for step, _, _ in saves],
+                "best": checkpoints.best,
+                "losses": [e["loss"] for e in history.evaluations],
+                "steps": [e["step"] for e in history.evaluations],
+            }
+        )
+    )
 
 
 def _two_process_script(out: pathlib.Path) -> None:
@@ -387,4 +612,7 @@ def _two_process_script(out: pathlib.Path) -> None:
 
 
 if __name__ == "__main__":
-    _two_process_script(pathlib.Path(sys.argv[1]))
+    if sys.argv[2:] == ["best"]:
+        _two_process_best_script(pathlib.Path(sys.argv[1]))
+    else:
+        _two_process_script(pathlib.Path(sys.argv[1]))

@@ -1,0 +1,256 @@
+"""BackupAndRestore: resume an interrupted fit where it stopped, from a backup kept beside training."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from tqdm import tqdm
+
+from . import files
+from .base import Callback
+
+
+class BackupAndRestore(Callback):
+    """Resume an interrupted ``fit`` exactly where it stopped, mid-epoch included.
+
+    Every ``save_freq`` (``"epoch"``, or a number of optimizer steps) the
+    whole training state goes to ``<backup_dir>/backup.pt`` -- weights,
+    optimizer, gradient scaler, LR scheduler (through ``LRScheduler``'s
+    state), RNG states (torch, CUDA, NumPy, Python), the data order and the
+    position in the epoch, the running figures, and every callback's state
+    (EarlyStopping's best and wait, ModelCheckpoint's best, ...). The file is
+    replaced atomically, so a crash while writing leaves the previous backup.
+
+    When the same script starts again (by hand, or when ``torchrun
+    --max-restarts`` restarts the workers), ``on_train_begin`` finds the
+    backup and ``fit`` continues from it: the final weights equal those of a
+    run never interrupted. The backup is deleted when training ends normally,
+    unless ``delete_checkpoint=False``: the file it wrote (and the hidden
+    spare beside it), and, under FSDP, the sharded backup's manifest and
+    shards directories -- never anything else in ``backup_dir``. Then
+    ``backup_dir`` itself goes if it is empty and was made for this training
+    (absent when the fit began, or holding nothing but an interrupted run's
+    backup), as Keras removes its backup directory.
+
+    ``double_checkpoint=True`` (Keras 3) keeps the previous backup too, as
+    ``<backup_dir>/backup-previous.pt``: before each backup, once the last one
+    is on disk, it gets that second name (a hard link, so no bytes are
+    copied; a copy where the file system has none). When the newest backup
+    cannot be read at the start of training -- truncated, empty, garbage, a
+    file that carries code or holds names leading outside its directories,
+    or missing -- training resumes from the previous one, with a warning
+    naming both files, and the next backup leaves the previous one as it
+    is. It costs a second file's disk space; each backup waits for the
+    previous one's write to end (normally long over), its CPU copy of the
+    state is made afresh, and it is written into fresh blocks (the file a
+    backup would reuse is the previous backup, which must stay intact).
+    Without it an unreadable backup is an error that says which file to
+    delete. Single-file backups only: a sharded one (FSDP on several
+    processes) is not doubled.
+
+    Fit runs this callback's ``on_train_begin`` after every other callback's,
+    so what they reset there is then restored.
+
+    Args:
+        backup_dir: directory of the backup file (not empty: ``""`` would
+            back up into the working directory).
+        save_freq: ``"epoch"`` (at each epoch end) or a positive int: every
+            that many optimizer steps (``model.step``), i.e. only after an
+            update, never between accumulated batches.
+        delete_checkpoint: remove the backup when training ends normally.
+        double_checkpoint: keep the previous backup too, and resume from it
+            when the newest cannot be read.
+
+    Raises:
+        ValueError: ``backup_dir`` is ``None`` or empty (as Keras and Paddle
+            refuse it), or ``save_freq`` is neither ``"epoch"`` nor a positive int.
+        TypeError: ``backup_dir`` is not a path, or ``double_checkpoint`` not a bool.
+    """
+
+    FILE_NAME = "backup"
+    PREVIOUS_NAME = "backup-previous"
+    resumable = True  # its files continue a fit (fit warns at once when that cannot be exact)
+
+    def __init__(
+        self,
+        backup_dir: str | os.PathLike,
+        save_freq: str | int = "epoch",
+        delete_checkpoint: bool = True,
+        double_checkpoint: bool = False,
+    ) -> None:
+        super().__init__()
+        if backup_dir is None or (
+            isinstance(backup_dir, (str, os.PathLike)) and not os.fspath(backup_dir)
+        ):
+            raise ValueError(
+                f"BackupAndRestore: backup_dir must name a directory; received {backup_dir!r}. "
+                "Pass the directory to keep the backup in, e.g. BackupAndRestore('backup')."
+            )
+        if not isinstance(backup_dir, (str, os.PathLike)):
+            raise TypeError(
+                f"BackupAndRestore: backup_dir must be a directory path (str or os.PathLike); "
+                f"received {backup_dir!r} of type {type(backup_dir).__name__}."
+            )
+        if save_freq != "epoch" and (
+            isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1
+        ):
+            raise ValueError(
+                f"BackupAndRestore: save_freq must be 'epoch' or a positive number of "
+                f"optimizer steps; received {save_freq!r}."
+            )
+        if not isinstance(double_checkpoint, bool):
+            raise TypeError(
+                f"BackupAndRestore: double_checkpoint must be True or False; received "
+                f"{double_checkpoint!r} ({type(double_checkpoint).__name__})."
+            )
+        self.backup_dir = os.fspath(backup_dir)
+        self.save_freq = save_freq
+        self.delete_checkpoint = bool(delete_checkpoint)
+        self.double_checkpoint = double_checkpoint
+        self._last_step = 0
+        # Decided at on_train_begin: what this fit may delete at its end.
+        self._sharded_backup = False  # a sharded backup was read or written by this fit
+        self._made_for_training = False  # backup_dir was absent, or held only a backup
+        # The newest backup could not be read: the next backup must not make it the previous.
+        self._newest_unreadable = False
+
+    @property
+    def path(self) -> str:
+        """The backup as ``model.save``/``load`` name it (the file adds ``.pt``)."""
+        return os.path.join(self.backup_dir, self.FILE_NAME)
+
+    @property
+    def previous_path(self) -> str:
+        """The previous backup kept by ``double_checkpoint``, named as :attr:`path` is."""
+        return os.path.join(self.backup_dir, self.PREVIOUS_NAME)
+
+    def _own_entries(self) -> set[str]:
+        """The names this callback writes in ``backup_dir``."""
+        names = {self.FILE_NAME}
+        for name in (self.FILE_NAME, self.PREVIOUS_NAME):
+            names |= {name + ".pt", os.path.basename(files.spare_of(name + ".pt"))}
+        return names
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        # Before any backup of this fit (the load below is collective): what is there now
+        # is not this fit's to delete, unless it is a backup an interrupted run left.
+        try:
+            entries = set(os.listdir(self.backup_dir))
+        except FileNotFoundError:
+            entries = set()
+        self._made_for_training = not os.path.exists(self.backup_dir) or bool(
+            entries and entries <= self._own_entries()
+        )
+        self._sharded_backup = os.path.isfile(os.path.join(self.path, files.MANIFEST))
+        self._newest_unreadable = False
+        if self.double_checkpoint and self.model.sharded and self.is_main:
+            warnings.warn(
+                "BackupAndRestore(double_checkpoint=True): the weights are sharded (FSDP on "
+                "several processes), so the backup is a sharded directory, of which no previous "
+                "copy is kept; an unreadable one cannot be replaced by an older one.",
+                stacklevel=2,
+            )
+        # Every process asks, and gets the latest backup on any machine: only rank 0
+        # writes it, and a restart may have moved rank 0 to a machine without one.
+        file = self.path + ".pt"
+        try:
+            self.model.load(self.path, resume=True)
+        except FileNotFoundError:
+            if self.double_checkpoint:
+                self._resume_from_previous(None)
+        except (RuntimeError, ValueError) as error:
+            if not self.double_checkpoint:
+                raise RuntimeError(
+                    f"BackupAndRestore could not resume from {file}: {error} To start training "
+                    f"from scratch instead, delete {file}."
+                ) from error
+            self._resume_from_previous(error)
+        else:
+            self._announce(file)
+        self._last_step = self.model.step
+
+    def _resume_from_previous(self, newest_error: BaseException | None) -> None:
+        """The newest backup is unreadable (or missing): resume from the previous one, if any.
+
+        Raises:
+            RuntimeError: the newest is unreadable and the previous one
+                missing or unreadable too (naming both files and errors).
+        """
+        newest, previous = self.path + ".pt", self.previous_path + ".pt"
+        what = "is missing" if newest_error is None else f"cannot be read ({newest_error})"
+        try:
+            self.model.load(self.previous_path, resume=True)
+        except FileNotFoundError:
+            if newest_error is None:
+                return  # neither backup: a first run starts from scratch
+            raise RuntimeError(
+                f"BackupAndRestore could not resume: the newest backup {newest} {what}, and "
+                f"there is no previous backup ({previous} is missing) to fall back on. To start "
+                f"training from scratch instead, delete {newest}."
+            ) from newest_error
+        except (RuntimeError, ValueError) as error:
+            raise RuntimeError(
+                f"BackupAndRestore could not resume: the newest backup {newest} {what}, and the "
+                f"previous backup {previous} cannot be read either ({error}). To start training "
+                f"from scratch instead, delete {newest} and {previous}."
+            ) from error
+        self._newest_unreadable = True
+        if self.is_main:
+            warnings.warn(
+                f"BackupAndRestore: the newest backup {newest} {what}; resuming from the previous "
+                f"backup {previous} instead (epoch {self.model.epoch + 1}, batch "
+                f"{self.model.epoch_step}, optimizer step {self.model.step}), so training done "
+                f"after it is done again. The next backup replaces {newest}.",
+                stacklevel=3,
+            )
+        self._announce(previous)
+
+    def _announce(self, file: str) -> None:
+        if self.is_main:
+            tqdm.write(
+                f"BackupAndRestore: resuming from {file} at epoch {self.model.epoch + 1}, "
+                f"batch {self.model.epoch_step} (optimizer step {self.model.step})."
+            )
+
+    def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
+        if self.save_freq == "epoch" or self.model.step == self._last_step:
+            return  # no optimizer step since the last look: gradients may be mid-accumulation
+        self._last_step = self.model.step
+        if self.model.step % self.save_freq == 0:
+            self._back_up()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self.save_freq == "epoch":
+            self._back_up()
+
+    def _back_up(self) -> None:
+        # Collective: every rank calls it. Under FSDP every process writes its own shards
+        # (a directory <backup_dir>/backup/), so no process ever holds the whole model.
+        # The file is written in the background: training goes on once the state is
+        # copied to CPU memory, and the previous backup stays until the new one is whole.
+        sharded = self.model.sharded
+        self._sharded_backup |= sharded
+        if self.double_checkpoint and not sharded:
+            # The last backup's write has ended (collective), so backup.pt is the backup
+            # before the one about to be written -- unless it could not be read at the start.
+            self.model.wait_for_saves()
+            if self.is_main and not self._newest_unreadable:
+                files.keep_as_previous(self.path + ".pt", self.previous_path + ".pt")
+        self._newest_unreadable = False
+        self.model.save(self.path, resumable=True, sharded=sharded, wait=False)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        # Every process deletes its machine's copy: one left by a rank 0 that a restart
+        # moved elsewhere would otherwise "resume" the next, unrelated run.
+        self.model.wait_for_saves()  # the last backup's write must not land after the deletion
+        if not self.delete_checkpoint:
+            return
+        files.remove_with_spare(self.path + ".pt")
+        if self.double_checkpoint:
+            files.remove_with_spare(self.previous_path + ".pt")
+        if self._sharded_backup and self.is_main:  # one directory that every process sees
+            # Its manifest and shards only: a file of the user's there stays, with the directory.
+            files.remove_sharded(self.path)
+        if self._made_for_training:
+            files.remove_empty_directory(self.backup_dir)

@@ -1,0 +1,405 @@
+"""ModelCheckpoint: periodic, step, best and final checkpoints of a fit.
+
+Paddle semantics for the file names (``<save_dir>/<epoch>.pt``,
+``<save_dir>/final.pt``), plus Keras' "best so far" on a monitored figure
+(``<save_dir>/best.pt``) and checkpoints every N optimizer steps
+(``<save_dir>/step-<N>.pt``). ``model.save`` is collective -- every rank calls
+it, rank 0 writes, all wait -- so this callback calls it on every rank and never
+behind ``is_main`` (that would deadlock the other ranks in the barrier); only
+what touches files directly (links, deletions) is left to the main process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from typing import Any
+
+from tqdm import tqdm
+
+from . import files
+from .monitor import MonitorCallback, require_int
+
+# The numbered checkpoints ModelCheckpoint writes (<epoch>, step-<N>): the only names it rotates.
+_NUMBERED = re.compile(r"\d+|step-\d+")
+_STEP = re.compile(r"step-\d+")
+
+
+class ModelCheckpoint(MonitorCallback):
+    """Saves the model every ``save_freq`` epochs, every ``save_steps`` steps, on improvement, and at the end.
+
+    * ``<save_dir>/<epoch>.pt`` when ``epoch % save_freq == 0`` (0-based
+      epoch, as Paddle), unless ``save_best_only``;
+    * ``<save_dir>/step-<N>.pt`` with ``save_steps``, whenever ``model.step``
+      (optimizer steps over the model's life) reaches a multiple N of
+      ``save_steps``: once per optimizer update, so with
+      ``accumulate_grad_batches`` never between the batches of a group. When
+      that step is the last batch of an epoch whose ``<epoch>.pt`` is saved
+      too, the checkpoint is written once, at the epoch's end (after its
+      evaluation), and ``step-<N>.pt`` is a second name for that file (a hard
+      link; a copy where the file system has none);
+    * ``<save_dir>/best.pt`` whenever the monitored figure improves on the
+      best so far: at each epoch end (``logs[monitor]``; epochs without the
+      key, e.g. without evaluation, are skipped) and, for a ``val_<name>``
+      monitor, after every evaluation inside the epoch too (``fit(eval_steps=N)``:
+      ``<name>`` of that evaluation's figures), so that an iteration-based run
+      keeps its best evaluation, not only its epoch ends. Each evaluation
+      counts once: one at the epoch's last batch is judged at the epoch's end
+      (the file then holds the finished epoch, as ``<epoch>.pt`` does);
+    * ``<save_dir>/final.pt`` at the end of training, unless ``save_best_only``.
+
+    With ``save_best_only`` and a monitor that has not been logged yet (a
+    typo, or no evaluation), ``best.pt`` is written with the latest weights
+    at every epoch end, with a warning, as Keras does: the run still leaves a
+    checkpoint. Once a value has been judged, an epoch without it keeps the
+    best.
+
+    ``<epoch>.pt`` and ``step-<N>.pt`` are the *numbered* checkpoints. With
+    ``keep=k`` only the k numbered files this callback wrote last survive: after
+    each numbered save the older ones it wrote (in this ``fit`` or an earlier one
+    it was given to) are deleted, by the main process. ``best.pt`` and
+    ``final.pt`` are never deleted, nor is any file it did not write -- those of
+    another run in the same directory stay. The list of files written is part
+    of this callback's state, so a fit resumed from one of its checkpoints (or
+    by ``BackupAndRestore``) goes on rotating the same files, when it writes to
+    the same directory.
+
+    ``resumable=True`` writes every file with ``model.save(path,
+    resumable=True)``: besides weights and optimizer, each holds what
+    ``model.load(path, resume=True)`` needs to continue that fit exactly -- RNG
+    states, data order and position in the epoch, running figures, and every
+    callback's state (LRScheduler's schedule, EarlyStopping's counters, this
+    callback's best value and files). At an epoch's end the best is judged
+    before any file is written, so every file of that moment holds it. A file
+    holds other callbacks' state as it is when this callback saves, and
+    callbacks run in list order: list ``ModelCheckpoint`` after the callbacks
+    whose state matters (an ``LRScheduler`` stepping per epoch,
+    ``EarlyStopping``, an EMA), so that they have seen the batch or epoch the
+    file is written at.
+
+    Args:
+        save_dir: directory of the checkpoints (first argument; Paddle's order
+            ``ModelCheckpoint(save_freq, save_dir)`` is refused with a TypeError).
+        save_freq: epochs between periodic checkpoints, a positive int.
+        monitor: the logged figure that decides "best" (default ``"val_loss"``).
+        mode: ``"min"``, ``"max"`` or ``"auto"`` (see :class:`MonitorCallback`).
+        save_best_only: write only ``best.pt``; a missing ``monitor`` then
+            warns (once) and, until it is first logged, ``best.pt`` is written
+            at every epoch end anyway (Keras).
+        verbose: print each save (main process only).
+        save_steps: ``None`` (default) or a positive int: also save every that
+            many optimizer steps.
+        keep: ``None`` (default: keep all) or a positive int: how many numbered
+            checkpoints to keep.
+        resumable: write files that ``model.load(path, resume=True)`` (and so
+            a resumed ``fit``) can continue training from. Larger files: each
+            process's RNG states and the callbacks' state are added.
+    """
+
+    def __init__(
+        self,
+        save_dir: str | os.PathLike,
+        save_freq: int = 1,
+        monitor: str = "val_loss",
+        mode: str = "auto",
+        save_best_only: bool = False,
+        verbose: int = 0,
+        save_steps: int | None = None,
+        keep: int | None = None,
+        resumable: bool = False,
+    ) -> None:
+        if not isinstance(save_dir, (str, os.PathLike)):
+            raise TypeError(
+                f"ModelCheckpoint: the first argument is save_dir, a directory path (str or "
+                f"os.PathLike); received {save_dir!r} of type {type(save_dir).__name__}. "
+                "Paddle's positional order ModelCheckpoint(save_freq, save_dir) is not supported: "
+                "use keywords, e.g. ModelCheckpoint(save_dir='ckpt', save_freq=1)."
+            )
+        super().__init__(monitor=monitor, mode=mode, min_delta=0.0)
+        self.save_dir = os.fspath(save_dir)
+        self.save_freq = require_int("ModelCheckpoint", "save_freq", save_freq, minimum=1)
+        self.save_best_only = bool(save_best_only)
+        self.verbose = verbose
+        self.save_steps = (
+            None
+            if save_steps is None
+            else require_int("ModelCheckpoint", "save_steps", save_steps, minimum=1)
+        )
+        self.keep = (
+            None if keep is None else require_int("ModelCheckpoint", "keep", keep, minimum=1)
+        )
+        if not isinstance(resumable, bool):
+            raise TypeError(
+                f"ModelCheckpoint: resumable must be True or False; received {resumable!r} "
+                f"({type(resumable).__name__})."
+            )
+        self.resumable = resumable
+        if self.save_best_only and self.save_steps is not None:
+            raise ValueError(
+                f"ModelCheckpoint: save_best_only=True writes only best.pt, so save_steps={save_steps} "
+                "would never save; pass save_best_only=False to have step checkpoints (and the "
+                "periodic and final ones), or drop save_steps."
+            )
+        # The name of the monitored figure in an evaluation's own logs ("val_acc" -> "acc"):
+        # only a val_ monitor is judged after each evaluation.
+        self._eval_name = monitor[len("val_") :] if monitor.startswith("val_") else None
+        unused = () if self._eval_name else ("on_eval_end",)
+        if self.save_steps is None:
+            unused += ("on_train_batch_end",)
+        self.unused_hooks = unused  # see callbacks.base._overrides
+        self._written: list[str] = []  # numbered checkpoints this callback wrote, oldest first
+        self._last_step = 0  # model.step when on_train_batch_end last looked
+        self._pending_step: str | None = None  # a step checkpoint left to the epoch's end
+        self._fitting = False  # on_eval_end judges only evaluations inside a fit
+        # An evaluation at the epoch's last batch, judged at the epoch's end: [value, step].
+        self._deferred: list[float] = []
+        self._judged_step = -1  # model.step of the last evaluation judged at on_eval_end
+
+    # -- state ----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "save_dir": os.path.abspath(self.save_dir),
+            "written": list(self._written),
+            "last_step": self._last_step,
+            "pending_step": self._pending_step or "",
+            "deferred": list(self._deferred),
+            "judged_step": self._judged_step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back :meth:`state_dict`'s values, refusing file names that are not this callback's.
+
+        The names are joined to ``save_dir`` and written or deleted later, and
+        a state comes from a file: each must be a numbered checkpoint's name
+        (``<epoch>`` or ``step-<N>``), nothing that leads out of ``save_dir``.
+
+        Raises:
+            ValueError: an entry of ``written`` or ``pending_step`` is not such
+                a name (the error names the entry and the value), or
+                ``deferred`` is not ``[]`` or ``[value, step]``; nothing is
+                taken back then.
+        """
+        written = state.get("written", [])
+        if not isinstance(written, (list, tuple)):
+            raise files.UnsafeNameError(
+                f"ModelCheckpoint state 'written' must be a list of file names; received "
+                f"{written!r}. The checkpoint it came from is damaged or was crafted."
+            )
+        written = [
+            files.check_name(name, f"ModelCheckpoint state 'written'[{index}]", _NUMBERED)
+            for index, name in enumerate(written)
+        ]
+        pending = state.get("pending_step") or None  # "" when there is none
+        if pending is not None:
+            files.check_name(pending, "ModelCheckpoint state 'pending_step'", _STEP)
+        deferred = state.get("deferred", [])
+        if not isinstance(deferred, (list, tuple)) or len(deferred) not in (0, 2):
+            raise ValueError(
+                f"ModelCheckpoint state 'deferred' must be [] or [value, step]; received "
+                f"{deferred!r}. The checkpoint it came from is damaged or was crafted."
+            )
+        deferred = [float(deferred[0]), int(deferred[1])] if deferred else []
+        judged_step = int(state.get("judged_step", -1))
+        super().load_state_dict(state)
+        # The step last looked at: a resume must not save that step again (between
+        # the batches of its next group, a file that could not resume exactly).
+        self._last_step = int(state.get("last_step", self._last_step))
+        self._pending_step = pending
+        self._deferred = deferred
+        self._judged_step = judged_step
+        # Files listed for another directory are not this run's to rotate.
+        if state.get("save_dir") == os.path.abspath(self.save_dir):
+            self._written = written
+
+    # -- hooks ----------------------------------------------------------------
+    def set_params(self, params: dict[str, Any]) -> None:
+        super().set_params(params)
+        self._fitting = False  # until on_train_begin: evaluate() alone writes nothing
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.best = self.initial_best
+        self._last_step = self.model.step
+        self._pending_step = None
+        self._fitting = True
+        self._deferred = []
+        self._judged_step = -1
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self._fitting = False
+        if not self.save_best_only:
+            self._save("final", "")
+
+    def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
+        if self.save_steps is None or self.model.step == self._last_step:
+            return  # no optimizer step since the last look: mid-accumulation, or none wanted
+        self._last_step = self.model.step
+        if self.model.step % self.save_steps:
+            return
+        name = f"step-{self.model.step}"
+        if self._epoch_save_follows():
+            self._pending_step = name  # written once, at the epoch's end, under both names
+            return
+        dropped = self._plan_numbered([name])
+        self._write_numbered([name], name, dropped, f"Step {self.model.step}: ")
+
+    def on_eval_end(self, logs: dict | None = None) -> None:
+        """An evaluation inside the fit (``eval_steps``, or the epoch's): judge it for ``best.pt``.
+
+        Its figures cover every process, so every rank decides alike (and
+        calls the collective save together). At the epoch's last batch the
+        judgement waits for ``on_epoch_end``: no training happens in between,
+        and the file then holds the finished epoch.
+        """
+        value = (logs or {}).get(self._eval_name) if self._fitting else None
+        if value is None:
+            return
+        if self._at_epoch_end():
+            self._deferred = [float(value), self.model.step]
+            return
+        self._judged_step = self.model.step
+        self._judge(float(value), f"Step {self.model.step}: ")
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        logs = logs or {}
+        pending, self._pending_step = self._pending_step, None
+        prefix = f"Epoch {epoch + 1}: "
+        numbered: list[str] = []
+        if not self.save_best_only and epoch % self.save_freq == 0:
+            numbered = ([pending] if pending else []) + [str(epoch)]
+        elif pending:  # the epoch save announced at its last batch did not come
+            numbered = [pending]
+        # Recorded and judged before any file is written: each file holds both.
+        dropped = self._plan_numbered(numbered)
+        current = self._epoch_figure(logs)
+        if current is not None:
+            self._judge(current, prefix)
+        elif self.save_best_only and self._monitor_missing(logs):
+            self._save("best", prefix, f"{self.monitor} not logged yet, ")
+        if numbered:
+            written = str(epoch) if str(epoch) in numbered else pending
+            step_prefix = prefix if written == str(epoch) else f"Step {self.model.step}: "
+            self._write_numbered(numbered, written, dropped, step_prefix)
+
+    # -- best -----------------------------------------------------------------
+    def _epoch_figure(self, logs: dict) -> float | None:
+        """The figure to judge at this epoch's end, or None (absent, or judged already).
+
+        An evaluation at this very optimizer step that ``on_eval_end`` judged
+        is not judged again (the epoch's own evaluation, when the epoch's end
+        could not be told apart); one it left to the epoch's end is judged now.
+        """
+        deferred, self._deferred = self._deferred, []
+        current = self.get_monitor_value(logs, warn=False)
+        if self._eval_name is None:
+            return current
+        if self._judged_step == self.model.step:
+            return None
+        if current is None and deferred and deferred[1] == self.model.step:
+            return deferred[0]
+        return current
+
+    def _monitor_missing(self, logs: dict) -> bool:
+        """With save_best_only and no figure to judge: warn (once); True while none was ever judged.
+
+        Keras writes the checkpoint anyway when the monitor is missing; once a
+        best exists, overwriting it with unjudged weights would lose it.
+        """
+        if self._eval_name is not None and self._judged_step == self.model.step:
+            return False  # judged at on_eval_end a moment ago
+        never = self.best == self.initial_best
+        if not self._warned_missing:
+            self._warned_missing = True
+            then = (
+                "Until it is logged, best.pt is written with the latest weights at every epoch "
+                "end (as Keras does), so that save_best_only=True still leaves a checkpoint."
+                if never
+                else "best.pt keeps the best so far."
+            )
+            warnings.warn(
+                f"ModelCheckpoint is monitoring {self.monitor!r}, which is not in the logs. "
+                f"Available keys: {sorted(logs)}. {then} Pass monitor= one of them; val_* keys "
+                "exist only on epochs that ran an evaluation (eval_data, eval_freq).",
+                stacklevel=3,
+            )
+        return never
+
+    def _judge(self, current: float, prefix: str) -> None:
+        if self.is_improvement(current, self.best):
+            reason = f"{self.monitor} improved from {self.best:.5g} to {current:.5g}, "
+            self.best = current
+            self._save("best", prefix, reason)
+
+    def _at_epoch_end(self) -> bool:
+        """Whether the last batch of the epoch (or of ``num_iters``) has been trained.
+
+        ``False`` when the epoch's length is unknown: the evaluation is then
+        judged at once, and the epoch's end does not judge it again.
+        """
+        steps = self.params.get("steps")
+        done = getattr(self.model, "epoch_step", None)
+        if not steps or done is None:
+            return False
+        num_iters = self.params.get("num_iters")
+        return done >= steps or (
+            num_iters is not None and self.model.epoch * steps + done >= num_iters
+        )
+
+    # -- files ----------------------------------------------------------------
+    def _epoch_save_follows(self) -> bool:
+        """Whether this batch ends the epoch and ``<epoch>.pt`` is saved right after it.
+
+        Known only when the epoch's length is; otherwise both files are written.
+        """
+        steps = self.params.get("steps")
+        return (
+            self.model.epoch % self.save_freq == 0
+            and steps is not None
+            and getattr(self.model, "epoch_step", None) == steps
+        )
+
+    def _file(self, name: str) -> str:
+        return files.child(self.save_dir, name, "ModelCheckpoint's file name") + ".pt"
+
+    def _save(self, name: str, prefix: str, reason: str = "") -> None:
+        path = files.child(self.save_dir, name, "ModelCheckpoint's file name")
+        if self.verbose and self.is_main:
+            tqdm.write(f"{prefix}{reason}saving model to {path}.pt")
+        # Collective: every rank, never behind is_main.
+        if self.resumable:
+            self.model.save(path, resumable=True)
+        else:
+            self.model.save(path)
+
+    def _plan_numbered(self, names: list[str]) -> list[str]:
+        """Record ``names`` as the newest numbered files; return those ``keep`` drops.
+
+        Recorded before the save, so that a resumable file lists itself among
+        the files a resumed run goes on rotating.
+        """
+        for name in names:
+            if name in self._written:
+                self._written.remove(name)  # written again (e.g. a second fit): now the newest
+            self._written.append(name)
+        dropped: list[str] = []
+        if self.keep is not None and len(self._written) > self.keep:
+            dropped, self._written = self._written[: -self.keep], self._written[-self.keep :]
+        return dropped
+
+    def _write_numbered(
+        self, names: list[str], written: str, dropped: list[str], prefix: str
+    ) -> None:
+        """Write ``written`` (one of ``names``), give it the other names, delete ``dropped``."""
+        self._save(written, prefix)
+        if not self.is_main:
+            return  # only the main process wrote, so only it links and deletes
+        for name in names:
+            if name != written and name not in dropped:
+                if self.verbose:
+                    tqdm.write(
+                        f"{prefix}{self._file(name)} is the same checkpoint as {self._file(written)}"
+                    )
+                files.link_or_copy(self._file(written), self._file(name))
+        for name in dropped:
+            files.remove_with_spare(self._file(name))
