@@ -12,6 +12,8 @@ alternate (A, B, A, B, ...) so a slow minute of this noisy machine hits both ali
 
     python benchmarks/bench_startup.py [--imports 7] [--jobs 5] [--batches 8]
 
+(``--imports 0`` or ``--jobs 0`` skips that part.)
+
 Both job scripts build the same network from the same seed and the same synthetic data
 (no files read), so the difference is what torch-hapi adds: its import, its set-up
 (process group, DDP wrap, data sharding) and its teardown.
@@ -84,6 +86,7 @@ for step, (x, y) in enumerate(DataLoader(dataset, batch_size=64, sampler=sampler
     optimizer.step()
     if dist.get_rank() == 0:
         print(f"step {step + 1} - loss: {loss.item():.4f}", flush=True)
+dist.barrier()  # leave together: destroying Gloo while a peer still talks to it can abort
 dist.destroy_process_group()
 """
 )
@@ -130,16 +133,25 @@ def main() -> None:
         f"{importlib.util.find_spec('transformers') is not None}"
     )
 
+    if args.imports > 0:
+        _imports(args.imports, env)
+    if args.jobs > 0:
+        _jobs(args.jobs, args.batches, env)
+
+
+def _imports(runs: int, env: dict[str, str]) -> None:
     imports = alternate(
         {
             "import torch": [sys.executable, "-c", "import torch"],
             "import hapi": [sys.executable, "-c", "import hapi"],
         },
-        args.imports,
+        runs,
         env,
     )
-    table(f"import time, fresh interpreters, {args.imports} runs each", imports, "import torch")
+    table(f"import time, fresh interpreters, {runs} runs each", imports, "import torch")
 
+
+def _jobs(runs: int, batches: int, env: dict[str, str]) -> None:
     with tempfile.TemporaryDirectory() as folder:
         scripts = {}
         for name, text in (("hand", HAND_JOB), ("hapi", HAPI_JOB)):
@@ -150,14 +162,14 @@ def main() -> None:
         torchrun += ["--nproc_per_node=2"]
         jobs = alternate(
             {
-                "hand DDP script": torchrun + [scripts["hand"], str(args.batches)],
-                "Model.fit": torchrun + [scripts["hapi"], str(args.batches)],
+                "hand DDP script": torchrun + [scripts["hand"], str(batches)],
+                "Model.fit": torchrun + [scripts["hapi"], str(batches)],
             },
-            args.jobs,
+            runs,
             env,
         )
     table(
-        f"tiny job: torchrun, 2 processes, {args.batches} batches of 64 each, {args.jobs} runs",
+        f"tiny job: torchrun, 2 processes, {batches} batches of 64 each, {runs} runs",
         jobs,
         "hand DDP script",
     )

@@ -188,32 +188,34 @@ def _number(key: str, value: Any) -> float:
     return float(value)
 
 
+# Paddle's loss-scaling key -> (GradScaler's keyword, the range its value must lie in, what it means)
+_SCALER_NUMBERS = {
+    "init_loss_scaling": (
+        "init_scale",
+        lambda v: 0 < v < math.inf,
+        "a positive finite number (Paddle's and torch's default: 65536)",
+    ),
+    "incr_ratio": (
+        "growth_factor",
+        lambda v: 1 < v < math.inf,
+        "greater than 1 (the scale grows by it)",
+    ),
+    "decr_ratio": (
+        "backoff_factor",
+        lambda v: 0 < v < 1,
+        "between 0 and 1 (the scale shrinks by it)",
+    ),
+}
+
+
 def _scaler_options(configs: Mapping) -> dict[str, Any]:
     options: dict[str, Any] = {}
-    if "init_loss_scaling" in configs:
-        value = _number("init_loss_scaling", configs["init_loss_scaling"])
-        if not 0 < value < math.inf:
-            raise ValueError(
-                f"amp['init_loss_scaling'] must be a positive finite number; received "
-                f"{configs['init_loss_scaling']!r}. Paddle's and torch's default is 65536."
-            )
-        options["init_scale"] = value
-    if "incr_ratio" in configs:
-        value = _number("incr_ratio", configs["incr_ratio"])
-        if not 1 < value < math.inf:
-            raise ValueError(
-                f"amp['incr_ratio'] must be greater than 1 (the scale grows by it); received "
-                f"{configs['incr_ratio']!r}."
-            )
-        options["growth_factor"] = value
-    if "decr_ratio" in configs:
-        value = _number("decr_ratio", configs["decr_ratio"])
-        if not 0 < value < 1:
-            raise ValueError(
-                f"amp['decr_ratio'] must be between 0 and 1 (the scale shrinks by it); received "
-                f"{configs['decr_ratio']!r}."
-            )
-        options["backoff_factor"] = value
+    for key, (option, allowed, meaning) in _SCALER_NUMBERS.items():
+        if key in configs:
+            value = _number(key, configs[key])
+            if not allowed(value):
+                raise ValueError(f"amp[{key!r}] must be {meaning}; received {configs[key]!r}.")
+            options[option] = value
     if "incr_every_n_steps" in configs:
         value = configs["incr_every_n_steps"]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -7,6 +7,8 @@ step drew, the weights training started from and ended with, and the samples eac
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import pathlib
@@ -67,8 +69,22 @@ def main(out: pathlib.Path) -> None:
         "is_main": hapi.distributed.is_main(),
     }
     runs = [_run(), _run()]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):  # the same counts on every process: printed once
+        summary = hapi.Model(nn.Linear(2, 1)).summary((1, 2))
+        flops = hapi.Model(nn.Linear(2, 1)).flops((1, 2))
     rank = int(os.environ["RANK"])
-    (out / f"seed.rank{rank}.json").write_text(json.dumps({"before": before, "runs": runs}))
+    (out / f"seed.rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "before": before,
+                "runs": runs,
+                "printed": printed.getvalue(),
+                "summary": summary,
+                "flops": flops,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -32,3 +32,9 @@ def test_seeded_processes_draw_their_own_noise_reproducibly_and_agree_on_weights
     # fit's shuffling agreed: the two shards of one shuffled order cover every sample once.
     assert sorted(one["seen"] + two["seen"]) == list(range(16))
     assert one["seen"] + two["seen"] != list(range(16))
+
+    # Model.summary and Model.flops: computed on every process, printed by the first only.
+    assert "Total params: 3" in first["printed"] and "Total Flops" in first["printed"]
+    assert second["printed"] == ""
+    assert first["summary"] == second["summary"] == {"total_params": 3, "trainable_params": 3}
+    assert first["flops"] == second["flops"] > 0

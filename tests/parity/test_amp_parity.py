@@ -19,25 +19,7 @@ from torch import nn
 
 from callbacks.run import callbacks_for_run
 from hapi import Model
-
-
-class LeNet(nn.Module):
-    """paddle.vision.models.LeNet: two convolutions and three linear layers, for [N, 1, 28, 28]."""
-
-    def __init__(self, num_classes: int = 10) -> None:
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(1, 6, 3, stride=1, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2, 2),
-            nn.Conv2d(6, 16, 5, stride=1, padding=0),
-            nn.ReLU(),
-            nn.MaxPool2d(2, 2),
-        )
-        self.fc = nn.Sequential(nn.Linear(400, 120), nn.Linear(120, 84), nn.Linear(84, num_classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.flatten(self.features(x), 1))
+from hapi.models import LeNet  # Paddle's paddle.vision.models.LeNet
 
 
 def _mnist_like(n: int = 128, seed: int = 2021):

@@ -21,27 +21,9 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 from callbacks import Callback
 from hapi import Model
 from hapi.metrics import Accuracy
+from hapi.models import LeNet  # Paddle's paddle.vision.models.LeNet
 
 SEED = 555  # Paddle's
-
-
-class LeNet(nn.Module):
-    """paddle.vision.models.LeNet: two convolutions, three linear layers, 10 classes."""
-
-    def __init__(self, num_classes: int = 10) -> None:
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(1, 6, 3, stride=1, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2, 2),
-            nn.Conv2d(6, 16, 5, stride=1, padding=0),
-            nn.ReLU(),
-            nn.MaxPool2d(2, 2),
-        )
-        self.fc = nn.Sequential(nn.Linear(400, 120), nn.Linear(120, 84), nn.Linear(84, 10))
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.flatten(self.features(inputs), 1))
 
 
 class MnistDataset(Dataset):
