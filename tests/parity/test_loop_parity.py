@@ -3,7 +3,7 @@
 Translations (keras.layers.Dense(units, use_bias=False, kernel_initializer="ones") ->
 nn.Linear(in, units, bias=False) with ones; Paddle's InputSpec -> counts; static-graph
 variants dropped). Each test's docstring names what it translates. Where torch-hapi differs
-on purpose, the test asserts torch-hapi's behaviour and says why (notes/loop.md).
+on purpose, the test asserts torch-hapi's behaviour and says why (README, "Coming from Keras").
 """
 
 from __future__ import annotations
