@@ -34,6 +34,12 @@ def mix(*numbers: int) -> int:
     return state >> 1
 
 
+def seed_python_and_numpy(seed: int) -> None:
+    """Python's and NumPy's global generators from one seed (NumPy takes its low 32 bits)."""
+    random.seed(seed)
+    np.random.seed(seed & 0xFFFFFFFF)
+
+
 @contextlib.contextmanager
 def seeded_streams(seed: int, hand_back_torch: bool = True) -> Iterator[None]:
     """Run the block with torch's CPU generator, Python's and NumPy's global ones seeded by ``seed``.
@@ -50,8 +56,7 @@ def seeded_streams(seed: int, hand_back_torch: bool = True) -> Iterator[None]:
     generator = torch.default_generator
     saved = generator.get_state() if hand_back_torch else None
     generator.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed & 0xFFFFFFFF)
+    seed_python_and_numpy(seed)
     try:
         yield
     finally:

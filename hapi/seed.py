@@ -23,13 +23,11 @@ process's saved generator states back, so it continues each stream exactly.
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import torch
 
 from hapi import distributed
-from hapi.rng import mix
+from hapi.rng import mix, seed_python_and_numpy
 
 _per_process_seed: int | None = None  # the seed of the last seed_everything(per_process=True)
 _fits_since_seeding = 0
@@ -88,6 +86,5 @@ def streams_for_training() -> None:
 
 
 def _seed_generators(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed & 0xFFFFFFFF)
+    seed_python_and_numpy(seed)
     torch.manual_seed(seed)  # every CUDA device's generator too
