@@ -13,12 +13,20 @@ twice: with one thread (the same share of the machine per process, which is what
 process-count speed-up compares) and with every core (what a single process can get
 from intra-op threads). Target on a 2-core machine: >= 1.6x.
 
-    python benchmarks/bench_scaling.py [--repeats 7] [--samples 12800] [--plain]
+    python benchmarks/bench_scaling.py [--repeats 7] [--samples 12800] [--plain] [--profile]
 
 ``--plain`` also times, in the same servers, a hand-written loop (whole batches by
 index) on one process, the same loop under DDP with Gloo on two, and two copies of it
 that never communicate: what the hardware gives two processes that never wait for each
 other, the ceiling for any synchronous data-parallel training here.
+
+``--profile`` (implies ``--plain``) adds the hand-written loop under DDP with torch-hapi's
+shared-memory gradient average on two processes, and a second table with both ranks'
+time split: waiting for the other process inside the average, the average's own copy
+and sum, and the rest (the loop itself). For the two loops that never communicate it
+also prices synchronisation from their own step times: how much longer their epochs
+would have taken had every step waited for the slower of the two (the sum over steps of
+the slower rank's step against each rank's own sum).
 """
 
 from __future__ import annotations
@@ -36,13 +44,47 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HAPI = "Model.fit"
 HAND = "hand-written loop"  # DDP (Gloo) on two processes
 APART = "two hand-written loops, no communication"
+SHARED = "hand-written loop, shared-memory average"  # DDP with torch-hapi's hook, no Model
 
 
-def serve(samples: int, plain: bool) -> None:
+class HookClock:
+    """Seconds this process spent in the shared-memory average since the last reset: waiting
+    for the other processes, and in all (copy, wait, sum)."""
+
+    wait = 0.0
+    total = 0.0
+
+    @classmethod
+    def install(cls) -> None:
+        from hapi.distributed import shared_memory
+
+        averager = shared_memory.SharedMemoryAllReduce
+        wait_for_everyone, average = averager._wait_for_everyone, averager.average
+
+        def timed_wait(self) -> None:
+            started = time.perf_counter()
+            wait_for_everyone(self)
+            cls.wait += time.perf_counter() - started
+
+        def timed_average(self, gradients):
+            started = time.perf_counter()
+            averaged = average(self, gradients)
+            cls.total += time.perf_counter() - started
+            return averaged
+
+        averager._wait_for_everyone, averager.average = timed_wait, timed_average
+
+    @classmethod
+    def read_and_reset(cls) -> dict[str, float]:
+        figures = {"wait": cls.wait, "average": cls.total - cls.wait}
+        cls.wait = cls.total = 0.0
+        return figures
+
+
+def serve(samples: int, plain: bool, profile: bool) -> None:
     """Build every contender, warm each up for a whole epoch, then train one epoch per
     ``epoch NAME`` line on stdin (rank 0 reads it and tells the others), printing its seconds."""
     sys.path.insert(0, HERE)
-    import torch
     import torch.distributed as dist
     from common import BATCH, lenet_and_adam, real_train_data
     from torch import nn
@@ -50,6 +92,8 @@ def serve(samples: int, plain: bool) -> None:
     from hapi import Model
 
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    if profile:
+        HookClock.install()
     data = real_train_data(samples)
     network, optimizer = lenet_and_adam()
     model = Model(network)  # joins the process group under torchrun
@@ -57,10 +101,13 @@ def serve(samples: int, plain: bool) -> None:
     epochs: dict[str, Callable[[], None]] = {
         HAPI: lambda: model.fit(data, batch_size=BATCH, epochs=1, verbose=0)
     }
+    step_seconds: list[float] = []  # the hand-written loops' steps, this epoch
     if plain:
-        epochs[HAND] = hand_written_epoch(data, BATCH, world, rank, synchronised=True)
+        epochs[HAND] = hand_written_epoch(data, BATCH, world, rank, "gloo", step_seconds)
         if world > 1:
-            epochs[APART] = hand_written_epoch(data, BATCH, world, rank, synchronised=False)
+            epochs[APART] = hand_written_epoch(data, BATCH, world, rank, None, step_seconds)
+        if world > 1 and profile:
+            epochs[SHARED] = hand_written_epoch(data, BATCH, world, rank, "shared", step_seconds)
     for epoch in epochs.values():
         epoch()
     report({"ready": True}, rank)
@@ -71,16 +118,26 @@ def serve(samples: int, plain: bool) -> None:
         if not command[0] or command[0][0] != "epoch":
             return
         name = " ".join(command[0][1:])
+        step_seconds.clear()
+        HookClock.read_and_reset()
         started = time.perf_counter()
         epochs[name]()
-        report({"seconds": time.perf_counter() - started, "threads": torch.get_num_threads()}, rank)
+        mine = {"seconds": time.perf_counter() - started, **HookClock.read_and_reset()}
+        mine["steps"] = list(step_seconds)
+        ranks = [mine]
+        if world > 1:  # after the clock stopped: every rank's figures to rank 0
+            ranks = [None] * world
+            dist.all_gather_object(ranks, mine)
+        report({"seconds": mine["seconds"], "ranks": ranks}, rank)
 
 
 def hand_written_epoch(
-    data, batch: int, world: int, rank: int, synchronised: bool
+    data, batch: int, world: int, rank: int, averaging: str | None, step_seconds: list[float]
 ) -> Callable[[], None]:
-    """The loop a user writes by hand: this rank's shard, whole batches by index, DDP when
-    ``synchronised`` and several processes (else each process trains on its own)."""
+    """The loop a user writes by hand: this rank's shard, whole batches by index, DDP on
+    several processes with ``averaging`` "gloo" (DDP's own all-reduce) or "shared"
+    (torch-hapi's shared-memory hook), or each process on its own (``None``). Each step's
+    seconds are appended to ``step_seconds`` (two clock reads a step)."""
     import torch
     import torch.distributed as dist
     from common import lenet_and_adam
@@ -88,20 +145,29 @@ def hand_written_epoch(
     from torch.utils.data import DistributedSampler
 
     network, optimizer = lenet_and_adam()
-    if synchronised and world > 1:
+    if averaging == "gloo" and world > 1:
         network = nn.parallel.DistributedDataParallel(network)
+    elif averaging == "shared" and world > 1:
+        from hapi import distributed
+
+        network = distributed.wrap(network, torch.device("cpu"))
+        if not type(network).__name__ == "DistributedDataParallel":
+            raise SystemExit("torch-hapi did not wrap the network in DDP")
     sampler = DistributedSampler(data, num_replicas=world, rank=rank)
     images, labels, loss_fn = data.images, data.labels, nn.CrossEntropyLoss()
 
     def epoch() -> None:
         order = torch.tensor(list(sampler))
+        clock = time.perf_counter
         for start in range(0, len(order), batch):
+            began = clock()
             index = order[start : start + batch]
             inputs = images[index].unsqueeze(1).to(torch.float32).div_(255.0)
             loss = loss_fn(network(inputs), labels[index])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            step_seconds.append(clock() - began)
         if (
             world > 1
         ):  # the epoch ends when every process is done (DDP's last step is in step already)
@@ -118,7 +184,7 @@ def report(figures: dict, rank: int) -> None:
 class Server:
     """One setup (processes x threads) as a running job that trains an epoch on request."""
 
-    def __init__(self, nproc: int, threads: int, samples: int, plain: bool) -> None:
+    def __init__(self, nproc: int, threads: int, samples: int, plain: bool, profile: bool) -> None:
         self.nproc, self.threads = nproc, threads
         launcher = (
             [sys.executable]
@@ -133,6 +199,7 @@ class Server:
         )
         self.command = launcher + [os.path.abspath(__file__), "--serve", "--samples", str(samples)]
         self.command += ["--plain"] if plain else []
+        self.command += ["--profile"] if profile else []
         env = {
             key: value
             for key, value in os.environ.items()
@@ -150,11 +217,12 @@ class Server:
     def ready(self) -> None:
         self._answer()
 
-    def epoch(self, contender: str) -> float:
-        """Samples per second of one epoch of ``contender``, all processes together."""
+    def epoch(self, contender: str) -> dict:
+        """One epoch of ``contender``: its seconds, and each rank's (``ranks``: seconds, waiting
+        and averaging seconds in the shared-memory average, the hand loops' step seconds)."""
         self.process.stdin.write(f"epoch {contender}\n")
         self.process.stdin.flush()
-        return self._answer()["seconds"]
+        return self._answer()
 
     def stop(self) -> None:
         self.process.stdin.close()
@@ -181,26 +249,57 @@ def main() -> None:
         action="store_true",
         help="also time hand-written loops: one process, DDP on two, two uncoupled",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="(with --plain) split both ranks' time: waiting, averaging, the rest",
+    )
     args = parser.parse_args()
+    args.plain = args.plain or args.profile
     if args.serve:
-        return serve(args.samples, args.plain)
+        return serve(args.samples, args.plain, args.profile)
     cores = os.cpu_count() or 1
     setups = [(1, 1), (1, cores), (2, max(1, cores // 2))]  # (processes, threads each)
-    servers = {setup: Server(*setup, args.samples, args.plain) for setup in setups}
+    options = (args.samples, args.plain, args.profile)
+    servers = {setup: Server(*setup, *options) for setup in setups}
     for server in servers.values():  # they load and warm up at the same time: wait for all
         server.ready()
     contenders = [(HAPI, setup) for setup in setups]
     if args.plain:
         contenders += [(HAND, (1, 1)), (HAND, setups[2]), (APART, setups[2])]
+    if args.profile:
+        contenders += [(SHARED, setups[2])]
     rates: dict[tuple[str, tuple[int, int]], list[float]] = {key: [] for key in contenders}
+    ranks: dict[str, list[list[dict]]] = {}  # 2-process contender -> per round, each rank's figures
     try:
         for _ in range(args.repeats):
             for name, setup in contenders:
-                rates[(name, setup)].append(args.samples / servers[setup].epoch(name))
+                answer = servers[setup].epoch(name)
+                rates[(name, setup)].append(args.samples / answer["seconds"])
+                if setup[0] > 1:
+                    ranks.setdefault(name, []).append(answer["ranks"])
     finally:
         for server in servers.values():
             server.stop()
     print_table(rates, args.samples, cores)
+    if args.plain:
+        two = setups[2]
+        speed_ups = [
+            (fit2 / fit1) / (apart / hand1)
+            for fit2, fit1, apart, hand1 in zip(
+                rates[(HAPI, two)],
+                rates[(HAPI, (1, 1))],
+                rates[(APART, two)],
+                rates[(HAND, (1, 1))],
+            )
+        ]
+        print(
+            f"\nModel.fit's speed-up on {two[0]} processes as a share of the no-communication "
+            f"ceiling's, per round: median {statistics.median(speed_ups):.3f} "
+            f"(rounds {', '.join(f'{share:.2f}' for share in speed_ups)})"
+        )
+    if args.profile:
+        print_profile(ranks)
 
 
 def print_table(
@@ -223,6 +322,38 @@ def print_table(
             f"| {loop} | {nproc} | {threads} | {statistics.median(values):.0f} | {runs} | "
             f"{paired_ratio(values, one)} | {paired_ratio(values, all_cores)} |"
         )
+
+
+def print_profile(ranks: dict[str, list[list[dict]]]) -> None:
+    """Both ranks' epochs split into waiting for the other process inside the gradient average,
+    the average's own work (copy, sum, division), and the rest; medians over the rounds. For
+    hand loops, the step times, and what waiting every step for the slower rank would cost."""
+    print(
+        "\n## Where the time of two processes goes (per rank, medians over rounds, seconds)\n\n"
+        "| loop | rank | epoch | waiting for the other | averaging | the rest | "
+        "median step (ms) | slower-of-two per step vs own steps |\n|---|---|---|---|---|---|---|---|"
+    )
+    for name, rounds in ranks.items():
+        for rank in range(len(rounds[0])):
+            mine = [each[rank] for each in rounds]
+
+            def median(key: str) -> float:
+                return statistics.median(figures[key] for figures in mine)
+
+            rest = statistics.median(f["seconds"] - f["wait"] - f["average"] for f in mine)
+            steps = [step for figures in mine for step in figures["steps"]]
+            step = f"{statistics.median(steps) * 1000:.2f}" if steps else "-"
+            price = "-"
+            if steps and all(len({len(r["steps"]) for r in each}) == 1 for each in rounds):
+                slower = [  # per round: sum over steps of the slowest rank's step / this rank's sum
+                    sum(map(max, *(r["steps"] for r in each))) / sum(each[rank]["steps"])
+                    for each in rounds
+                ]
+                price = f"+{(statistics.median(slower) - 1) * 100:.1f}%"
+            print(
+                f"| {name} | {rank} | {median('seconds'):.3f} | {median('wait'):.3f} | "
+                f"{median('average'):.3f} | {rest:.3f} | {step} | {price} |"
+            )
 
 
 def paired_ratio(values: list[float], baseline: list[float]) -> str:

@@ -37,6 +37,7 @@ CASES = {
             "hand loop, torchvision-style view",
             "hand loop, hapi per-sample __getitem__",
             "Model.fit on hapi FashionMNIST",
+            "hand loop, whole batches by index (the limit)",
             "hapi loader, loading only",
         ],
     ),
@@ -75,7 +76,7 @@ CASES = {
         ["import torch", "import hapi", "hand DDP script", "Model.fit"],
     ),
     "bench_scaling.py": (
-        ["--repeats", "2", "--samples", "512", "--plain"],
+        ["--repeats", "2", "--samples", "512", "--profile"],
         [
             "Model.fit | 1 | 1",
             "Model.fit | 1 | 2",
@@ -83,6 +84,11 @@ CASES = {
             "hand-written loop | 1 | 1",
             "hand-written loop (DDP, Gloo) | 2 | 1",
             "two hand-written loops, no communication | 2 | 1",
+            "hand-written loop, shared-memory average | 2 | 1",
+            # the profile: both ranks' time, split
+            "Model.fit | 0",
+            "Model.fit | 1",
+            "hand-written loop, shared-memory average | 1",
         ],
     ),
 }
@@ -99,6 +105,13 @@ def _verdict_row(row: str, target: str) -> str:
 
 
 VERDICTS = {
+    "bench_datapath.py": [
+        rf"^Model\.fit vs the index-batch limit, per repeat: median {NUMBER}x \(target <= 1\.03x"
+    ],
+    "bench_scaling.py": [
+        rf"^Model\.fit's speed-up on 2 processes as a share of the no-communication ceiling's, "
+        rf"per round: median {NUMBER}"
+    ],
     "bench_framework.py": [
         _verdict_row("Model.fit verbose=0", "1.02x"),
         _verdict_row("Model.fit verbose=2 (lines)", "1.03x"),
