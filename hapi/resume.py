@@ -133,12 +133,13 @@ def restore_fit(
         set_global_state(own["rng"])
         metrics.load_state_dict(own["metrics"])
     callbacks = list(callbacks)
-    names = [name for name, _ in saved["callbacks"]]
-    if names != [type(c).__name__ for c in callbacks]:
+    # fit(resume_from=...) adds the callback that does the resuming: it is no difference.
+    names = [name for name, _ in saved["callbacks"] if name != "ResumeFrom"]
+    ours = [type(c).__name__ for c in callbacks if type(c).__name__ != "ResumeFrom"]
+    if names != ours:
         warnings.warn(
-            f"Resuming from {file!r}: its callbacks {names} differ from this fit's "
-            f"{[type(c).__name__ for c in callbacks]}; callbacks are matched by class name in "
-            "order, and the others start afresh.",
+            f"Resuming from {file!r}: its callbacks {names} differ from this fit's {ours}; "
+            "callbacks are matched by class name in order, and the others start afresh.",
             stacklevel=4,
         )
     pending = list(saved["callbacks"])

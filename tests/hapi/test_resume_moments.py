@@ -53,3 +53,27 @@ def test_a_save_during_an_evaluation_keeps_the_training_figures(tmp_path):
     resumed = _fit(_model(), resume_from=tmp_path / "during_eval.pt")
     assert resumed.history["loss"] == uninterrupted.history["loss"]  # not the evaluation's loss
     assert resumed.history["acc"] == uninterrupted.history["acc"]
+
+
+def test_resuming_the_same_program_warns_of_no_callback_difference(tmp_path):
+    import warnings
+
+    def checkpoint():
+        return ModelCheckpoint(tmp_path, resumable=True)
+
+    _fit(_model(), callbacks=[checkpoint()])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _fit(_model(), callbacks=[checkpoint()], resume_from=tmp_path / "0.pt")
+    assert not [w for w in caught if "callbacks" in str(w.message)], [
+        str(w.message) for w in caught
+    ]
+
+    class Other(Callback):
+        pass
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _fit(_model(), callbacks=[checkpoint(), Other()], resume_from=tmp_path / "0.pt")
+    differ = [str(w.message) for w in caught if "differ from this fit's" in str(w.message)]
+    assert differ and "'Other'" in differ[0] and "ResumeFrom" not in differ[0]
