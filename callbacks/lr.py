@@ -299,7 +299,7 @@ class ReduceLROnPlateau(MonitorCallback):
                 "ReduceLROnPlateau changes the optimizer's learning rate, but the model has no "
                 "optimizer (received model.optimizer=None). Call model.prepare(optimizer=...) first."
             )
-        self.best = self.initial_best
+        self.best = self._initial_best
         self.wait = 0
         self.cooldown_counter = 0
 
@@ -310,7 +310,7 @@ class ReduceLROnPlateau(MonitorCallback):
         if self.cooldown_counter > 0:
             self.cooldown_counter -= 1
             self.wait = 0
-        if self.is_improvement(current, self.best):
+        if self._is_improvement(current, self.best):
             self.best = current
             self.wait = 0
             return

@@ -219,7 +219,7 @@ class ModelCheckpoint(MonitorCallback):
         self._fitting = False  # until on_train_begin: evaluate() alone writes nothing
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self.best = self.initial_best
+        self.best = self._initial_best
         self._last_step = self.model.step
         self._pending_step = None
         self._fitting = True
@@ -308,7 +308,7 @@ class ModelCheckpoint(MonitorCallback):
         """
         if self._eval_name is not None and self._judged_step == self.model.step:
             return False  # judged at on_eval_end a moment ago
-        never = self.best == self.initial_best
+        never = self.best == self._initial_best
         if not self._warned_missing:
             self._warned_missing = True
             then = (
@@ -326,7 +326,7 @@ class ModelCheckpoint(MonitorCallback):
         return never
 
     def _judge(self, current: float, prefix: str) -> None:
-        if self.is_improvement(current, self.best):
+        if self._is_improvement(current, self.best):
             reason = f"{self.monitor} improved from {self.best:.5g} to {current:.5g}, "
             self.best = current
             self._save("best", prefix, reason)

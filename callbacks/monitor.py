@@ -104,7 +104,7 @@ class MonitorCallback(Callback):
         self.monitor = monitor
         self.mode = resolve_mode(mode, monitor, owner)
         self.min_delta = float(min_delta)
-        self.best = self.initial_best
+        self.best = self._initial_best
         self.wait = 0
         self._warned_missing = False
         self._warned_name = False
@@ -114,11 +114,11 @@ class MonitorCallback(Callback):
         self._warned_name = False  # the training-name warning is once per fit, not once per object
 
     @property
-    def initial_best(self) -> float:
+    def _initial_best(self) -> float:
         """The value every real figure improves on: ``+inf`` for min, ``-inf`` for max."""
         return math.inf if self.mode == "min" else -math.inf
 
-    def is_improvement(self, current: float, best: float) -> bool:
+    def _is_improvement(self, current: float, best: float) -> bool:
         """Whether ``current`` beats ``best`` by more than ``min_delta``.
 
         NaN never counts as an improvement (every comparison with NaN is false).

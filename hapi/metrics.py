@@ -21,7 +21,8 @@ import torch
 from hapi import distributed
 from hapi.data import describe
 
-__all__ = ["Accuracy", "MetricSet"]  # noqa: F822 (Accuracy: module __getattr__, on first use)
+# MetricSet and normalise_metrics serve Model and the loops; a user script needs only Accuracy.
+__all__ = ["Accuracy"]  # noqa: F822 (Accuracy: module __getattr__, on first use)
 
 
 def __getattr__(name: str) -> Any:

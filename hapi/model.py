@@ -233,13 +233,13 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
             if own_step:
                 # The user's step runs the plain network; Stepper.update averages the
                 # gradients. Every process starts from rank 0's weights.
-                self._strategy.check_own_step(type(self).__name__)
+                self._strategy._check_own_step(type(self).__name__)
                 distributed.sync_from_main(self._network, parameters=True)
                 self._wrapped = self._network
             else:
                 # DDP (and the gradient average it reserves) only once training needs it:
                 # evaluate/predict-only runs never build it.
-                self._wrapped = self._strategy.wrap_network(
+                self._wrapped = self._strategy._wrap_network(
                     self._network, self.device, self._optimizer, AMP_DTYPES.get(self._amp)
                 )
             self._stepper = None

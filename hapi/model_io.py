@@ -33,7 +33,7 @@ class ModelFiles:
 
         ``BackupAndRestore`` then backs up with ``save(..., sharded=True)``.
         """
-        return self._strategy.shards_weights
+        return self._strategy._shards_weights
 
     def save(
         self,
@@ -70,13 +70,13 @@ class ModelFiles:
         distributed.sync_from_main(self._network)  # what is written is what every process evaluates
         state: dict[str, Any] = {"format": checkpoint.FORMAT, "version": checkpoint.VERSION}
         if not sharded:
-            state["network"] = self._strategy.full_state_dict(self._network)
+            state["network"] = self._strategy._full_state_dict(self._network)
         if training:
             optimizer_state, optimizer_type = (
                 (
                     None
                     if sharded
-                    else self._strategy.full_optimizer_state(self._network, self._optimizer),
+                    else self._strategy._full_optimizer_state(self._network, self._optimizer),
                     type(self._optimizer).__name__,
                 )
                 if self._optimizer is not None
@@ -107,7 +107,7 @@ class ModelFiles:
                     optimizer=None,
                     optimizer_type=None,
                     optimizers={
-                        name: self._strategy.full_optimizer_state(self._network, optimizer)
+                        name: self._strategy._full_optimizer_state(self._network, optimizer)
                         for name, optimizer in self._optimizers.items()
                     },
                     optimizer_types={
@@ -233,7 +233,7 @@ class ModelFiles:
         weights, skipped = state_match.match_state_dict(
             self._network, state["network"], file, skip_mismatch
         )
-        self._strategy.load_state_dict(self._network, weights, strict=not skipped)
+        self._strategy._load_state_dict(self._network, weights, strict=not skipped)
         return skipped
 
     def _load_shards(self, file: str, state: dict, skip_mismatch: bool) -> list[str]:
@@ -326,7 +326,7 @@ class ModelFiles:
             optimizer_state,
             saved_type,
             source,
-            load=functools.partial(self._strategy.load_optimizer_state, self._network, optimizer),
+            load=functools.partial(self._strategy._load_optimizer_state, self._network, optimizer),
             keep_hyperparameters=keep_hyperparameters,
         )
 
@@ -345,7 +345,7 @@ class ModelFiles:
         """
         from hapi.export import export_network, export_path  # torch.export only when exporting
 
-        network = self._strategy.inference_network(self._network)  # a collective under FSDP
+        network = self._strategy._inference_network(self._network)  # a collective under FSDP
         distributed.on_main(  # every process calls it, rank 0 writes (like save)
             lambda: export_network(network(), path, example_inputs, dynamic_batch=dynamic_batch),
             lambda: RuntimeError(

@@ -22,6 +22,9 @@ peer that is alive but stuck at most ``HAPI_DIST_TIMEOUT`` seconds (default
 300) before it raises.
 """
 
+# The names imported here and left out of __all__ serve hapi's own modules.
+# ruff: noqa: F401
+
 from hapi.distributed.background import background_group
 from hapi.distributed.collectives import (
     SyncFlag,
@@ -78,52 +81,14 @@ from hapi.distributed.samplers import (
 from hapi.distributed.strategies import DDP, FSDP, Strategy
 from hapi.distributed.strategies import resolve as resolve_strategy
 
+# What a user's script may call. Everything else imported above serves hapi's own modules: it
+# stays importable (``hapi.distributed.barrier``) but is no promise and may change.
 __all__ = [
-    "background_group",
     "DDP",
     "FSDP",
-    "Strategy",
-    "resolve_strategy",
-    "broadcast_freshest",
-    "on_main",
-    "BatchSamplerShard",
-    "ContiguousShardSampler",
-    "SamplerShard",
-    "resumable",
-    "consumed_items",
-    "skip_items",
     "DistributedSetupError",
-    "ResumableSampler",
-    "SyncFlag",
-    "all_reduce_sum",
-    "average_gradients",
-    "any_true",
-    "backend_name",
-    "barrier",
-    "broadcast_bytes",
-    "default_device",
-    "eval_sampler",
-    "index_sampler",
-    "gather_in_order",
-    "gather_objects",
-    "is_collective_failure",
     "is_main",
-    "loader_batch_size",
     "local_rank",
-    "note_failure",
-    "own",
     "rank",
-    "reshard",
-    "set_epoch",
-    "set_seed",
-    "setup",
-    "shared_seed",
-    "sync_from_main",
-    "teardown",
-    "train_sampler",
-    "unwrap",
-    "class_name",
-    "sharded_parameters",
     "world_size",
-    "wrap",
 ]
