@@ -93,6 +93,12 @@ class Strategy:
 class DDP(Strategy):
     """``DistributedDataParallel``, torch's data parallelism: every process holds the whole model.
 
+    The default strategy on several processes (``strategy=None``, ``"auto"`` or
+    ``"ddp"``); build one to pass DDP's options:
+    ``model.prepare(..., strategy=hapi.DDP(find_unused_parameters=True))``.
+    Each process trains on its own shard of the batch and the gradients are
+    averaged during the backward. On one process a no-op.
+
     Args:
         find_unused_parameters: let a forward leave some parameters unused
             (DDP then searches the graph each step, which costs time).
@@ -103,6 +109,10 @@ class DDP(Strategy):
             torch runs SyncBatchNorm on GPU modules only.
         **ddp_kwargs: any other ``DistributedDataParallel`` keyword
             (``bucket_cap_mb``, ``gradient_as_bucket_view``, ...).
+
+    Raises:
+        TypeError: a keyword torch-hapi sets itself (``module``,
+            ``device_ids``, ``output_device``, ``process_group``).
     """
 
     name = "ddp"
@@ -178,14 +188,38 @@ class DDP(Strategy):
 class FSDP(Strategy):
     """Fully sharded data parallelism (torch's FSDP2): each process holds 1/N of the model.
 
-    Args (SPEC): ``wrap`` (module classes, or a callable ``module -> bool``,
-    selecting the submodules sharded on their own; default: each direct child
-    that holds parameters), ``reshard_after_forward``, ``cpu_offload``.
+    For a model that outgrows one device under DDP: with Adam in float32, DDP
+    needs 16 bytes per parameter on every device, FSDP 16/N plus one unit's
+    full weights at a time. Pass it as ``model.prepare(..., strategy=hapi.FSDP())``
+    (or ``strategy="fsdp"``). torch's ``fully_shard`` is applied to each
+    submodule ``wrap`` selects, children before parents, then to the network;
+    every process starts from rank 0's weights and the optimizer is pointed at
+    the shards. ``amp`` becomes FSDP's mixed-precision policy: parameters
+    gathered in bf16/fp16 for the forward and backward, gradients reduced in
+    float32, the optimizer stepping float32 shards (autocast still runs around
+    the forward, as on one process). ``model.network`` stays your module, and
+    ``model.save(path)`` still writes one plain file of full tensors. On one
+    process a no-op, like every strategy.
 
-    ``amp`` becomes FSDP's mixed-precision policy: parameters gathered in
-    bf16/fp16 for the forward and backward, gradients reduced in float32, the
-    optimizer stepping float32 shards (autocast still runs around the forward,
-    as on one process). On one process a no-op, like every strategy.
+    Args:
+        wrap: which submodules become units sharded on their own: a set of
+            module classes (e.g. ``{TransformerBlock}``) or a callable
+            ``module -> bool``. ``None``: each direct child that holds
+            parameters. Modules sharing a parameter (a tied embedding) stay in
+            one unit.
+        reshard_after_forward: free each unit's gathered weights after its
+            forward and gather them again for the backward (less memory);
+            ``False`` keeps them (one gather less per step).
+        cpu_offload: keep the shards and the optimizer step on the CPU (pinned
+            memory on CUDA), for models whose shards do not fit on the devices.
+
+    Raises:
+        TypeError: ``wrap`` is neither ``None``, a callable, nor module classes.
+
+    Example:
+        .. code-block:: python
+
+            model.prepare(optimizer, loss, strategy=hapi.FSDP(wrap={Block}))
     """
 
     name = "fsdp"
