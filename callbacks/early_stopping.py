@@ -175,6 +175,11 @@ class EarlyStopping(MonitorCallback):
         Under FSDP the best weights are DTensor shards, which a checkpoint (written
         by rank 0) cannot hold: they are gathered here, a collective that every
         process runs, as every process calls ``model.save``.
+
+        Returns:
+            ``best``, ``wait``, ``stopped_epoch``, ``best_epoch``,
+            ``best_weights`` (``None`` unless ``restore_best_weights``) and
+            where the best model was saved.
         """
         weights = self.best_weights
         if weights is not None and any(_is_sharded(value) for value in weights.values()):

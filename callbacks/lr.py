@@ -198,6 +198,10 @@ class LRScheduler(Callback):
         A resume (``BackupAndRestore``) loads after every other callback's
         ``on_train_begin``, so the factory has made this fit's scheduler by then;
         a state loaded earlier waits for it.
+
+        Args:
+            state: what :meth:`state_dict` returned: the scheduler's own
+                ``state_dict`` and the step it last stepped at.
         """
         if self.scheduler is None:
             self._pending = state

@@ -175,6 +175,9 @@ class ModelCheckpoint(MonitorCallback):
         a state comes from a file: each must be a numbered checkpoint's name
         (``<epoch>`` or ``step-<N>``), nothing that leads out of ``save_dir``.
 
+        Args:
+            state: what :meth:`state_dict` returned.
+
         Raises:
             ValueError: an entry of ``written`` or ``pending_step`` is not such
                 a name (the error names the entry and the value), or
@@ -251,6 +254,9 @@ class ModelCheckpoint(MonitorCallback):
         calls the collective save together). At the epoch's last batch the
         judgement waits for ``on_epoch_end``: no training happens in between,
         and the file then holds the finished epoch.
+
+        Args:
+            logs: the evaluation's figures (``loss``, each metric), over every process.
         """
         value = (logs or {}).get(self._eval_name) if self._fitting else None
         if value is None:

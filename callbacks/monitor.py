@@ -134,12 +134,20 @@ class MonitorCallback(Callback):
         self.best, self.wait = float(state["best"]), int(state["wait"])
 
     def get_monitor_value(self, logs: dict | None, warn: bool = True) -> float | None:
-        """Return ``logs[monitor]`` as a float, or None when it is missing.
+        """The monitored figure of ``logs`` (Keras' name), for a subclass's own decisions.
 
         A missing key warns once per callback (not every epoch), naming the
         keys that are there, because the usual cause is a typo or an epoch
         without evaluation. A training name with a ``val_`` twin in ``logs``
-        warns too, whatever ``warn`` says (see :meth:`_check_name`).
+        warns too, whatever ``warn`` says: Paddle's ``"loss"`` meant the
+        evaluation loss, here ``"val_loss"`` does.
+
+        Args:
+            logs: a hook's ``logs`` dict (``None`` reads as empty).
+            warn: warn when ``monitor`` is missing.
+
+        Returns:
+            ``logs[monitor]`` as a float, or ``None`` when it is missing.
         """
         logs = logs or {}
         self._check_name(logs)

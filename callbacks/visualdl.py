@@ -198,6 +198,9 @@ class _ScalarLogger(Callback):
         state comes from a file: it must be a name this callback chooses
         (``version_<N>``, a directory of ``log_dir`` itself, not a link).
 
+        Args:
+            state: what :meth:`state_dict` returned.
+
         Raises:
             ValueError: the saved ``version`` is anything else (the error names
                 the entry and the value); nothing is taken back then.
