@@ -164,8 +164,9 @@ class EMA(Callback):
         """The average, so that a resumed fit goes on averaging where it stopped.
 
         Returns:
-            ``{"step": the step it was last updated at, "shadow": {parameter
-            name: CPU copy of its average}}`` (``{}`` before training began).
+            ``"step"``, the step the average was last updated at, and
+            ``"shadow"``, a CPU copy of each parameter's average by name
+            (``{}`` before training began).
         """
         if self._shadow is None:
             return dict(self._pending or {})

@@ -54,8 +54,12 @@ def resolve_mode(mode: Any, monitor: str, owner: str = "MonitorCallback") -> str
 class MonitorNameWarning(UserWarning):
     """A monitored name is a training figure while its ``val_`` twin exists (Paddle's meaning).
 
-    Silence it, if the training figure is what you mean, with
-    ``warnings.filterwarnings("ignore", category=callbacks.monitor.MonitorNameWarning)``.
+    Warned once per fit by EarlyStopping, ReduceLROnPlateau and
+    ModelCheckpoint: in Paddle's hapi ``"loss"`` meant the evaluation loss,
+    here (as in Keras) ``"val_loss"`` does, so a ported script would silently
+    watch the training figure. Silence it, if the training figure is what you
+    mean, with
+    ``warnings.filterwarnings("ignore", category=callbacks.MonitorNameWarning)``.
     """
 
 

@@ -314,9 +314,7 @@ class VisualDL(_ScalarLogger):
             ``log_dir`` itself, as Paddle's ``VisualDL(log_dir)`` writes
             (unlike Lightning, where ``version=None`` means automatic).
 
-    Attributes:
-        run_dir: the directory the records go to, e.g. ``runs/lenet/version_2``;
-            ``None`` with ``version="auto"`` until the main process chose it.
+    The directory chosen is :attr:`run_dir`, e.g. ``runs/lenet/version_2``.
 
     Raises:
         TypeError: ``log_dir`` is not a path, or ``version`` is of another type.

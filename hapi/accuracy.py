@@ -16,7 +16,7 @@ class Accuracy(torchmetrics.Metric):
     """Top-k classification accuracy, Paddle's ``paddle.metric.Accuracy``, as a torchmetrics metric.
 
     ``topk=(1,)`` logs ``acc``; ``topk=(1, 2)`` logs ``acc_top1`` and
-    ``acc_top2``, as in Paddle's hapitrain output, so a Paddle script's log
+    ``acc_top2``, as Paddle's ``paddle.Model`` logs them, so a Paddle script's log
     names carry over. Predictions are scores ``[N, C]``; labels are class
     indices ``[N]`` or ``[N, 1]``. Counting uses ``topk`` on the device, with
     no host sync, and the counts are summed across processes.
