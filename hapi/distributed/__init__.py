@@ -1,5 +1,12 @@
 """Everything torch-hapi knows about processes, ranks and devices.
 
+A script needs only its public part (``__all__``): :func:`rank`,
+:func:`world_size`, :func:`is_main` and :func:`local_rank`, which answer
+from the launcher's environment even before a ``Model`` exists, the
+:class:`DistributedSetupError` a bad launch raises, and the strategies
+``DDP``/``FSDP`` (also ``hapi.DDP``/``hapi.FSDP``). The rest serves hapi's own
+modules and may change.
+
 The loop, the steps and the callbacks never test a rank: they call the
 functions here, each of which is a no-op (or the identity) on a single
 process. This is the only module of ``hapi`` (with the launcher) that imports
