@@ -161,6 +161,8 @@ class ModelRuns:
                 nothing is drawn, so a network with dropout trains bit for bit
                 as a hand-written loop seeded alike.
             num_workers: ``DataLoader`` worker processes loading batches.
+                ``batch_size``, ``shuffle``, ``drop_last`` and ``num_workers``
+                do not apply to a ``DataLoader``, which keeps its own.
             callbacks: a :class:`callbacks.Callback` or a list of them, added to
                 the defaults (a progress display unless ``verbose=0``, and
                 :class:`callbacks.History`).
@@ -191,8 +193,9 @@ class ModelRuns:
             RuntimeError: ``prepare`` was not called, or gave no optimizer (the
                 message says what to call).
             ValueError: a count (``epochs``, ``log_freq``, ...) that is not a
-                positive int, an unknown ``verbose``, or
-                ``accumulate_grad_batches`` with a :meth:`train_step` of your own.
+                positive int, an unknown ``verbose``, data that gives no batch,
+                or ``accumulate_grad_batches`` with a :meth:`train_step` of
+                your own.
             TypeError: data of a kind torch-hapi cannot batch, callbacks that
                 are not ``Callback`` objects, or a ``resume_from`` that is no path.
 
