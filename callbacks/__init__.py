@@ -4,7 +4,7 @@ This package never imports ``hapi``: a callback knows the model only through
 its documented public API and the ``logs`` dicts (see ``callbacks.base``).
 """
 
-from .base import Callback, CallbackList
+from .base import Callback, CallbackList  # noqa: F401 (CallbackList: the loop's dispatcher)
 from .checkpoint import BackupAndRestore, ModelCheckpoint
 from .csv_logger import CSVLogger
 from .early_stopping import EarlyStopping
@@ -22,7 +22,6 @@ from .wandb import WandbCallback
 __all__ = [
     "BackupAndRestore",
     "Callback",
-    "CallbackList",
     "CSVLogger",
     "EarlyStopping",
     "EMA",

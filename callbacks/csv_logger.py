@@ -20,14 +20,20 @@ from .files import atomic_write
 class CSVLogger(Callback):
     """Writes ``epoch`` and every figure of ``on_epoch_end``'s logs to a CSV file.
 
-    Columns are ``epoch`` (0-based, as Keras writes it) followed by the union
-    of all keys seen so far, sorted. Only the main process writes.
+    A plain file any spreadsheet or ``pandas.read_csv`` opens, for runs with
+    no dashboard. Columns are ``epoch`` (0-based, as Keras writes it)
+    followed by the union of all keys seen so far, sorted. Only the main
+    process writes.
 
     Args:
         filename: path of the CSV file; its directory is created if needed.
         separator: the one-character field delimiter.
         append: keep the rows of an existing file (e.g. when resuming)
             instead of starting a new file.
+
+    Raises:
+        TypeError: ``filename`` is not a path.
+        ValueError: ``separator`` is not one character.
     """
 
     def __init__(

@@ -175,6 +175,11 @@ class EarlyStopping(MonitorCallback):
         Under FSDP the best weights are DTensor shards, which a checkpoint (written
         by rank 0) cannot hold: they are gathered here, a collective that every
         process runs, as every process calls ``model.save``.
+
+        Returns:
+            ``best``, ``wait``, ``stopped_epoch``, ``best_epoch``,
+            ``best_weights`` (``None`` unless ``restore_best_weights``) and
+            where the best model was saved.
         """
         weights = self.best_weights
         if weights is not None and any(_is_sharded(value) for value in weights.values()):
@@ -201,7 +206,7 @@ class EarlyStopping(MonitorCallback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.wait = 0
-        self.best = self.initial_best
+        self.best = self._initial_best
         self.stopped_epoch = None
         self.best_epoch = None
         self.best_weights = None
@@ -211,7 +216,7 @@ class EarlyStopping(MonitorCallback):
         self.save_dir = None if save_dir is None else os.fspath(save_dir)
 
     def _beats_baseline(self, value: float) -> bool:
-        return self.baseline is None or self.is_improvement(value, self.baseline)
+        return self.baseline is None or self._is_improvement(value, self.baseline)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         current = self.get_monitor_value(logs)
@@ -223,7 +228,7 @@ class EarlyStopping(MonitorCallback):
             self.best_epoch = epoch
             if self.restore_best_weights:
                 self.best_weights = _snapshot(self.model.network.state_dict())
-        improved = self.is_improvement(current, self.best)
+        improved = self._is_improvement(current, self.best)
         if improved:
             self.best = current
             if self.best_epoch != epoch:
@@ -271,7 +276,7 @@ class EarlyStopping(MonitorCallback):
 
     def _restored_message(self) -> str:
         epoch = self.best_epoch + 1
-        if self.best == self.initial_best:  # nothing improved on the first watched epoch
+        if self.best == self._initial_best:  # nothing improved on the first watched epoch
             return (
                 f"Restoring model weights from the end of the first monitored epoch: {epoch} "
                 f"(no value of {self.monitor!r} was a finite number)."

@@ -161,7 +161,13 @@ class EMA(Callback):
 
     # -- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The average (CPU copies, by parameter name) and the step it was last checked at."""
+        """The average, so that a resumed fit goes on averaging where it stopped.
+
+        Returns:
+            ``"step"``, the step the average was last updated at, and
+            ``"shadow"``, a CPU copy of each parameter's average by name
+            (``{}`` before training began).
+        """
         if self._shadow is None:
             return dict(self._pending or {})
         return {
@@ -176,6 +182,9 @@ class EMA(Callback):
 
         Before training has begun the state is kept, and ``on_train_begin``
         starts from it instead of from the weights.
+
+        Args:
+            state: what :meth:`state_dict` returned.
 
         Raises:
             ValueError: the saved average does not match this network's parameters.

@@ -37,7 +37,10 @@ def learning_rates(model: Any) -> dict[str, float]:
 
 
 class History(Callback):
-    """Records every epoch's logs.
+    """Records every epoch's logs: what ``Model.fit`` returns, to plot or compare runs.
+
+    ``fit`` adds one unless ``callbacks`` holds one, and returns it; there is
+    no need to create it yourself.
 
     ``history.history`` maps each logged name (``"loss"``, metric names and
     ``"val_" + name`` after an evaluation) to a list with one value per epoch
@@ -46,7 +49,8 @@ class History(Callback):
     > 1) has a list only as long as the epochs that logged it, as in Keras.
     The learning rate each epoch trained with (read at its start, after a
     per-epoch schedule set it) is recorded too, as ``"lr"`` (one optimizer) or
-    ``"lr_<name>"`` per optimizer (see :func:`learning_rates`), unless the
+    ``"lr_<name>"`` per optimizer (``lr_0``, ``lr_1`` for a list; ``lr_g``,
+    ``lr_d`` for a dict), unless the
     epoch's logs already carry that name.
 
     ``history.evaluations`` lists every evaluation run during ``fit`` -- at

@@ -198,6 +198,10 @@ class LRScheduler(Callback):
         A resume (``BackupAndRestore``) loads after every other callback's
         ``on_train_begin``, so the factory has made this fit's scheduler by then;
         a state loaded earlier waits for it.
+
+        Args:
+            state: what :meth:`state_dict` returned: the scheduler's own
+                ``state_dict`` and the step it last stepped at.
         """
         if self.scheduler is None:
             self._pending = state
@@ -299,7 +303,7 @@ class ReduceLROnPlateau(MonitorCallback):
                 "ReduceLROnPlateau changes the optimizer's learning rate, but the model has no "
                 "optimizer (received model.optimizer=None). Call model.prepare(optimizer=...) first."
             )
-        self.best = self.initial_best
+        self.best = self._initial_best
         self.wait = 0
         self.cooldown_counter = 0
 
@@ -310,7 +314,7 @@ class ReduceLROnPlateau(MonitorCallback):
         if self.cooldown_counter > 0:
             self.cooldown_counter -= 1
             self.wait = 0
-        if self.is_improvement(current, self.best):
+        if self._is_improvement(current, self.best):
             self.best = current
             self.wait = 0
             return

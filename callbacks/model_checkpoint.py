@@ -175,6 +175,9 @@ class ModelCheckpoint(MonitorCallback):
         a state comes from a file: each must be a numbered checkpoint's name
         (``<epoch>`` or ``step-<N>``), nothing that leads out of ``save_dir``.
 
+        Args:
+            state: what :meth:`state_dict` returned.
+
         Raises:
             ValueError: an entry of ``written`` or ``pending_step`` is not such
                 a name (the error names the entry and the value), or
@@ -219,7 +222,7 @@ class ModelCheckpoint(MonitorCallback):
         self._fitting = False  # until on_train_begin: evaluate() alone writes nothing
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self.best = self.initial_best
+        self.best = self._initial_best
         self._last_step = self.model.step
         self._pending_step = None
         self._fitting = True
@@ -251,6 +254,9 @@ class ModelCheckpoint(MonitorCallback):
         calls the collective save together). At the epoch's last batch the
         judgement waits for ``on_epoch_end``: no training happens in between,
         and the file then holds the finished epoch.
+
+        Args:
+            logs: the evaluation's figures (``loss``, each metric), over every process.
         """
         value = (logs or {}).get(self._eval_name) if self._fitting else None
         if value is None:
@@ -308,7 +314,7 @@ class ModelCheckpoint(MonitorCallback):
         """
         if self._eval_name is not None and self._judged_step == self.model.step:
             return False  # judged at on_eval_end a moment ago
-        never = self.best == self.initial_best
+        never = self.best == self._initial_best
         if not self._warned_missing:
             self._warned_missing = True
             then = (
@@ -326,7 +332,7 @@ class ModelCheckpoint(MonitorCallback):
         return never
 
     def _judge(self, current: float, prefix: str) -> None:
-        if self.is_improvement(current, self.best):
+        if self._is_improvement(current, self.best):
             reason = f"{self.monitor} improved from {self.best:.5g} to {current:.5g}, "
             self.best = current
             self._save("best", prefix, reason)

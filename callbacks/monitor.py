@@ -54,8 +54,12 @@ def resolve_mode(mode: Any, monitor: str, owner: str = "MonitorCallback") -> str
 class MonitorNameWarning(UserWarning):
     """A monitored name is a training figure while its ``val_`` twin exists (Paddle's meaning).
 
-    Silence it, if the training figure is what you mean, with
-    ``warnings.filterwarnings("ignore", category=callbacks.monitor.MonitorNameWarning)``.
+    Warned once per fit by EarlyStopping, ReduceLROnPlateau and
+    ModelCheckpoint: in Paddle's hapi ``"loss"`` meant the evaluation loss,
+    here (as in Keras) ``"val_loss"`` does, so a ported script would silently
+    watch the training figure. Silence it, if the training figure is what you
+    mean, with
+    ``warnings.filterwarnings("ignore", category=callbacks.MonitorNameWarning)``.
     """
 
 
@@ -104,7 +108,7 @@ class MonitorCallback(Callback):
         self.monitor = monitor
         self.mode = resolve_mode(mode, monitor, owner)
         self.min_delta = float(min_delta)
-        self.best = self.initial_best
+        self.best = self._initial_best
         self.wait = 0
         self._warned_missing = False
         self._warned_name = False
@@ -114,11 +118,11 @@ class MonitorCallback(Callback):
         self._warned_name = False  # the training-name warning is once per fit, not once per object
 
     @property
-    def initial_best(self) -> float:
+    def _initial_best(self) -> float:
         """The value every real figure improves on: ``+inf`` for min, ``-inf`` for max."""
         return math.inf if self.mode == "min" else -math.inf
 
-    def is_improvement(self, current: float, best: float) -> bool:
+    def _is_improvement(self, current: float, best: float) -> bool:
         """Whether ``current`` beats ``best`` by more than ``min_delta``.
 
         NaN never counts as an improvement (every comparison with NaN is false).
@@ -134,12 +138,20 @@ class MonitorCallback(Callback):
         self.best, self.wait = float(state["best"]), int(state["wait"])
 
     def get_monitor_value(self, logs: dict | None, warn: bool = True) -> float | None:
-        """Return ``logs[monitor]`` as a float, or None when it is missing.
+        """The monitored figure of ``logs`` (Keras' name), for a subclass's own decisions.
 
         A missing key warns once per callback (not every epoch), naming the
         keys that are there, because the usual cause is a typo or an epoch
         without evaluation. A training name with a ``val_`` twin in ``logs``
-        warns too, whatever ``warn`` says (see :meth:`_check_name`).
+        warns too, whatever ``warn`` says: Paddle's ``"loss"`` meant the
+        evaluation loss, here ``"val_loss"`` does.
+
+        Args:
+            logs: a hook's ``logs`` dict (``None`` reads as empty).
+            warn: warn when ``monitor`` is missing.
+
+        Returns:
+            ``logs[monitor]`` as a float, or ``None`` when it is missing.
         """
         logs = logs or {}
         self._check_name(logs)

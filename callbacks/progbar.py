@@ -24,7 +24,7 @@ figures and pace, early), then a candidate only when it starts a new
 ``1/max_lines`` of the pass (the first candidate past each 1%), and always
 its last step. When ``log_freq`` already gives ``max_lines`` lines or fewer
 per pass -- every epoch of up to 1,000 steps at the default ``log_freq=10``,
-any explicit ``log_freq`` of at least 1% of the pass, such as the seeds'
+any explicit ``log_freq`` of at least 1% of the pass, such as Paddle's examples'
 ``log_freq=400`` -- every candidate is printed, exactly as in Paddle; a
 finer ``log_freq`` is thinned to about one line per 1%, and
 ``ProgBarLogger(log_freq=..., max_lines=None)`` prints every candidate. We
@@ -140,6 +140,10 @@ class _Phase:
 
 class ProgBarLogger(Callback):
     """Prints progress and running figures (default in fit/evaluate/predict).
+
+    ``fit``/``evaluate``/``predict`` add one from their ``verbose`` and
+    ``log_freq`` unless ``callbacks`` holds one; pass your own to choose
+    ``max_lines`` or ``interval``. Only the main process prints.
 
     Args:
         log_freq: a line may be printed (or the bar's figures refreshed) every

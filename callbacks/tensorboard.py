@@ -60,10 +60,6 @@ class TensorBoard(_ScalarLogger):
             first); an int N ``version_<N>``; a str that name; ``None`` or
             ``False`` ``log_dir`` itself. As :class:`callbacks.VisualDL`.
 
-    Attributes:
-        run_dir: the directory the event file goes to; ``None`` with
-            ``version="auto"`` until the main process chose it.
-
     Raises:
         TypeError: ``log_dir`` is not a path, or ``version`` is of another type.
         ValueError: ``version`` is a negative int or not a subdirectory name.

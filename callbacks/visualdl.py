@@ -198,6 +198,9 @@ class _ScalarLogger(Callback):
         state comes from a file: it must be a name this callback chooses
         (``version_<N>``, a directory of ``log_dir`` itself, not a link).
 
+        Args:
+            state: what :meth:`state_dict` returned.
+
         Raises:
             ValueError: the saved ``version`` is anything else (the error names
                 the entry and the value); nothing is taken back then.
@@ -311,9 +314,7 @@ class VisualDL(_ScalarLogger):
             ``log_dir`` itself, as Paddle's ``VisualDL(log_dir)`` writes
             (unlike Lightning, where ``version=None`` means automatic).
 
-    Attributes:
-        run_dir: the directory the records go to, e.g. ``runs/lenet/version_2``;
-            ``None`` with ``version="auto"`` until the main process chose it.
+    The directory chosen is :attr:`run_dir`, e.g. ``runs/lenet/version_2``.
 
     Raises:
         TypeError: ``log_dir`` is not a path, or ``version`` is of another type.

@@ -1,6 +1,6 @@
 """Find torch-hapi's own ``callbacks`` package, whatever lies beside the user's script.
 
-``callbacks`` is a top-level package (SPEC: ``from callbacks import ModelCheckpoint``), and Python
+``callbacks`` is a top-level package (``from callbacks import ModelCheckpoint``), and Python
 searches the script's directory first, so a project's own ``callbacks.py`` (or ``callbacks/``
 package) there hides it: a plain ``from callbacks import History`` inside hapi would then read the
 user's file and fail. So hapi never imports ``callbacks`` by that name; it imports

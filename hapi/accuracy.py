@@ -13,12 +13,28 @@ import torchmetrics
 
 
 class Accuracy(torchmetrics.Metric):
-    """Top-k classification accuracy, Paddle's ``paddle.metric.Accuracy``.
+    """Top-k classification accuracy, Paddle's ``paddle.metric.Accuracy``, as a torchmetrics metric.
 
     ``topk=(1,)`` logs ``acc``; ``topk=(1, 2)`` logs ``acc_top1`` and
-    ``acc_top2``, as in Paddle's hapitrain output. ``name`` replaces ``acc``.
-    Predictions are scores ``[N, C]``; labels are class indices ``[N]`` or
-    ``[N, 1]``. Counting uses ``topk`` on the device, with no host sync.
+    ``acc_top2``, as Paddle's ``paddle.Model`` logs them, so a Paddle script's log
+    names carry over. Predictions are scores ``[N, C]``; labels are class
+    indices ``[N]`` or ``[N, 1]``. Counting uses ``topk`` on the device, with
+    no host sync, and the counts are summed across processes.
+
+    Args:
+        topk: the k values to count a prediction right within (an int or a
+            tuple of positive ints).
+        name: the logged name instead of ``acc``.
+        **kwargs: passed on to ``torchmetrics.Metric`` (``sync_on_compute``, ...).
+
+    Raises:
+        ValueError: a ``topk`` that is not positive integers.
+
+    Example:
+        .. code-block:: python
+
+            model.prepare(optimizer, loss, metrics=hapi.metrics.Accuracy(topk=(1, 5)))
+            # logs acc_top1 and acc_top5
     """
 
     full_state_update = False
@@ -40,11 +56,26 @@ class Accuracy(torchmetrics.Metric):
         self.add_state("total", default=torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
 
     def names(self) -> list[str]:
+        """The names this metric logs under, in ``topk`` order.
+
+        Returns:
+            ``[name]`` for ``topk=(1,)``, else ``[f"{name}_top{k}" for k in topk]``.
+        """
         if len(self.topk) == 1 and self.topk[0] == 1:
             return [self.name]
         return [f"{self.name}_top{k}" for k in self.topk]
 
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        """Count one batch's hits (the loop calls it; call it yourself outside ``fit``).
+
+        Args:
+            preds: class scores ``[N, C]`` (logits or probabilities).
+            target: class indices ``[N]`` or ``[N, 1]``.
+
+        Raises:
+            ValueError: fewer than ``max(topk)`` classes, or not as many
+                labels as predictions.
+        """
         if preds.ndim < 2 or preds.shape[-1] < self.maxk:
             raise ValueError(
                 f"Accuracy(topk={self.topk}) needs class scores of shape [N, C] with C >= "
@@ -62,5 +93,10 @@ class Accuracy(torchmetrics.Metric):
         self.total += target.shape[0]
 
     def compute(self) -> dict[str, torch.Tensor]:
+        """The accuracy over every batch since the last ``reset()``.
+
+        Returns:
+            ``{name: tensor}`` for each of :meth:`names`, values in ``[0, 1]``.
+        """
         values = self.correct.double() / self.total.clamp(min=1)
         return dict(zip(self.names(), values))

@@ -23,7 +23,13 @@ from typing import Any, Callable, Iterator, Sequence
 
 
 class SpawnedProcessError(RuntimeError):
-    """A process started by :func:`spawn` failed; the message holds its error."""
+    """A process started by :func:`hapi.spawn` raised or died; raised in the parent.
+
+    The message holds the first failing process's rank and traceback (or its
+    exit code, when it died before it could report), so the cause reads in the
+    parent's output even when the children's went to ``log_dir``. The other
+    children were stopped before it is raised.
+    """
 
 
 def _free_port() -> int:

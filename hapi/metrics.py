@@ -1,4 +1,7 @@
-"""Metrics: names, the running loss and torchmetrics state, kept on the device.
+"""Metrics: :class:`Accuracy` for scripts; names, the running loss and torchmetrics state for the loop.
+
+A script uses ``hapi.metrics.Accuracy`` (Paddle's top-k accuracy) or any
+torchmetrics metric; the rest of this module (``MetricSet``) serves the loop.
 
 During an epoch nothing here reads a value back to the host: the loss is
 summed into a device tensor and torchmetrics accumulate their own states.
@@ -21,7 +24,8 @@ import torch
 from hapi import distributed
 from hapi.data import describe
 
-__all__ = ["Accuracy", "MetricSet"]  # noqa: F822 (Accuracy: module __getattr__, on first use)
+# MetricSet and normalise_metrics serve Model and the loops; a user script needs only Accuracy.
+__all__ = ["Accuracy"]  # noqa: F822 (Accuracy: module __getattr__, on first use)
 
 
 def __getattr__(name: str) -> Any:

@@ -31,18 +31,55 @@ from hapi.summary import summarize
 
 
 class Model(ModelRuns, OwnSteps, ModelFiles):
-    """Wraps an ``nn.Module`` with prepare/fit/evaluate/predict.
+    """Wraps an ``nn.Module`` with ``prepare``/``fit``/``evaluate``/``predict``.
+
+    The same script runs on one CPU, one GPU, or several processes under
+    ``torchrun``/:func:`hapi.spawn`/Slurm: building a ``Model`` joins the process
+    group when the launcher asked for several processes, so nothing in the script
+    tests a rank. Subclass it and override :meth:`train_step` (and
+    :meth:`eval_step`/:meth:`predict_step`) to write the step yourself.
 
     Args:
         network: the user's module. ``model.network`` always returns it,
-            never a distributed wrapper.
+            never a distributed wrapper, so its ``state_dict`` and attributes
+            are the ones you wrote.
         inputs: how many leading elements of each sample feed the network
             (an int, or a list of names/specs whose length counts). Default:
-            every element but the last.
-        labels: how many elements after the inputs go to the loss. Default:
-            the last element.
-        device: where to train. ``None`` picks ``cuda:LOCAL_RANK`` when CUDA
-            is available, else the CPU.
+            every element but the last. With dict samples, the keys that are
+            not labels go to the network as keyword arguments.
+        labels: how many elements after the inputs go to the loss (an int, or
+            a list). With dict samples: the label keys (default ``"labels"``,
+            else ``"label"``, when present). Default: the last element.
+        device: where to train (``"cpu"``, ``"cuda:1"``, a ``torch.device``).
+            ``None`` picks ``cuda:LOCAL_RANK`` when CUDA is available, else the
+            CPU.
+
+    Attributes:
+        device: the ``torch.device`` the network lives on.
+        stop_training: set it to ``True`` in a callback to end ``fit``: checked
+            at each epoch's end, and from a batch hook every ``log_freq`` steps
+            (every step on one process); every process stops at the same step.
+        stop_evaluating: set it in ``on_eval_batch_end`` to end ``evaluate``
+            after that batch (reset by each evaluation).
+        stop_predicting: set it in ``on_predict_batch_end`` to end ``predict``
+            after that batch (reset by each prediction).
+        epoch: epochs completed in the current ``fit`` (restored by ``load``).
+        epoch_step: batches done in the epoch in progress (restored by ``load``).
+        step: optimizer steps taken over the model's life (restored by ``load``).
+
+    Raises:
+        TypeError: ``network`` is not an ``nn.Module``.
+        hapi.distributed.DistributedSetupError: the launcher's environment asks
+            for several processes but the process group cannot be formed.
+
+    Example:
+        .. code-block:: python
+
+            model = hapi.Model(torch.nn.Linear(4, 2))
+            model.prepare(torch.optim.SGD(model.parameters(), lr=0.1),
+                          torch.nn.CrossEntropyLoss())
+            history = model.fit((torch.randn(64, 4), torch.randint(0, 2, (64,))),
+                                epochs=2, verbose=0)
     """
 
     def __init__(
@@ -91,20 +128,37 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
     # -- public attributes ------------------------------------------------
     @property
     def network(self) -> nn.Module:
+        """The user's module, never a ``DistributedDataParallel``/FSDP wrapper or compiled copy.
+
+        Read weights, call submodules or save a ``state_dict`` through it: its
+        keys have no ``module.`` prefix on any number of processes.
+        """
         return self._network
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
-        """The optimizer given to ``prepare`` (with several, the first)."""
+        """The optimizer given to ``prepare`` (with several, the first); ``None`` before.
+
+        Callbacks read and change its ``param_groups`` (learning-rate schedules).
+        """
         return self._optimizer
 
     @property
     def optimizers(self) -> Any:
-        """The optimizer(s) as given to ``prepare``: one, a list or a dict (for ``train_step``)."""
+        """The optimizer(s) exactly as given to ``prepare``: one, a list or a dict.
+
+        A :meth:`train_step` of your own reads its optimizers here (a GAN's
+        ``self.optimizers["g"]`` and ``self.optimizers["d"]``).
+        """
         return self._given_optimizers
 
     def parameters(self) -> list[nn.Parameter]:
-        """The network's parameters (for building the optimizer)."""
+        """The network's parameters, to build the optimizer before ``prepare``.
+
+        Returns:
+            A list of the network's ``nn.Parameter`` objects, as
+            ``model.network.parameters()`` yields them.
+        """
         return list(self._network.parameters())
 
     # -- preparation --------------------------------------------------------
@@ -121,7 +175,13 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
         loss_weights: Sequence[float] | None = None,
         amp_configs: str | dict | None = None,
     ) -> None:
-        """Set what training and evaluation use.
+        """Set what training and evaluation use: optimizer, loss, metrics and how to run them.
+
+        Call it before ``fit``/``evaluate``/``train_batch`` (``predict`` works
+        without). Calling it again replaces the settings; the weights and the
+        counters stay. Nothing is wrapped for several processes here: that
+        happens when training first needs it, so an evaluate-only script never
+        builds DDP.
 
         Args:
             optimizer: a ``torch.optim.Optimizer`` over ``model.parameters()``;
@@ -130,7 +190,13 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
             loss: a callable ``loss(*outputs, *labels)`` returning a scalar,
                 e.g. ``torch.nn.CrossEntropyLoss()``.
             metrics: a ``torchmetrics.Metric``, a list of them, or a dict
-                name -> metric (see :func:`hapi.metrics.normalise_metrics`).
+                name -> metric. A dict's keys are the names in every ``logs``
+                dict; otherwise each metric is named by its class in snake_case
+                (``MulticlassAccuracy`` -> ``multiclass_accuracy``, with
+                ``_2``, ``_3`` for repeats), and :class:`hapi.metrics.Accuracy`
+                by its own names (``acc``, or ``acc_top1``, ``acc_top2``). A
+                metric whose ``compute()`` returns a dict (a
+                ``MetricCollection``) logs each of its keys.
             amp: mixed precision. ``None`` (float32), ``"bf16"`` (autocast to
                 bfloat16) or ``"fp16"`` (float16 autocast with a gradient
                 scaler); or Paddle's ``amp_configs``: ``"O0"`` (float32),
@@ -168,7 +234,13 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
             amp_configs: Paddle's name for ``amp`` (give one of the two).
 
         Raises:
-            ValueError: an ``amp`` setting torch-hapi cannot honour (see above).
+            ValueError: an ``amp`` setting torch-hapi cannot honour (see above),
+                both ``amp`` and ``amp_configs``, a bad clipping value or
+                ``loss_weights`` that do not match the losses.
+            TypeError: an optimizer, loss, metric or strategy of the wrong kind
+                (the message says what is accepted).
+            RuntimeError: a different ``strategy`` after this Model already
+                trained on several processes (build a new Model instead).
         """
         chosen_strategy = distributed.resolve_strategy(strategy)
         if amp_configs is not None and amp is not None:
@@ -233,13 +305,13 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
             if own_step:
                 # The user's step runs the plain network; Stepper.update averages the
                 # gradients. Every process starts from rank 0's weights.
-                self._strategy.check_own_step(type(self).__name__)
+                self._strategy._check_own_step(type(self).__name__)
                 distributed.sync_from_main(self._network, parameters=True)
                 self._wrapped = self._network
             else:
                 # DDP (and the gradient average it reserves) only once training needs it:
                 # evaluate/predict-only runs never build it.
-                self._wrapped = self._strategy.wrap_network(
+                self._wrapped = self._strategy._wrap_network(
                     self._network, self.device, self._optimizer, AMP_DTYPES.get(self._amp)
                 )
             self._stepper = None
@@ -287,19 +359,31 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
     def summary(
         self, input_size: Any = None, dtype: Any = None, input: Any = None
     ) -> dict[str, int]:
-        """Print the layers and parameter counts; returns ``{"total_params", "trainable_params"}``.
+        """Print the network's layers and parameter counts (Paddle's ``Model.summary``).
 
-        With example inputs the table also shows each layer's input and output shapes, read
-        from one forward pass (eval mode, no gradients, on zeros; each module's mode is
-        restored). ``input_size`` is read as Paddle reads it: an int ``n`` is the shape
-        ``(n,)``; a tuple such as ``(1, 1, 28, 28)`` is one input (``-1``/``None`` for the
-        batch dimension reads as 1; no other dimension may be unknown); a list of shapes gives
-        one input each; nested tuples give nested inputs, e.g.
-        ``[(-1, 23, 16), ((2, -1, 32), (2, -1, 32))]`` for an LSTM's ``x, (h0, c0)``.
-        ``dtype`` (a ``torch.dtype`` or its name, default float32) is one for all inputs or a
-        list with one per input. ``input`` gives actual tensors instead (a tensor, or a list
-        or dict of them, passed to the network as its one argument, as in Paddle). Under
-        several processes every process computes it and the main process prints it.
+        A quick check that the network is the one you meant before paying for
+        training. With example inputs the table also shows each layer's input
+        and output shapes, read from one forward pass (eval mode, no
+        gradients, on zeros; each module's mode is restored). Under several
+        processes every process computes it and the main process prints it.
+
+        Args:
+            input_size: example input shapes, read as Paddle reads them: an int
+                ``n`` is the shape ``(n,)``; a tuple such as ``(1, 1, 28, 28)``
+                is one input (``-1``/``None`` for the batch dimension reads as
+                1; no other dimension may be unknown); a list of shapes gives
+                one input each; nested tuples give nested inputs, e.g.
+                ``[(-1, 23, 16), ((2, -1, 32), (2, -1, 32))]`` for an LSTM's
+                ``x, (h0, c0)``. ``None``: counts only, no shapes.
+            dtype: the inputs' ``torch.dtype`` or its name (default float32),
+                one for all inputs or a list with one per input.
+            input: actual tensors instead of ``input_size`` (a tensor, or a
+                list or dict of them, passed to the network as its one
+                argument, as in Paddle).
+
+        Returns:
+            ``{"total_params": int, "trainable_params": int}``; every parameter
+            is counted once, whether or not the example forward pass uses it.
 
         Raises:
             TypeError: ``input_size`` holds something that is no size, or ``dtype`` is unknown.
@@ -317,10 +401,27 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
         *,
         input: Any = None,
     ) -> int:
-        """The network's FLOPs on one forward pass: ``hapi.flops(model.network, ...)``.
+        """The network's FLOPs on one forward pass: :func:`hapi.flops` on ``model.network``.
 
-        See ``hapi.flops`` for the arguments; the example inputs are made on the model's
-        device. Under several processes every process counts and the main process prints.
+        The example inputs are made on the model's device. Under several
+        processes every process counts and the main process prints.
+
+        Args:
+            input_size: the example input's shape with its batch dimension,
+                e.g. ``(1, 1, 28, 28)``, or any form :meth:`summary` accepts.
+            custom_ops: ``{ModuleType: fn(module, inputs, output)}`` for module
+                types with no built-in count (or to replace one).
+            print_detail: also print each layer's shapes, parameters and FLOPs.
+            input: instead of ``input_size``, the actual input (a tensor, or a
+                list or dict of them).
+
+        Returns:
+            The total FLOPs (multiply-adds counted once), an int.
+
+        Raises:
+            TypeError: ``custom_ops``/``input_size`` are malformed.
+            ValueError: no input was given, or a shape has more than one
+                unknown dimension.
         """
         with _printed_by_main_process():
             return count_flops(

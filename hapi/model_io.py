@@ -31,9 +31,10 @@ class ModelFiles:
     def sharded(self) -> bool:
         """Whether each process holds only a shard of the weights (FSDP on several processes).
 
-        ``BackupAndRestore`` then backs up with ``save(..., sharded=True)``.
+        A callback that saves often reads it to choose ``save(..., sharded=True)``
+        (``BackupAndRestore`` does), which spares gathering the whole model.
         """
-        return self._strategy.shards_weights
+        return self._strategy._shards_weights
 
     def save(
         self,
@@ -43,40 +44,54 @@ class ModelFiles:
         sharded: bool = False,
         wait: bool = True,
     ) -> str:
-        """Write a checkpoint to ``path`` (+ ``.pt``) atomically; returns the file.
+        """Write a checkpoint, atomically: a crash never leaves a half-written file.
 
-        With ``training=True`` the file holds the network, optimizer, gradient
-        scaler, epoch/step counters and RNG states; with ``training=False``
-        only the network's weights. ``resumable=True``, during ``fit``, adds
-        what ``load(..., resume=True)`` needs to continue that fit exactly
-        (each process's RNG states and running figures, the data order, every
-        callback's state); ``BackupAndRestore`` saves this way. Every process
-        must call it; only the main process writes.
+        Every process must call it (it is collective); only the main process
+        writes, so never put it under ``if is_main``. What is written is what
+        every process evaluates.
 
-        ``sharded=True`` writes a directory ``path`` through torch's
-        distributed checkpoint (DCP) instead: every process writes the
-        shards it holds (in parallel; the directory must be one that every
-        process sees, as on a shared file system), and :meth:`load` reads it
-        on any number of processes, under any strategy. Returns the directory.
+        Args:
+            path: the file to write; ``.pt`` is added unless it ends in ``.pt``
+                or ``.pth``.
+            training: ``True``: the network, optimizer(s), gradient scaler,
+                epoch/step counters and RNG states, to continue training;
+                ``False``: only the network's weights, for inference.
+            resumable: during ``fit``, also what ``load(..., resume=True)``
+                needs to continue that fit exactly (each process's RNG states
+                and running figures, the data order, every callback's
+                ``state_dict``); ``BackupAndRestore`` saves this way.
+            sharded: write a directory ``path`` through torch's distributed
+                checkpoint (DCP) instead: every process writes the shards it
+                holds, in parallel (the directory must be one that every
+                process sees, as on a shared file system); :meth:`load` reads
+                it on any number of processes, under any strategy.
+            wait: ``False`` returns as soon as the state is copied to CPU
+                memory; the file is written in the background and replaces the
+                previous one only once complete. The next save or load,
+                :meth:`wait_for_saves` and the end of the script wait for it.
+                Meant for a file rewritten often: the file it replaces is kept
+                as a hidden spare (``.<name>.pt.spare``).
 
-        ``wait=False`` returns as soon as the state is copied to CPU memory
-        (every process still calls it); the file is written in the background,
-        replacing the previous one only once complete. The next save or load,
-        :meth:`wait_for_saves` and the end of the script wait for it.
-        ``BackupAndRestore`` saves this way. Meant for a file rewritten
-        often: the file it replaces is kept as a hidden spare
-        (``.<name>.pt.spare``) and the next background save overwrites it.
+        Returns:
+            The file written (``path`` + ``.pt``), or the directory when
+            ``sharded``.
+
+        Raises:
+            ValueError: ``sharded=True`` with several optimizers.
+            hapi.checkpoint.CheckpointError: the state holds an object the
+                safe loader would refuse (the message names the entry), or a
+                background write failed.
         """
         distributed.sync_from_main(self._network)  # what is written is what every process evaluates
         state: dict[str, Any] = {"format": checkpoint.FORMAT, "version": checkpoint.VERSION}
         if not sharded:
-            state["network"] = self._strategy.full_state_dict(self._network)
+            state["network"] = self._strategy._full_state_dict(self._network)
         if training:
             optimizer_state, optimizer_type = (
                 (
                     None
                     if sharded
-                    else self._strategy.full_optimizer_state(self._network, self._optimizer),
+                    else self._strategy._full_optimizer_state(self._network, self._optimizer),
                     type(self._optimizer).__name__,
                 )
                 if self._optimizer is not None
@@ -107,7 +122,7 @@ class ModelFiles:
                     optimizer=None,
                     optimizer_type=None,
                     optimizers={
-                        name: self._strategy.full_optimizer_state(self._network, optimizer)
+                        name: self._strategy._full_optimizer_state(self._network, optimizer)
                         for name, optimizer in self._optimizers.items()
                     },
                     optimizer_types={
@@ -139,8 +154,13 @@ class ModelFiles:
     def wait_for_saves(self) -> None:
         """Return once every ``save(..., wait=False)`` is on disk; raise if one failed.
 
-        Every process must call it (it is collective, like ``save``). It also
-        frees the CPU copy of the state that background saves keep for reuse.
+        Call it before reading a background-saved file from elsewhere, or to
+        learn of a failed write early. Every process must call it (it is
+        collective, like ``save``). It also frees the CPU copy of the state
+        that background saves keep for reuse.
+
+        Raises:
+            hapi.checkpoint.CheckpointError: a background write failed.
         """
         checkpoint.wait_for_writes()
         checkpoint.release_staging()
@@ -152,26 +172,31 @@ class ModelFiles:
         reset_optimizer: bool = False,
         resume: bool = False,
     ) -> None:
-        """Restore a checkpoint written by :meth:`save` (or a plain state_dict).
+        """Restore a checkpoint written by :meth:`save` (or a plain ``state_dict`` file).
 
-        Args:
-            skip_mismatch: load only tensors whose names and shapes match,
-                warning about the rest, instead of raising.
-            reset_optimizer: keep the optimizer's current state.
-
+        Loading never runs code from the file (``weights_only``), and a
+        network of another architecture is refused with the keys that differ.
         The optimizer's per-parameter state (momentum, Adam's moments, step
         counts) is restored, now or at the next ``prepare``; its settings
         (``lr``, ``betas``, ``weight_decay``, ...) stay those of the optimizer
         given to ``prepare``, whichever came first, and a warning names any
-        the file had otherwise. ``resume=True`` restores the file's settings
-        too (a schedule may have changed them).
+        the file had otherwise. The epoch and step counters are restored. Every
+        process calls it; a sharded directory loads on any number of processes.
+
+        Args:
+            path: the file (``.pt`` may be left out) or sharded directory.
+            skip_mismatch: load only tensors whose names and shapes match,
+                warning about the rest, instead of raising (fine-tuning a
+                network whose head changed).
+            reset_optimizer: leave the optimizer's current state as it is.
             resume: also restore what continuing an interrupted ``fit`` needs
                 -- RNG states, the data order and position in the epoch, the
-                running figures and every callback's state -- from a file
-                saved during ``fit``. Only from ``on_train_begin`` of a running
-                fit (``callbacks.BackupAndRestore`` does this), on every
-                process: each gets the copy furthest into training among the
-                machines, so no shared file system is needed, even when a
+                running figures, the optimizer's settings (a schedule may have
+                changed them) and every callback's state -- from a file saved
+                with ``resumable=True``. Only from ``on_train_begin`` of a
+                running fit (``callbacks.BackupAndRestore`` does this), on
+                every process: each gets the copy furthest into training among
+                the machines, so no shared file system is needed, even when a
                 restart gives rank 0 to another machine.
 
         Raises:
@@ -233,7 +258,7 @@ class ModelFiles:
         weights, skipped = state_match.match_state_dict(
             self._network, state["network"], file, skip_mismatch
         )
-        self._strategy.load_state_dict(self._network, weights, strict=not skipped)
+        self._strategy._load_state_dict(self._network, weights, strict=not skipped)
         return skipped
 
     def _load_shards(self, file: str, state: dict, skip_mismatch: bool) -> list[str]:
@@ -326,26 +351,38 @@ class ModelFiles:
             optimizer_state,
             saved_type,
             source,
-            load=functools.partial(self._strategy.load_optimizer_state, self._network, optimizer),
+            load=functools.partial(self._strategy._load_optimizer_state, self._network, optimizer),
             keep_hyperparameters=keep_hyperparameters,
         )
 
     def export(
         self, path: str | os.PathLike, example_inputs: Any, dynamic_batch: bool = True
     ) -> str:
-        """The network for inference through ``torch.export``; see :func:`hapi.export.export_network`.
+        """Write the network for inference through ``torch.export``, to run with no torch-hapi.
 
-        ``torch.export.load(path).module()`` runs it with no torch-hapi. Every process
-        calls it; rank 0 writes. Returns the file written (``path`` + ``.pt2``).
+        ``torch.export.load(path).module()`` runs it anywhere torch runs: no
+        Python class of yours and no torch-hapi needed. The network is exported
+        in eval mode. Every process calls it; rank 0 writes. Under FSDP on
+        several processes every process first gathers the full weights and
+        rank 0 exports a plain copy of the network holding them; the copy costs
+        rank 0 the memory of the whole model once, as ``save`` does.
 
-        Under FSDP on several processes every process first gathers the full
-        weights and rank 0 exports a plain copy of the network holding them (a
-        sharded forward on rank 0 alone would wait for the others' shards); the
-        copy costs rank 0 the memory of the whole model once, as ``save`` does.
+        Args:
+            path: the file to write; ``.pt2`` is added when missing.
+            example_inputs: an input the network accepts (a tensor, or a tuple
+                of them for several inputs), used to trace it.
+            dynamic_batch: let the exported program take any batch size, not
+                only the example's.
+
+        Returns:
+            The file written (``path`` + ``.pt2``).
+
+        Raises:
+            RuntimeError: rank 0 could not export (its error says why).
         """
         from hapi.export import export_network, export_path  # torch.export only when exporting
 
-        network = self._strategy.inference_network(self._network)  # a collective under FSDP
+        network = self._strategy._inference_network(self._network)  # a collective under FSDP
         distributed.on_main(  # every process calls it, rank 0 writes (like save)
             lambda: export_network(network(), path, example_inputs, dynamic_batch=dynamic_batch),
             lambda: RuntimeError(

@@ -116,38 +116,95 @@ class ModelRuns:
         eval_steps: int | None = None,
         resume_from: str | os.PathLike | None = None,
     ) -> History:
-        """Train; returns the :class:`callbacks.History` of per-epoch figures.
+        """Train the network on ``train_data``, evaluating on ``eval_data`` as it goes.
 
-        ``train_data`` and ``eval_data``: a Dataset or any map-style object
-        (``__len__`` and ``__getitem__(int)``, e.g. a ``datasets.Dataset``), a
-        list of samples (tuples or dicts), an IterableDataset, a DataLoader, or
-        a tuple of tensors/arrays ``(x, y)``. ``batch_size`` is per process: an
-        int, or a pair ``(train, eval)`` whose second size batches
-        ``eval_data`` (Paddle's convention).
-        ``shuffle=True`` reshuffles the training data every epoch, in an
-        order that follows one number drawn from torch's global generator
-        when ``fit`` starts. That is the only draw torch-hapi makes from the
-        global generators, and only when needed (see :mod:`hapi.fit_data`):
-        with ``shuffle=False`` over tensors, a list of samples or a data set
-        marked ``draws_random_numbers = False``, nothing is drawn, so a
-        network with dropout trains bit for bit as a hand loop seeded alike.
-        ``eval_data`` is evaluated when
-        ``epoch % eval_freq == 0`` (0-based, as in Paddle). ``save_dir`` adds
-        a ``ModelCheckpoint(save_dir, save_freq)``. ``num_iters`` is the
-        number of training batches in total: ``epochs`` becomes
-        ceil(num_iters / batches per epoch), as in Paddle, and the last
-        epoch stops early when needed.
-        ``accumulate_grad_batches`` averages gradients over that many batches
-        before each optimizer step.
+        Each epoch reshuffles the data, runs the training step on every batch
+        (the built-in one, or your :meth:`train_step`), evaluates when due and
+        calls the callbacks' hooks (see :class:`callbacks.Callback` for their
+        order and ``logs``). Logged figures are running means over the epoch,
+        reduced across processes, so every process sees the same numbers. On
+        several processes each one trains on its own shard of every epoch, and
+        the start states the world size and the global batch.
 
-        ``eval_steps=N`` also evaluates ``eval_data`` every N optimizer steps
-        (Hugging Face's ``eval_steps``, Lightning's integer
-        ``val_check_interval``), besides the per-epoch evaluation; its figures
-        reach callbacks through ``on_eval_end`` and :class:`callbacks.History`
-        keeps every evaluation at its step (``history.evaluations``).
-        ``resume_from`` continues the fit saved in a resumable checkpoint
-        (``BackupAndRestore``'s backup, ``ModelCheckpoint(resumable=True)``):
-        the same final weights as if it had never stopped.
+        Args:
+            train_data: a ``Dataset`` or any map-style object (``__len__`` and
+                ``__getitem__(int)``, e.g. a Hugging Face ``datasets.Dataset``),
+                a list of samples (tuples or dicts), an ``IterableDataset``, a
+                ``DataLoader`` (used as given on one process, re-sharded on
+                several), or a tuple of tensors/arrays ``(x, y)``. By default
+                every element of a sample but the last feeds the network and
+                the last is the label (``Model(inputs=, labels=)`` change it).
+            eval_data: the same kinds, evaluated when ``epoch % eval_freq == 0``
+                (0-based, as in Paddle); its figures reach ``on_epoch_end`` as
+                ``val_<name>``. ``None``: no evaluation.
+            batch_size: samples per batch **per process** (as in Paddle): an int,
+                or a pair ``(train, eval)`` whose second size batches
+                ``eval_data``. Ignored for a ``DataLoader``, which keeps its own.
+            epochs: passes over ``train_data``.
+            eval_freq: evaluate every this many epochs.
+            log_freq: steps between the figures the progress display and batch
+                callbacks receive (reading figures makes the host wait for the
+                device, so not every step).
+            save_dir: a directory to save checkpoints in: adds a
+                ``ModelCheckpoint(save_dir, save_freq=save_freq)`` unless
+                ``callbacks`` holds one.
+            save_freq: epochs between those checkpoints.
+            verbose: 0 silent, 1 a progress bar, 2 one line per ``log_freq``
+                steps and per epoch, 3 lines with Paddle's time counters. Only
+                the main process prints.
+            drop_last: drop each epoch's last, incomplete batch.
+            shuffle: reshuffle the training data every epoch, in an order that
+                follows one number drawn from torch's global generator when
+                ``fit`` starts (the only draw torch-hapi makes from the global
+                generators). With ``shuffle=False`` over tensors, a list of
+                samples, or a data set marked ``draws_random_numbers = False``,
+                nothing is drawn, so a network with dropout trains bit for bit
+                as a hand-written loop seeded alike.
+            num_workers: ``DataLoader`` worker processes loading batches.
+                ``batch_size``, ``shuffle``, ``drop_last`` and ``num_workers``
+                do not apply to a ``DataLoader``, which keeps its own.
+            callbacks: a :class:`callbacks.Callback` or a list of them, added to
+                the defaults (a progress display unless ``verbose=0``, and
+                :class:`callbacks.History`).
+            accumulate_grad_batches: average gradients over this many batches
+                before each optimizer step (a larger effective batch in the
+                same memory); on several processes the gradient average is
+                skipped on the batches in between.
+            num_iters: the number of training batches in total: ``epochs``
+                becomes ceil(num_iters / batches per epoch), as in Paddle, and
+                the last epoch stops early when needed. ``None``: whole epochs.
+            eval_steps: also evaluate ``eval_data`` every this many optimizer
+                steps (Hugging Face's ``eval_steps``, Lightning's integer
+                ``val_check_interval``), besides the per-epoch evaluation; its
+                figures reach callbacks through ``on_eval_end`` and
+                :class:`callbacks.History` keeps each at its step
+                (``history.evaluations``).
+            resume_from: the path of a resumable checkpoint
+                (``BackupAndRestore``'s backup, ``ModelCheckpoint(resumable=True)``)
+                to continue: the same final weights as if the fit had never
+                stopped.
+
+        Returns:
+            The run's :class:`callbacks.History`: ``history.history`` maps
+            ``"loss"``, each metric name and ``"val_" + name`` to one value per
+            epoch.
+
+        Raises:
+            RuntimeError: ``prepare`` was not called, or gave no optimizer (the
+                message says what to call).
+            ValueError: a count (``epochs``, ``log_freq``, ...) that is not a
+                positive int, an unknown ``verbose``, data that gives no batch,
+                or ``accumulate_grad_batches`` with a :meth:`train_step` of
+                your own.
+            TypeError: data of a kind torch-hapi cannot batch, callbacks that
+                are not ``Callback`` objects, or a ``resume_from`` that is no path.
+
+        Example:
+            .. code-block:: python
+
+                history = model.fit(train, eval_data=test, epochs=2, batch_size=64,
+                                    callbacks=[callbacks.EarlyStopping(patience=2)])
+                history.history["val_loss"]  # one float per epoch
         """
         parts = self._parts("fit")
         for name, value in (
@@ -259,11 +316,34 @@ class ModelRuns:
         callbacks: Callback | list[Callback] | None = None,
         num_iters: int | None = None,
     ) -> dict[str, float]:
-        """Figures over the whole of ``eval_data``: ``{"loss": float, <metric>: float}``.
+        """Score the network on the whole of ``eval_data``, with no training.
 
-        ``{}`` when there is nothing to compute (no loss, no metric, and the network
-        returns no loss), as in Paddle. A callback that sets ``model.stop_evaluating``
+        On several processes the data is split without duplicates and the
+        figures reduced, so every process returns exactly what one process
+        returns on the same data. A callback that sets ``model.stop_evaluating``
         ends the evaluation after that batch; the figures cover the batches seen.
+
+        Args:
+            eval_data: any data :meth:`fit` accepts (a dataset, a list of
+                samples, a ``DataLoader``, a tuple ``(x, y)``, ...).
+            batch_size: samples per batch, per process.
+            log_freq: steps between the figures shown and given to batch callbacks.
+            verbose: 0 silent, 1 a progress bar, 2 lines, 3 lines with Paddle's
+                time counters.
+            num_workers: ``DataLoader`` worker processes.
+            callbacks: a :class:`callbacks.Callback` or a list of them; their
+                ``on_eval_*`` hooks run.
+            num_iters: evaluate only this many batches (``None``: all).
+
+        Returns:
+            ``{"loss": float, <metric name>: float, ...}`` over the data seen
+            (``"loss"`` when a loss is set or the network returns one); ``{}``
+            when there is nothing to compute, as in Paddle.
+
+        Raises:
+            RuntimeError: ``prepare`` was not called.
+            ValueError: ``log_freq``/``num_iters`` not positive ints, or an
+                unknown ``verbose``.
         """
         parts = self._parts("evaluate")
         require_int("evaluate", "log_freq", log_freq)
@@ -292,12 +372,29 @@ class ModelRuns:
         verbose: int = 1,
         callbacks: Callback | list[Callback] | None = None,
     ) -> list:
-        """The network's outputs over ``test_data``, in data-set order, on the CPU.
+        """Run the network over ``test_data`` and collect its outputs, in data-set order.
 
-        Returns one entry per network output: a list of per-batch tensors, or
-        one tensor with the batches concatenated when ``stack_outputs``.
-        Samples are split as in training and only the inputs are used, so a
-        data set with labels predicts as is.
+        Works without ``prepare``. Samples are split as in training and only
+        the inputs are used, so a data set with labels predicts as is. On
+        several processes each predicts a shard and every process returns the
+        whole, in order. A callback that sets ``model.stop_predicting`` ends the
+        prediction after that batch.
+
+        Args:
+            test_data: any data :meth:`fit` accepts.
+            batch_size: samples per batch, per process.
+            num_workers: ``DataLoader`` worker processes.
+            stack_outputs: concatenate each output's batches into one tensor.
+            verbose: 0 silent, 1 a progress bar, 2 or 3 lines.
+            callbacks: a :class:`callbacks.Callback` or a list of them; their
+                ``on_predict_*`` hooks run.
+
+        Returns:
+            A list with one entry per network output, on the CPU: a list of
+            per-batch tensors, or one tensor when ``stack_outputs``.
+
+        Raises:
+            ValueError: an unknown ``verbose``.
         """
         parts = self._prediction_parts()
         _check_verbose(verbose)
@@ -321,9 +418,22 @@ class ModelRuns:
 
     # -- one batch, Paddle style --------------------------------------------------
     def train_batch(self, inputs: Any, labels: Any = None, update: bool = True) -> dict[str, float]:
-        """One training step; returns this batch's ``{"loss": ..., <metric>: ...}``.
+        """One training step on one batch, Paddle-style, for loops of your own.
 
-        With ``update=False`` gradients accumulate until a later call updates.
+        Args:
+            inputs: the network's input(s): a tensor, a list of tensors, or a
+                whole batch (a tuple or dict) to split as ``fit`` does when
+                ``labels`` is ``None``.
+            labels: the label(s) for the loss and metrics, or ``None``.
+            update: step the optimizer. With ``update=False`` the gradients
+                accumulate until a later call updates.
+
+        Returns:
+            This batch's figures, ``{"loss": float, <metric name>: float}``
+            (this process's batch alone, not a running mean).
+
+        Raises:
+            RuntimeError: ``prepare`` was not called or gave no optimizer.
         """
         parts = self._parts("train_batch")
         parts.stepper.network.train()
@@ -333,7 +443,19 @@ class ModelRuns:
         return self._batch_figures(parts, loss, outputs, labels_)
 
     def eval_batch(self, inputs: Any, labels: Any = None) -> dict[str, float]:
-        """Evaluate one batch; returns its ``{"loss": ..., <metric>: ...}``."""
+        """Evaluate one batch, with no gradients and the network in eval mode.
+
+        Args:
+            inputs: the network's input(s), or a whole batch to split when
+                ``labels`` is ``None``.
+            labels: the label(s) for the loss and metrics, or ``None``.
+
+        Returns:
+            This batch's figures, ``{"loss": float, <metric name>: float}``.
+
+        Raises:
+            RuntimeError: ``prepare`` was not called.
+        """
         parts = self._parts("eval_batch")
         parts.stepper.network.eval()
         inputs_, labels_ = self._splitter.user_batch(inputs, labels)
@@ -341,7 +463,15 @@ class ModelRuns:
         return self._batch_figures(parts, loss, outputs, labels_)
 
     def predict_batch(self, inputs: Any) -> list[torch.Tensor]:
-        """The network's outputs for one batch of inputs, as CPU tensors."""
+        """The network's outputs for one batch of inputs (eval mode, no gradients).
+
+        Args:
+            inputs: the network's input(s): a tensor, a list of them, or a
+                whole batch whose labels are dropped.
+
+        Returns:
+            A list with one CPU tensor per network output.
+        """
         parts = self._prediction_parts()
         parts.stepper.network.eval()
         inputs_, _ = self._splitter.user_batch(inputs, None)

@@ -7,7 +7,7 @@ from torch import nn
 
 
 class LeNet(nn.Module):
-    """Paddle's ``paddle.vision.models.LeNet``, the network of the seeds' hapitrain.
+    """Paddle's ``paddle.vision.models.LeNet``, the network of Paddle's hapi training example.
 
     conv 1->6 (k3, p1), ReLU, max-pool 2; conv 6->16 (k5), ReLU, max-pool 2;
     then linear 400->120->84->num_classes. As in Paddle, the linear layers

@@ -47,40 +47,102 @@ class OwnSteps:
 
     # -- a step of your own (Keras' train_step, Lightning's training_step) ------------
     def train_step(self, batch: Any) -> dict[str, Any]:
-        """Override in a subclass to write the training step yourself.
+        """Override in a subclass to write the training step yourself (Keras' ``train_step``).
 
-        ``batch`` is the loader's batch on the model's device, as the data
-        gives it (a tuple, or a dict). Run ``self.network``, compute losses,
-        call :meth:`backward` and :meth:`optimizer_step` for each optimizer
-        in ``self.optimizers`` (a GAN's two, say), and return the figures to
-        log, e.g. ``{"loss": ..., "d_loss": ...}`` (scalars; running means
-        over the epoch reach callbacks and History like the built-in loss).
-        The loop, callbacks, checkpoints, resume and several processes keep
-        working: on several processes :meth:`optimizer_step` averages the
-        gradients first, so every copy of the model stays the same.
-        ``prepare(metrics=...)`` are not updated (return figures instead);
-        ``accumulate_grad_batches`` must stay 1.
+        For what the built-in step cannot express: a GAN's two optimizers,
+        several losses, state carried between batches (truncated BPTT). Run
+        ``self.network``, compute losses, call :meth:`backward` and
+        :meth:`optimizer_step` for each optimizer in ``self.optimizers``, and
+        return the figures to log. The loop, callbacks, checkpoints, resume and
+        several processes keep working: on several processes
+        :meth:`optimizer_step` averages the gradients first, so every copy of
+        the model stays the same. ``prepare(metrics=...)`` are not updated
+        (return figures instead); ``accumulate_grad_batches`` must stay 1.
+        Carry state between batches in attributes, and define
+        ``step_state_dict()``/``load_step_state_dict(state)`` so that a resume
+        restores it.
+
+        Args:
+            batch: the loader's batch on the model's device, as the data gives
+                it (a tuple or list, or a dict).
+
+        Returns:
+            The figures to log, e.g. ``{"loss": ..., "d_loss": ...}`` (scalar
+            tensors or numbers); their running means over the epoch reach
+            callbacks and :class:`callbacks.History` like the built-in loss.
+
+        Example:
+            .. code-block:: python
+
+                class GAN(hapi.Model):
+                    def train_step(self, batch):
+                        x, _ = batch
+                        d_loss = ...  # the discriminator's loss
+                        self.backward(d_loss)
+                        self.optimizer_step(self.optimizers["d"])
+                        g_loss = ...  # the generator's loss
+                        self.backward(g_loss)
+                        self.optimizer_step(self.optimizers["g"])
+                        return {"d_loss": d_loss, "g_loss": g_loss}
         """
         raise NotImplementedError  # never called unless overridden (see _parts)
 
     def eval_step(self, batch: Any) -> dict[str, Any]:
-        """Override to evaluate a batch yourself; return figures, averaged over the data as in training."""
+        """Override to evaluate a batch yourself (used by ``evaluate`` and ``fit``'s evaluations).
+
+        Runs under ``torch.no_grad()`` with the network in eval mode, for
+        figures the built-in loss and metrics cannot give.
+
+        Args:
+            batch: the loader's batch on the model's device, as the data gives it.
+
+        Returns:
+            The figures of this batch, e.g. ``{"loss": ..., "bleu": ...}``;
+            their means over the whole data (across processes too) are what
+            ``evaluate`` returns.
+        """
         raise NotImplementedError
 
     def predict_step(self, batch: Any) -> Any:
-        """Override to predict a batch yourself; return a tensor or a list/tuple of them (one per output)."""
+        """Override to predict a batch yourself (used by ``predict``).
+
+        Runs under ``torch.no_grad()`` with the network in eval mode, e.g. to
+        decode, post-process or return several outputs.
+
+        Args:
+            batch: the loader's batch on the model's device, as the data gives it.
+
+        Returns:
+            A tensor, or a list/tuple of tensors (one per output), whose first
+            dimension is the batch; ``predict`` collects them in data-set order.
+        """
         raise NotImplementedError
 
     def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()`` inside a ``train_step`` of your own (scaled under ``amp="fp16"``)."""
+        """``loss.backward()`` inside a :meth:`train_step` of your own.
+
+        Use it rather than ``loss.backward()`` so that ``amp="fp16"`` scales the
+        loss as the built-in step does (it is the plain call otherwise).
+
+        Args:
+            loss: a scalar tensor to back-propagate.
+        """
         self._parts("train_step").stepper.backward(loss)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer | None = None) -> None:
-        """Update with ``optimizer`` (default: the only one) inside a ``train_step`` of your own.
+        """Update with ``optimizer`` inside a :meth:`train_step` of your own.
 
-        Averages its parameters' gradients over the processes, unscales them
-        (fp16), runs ``on_before_optimizer_step``, clips them as ``prepare``
+        Does what the built-in step does around an update: averages its
+        parameters' gradients over the processes, unscales them (fp16), runs
+        the callbacks' ``on_before_optimizer_step``, clips them as ``prepare``
         asked, steps and zeroes them.
+
+        Args:
+            optimizer: one of the optimizers given to ``prepare``; ``None``: the
+                only (or first) one.
+
+        Raises:
+            ValueError: ``optimizer`` is not one given to ``prepare``.
         """
         chosen = optimizer if optimizer is not None else self._optimizer
         if chosen is None or all(chosen is not o for o in self._optimizers.values()):
@@ -99,5 +161,10 @@ class OwnSteps:
         self._parts("train_step").stepper.update(chosen, before_update, average=True)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """The ``amp`` autocast context ``prepare`` chose (a no-op without amp), for your own steps."""
+        """The ``amp`` autocast context ``prepare`` chose, for the forward of your own steps.
+
+        Returns:
+            A context manager: ``with self.autocast(): out = self.network(x)``;
+            a no-op without ``amp``.
+        """
         return self._parts("train_step").stepper.autocast()

@@ -174,7 +174,7 @@ class Stepper:
 
     def gathered(self) -> contextlib.AbstractContextManager:
         """Inside, every process holds the full weights: evaluation batches need no collective."""
-        return self.strategy.gathered(self.eval_network)
+        return self.strategy._gathered(self.eval_network)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.amp is None:
@@ -285,7 +285,7 @@ class Stepper:
         all-reduced only on the step that updates. ``before_update`` runs
         before that update, on the true (unscaled, unclipped) gradients.
         """
-        with self.strategy.no_sync(self.network, skip_gradient_sync=not update):
+        with self.strategy._no_sync(self.network, skip_gradient_sync=not update):
             with self.autocast():
                 outputs, network_loss = self.forward(self.network, inputs)
                 loss = (
@@ -365,7 +365,7 @@ class Stepper:
         if self.clip_grad_value is not None:
             torch.nn.utils.clip_grad_value_(parameters, self.clip_grad_value)
         if self.clip_grad_norm is not None:
-            self.grad_norm = self.strategy.clip_grad_norm(parameters, self.clip_grad_norm).detach()
+            self.grad_norm = self.strategy._clip_grad_norm(parameters, self.clip_grad_norm).detach()
 
     @torch.no_grad()
     def evaluate(

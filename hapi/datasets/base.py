@@ -22,6 +22,14 @@ class DatasetError(RuntimeError):
     """A data set file exists but cannot be used (corrupt, truncated, wrong format),
     or a requested download failed.
 
+    Raised instead of a bare ``struct``/``gzip`` error so that the message can
+    name the file, what is wrong with it and how to get good files. A data set
+    that is not there at all raises ``FileNotFoundError`` instead.
+
+    Args:
+        message: what is wrong and what to do.
+        path: the offending file, when there is one.
+
     Attributes:
         path: the offending file (``None`` for a download that got nothing).
     """
@@ -32,10 +40,20 @@ class DatasetError(RuntimeError):
 
 
 def default_data_dirs(name: str, system_dir: str | os.PathLike | None = None) -> list[Path]:
-    """The directories searched when ``root=None``, in order.
+    """The directories a data set searches when ``root=None``, in order.
 
     Built at call time from ``$HAPI_DATA_HOME`` and ``$HOME``, so changing
-    either takes effect at once.
+    either takes effect at once. Useful to see where to put downloaded files.
+
+    Args:
+        name: the data set's directory name: ``"fashion-mnist"``, ``"mnist"``
+            or ``"cifar-10"``.
+        system_dir: a system-wide directory searched last (e.g.
+            ``/usr/share/datasets/fashion-mnist``), or ``None``.
+
+    Returns:
+        ``[$HAPI_DATA_HOME/<name> (when set), ~/.cache/hapi/<name>, system_dir
+        (when given)]`` as ``Path`` objects.
     """
     dirs = []
     data_home = os.environ.get("HAPI_DATA_HOME")
@@ -142,6 +160,13 @@ class _ImageDataset(Dataset):
 
         torch-hapi calls this to batch in-memory data on the GPU with no copy
         per step; the data set itself is left where it was.
+
+        Args:
+            device: where the copy keeps its tensors (``"cuda"``, a ``torch.device``).
+
+        Returns:
+            A shallow copy of this data set whose ``images`` and ``labels`` live
+            on ``device``.
         """
         moved = copy.copy(self)
         moved.images, moved.labels = self.images.to(device), self.labels.to(device)

@@ -142,8 +142,22 @@ class FashionMNIST(_IDXDataset):
 class MNIST(_IDXDataset):
     """MNIST handwritten digits: 60,000 training and 10,000 test 28x28 grey images.
 
-    Same arguments, items and errors as :class:`FashionMNIST`; the directory
-    name is ``mnist`` and the system directory ``/usr/share/datasets/mnist``.
+    Same items and errors as :class:`FashionMNIST`; the directory name is
+    ``mnist`` and the system directory ``/usr/share/datasets/mnist``.
+
+    Args:
+        root: directory holding the IDX files (also searched: ``root/mnist``).
+            ``None`` searches ``$HAPI_DATA_HOME/mnist``, ``~/.cache/hapi/mnist``
+            and ``/usr/share/datasets/mnist``.
+        mode: ``"train"`` or ``"test"``.
+        transform: applied to each image, a float32 tensor ``[1, 28, 28]`` in ``[0, 1]``.
+        download: fetch missing files from :attr:`mirrors` into ``root`` (or
+            ``$HAPI_DATA_HOME/mnist``, else ``~/.cache/hapi/mnist``).
+
+    Raises:
+        ValueError: ``mode`` is not ``"train"`` or ``"test"``.
+        FileNotFoundError: no searched directory holds the files (and ``download=False``).
+        DatasetError: a file is corrupt, or a download failed.
     """
 
     name = "mnist"

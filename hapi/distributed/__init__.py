@@ -1,5 +1,12 @@
 """Everything torch-hapi knows about processes, ranks and devices.
 
+A script needs only its public part (``__all__``): :func:`rank`,
+:func:`world_size`, :func:`is_main` and :func:`local_rank`, which answer
+from the launcher's environment even before a ``Model`` exists, the
+:class:`DistributedSetupError` a bad launch raises, and the strategies
+``DDP``/``FSDP`` (also ``hapi.DDP``/``hapi.FSDP``). The rest serves hapi's own
+modules and may change.
+
 The loop, the steps and the callbacks never test a rank: they call the
 functions here, each of which is a no-op (or the identity) on a single
 process. This is the only module of ``hapi`` (with the launcher) that imports
@@ -21,6 +28,9 @@ the shared-memory average checks its process), and a collective waits for a
 peer that is alive but stuck at most ``HAPI_DIST_TIMEOUT`` seconds (default
 300) before it raises.
 """
+
+# The names imported here and left out of __all__ serve hapi's own modules.
+# ruff: noqa: F401
 
 from hapi.distributed.background import background_group
 from hapi.distributed.collectives import (
@@ -78,52 +88,14 @@ from hapi.distributed.samplers import (
 from hapi.distributed.strategies import DDP, FSDP, Strategy
 from hapi.distributed.strategies import resolve as resolve_strategy
 
+# What a user's script may call. Everything else imported above serves hapi's own modules: it
+# stays importable (``hapi.distributed.barrier``) but is no promise and may change.
 __all__ = [
-    "background_group",
     "DDP",
     "FSDP",
-    "Strategy",
-    "resolve_strategy",
-    "broadcast_freshest",
-    "on_main",
-    "BatchSamplerShard",
-    "ContiguousShardSampler",
-    "SamplerShard",
-    "resumable",
-    "consumed_items",
-    "skip_items",
     "DistributedSetupError",
-    "ResumableSampler",
-    "SyncFlag",
-    "all_reduce_sum",
-    "average_gradients",
-    "any_true",
-    "backend_name",
-    "barrier",
-    "broadcast_bytes",
-    "default_device",
-    "eval_sampler",
-    "index_sampler",
-    "gather_in_order",
-    "gather_objects",
-    "is_collective_failure",
     "is_main",
-    "loader_batch_size",
     "local_rank",
-    "note_failure",
-    "own",
     "rank",
-    "reshard",
-    "set_epoch",
-    "set_seed",
-    "setup",
-    "shared_seed",
-    "sync_from_main",
-    "teardown",
-    "train_sampler",
-    "unwrap",
-    "class_name",
-    "sharded_parameters",
     "world_size",
-    "wrap",
 ]

@@ -11,7 +11,18 @@ DEFAULT_TIMEOUT_S = 300
 
 
 class DistributedSetupError(RuntimeError):
-    """The distributed environment is inconsistent or cannot be joined."""
+    """The distributed environment is inconsistent or the process group cannot be joined.
+
+    Raised when a ``Model`` is built under a launcher whose variables are
+    missing, contradict each other or cannot be read (``WORLD_SIZE=2`` without
+    ``MASTER_ADDR``, an ``srun`` step missing Slurm's variables, an unknown
+    ``HAPI_BACKEND``), when the group cannot be joined (the message gives the
+    likely cause: a port in use, an unreachable address), when a
+    ``DataLoader`` cannot be split across the processes, or when an option
+    cannot run here (``hapi.DDP(sync_batchnorm=True)`` on CPU, a ``train_step``
+    of your own under FSDP). The message names the variable or option and what
+    to change; retrying unchanged does not help.
+    """
 
 
 def env_int(name: str, default: int) -> int:

@@ -45,6 +45,15 @@ def launched_rank() -> int:
     ``SLURM_PROCID`` under ``srun``; 0 on a single process. So a script can
     pick its main process before building the Model, e.g. to download data
     once.
+
+    Returns:
+        The global rank, from 0 to ``world_size() - 1``.
+
+    Example:
+        .. code-block:: python
+
+            if hapi.distributed.rank() == 0:
+                print("world size", hapi.distributed.world_size())
     """
     return dist.get_rank() if _active() else launcher_place()[0]
 
@@ -54,6 +63,11 @@ def launched_world_size() -> int:
 
     The process group's size once joined; before that ``WORLD_SIZE`` (or
     Slurm's ``SLURM_STEP_NUM_TASKS`` under ``srun``); 1 on a single process.
+    Use it to scale what depends on the global batch (a learning rate, the
+    number of steps per epoch).
+
+    Returns:
+        The number of processes, 1 when nothing was launched.
     """
     return dist.get_world_size() if _active() else launcher_place()[1]
 
@@ -63,12 +77,26 @@ def launched_is_main() -> bool:
 
     Answers from the launcher's environment before a Model exists, so
     ``if hapi.distributed.is_main(): download()`` runs on one process only.
+    Never put a collective call (``model.save``, ``model.evaluate``) under it:
+    the other processes would wait for it forever.
+
+    Returns:
+        ``True`` on rank 0 (and on a single process), ``False`` elsewhere.
     """
     return launched_rank() == 0
 
 
 def local_rank() -> int:
-    """Rank of this process on its machine; picks the CUDA device."""
+    """Rank of this process on its machine (``LOCAL_RANK``), which picks its CUDA device.
+
+    Under ``srun`` (Slurm) it holds once a Model has formed the process group.
+
+    Useful for per-machine work: one process per machine unpacking data to
+    its local disk, or choosing ``cuda:<local_rank>`` by hand.
+
+    Returns:
+        The local rank, 0 on a single process.
+    """
     return env_int("LOCAL_RANK", 0)
 
 

@@ -29,11 +29,11 @@ class Strategy:
     name = "strategy"
 
     @property
-    def shards_weights(self) -> bool:
+    def _shards_weights(self) -> bool:
         """Whether each process holds only a shard of the weights (then backups are sharded too)."""
         return False
 
-    def wrap_network(
+    def _wrap_network(
         self,
         network: nn.Module,
         device: torch.device,
@@ -43,20 +43,20 @@ class Strategy:
         """The module training runs (``network`` itself on one process)."""
         return network
 
-    def no_sync(
+    def _no_sync(
         self, wrapped: nn.Module, skip_gradient_sync: bool
     ) -> contextlib.AbstractContextManager:
         """Inside: a backward keeps its gradients local (an accumulation step)."""
         return ddp.no_sync(wrapped, skip_gradient_sync)
 
-    def gathered(self, network: nn.Module) -> contextlib.AbstractContextManager:
+    def _gathered(self, network: nn.Module) -> contextlib.AbstractContextManager:
         """Inside: every process holds the full weights (evaluation, prediction)."""
         return contextlib.nullcontext()
 
-    def check_own_step(self, model_class: str) -> None:
+    def _check_own_step(self, model_class: str) -> None:
         """Refuse a ``train_step`` of the user's own where this strategy cannot run one."""
 
-    def inference_network(self, network: nn.Module) -> Callable[[], nn.Module]:
+    def _inference_network(self, network: nn.Module) -> Callable[[], nn.Module]:
         """What rank 0 exports, as a function to call there once every process has called this.
 
         The network itself where each process holds it whole. Where it is
@@ -65,26 +65,26 @@ class Strategy:
         """
         return lambda: network
 
-    def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    def _clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
         """Clip to a total L2 norm over every gradient; returns the norm before clipping."""
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
 
-    def full_state_dict(self, network: nn.Module) -> dict[str, torch.Tensor]:
+    def _full_state_dict(self, network: nn.Module) -> dict[str, torch.Tensor]:
         """The weights as full tensors (on rank 0 at least; a collective under FSDP)."""
         return network.state_dict()
 
-    def load_state_dict(
+    def _load_state_dict(
         self, network: nn.Module, state: dict[str, torch.Tensor], strict: bool
     ) -> None:
         network.load_state_dict(state, strict=strict)
 
-    def full_optimizer_state(
+    def _full_optimizer_state(
         self, network: nn.Module, optimizer: torch.optim.Optimizer
     ) -> dict[str, Any]:
         """``optimizer.state_dict()``'s layout: full tensors, parameters numbered."""
         return optimizer.state_dict()
 
-    def load_optimizer_state(
+    def _load_optimizer_state(
         self, network: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
     ) -> None:
         optimizer.load_state_dict(state)
@@ -92,6 +92,12 @@ class Strategy:
 
 class DDP(Strategy):
     """``DistributedDataParallel``, torch's data parallelism: every process holds the whole model.
+
+    The default strategy on several processes (``strategy=None``, ``"auto"`` or
+    ``"ddp"``); build one to pass DDP's options:
+    ``model.prepare(..., strategy=hapi.DDP(find_unused_parameters=True))``.
+    Each process trains on its own shard of the batch and the gradients are
+    averaged during the backward. On one process a no-op.
 
     Args:
         find_unused_parameters: let a forward leave some parameters unused
@@ -103,6 +109,10 @@ class DDP(Strategy):
             torch runs SyncBatchNorm on GPU modules only.
         **ddp_kwargs: any other ``DistributedDataParallel`` keyword
             (``bucket_cap_mb``, ``gradient_as_bucket_view``, ...).
+
+    Raises:
+        TypeError: a keyword torch-hapi sets itself (``module``,
+            ``device_ids``, ``output_device``, ``process_group``).
     """
 
     name = "ddp"
@@ -127,7 +137,7 @@ class DDP(Strategy):
         self.sync_batchnorm = bool(sync_batchnorm)
         self.ddp_kwargs = ddp_kwargs
 
-    def prepare_network(self, network: nn.Module, device: torch.device) -> None:
+    def _prepare_network(self, network: nn.Module, device: torch.device) -> None:
         """Changes made to the user's module itself before wrapping (SyncBatchNorm)."""
         if not self.sync_batchnorm:
             return
@@ -146,14 +156,14 @@ class DDP(Strategy):
         for name, child in network.named_children():  # in place: model.network stays the user's
             setattr(network, name, nn.SyncBatchNorm.convert_sync_batchnorm(child))
 
-    def ddp_options(self) -> dict[str, Any]:
+    def _ddp_options(self) -> dict[str, Any]:
         return {
             "find_unused_parameters": self.find_unused_parameters,
             "static_graph": self.static_graph,
             **self.ddp_kwargs,
         }
 
-    def wrap_network(
+    def _wrap_network(
         self,
         network: nn.Module,
         device: torch.device,
@@ -162,8 +172,8 @@ class DDP(Strategy):
     ) -> nn.Module:
         if world_size() == 1:
             return network
-        self.prepare_network(network, device)
-        return ddp.wrap(network, device, self.ddp_options())
+        self._prepare_network(network, device)
+        return ddp.wrap(network, device, self._ddp_options())
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DDP) and vars(self) == vars(other)
@@ -178,14 +188,38 @@ class DDP(Strategy):
 class FSDP(Strategy):
     """Fully sharded data parallelism (torch's FSDP2): each process holds 1/N of the model.
 
-    Args (SPEC): ``wrap`` (module classes, or a callable ``module -> bool``,
-    selecting the submodules sharded on their own; default: each direct child
-    that holds parameters), ``reshard_after_forward``, ``cpu_offload``.
+    For a model that outgrows one device under DDP: with Adam in float32, DDP
+    needs 16 bytes per parameter on every device, FSDP 16/N plus one unit's
+    full weights at a time. Pass it as ``model.prepare(..., strategy=hapi.FSDP())``
+    (or ``strategy="fsdp"``). torch's ``fully_shard`` is applied to each
+    submodule ``wrap`` selects, children before parents, then to the network;
+    every process starts from rank 0's weights and the optimizer is pointed at
+    the shards. ``amp`` becomes FSDP's mixed-precision policy: parameters
+    gathered in bf16/fp16 for the forward and backward, gradients reduced in
+    float32, the optimizer stepping float32 shards (autocast still runs around
+    the forward, as on one process). ``model.network`` stays your module, and
+    ``model.save(path)`` still writes one plain file of full tensors. On one
+    process a no-op, like every strategy.
 
-    ``amp`` becomes FSDP's mixed-precision policy: parameters gathered in
-    bf16/fp16 for the forward and backward, gradients reduced in float32, the
-    optimizer stepping float32 shards (autocast still runs around the forward,
-    as on one process). On one process a no-op, like every strategy.
+    Args:
+        wrap: which submodules become units sharded on their own: a set of
+            module classes (e.g. ``{TransformerBlock}``) or a callable
+            ``module -> bool``. ``None``: each direct child that holds
+            parameters. Modules sharing a parameter (a tied embedding) stay in
+            one unit.
+        reshard_after_forward: free each unit's gathered weights after its
+            forward and gather them again for the backward (less memory);
+            ``False`` keeps them (one gather less per step).
+        cpu_offload: keep the shards and the optimizer step on the CPU (pinned
+            memory on CUDA), for models whose shards do not fit on the devices.
+
+    Raises:
+        TypeError: ``wrap`` is neither ``None``, a callable, nor module classes.
+
+    Example:
+        .. code-block:: python
+
+            model.prepare(optimizer, loss, strategy=hapi.FSDP(wrap={Block}))
     """
 
     name = "fsdp"
@@ -202,10 +236,10 @@ class FSDP(Strategy):
         self.cpu_offload = bool(cpu_offload)
 
     @property
-    def shards_weights(self) -> bool:
+    def _shards_weights(self) -> bool:
         return world_size() > 1
 
-    def wrap_network(
+    def _wrap_network(
         self,
         network: nn.Module,
         device: torch.device,
@@ -225,23 +259,23 @@ class FSDP(Strategy):
     # Until the network is sharded (one process, or before training wraps it)
     # it is a plain module: the base class's behaviour.
 
-    def no_sync(
+    def _no_sync(
         self, wrapped: nn.Module, skip_gradient_sync: bool
     ) -> contextlib.AbstractContextManager:
         if not fsdp.is_sharded(wrapped):
-            return super().no_sync(wrapped, skip_gradient_sync)
+            return super()._no_sync(wrapped, skip_gradient_sync)
         return fsdp.no_sync(wrapped, skip_gradient_sync)
 
-    def gathered(self, network: nn.Module) -> contextlib.AbstractContextManager:
+    def _gathered(self, network: nn.Module) -> contextlib.AbstractContextManager:
         return fsdp.gathered(network)
 
-    def inference_network(self, network: nn.Module) -> Callable[[], nn.Module]:
+    def _inference_network(self, network: nn.Module) -> Callable[[], nn.Module]:
         if not fsdp.is_sharded(network):
-            return super().inference_network(network)
+            return super()._inference_network(network)
         state = fsdp.full_state_dict(network)  # every process gathers; rank 0 keeps the tensors
         return lambda: fsdp.plain_copy(network, state)
 
-    def check_own_step(self, model_class: str) -> None:
+    def _check_own_step(self, model_class: str) -> None:
         if world_size() > 1:
             raise DistributedSetupError(
                 f"{model_class} overrides train_step, which runs the plain network; FSDP shards the "
@@ -249,34 +283,34 @@ class FSDP(Strategy):
                 "model, gradients are averaged in optimizer_step), or the built-in step with FSDP."
             )
 
-    def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    def _clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
         return fsdp.clip_grad_norm(parameters, max_norm)
 
-    def full_state_dict(self, network: nn.Module) -> dict[str, torch.Tensor]:
+    def _full_state_dict(self, network: nn.Module) -> dict[str, torch.Tensor]:
         if not fsdp.is_sharded(network):
-            return super().full_state_dict(network)
+            return super()._full_state_dict(network)
         return fsdp.full_state_dict(network)
 
-    def load_state_dict(
+    def _load_state_dict(
         self, network: nn.Module, state: dict[str, torch.Tensor], strict: bool
     ) -> None:
         if not fsdp.is_sharded(network):
-            super().load_state_dict(network, state, strict)
+            super()._load_state_dict(network, state, strict)
         else:
             fsdp.load_state_dict(network, state, strict)
 
-    def full_optimizer_state(
+    def _full_optimizer_state(
         self, network: nn.Module, optimizer: torch.optim.Optimizer
     ) -> dict[str, Any]:
         if not fsdp.is_sharded(network):
-            return super().full_optimizer_state(network, optimizer)
+            return super()._full_optimizer_state(network, optimizer)
         return fsdp.full_optimizer_state(network, optimizer)
 
-    def load_optimizer_state(
+    def _load_optimizer_state(
         self, network: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
     ) -> None:
         if not fsdp.is_sharded(network):
-            super().load_optimizer_state(network, optimizer, state)
+            super()._load_optimizer_state(network, optimizer, state)
         else:
             fsdp.load_optimizer_state(network, optimizer, state)
 

@@ -37,17 +37,17 @@ def test_explicit_mode_overrides_the_name():
 
 def test_min_delta_is_the_smallest_change_that_counts():
     low = MonitorCallback(monitor="val_loss", min_delta=0.1)
-    assert not low.is_improvement(0.95, 1.0)
-    assert not low.is_improvement(0.9, 1.0)  # a change of exactly min_delta is not enough
-    assert low.is_improvement(0.85, 1.0)
+    assert not low._is_improvement(0.95, 1.0)
+    assert not low._is_improvement(0.9, 1.0)  # a change of exactly min_delta is not enough
+    assert low._is_improvement(0.85, 1.0)
     high = MonitorCallback(monitor="val_acc", min_delta=0.1)
-    assert not high.is_improvement(0.55, 0.5)
-    assert high.is_improvement(0.65, 0.5)
+    assert not high._is_improvement(0.55, 0.5)
+    assert high._is_improvement(0.65, 0.5)
 
 
 def test_nan_is_never_an_improvement():
-    assert not MonitorCallback(mode="min").is_improvement(math.nan, math.inf)
-    assert not MonitorCallback(mode="max").is_improvement(math.nan, -math.inf)
+    assert not MonitorCallback(mode="min")._is_improvement(math.nan, math.inf)
+    assert not MonitorCallback(mode="max")._is_improvement(math.nan, -math.inf)
 
 
 def test_get_monitor_value_returns_a_float():

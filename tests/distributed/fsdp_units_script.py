@@ -138,7 +138,7 @@ def export_case(out: pathlib.Path) -> dict:
                 (program(inputs) - torch.as_tensor(predicted)).abs().max().item()
             )
         # What rank 0 exported: a plain copy (the user's classes, no FSDP hook, ties kept).
-        build = model._strategy.inference_network(model.network)  # a collective
+        build = model._strategy._inference_network(model.network)  # a collective
         if rank == 0:
             copy = build()
             results[f"{name}_copy_classes"] = sorted({type(m).__name__ for m in copy.modules()})

@@ -44,7 +44,7 @@ def loaded(strategy: str, source: str) -> hapi.Model:
 
 
 def held(model: hapi.Model) -> dict:
-    optimizer = model._strategy.full_optimizer_state(model.network, model.optimizer)
+    optimizer = model._strategy._full_optimizer_state(model.network, model.optimizer)
     return {
         "weights": fsdp_script.full_weights(model),
         "optimizer": {
