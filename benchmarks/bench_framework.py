@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from hapi import Model
 
 BASELINE = "hand-written loop"
-# The README's targets (Performance): Model.fit's time over the hand-written loop's, ratio of medians.
+# The targets of docs/benchmarks.md (Framework cost): Model.fit's time over the hand-written loop's, ratio of medians.
 TARGETS = {
     "Model.fit verbose=0": 1.02,
     "Model.fit verbose=2 (lines)": 1.03,
@@ -68,7 +68,7 @@ def with_verdicts(times: dict[str, list[float]], title: str) -> str:
     base_runs = times[BASELINE]
     lines += [
         "",
-        f"Targets (README, Performance): Model.fit costs at most 2% over the hand-written loop with "
+        f"Targets (docs/benchmarks.md): Model.fit costs at most 2% over the hand-written loop with "
         f"verbose=0 (ratio of medians <= {TARGETS['Model.fit verbose=0']:.2f}x), at most 3% with progress "
         f"output (<= {TARGETS['Model.fit verbose=2 (lines)']:.2f}x).",
         f"This machine's variation: over {len(base_runs)} repeat(s), Model.fit's per-repeat ratios span "

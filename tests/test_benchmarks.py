@@ -1,4 +1,4 @@
-"""Every script in benchmarks/ runs as the README tells users to run it, and prints its table.
+"""Every script in benchmarks/ runs as docs/benchmarks.md tells users to run it, and prints its table.
 
 Timings are never asserted (this machine's speed varies by +-15%); what a user
 would notice is a benchmark that crashes or prints no figures. The scripts read
@@ -100,7 +100,7 @@ def _verdict_row(row: str, target: str) -> str:
     return rf"^\| {re.escape(row)} \|.*\| <= {re.escape(target)} \| {verdict} \| {NUMBER}\.\.{NUMBER} \|$"
 
 
-# What else a script must print: bench_framework puts the README's target and a verdict beside each ratio,
+# What else a script must print: bench_framework puts the documented target and a verdict beside each ratio,
 # and how much the per-repeat ratios spread, so a reader can tell a miss from this machine's noise.
 
 
@@ -131,7 +131,7 @@ def data_home(tmp_path_factory):
 @pytest.mark.parametrize("script", sorted(CASES))
 def test_benchmark_prints_its_table(script, data_home):
     arguments, rows = CASES[script]
-    # Run from benchmarks/, as the README says; each script finds common.py beside it.
+    # Run from benchmarks/, as docs/benchmarks.md says; each script finds common.py beside it.
     result = run_bounded(
         [sys.executable, str(BENCHMARKS / script), *arguments],
         timeout=240,

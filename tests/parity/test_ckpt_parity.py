@@ -7,7 +7,7 @@ and Paddle's ``python/paddle/tests/test_callbacks.py`` (the ModelCheckpoint that
 ``save_dir`` with its fixed names (``<epoch>.pt``, ``step-<N>.pt``, ``best.pt``,
 ``final.pt``); Keras' integer ``save_freq`` (batches) becomes ``save_steps`` (optimizer
 steps). Where torch-hapi deliberately differs the test asserts torch-hapi's behaviour and
-says why (README, "Coming from Keras", has the table).
+says why (docs/guides/migrating.md, "Where torch-hapi differs from Keras", has the table).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Translations (keras.layers.Dense(units, use_bias=False, kernel_initializer="ones") ->
 nn.Linear(in, units, bias=False) with ones; Paddle's InputSpec -> counts; static-graph
 variants dropped). Each test's docstring names what it translates. Where torch-hapi differs
-on purpose, the test asserts torch-hapi's behaviour and says why (README, "Coming from Keras").
+on purpose, the test asserts torch-hapi's behaviour and says why (docs/guides/migrating.md, "Where torch-hapi differs from Keras").
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def test_train_batch():
     """Paddle test_model.py TestModelFunction.test_train_batch: ``train_batch`` reports the
     loss of the batch before its update, as a hand step computes it (CrossEntropyLoss with
     reduction="sum", SGD 0.001). torch-hapi returns ``{"loss": ...}`` where Paddle returns a
-    list: the README's "One batch" section says why."""
+    list: docs/guides/migrating.md (differences from Paddle) says why."""
     data, label = torch.rand(4, 20), torch.randint(0, 10, (4,))
     torch.manual_seed(1024)
     reference = nn.Linear(20, 10)
