@@ -1,6 +1,6 @@
 """Framework cost: ``Model.fit`` against a hand-written loop over the same DataLoader.
 
-One epoch of the seeds' LeNet (Adam 1e-3, batch 64) on 12,800 real Fashion-MNIST
+One epoch of Paddle's guide's LeNet (Adam 1e-3, batch 64) on 12,800 real Fashion-MNIST
 images, interleaved, medians. Targets: <= 1.02x with ``verbose=0``, <= 1.03x with
 progress output (Paddle-style lines, and the tqdm bar as on a terminal).
 

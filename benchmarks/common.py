@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmarks: the seeds' LeNet setup, real data, timing and tables.
+"""Shared pieces of the benchmarks: the LeNet setup of Paddle's high-level-API guide, real data, timing and tables.
 
 Every benchmark runs its contenders interleaved in one process (A, B, A, B, ...)
 and reports medians, so slow drifts of a noisy machine hit both alike.

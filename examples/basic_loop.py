@@ -1,4 +1,4 @@
-"""Seed 001, basic-API variant: your own training loop, and what torchrun makes you add.
+"""Paddle's multi-GPU guide, basic API: your own training loop, and what torchrun makes you add.
 
 The program of Paddle's single-machine multi-GPU guide, basic-API scene, in
 plain PyTorch: a multilayer perceptron (flatten, linear 784->512, ReLU,

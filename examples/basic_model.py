@@ -1,4 +1,4 @@
-"""Seed 001, high-level variant: examples/basic_loop.py's program on ``hapi.Model``.
+"""Paddle's multi-GPU guide, high-level API: examples/basic_loop.py's program on ``hapi.Model``.
 
 The same multilayer perceptron (flatten, linear 784->512, ReLU, dropout 0.2,
 linear 512->10), Adam (lr 1e-3), batch 32, shuffled, 5 epochs, a line every

@@ -1,4 +1,4 @@
-"""Seed 004 (Paddle Fleet's data-parallel quick start): a small CNN on CIFAR-10, your own DataLoader.
+"""Paddle Fleet's data-parallel quick start: a small CNN on CIFAR-10, your own DataLoader.
 
 The quick start's network -- conv 3->32 (k3), ReLU, max-pool 2; conv 32->64
 (k3), ReLU, max-pool 2; conv 64->64 (k3), ReLU; flatten 1024 -> linear 64 ->

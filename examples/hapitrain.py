@@ -1,4 +1,4 @@
-"""The seeds' hapitrain program (Paddle's high-level API walkthrough), the torch-hapi way.
+"""The hapitrain program (Paddle's high-level API walkthrough), the torch-hapi way.
 
 LeNet on real Fashion-MNIST, Adam 1e-3, batch 64, top-1/top-2 accuracy,
 ``log_freq=400``, one epoch, then ``evaluate`` -- with VisualDL scalars and a

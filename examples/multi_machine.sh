@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Seed 003, multi-machine variant: Paddle's `fleetrun --ips="A,B" train.py`, the torch-hapi way.
+# Multi-machine variant of Paddle's multi-GPU guide: `fleetrun --ips="A,B" train.py`, the torch-hapi way.
 #
 # examples/hapitrain.py runs unchanged on two machines: start one torchrun agent
 # on each, both pointing at the same c10d rendezvous (HOST:PORT, on machine A).

@@ -1,4 +1,4 @@
-"""Seed 002 (d2l's multi-GPU chapter, concise implementation): ResNet-18 on Fashion-MNIST.
+"""d2l's multi-GPU chapter (concise implementation): ResNet-18 on Fashion-MNIST.
 
 d2l's slightly modified ResNet-18 for 28x28 single-channel images -- a 3x3
 stem convolution with 64 channels, batch norm and ReLU, no max-pool; four

@@ -1,4 +1,4 @@
-"""Seed 003, spawn variant: the hapitrain program started on several processes by ``hapi.spawn``.
+"""Paddle's spawn guide, the torch-hapi way: hapitrain on several processes by ``hapi.spawn``.
 
 Paddle's walkthrough recommends ``paddle.distributed.spawn(train)`` over the
 launcher: the training code goes into a function, and one call starts it on

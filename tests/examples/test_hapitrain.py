@@ -1,4 +1,4 @@
-"""The seeds' hapitrain example runs end to end: on small files always, on real data when present."""
+"""The hapitrain example runs end to end: on small files always, on real data when present."""
 
 from __future__ import annotations
 
