@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import torch
+import warm_launcher
 
 WORKER = pathlib.Path(__file__).resolve().parent / "distributed" / "worker.py"
 
@@ -60,8 +61,26 @@ def run_bounded(
 
 
 def torchrun(args: list[str], timeout: float = 180, check: bool = True, **env: str):
+    """``torchrun *args``, its agent forked from a warm interpreter (see warm_launcher)."""
     command = [sys.executable, "-m", "torch.distributed.run", *args]
-    result = run_bounded(command, timeout, child_env(**env))
+    launch_env = child_env(**env)
+    if os.environ.get("TEST_COLD_TORCHRUN") == "1":  # the command itself, to compare
+        result = run_bounded(command, timeout, launch_env)
+        returncode, stdout, stderr, timed_out = (
+            result.returncode,
+            result.stdout,
+            result.stderr,
+            False,
+        )
+    else:
+        returncode, stdout, stderr, timed_out = warm_launcher.server(child_env()).run(
+            args, timeout, launch_env, cwd=os.getcwd()
+        )
+    if timed_out:
+        raise AssertionError(
+            f"{' '.join(command)} did not finish in {timeout} s:\n{stdout[-3000:]}\n{stderr[-5000:]}"
+        )
+    result = subprocess.CompletedProcess(command, returncode, stdout, stderr)
     if check and result.returncode != 0:
         raise AssertionError(
             f"{' '.join(command)} failed ({result.returncode}):\n"
