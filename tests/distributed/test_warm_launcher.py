@@ -14,7 +14,8 @@ from dist_helpers import child_env, run_bounded
 
 SCRIPT = """
 import os, sys, time
-print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], os.getcwd(), os.environ["PROBE"])
+line = f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} {os.getcwd()} {os.environ['PROBE']}\\n"
+os.write(1, line.encode())  # one write: the two ranks share the output
 if os.environ.get("FAIL_RANK") == os.environ["RANK"]:
     sys.exit(3)
 if os.environ.get("HANG") == "1":
@@ -57,7 +58,7 @@ def test_a_hung_job_is_killed_with_its_workers_at_the_limit(tmp_path):
     env = child_env(PROBE="here", HANG="1")
     args = ["--standalone", "--nproc_per_node=2", str(script)]
     started = time.monotonic()
-    _, _, _, timed_out = warm_launcher.server(child_env()).run(args, 15, env, cwd=tmp_path)
+    _, _, _, timed_out = warm_launcher.server(child_env()).run(args, 6, env, cwd=tmp_path)
     assert timed_out and time.monotonic() - started < 60
     pids = [int((tmp_path / f"pid.{rank}").read_text()) for rank in range(2)]
     time.sleep(0.5)
