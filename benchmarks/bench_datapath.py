@@ -19,6 +19,7 @@ from common import (
     PerSampleView,
     TorchvisionStyleView,
     hand_loop,
+    index_batch,
     interleave,
     lenet_and_adam,
     setup,
@@ -39,16 +40,11 @@ FIT = "Model.fit on hapi FashionMNIST"
 def index_batches(data):
     """The data path's floor: each batch is one indexing of the uint8 images and one
     conversion to float, in a fresh random order each epoch."""
-    images, labels = data.images, data.labels
 
     def run():
         network, optimizer = lenet_and_adam()
-        order = torch.randperm(len(labels))
-        batches = (
-            (images[index].unsqueeze(1).to(torch.float32).div_(255.0), labels[index])
-            for index in order.split(BATCH)
-        )
-        hand_loop(network, optimizer, batches)
+        order = torch.randperm(len(data))
+        hand_loop(network, optimizer, (index_batch(data, index) for index in order.split(BATCH)))
 
     return run
 

@@ -140,7 +140,7 @@ def hand_written_epoch(
     seconds are appended to ``step_seconds`` (two clock reads a step)."""
     import torch
     import torch.distributed as dist
-    from common import lenet_and_adam
+    from common import index_batch, lenet_and_adam
     from torch import nn
     from torch.utils.data import DistributedSampler
 
@@ -154,16 +154,15 @@ def hand_written_epoch(
         if not type(network).__name__ == "DistributedDataParallel":
             raise SystemExit("torch-hapi did not wrap the network in DDP")
     sampler = DistributedSampler(data, num_replicas=world, rank=rank)
-    images, labels, loss_fn = data.images, data.labels, nn.CrossEntropyLoss()
+    loss_fn = nn.CrossEntropyLoss()
 
     def epoch() -> None:
         order = torch.tensor(list(sampler))
         clock = time.perf_counter
         for start in range(0, len(order), batch):
             began = clock()
-            index = order[start : start + batch]
-            inputs = images[index].unsqueeze(1).to(torch.float32).div_(255.0)
-            loss = loss_fn(network(inputs), labels[index])
+            inputs, labels = index_batch(data, order[start : start + batch])
+            loss = loss_fn(network(inputs), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

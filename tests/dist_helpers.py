@@ -64,18 +64,9 @@ def torchrun(args: list[str], timeout: float = 180, check: bool = True, **env: s
     """``torchrun *args``, its agent forked from a warm interpreter (see warm_launcher)."""
     command = [sys.executable, "-m", "torch.distributed.run", *args]
     launch_env = child_env(**env)
-    if os.environ.get("TEST_COLD_TORCHRUN") == "1":  # the command itself, to compare
-        result = run_bounded(command, timeout, launch_env)
-        returncode, stdout, stderr, timed_out = (
-            result.returncode,
-            result.stdout,
-            result.stderr,
-            False,
-        )
-    else:
-        returncode, stdout, stderr, timed_out = warm_launcher.server(child_env()).run(
-            args, timeout, launch_env, cwd=os.getcwd()
-        )
+    returncode, stdout, stderr, timed_out = warm_launcher.server(child_env()).run(
+        args, timeout, launch_env, cwd=os.getcwd()
+    )
     if timed_out:
         raise AssertionError(
             f"{' '.join(command)} did not finish in {timeout} s:\n{stdout[-3000:]}\n{stderr[-5000:]}"
@@ -87,6 +78,13 @@ def torchrun(args: list[str], timeout: float = 180, check: bool = True, **env: s
             f"{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
         )
     return result
+
+
+def main_process_report(stdout: str) -> dict:
+    """The one JSON line an example prints on the main process only (asserted: exactly one)."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, stdout
+    return json.loads(lines[0])
 
 
 def read_ranks(out: pathlib.Path, scenario: str, world_size: int) -> list[dict]:

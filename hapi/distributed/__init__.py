@@ -29,8 +29,7 @@ peer that is alive but stuck at most ``HAPI_DIST_TIMEOUT`` seconds (default
 300) before it raises.
 """
 
-# The names imported here and left out of __all__ serve hapi's own modules.
-# ruff: noqa: F401
+# ruff: noqa: F401  (imported for hapi's own modules; see __all__ below)
 
 from hapi.distributed.background import background_group
 from hapi.distributed.collectives import (

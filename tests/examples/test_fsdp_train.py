@@ -3,24 +3,17 @@ processes under torchrun, then loaded on 1 process, where it evaluates to the sa
 
 from __future__ import annotations
 
-import json
 import pathlib
 import sys
 
-from dist_helpers import child_env, run_bounded, torchrun
+from dist_helpers import child_env, main_process_report, run_bounded, torchrun
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "fsdp_train.py"
 
 
-def _report(stdout: str) -> dict:
-    lines = [line for line in stdout.splitlines() if line.startswith("{")]
-    assert len(lines) == 1, stdout  # printed by the main process only
-    return json.loads(lines[0])
-
-
 def test_sharded_on_two_processes_loads_on_one(tmp_path):
     checkpoint = tmp_path / "ckpt" / "fsdp"
-    two = _report(
+    two = main_process_report(
         torchrun(
             ["--standalone", "--nproc_per_node=2", str(EXAMPLE), "--save", str(checkpoint)]
         ).stdout
@@ -36,7 +29,7 @@ def test_sharded_on_two_processes_loads_on_one(tmp_path):
         cwd=tmp_path,
     )
     assert one.returncode == 0, one.stdout + one.stderr
-    alone = _report(one.stdout)
+    alone = main_process_report(one.stdout)
     assert alone["processes"] == 1 and alone["sharded"] is False
     assert abs(alone["loss"] - two["loss"]) < 1e-4, (alone, two)
     # Each of the two processes held about half of the parameters' bytes.

@@ -6,19 +6,12 @@ runs them as printed there (torchrun with two Gloo processes) and compares.
 
 from __future__ import annotations
 
-import json
 import pathlib
 import sys
 
-from dist_helpers import child_env, run_bounded, torchrun
+from dist_helpers import child_env, main_process_report, run_bounded, torchrun
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "global_batch.py"
-
-
-def _report(stdout: str) -> dict:
-    lines = [line for line in stdout.splitlines() if line.startswith("{")]
-    assert len(lines) == 1, stdout  # printed by the main process only
-    return json.loads(lines[0])
 
 
 def test_two_processes_at_half_the_batch_equal_one_at_the_global_batch(tmp_path):
@@ -27,7 +20,7 @@ def test_two_processes_at_half_the_batch_equal_one_at_the_global_batch(tmp_path)
     )
     assert one.returncode == 0, one.stdout + one.stderr
     two = torchrun(["--standalone", "--nproc_per_node=2", str(EXAMPLE), "--batch-size", "16"])
-    alone, together = _report(one.stdout), _report(two.stdout)
+    alone, together = main_process_report(one.stdout), main_process_report(two.stdout)
     assert (alone["processes"], together["processes"]) == (1, 2)
     assert alone["global_batch"] == together["global_batch"] == 32
     assert alone.keys() == together.keys()
