@@ -61,6 +61,7 @@ class Setup:
         self.resnet_batch = 32 if quick else 128
         self.repeats = 1 if quick else 3
         self._lenet_data: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.launched: dict[str, dict] = {}  # strategy -> what its torchrun worker saved
 
     @property
     def cuda(self) -> bool:
@@ -309,6 +310,8 @@ def check_export(setup: Setup) -> dict:
 
 def _launched(setup: Setup, strategy: str) -> dict:
     """Run this file's worker under ``torchrun --nproc_per_node=1``; its figures and weights."""
+    if strategy in setup.launched:
+        return setup.launched[strategy]
     with tempfile.TemporaryDirectory() as folder:
         result = pathlib.Path(folder) / "result.pt"
         command = [
@@ -332,7 +335,8 @@ def _launched(setup: Setup, strategy: str) -> dict:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"torchrun exited {done.returncode}: {done.stderr[-2000:]}")
-        return torch.load(result, weights_only=True)
+        setup.launched[strategy] = torch.load(result, weights_only=True)
+    return setup.launched[strategy]
 
 
 def _plain_run(setup: Setup) -> dict[str, torch.Tensor]:
