@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import warnings
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -161,16 +161,18 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
         """
         return list(self._network.parameters())
 
-    def __getattr__(self, name: str) -> Any:
-        """Only for a missing name: another library's name gets torch-hapi's in the error."""
-        if name in _OTHER_NAMES:
-            raise AttributeError(
-                f"Model has no {name}(), {_OTHER_NAMES[name][0]}'s name: torch-hapi calls it "
-                f"model.{_OTHER_NAMES[name][1]}.",
-                name=name,
-                obj=self,
-            )
-        return object.__getattribute__(self, name)  # the usual error, or a property's own
+    if not TYPE_CHECKING:  # a type checker keeps flagging misspelt attributes
+
+        def __getattr__(self, name: str) -> Any:
+            """Only for a missing name: another library's name gets torch-hapi's in the error."""
+            if name in _OTHER_NAMES:
+                library, ours = _OTHER_NAMES[name]
+                raise AttributeError(
+                    f"Model has no {name}(), {library}'s name: torch-hapi calls it model.{ours}.",
+                    name=name,
+                    obj=self,
+                )
+            return object.__getattribute__(self, name)  # the usual error, or a property's own
 
     # -- preparation --------------------------------------------------------
     def prepare(
