@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import shutil
 import socket
 import tempfile
 import traceback
@@ -241,9 +240,12 @@ def _name_worker_logs(log_dir: str, run_id: str) -> dict[str, str]:
     """Give the launcher's per-rank files Paddle's names, ``workerlog.<rank>``; returns the
     files that hold something, by rank.
 
-    The launcher writes ``<log_dir>/<run_id>_<suffix>/attempt_<n>/<local_rank>/{stdout,stderr}.log``:
-    copied, those directories go, so that ``log_dir`` holds one file per process.
+    The launcher writes ``<log_dir>/<run_id>_<suffix>/attempt_<n>/<local_rank>/{stdout,stderr}.log``
+    (live, while the processes run); its directories that stayed empty (processes that died
+    before their output went there) are removed.
     """
+    from hapi.callbacks import files
+
     for run_dir in glob.glob(os.path.join(glob.escape(log_dir), f"{run_id}_*")):
         for attempt_dir in sorted(glob.glob(os.path.join(run_dir, "attempt_*"))):
             for rank in sorted(os.listdir(attempt_dir)):
@@ -257,6 +259,7 @@ def _name_worker_logs(log_dir: str, run_id: str) -> dict[str, str]:
                             ) as log,
                         ):
                             log.write(part.read())
-        shutil.rmtree(run_dir, ignore_errors=True)
+        for directory, _, _ in os.walk(run_dir, topdown=False):
+            files.remove_empty_directory(directory)
     logs = glob.glob(os.path.join(glob.escape(log_dir), "workerlog.*"))
     return {path.rsplit(".", 1)[1]: path for path in sorted(logs) if os.path.getsize(path)}
