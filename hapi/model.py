@@ -165,10 +165,10 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
 
         def __getattr__(self, name: str) -> Any:
             """Only for a missing name: another library's name gets torch-hapi's in the error."""
-            if name in _OTHER_NAMES:
-                library, ours = _OTHER_NAMES[name]
+            if name in _KERAS_NAMES:
                 raise AttributeError(
-                    f"Model has no {name}(), {library}'s name: torch-hapi calls it model.{ours}.",
+                    f"Model has no {name}(), Keras's name: torch-hapi calls it "
+                    f"model.{_KERAS_NAMES[name]}.",
                     name=name,
                     obj=self,
                 )
@@ -447,21 +447,15 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
             )
 
 
-# Keras' (and Paddle 1.x's) names for what Model does under another name.
-_OTHER_NAMES = {
-    "compile": (
-        "Keras",
-        "prepare(optimizer, loss, metrics), e.g. model.prepare("
-        "torch.optim.Adam(model.parameters()), torch.nn.CrossEntropyLoss())",
-    ),
-    "train_on_batch": ("Keras", "train_batch(inputs, labels)"),
-    "test_on_batch": ("Keras", "eval_batch(inputs, labels)"),
-    "predict_on_batch": ("Keras", "predict_batch(inputs)"),
-    "fit_generator": ("Keras", "fit(data), which takes a DataLoader or a Dataset"),
-    "evaluate_generator": ("Keras", "evaluate(data), which takes a DataLoader or a Dataset"),
-    "predict_generator": ("Keras", "predict(data), which takes a DataLoader or a Dataset"),
-    "save_weights": ("Keras", "save(path, training=False)"),
-    "load_weights": ("Keras", "load(path)"),
+# Keras' names for what Model does under another name.
+_KERAS_NAMES = {
+    "compile": "prepare(optimizer, loss, metrics), e.g. model.prepare("
+    "torch.optim.Adam(model.parameters()), torch.nn.CrossEntropyLoss())",
+    "train_on_batch": "train_batch(inputs, labels)",
+    "test_on_batch": "eval_batch(inputs, labels)",
+    "predict_on_batch": "predict_batch(inputs)",
+    "save_weights": "save(path, training=False)",
+    "load_weights": "load(path)",
 }
 
 
