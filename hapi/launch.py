@@ -213,7 +213,7 @@ def _failure_report(
     elif log_dir:
         where = (
             f" No process wrote anything to {log_dir}: they died before their output could "
-            "go there, so what they printed is above."
+            "go there."
         )
     # The first report written is the root cause; later ones are ranks that
     # lost their peer ("Connection closed by peer") because of it.
@@ -232,7 +232,9 @@ def _failure_report(
     output = f"in {logs[str(rank)]}" if str(rank) in logs else "above"
     return (
         f"Process {rank} of {count} started by hapi.spawn died with exit code {failure.exitcode} "
-        f"before it could report an error; its output is {output}.{where}"
+        f"before it could report an error; its output is {output}.{where} If that output says "
+        '"Can\'t get attribute", define fn at the top level of its module, outside `if __name__ '
+        '== "__main__":`: each child imports the script and looks fn up there.'
     )
 
 

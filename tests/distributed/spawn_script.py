@@ -82,6 +82,14 @@ if __name__ == "__main__":
             hapi.spawn(print_then_die, args=(out,), nprocs=2, log_dir=os.path.join(out, "exit"))
         except hapi.launch.SpawnedProcessError as error:
             messages["exit"] = str(error)
+
+        def not_importable() -> None:  # defined under the guard: the children cannot find it
+            print("never runs")
+
+        try:
+            hapi.spawn(not_importable, nprocs=2, log_dir=os.path.join(out, "hidden"))
+        except hapi.launch.SpawnedProcessError as error:
+            messages["hidden"] = str(error)
         (pathlib.Path(out) / "messages.json").write_text(json.dumps(messages))
     elif mode == "fail":
         hapi.spawn(train_then_fail, args=(out,), nprocs=2)

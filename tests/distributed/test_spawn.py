@@ -66,6 +66,10 @@ def test_children_that_die_get_their_cause_and_existing_log_files_named(tmp_path
         r"error; its output is in (\S+/workerlog\.1)\.",
         messages["exit"],
     ), messages["exit"]
+    # fn defined under the guard: no child finds it, and none wrote to log_dir.
+    hidden = tmp_path / "hidden"
+    assert f"No process wrote anything to {hidden}" in messages["hidden"], messages["hidden"]
+    assert '"Can\'t get attribute", define fn at the top level' in messages["hidden"]
     for named in re.findall(r"\S+/workerlog\.\d", messages["exit"]):
         assert "prints before it dies" in pathlib.Path(named).read_text(), named
 
