@@ -32,6 +32,17 @@ class SpawnedProcessError(RuntimeError):
     """
 
 
+# Set for the children: where each leaves its error for the parent's message. A child
+# imports the user's script before it runs fn; seeing it there in a call to spawn means the
+# script calls spawn at import time.
+_ERROR_DIR = "HAPI_SPAWN_ERROR_DIR"
+_UNGUARDED = (
+    "the script calls hapi.spawn when it is imported, and each process hapi.spawn starts "
+    "imports the script (as multiprocessing's spawn start method does), so every child "
+    'called hapi.spawn again and died. Put the call under `if __name__ == "__main__":`.'
+)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -104,6 +115,8 @@ def spawn(
             rank i uses the i-th.
         log_dir: keep each process's output in ``<log_dir>/workerlog.<rank>``
             (Paddle's ``launch --log_dir``); rank 0 still prints to the console.
+            What a process prints before it runs ``fn`` (importing the script)
+            stays on the console.
 
     Threads: unless ``OMP_NUM_THREADS`` is set, each of N > 1 children gets
     ``cpu_count // N`` intra-op threads, so the processes do not fight over cores.
@@ -113,11 +126,18 @@ def spawn(
 
     Raises:
         SpawnedProcessError: a child raised or died; the message carries the
-            first failure's error and traceback. The other children are
-            stopped first (within about a second), even inside a collective.
+            first failure's error and traceback, and names the ``log_dir``
+            files that hold output. The other children are stopped first
+            (within about a second), even inside a collective. A script that
+            calls ``spawn`` at import time, outside ``if __name__ ==
+            "__main__":``, gets this error naming that cause.
     """
     if not callable(fn):
         raise TypeError(f"spawn needs a function to run; received {type(fn).__name__}.")
+    if os.environ.get(_ERROR_DIR):  # a child importing the script: tell the parent why
+        with open(os.path.join(os.environ[_ERROR_DIR], "unguarded"), "w") as handle:
+            handle.write(_UNGUARDED)
+        raise RuntimeError(f"hapi.spawn in a process it started: {_UNGUARDED}")
     import torch
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -158,17 +178,18 @@ def spawn(
         updates["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // count))
     with tempfile.TemporaryDirectory(prefix="hapi-spawn-") as error_dir:
         try:
-            with _environment(updates):
-                return elastic_launch(config, _run_child)(fn, args, error_dir)
+            with _environment({**updates, _ERROR_DIR: error_dir}):
+                return elastic_launch(config, _run_child)(fn, args)
         except ChildFailedError as error:
-            raise SpawnedProcessError(_failure_report(error, error_dir, count, log_dir)) from None
+            failure = error
         finally:
-            if log_dir:
-                _name_worker_logs(log_dir, run_id)
+            logs = _name_worker_logs(log_dir, run_id) if log_dir else {}
+        raise SpawnedProcessError(_failure_report(failure, error_dir, count, log_dir, logs))
 
 
-def _run_child(fn: Callable[..., Any], args: tuple, error_dir: str) -> Any:
+def _run_child(fn: Callable[..., Any], args: tuple) -> Any:
     """Runs in each child: keeps the traceback of an error for the parent to show."""
+    error_dir = os.environ.pop(_ERROR_DIR)  # fn may start a spawn of its own
     try:
         return fn(*args)
     except BaseException:
@@ -180,15 +201,26 @@ def _run_child(fn: Callable[..., Any], args: tuple, error_dir: str) -> Any:
         raise
 
 
-def _failure_report(error: Any, error_dir: str, count: int, log_dir: str | None) -> str:
+def _failure_report(
+    error: Any, error_dir: str, count: int, log_dir: str | None, logs: dict[str, str]
+) -> str:
     """The first child's own traceback, or what the launcher knows when it left none."""
+    if os.path.exists(os.path.join(error_dir, "unguarded")):
+        return f"hapi.spawn could not start its {count} processes: {_UNGUARDED}"
+    where = ""
+    if log_dir and logs:
+        where = f" Each process's output is in {', '.join(logs.values())}."
+    elif log_dir:
+        where = (
+            f" No process wrote anything to {log_dir}: they died before their output could "
+            "go there."
+        )
     # The first report written is the root cause; later ones are ranks that
     # lost their peer ("Connection closed by peer") because of it.
     reports = sorted(
         (name for name in os.listdir(error_dir) if name.startswith("error.")),
         key=lambda name: os.stat(os.path.join(error_dir, name)).st_mtime_ns,
     )
-    where = f" Each process's output is in {log_dir}." if log_dir else ""
     if reports:
         rank = reports[0].split(".", 1)[1]
         with open(os.path.join(error_dir, reports[0])) as handle:
@@ -197,28 +229,39 @@ def _failure_report(error: Any, error_dir: str, count: int, log_dir: str | None)
                 f"processes were stopped.{where}\n{handle.read().rstrip()}"
             )
     rank, failure = error.get_first_failure()
+    output = f"in {logs[str(rank)]}" if str(rank) in logs else "above"
     return (
         f"Process {rank} of {count} started by hapi.spawn died with exit code {failure.exitcode} "
-        f"before it could report an error (its output is above).{where} If it says the process "
-        "was started 'before the current process has finished its bootstrapping phase', call "
-        'hapi.spawn under `if __name__ == "__main__":`, since each child imports your script.'
+        f"before it could report an error; its output is {output}.{where} If that output says "
+        '"Can\'t get attribute", define fn at the top level of its module, outside `if __name__ '
+        '== "__main__":`: each child imports the script and looks fn up there.'
     )
 
 
-def _name_worker_logs(log_dir: str, run_id: str) -> None:
-    """Give the launcher's per-rank files Paddle's names, ``workerlog.<rank>``."""
-    # The launcher writes <log_dir>/<run_id>_<suffix>/attempt_<n>/<local_rank>/{stdout,stderr}.log.
-    for attempt_dir in sorted(
-        glob.glob(os.path.join(glob.escape(log_dir), f"{run_id}*", "attempt_*"))
-    ):
-        for rank in sorted(os.listdir(attempt_dir)):
-            for stream in ("stdout.log", "stderr.log"):
-                source = os.path.join(attempt_dir, rank, stream)
-                if os.path.exists(source):
-                    with (
-                        open(source, encoding="utf-8", errors="replace") as part,
-                        open(
-                            os.path.join(log_dir, f"workerlog.{rank}"), "a", encoding="utf-8"
-                        ) as log,
-                    ):
-                        log.write(part.read())
+def _name_worker_logs(log_dir: str, run_id: str) -> dict[str, str]:
+    """Give the launcher's per-rank files Paddle's names, ``workerlog.<rank>``; returns the
+    files that hold something, by rank.
+
+    The launcher writes ``<log_dir>/<run_id>_<suffix>/attempt_<n>/<local_rank>/{stdout,stderr}.log``
+    (live, while the processes run); its directories that stayed empty (processes that died
+    before their output went there) are removed.
+    """
+    from hapi.callbacks import files
+
+    for run_dir in glob.glob(os.path.join(glob.escape(log_dir), f"{run_id}_*")):
+        for attempt_dir in sorted(glob.glob(os.path.join(run_dir, "attempt_*"))):
+            for rank in sorted(os.listdir(attempt_dir)):
+                for stream in ("stdout.log", "stderr.log"):
+                    source = os.path.join(attempt_dir, rank, stream)
+                    if os.path.exists(source):
+                        with (
+                            open(source, encoding="utf-8", errors="replace") as part,
+                            open(
+                                os.path.join(log_dir, f"workerlog.{rank}"), "a", encoding="utf-8"
+                            ) as log,
+                        ):
+                            log.write(part.read())
+        for directory, _, _ in os.walk(run_dir, topdown=False):
+            files.remove_empty_directory(directory)
+    logs = glob.glob(os.path.join(glob.escape(log_dir), "workerlog.*"))
+    return {path.rsplit(".", 1)[1]: path for path in sorted(logs) if os.path.getsize(path)}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import warnings
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -161,6 +161,19 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
         """
         return list(self._network.parameters())
 
+    if not TYPE_CHECKING:  # a type checker keeps flagging misspelt attributes
+
+        def __getattr__(self, name: str) -> Any:
+            """Only for a missing name: another library's name gets torch-hapi's in the error."""
+            if name in _KERAS_NAMES:
+                raise AttributeError(
+                    f"Model has no {name}(), Keras's name: torch-hapi calls it "
+                    f"model.{_KERAS_NAMES[name]}.",
+                    name=name,
+                    obj=self,
+                )
+            return object.__getattribute__(self, name)  # the usual error, or a property's own
+
     # -- preparation --------------------------------------------------------
     def prepare(
         self,
@@ -184,9 +197,12 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
         builds DDP.
 
         Args:
-            optimizer: a ``torch.optim.Optimizer`` over ``model.parameters()``;
-                or a list or dict of them for a ``train_step`` of your own
-                (a GAN's two), all saved in checkpoints.
+            optimizer: a ``torch.optim.Optimizer`` over ``model.parameters()``
+                (or over a part of them, to fine-tune only that part: the rest
+                keeps its values); or a list or dict of them for a
+                ``train_step`` of your own (a GAN's two), all saved in
+                checkpoints. One that holds none of the network's parameters
+                (built over another module) is refused: it would train nothing.
             loss: a callable ``loss(*outputs, *labels)`` returning a scalar,
                 e.g. ``torch.nn.CrossEntropyLoss()``.
             metrics: a ``torchmetrics.Metric``, a list of them, or a dict
@@ -236,7 +252,8 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
         Raises:
             ValueError: an ``amp`` setting torch-hapi cannot honour (see above),
                 both ``amp`` and ``amp_configs``, a bad clipping value or
-                ``loss_weights`` that do not match the losses.
+                ``loss_weights`` that do not match the losses, or an
+                optimizer holding none of the network's parameters.
             TypeError: an optimizer, loss, metric or strategy of the wrong kind
                 (the message says what is accepted).
             RuntimeError: a different ``strategy`` after this Model already
@@ -259,6 +276,7 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
             )
         by_name = named_optimizers(optimizer)
         loss = check_loss(loss, loss_weights)
+        _check_trains_network(by_name, self._network, loss)
         named_metrics = normalise_metrics(metrics)
         self._strategy = chosen_strategy
         self._amp = amp_setting.name
@@ -426,6 +444,43 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
         with _printed_by_main_process():
             return count_flops(
                 self._network, input_size, custom_ops, print_detail, input=input, device=self.device
+            )
+
+
+# Keras' names for what Model does under another name.
+_KERAS_NAMES = {
+    "compile": "prepare(optimizer, loss, metrics), e.g. model.prepare("
+    "torch.optim.Adam(model.parameters()), torch.nn.CrossEntropyLoss())",
+    "train_on_batch": "train_batch(inputs, labels)",
+    "test_on_batch": "eval_batch(inputs, labels)",
+    "predict_on_batch": "predict_batch(inputs)",
+    "save_weights": "save(path, training=False)",
+    "load_weights": "load(path)",
+}
+
+
+def _check_trains_network(optimizers: dict[str, Any], network: nn.Module, loss: Any) -> None:
+    """Refuse an optimizer that holds none of the parameters fit computes gradients for.
+
+    Built over another module (``SGD(other.parameters())``), it would step
+    nothing: the loss would stay flat, silently. One over a part of the
+    network is fine-tuning, as in Keras (frozen layers) and Lightning (an
+    optimizer over a subset): the rest keeps its values. A loss module's own
+    parameters count as trained too.
+    """
+    trained = {id(p) for p in network.parameters()}
+    if isinstance(loss, nn.Module):
+        trained |= {id(p) for p in loss.parameters()}
+    for name, optimizer in optimizers.items():
+        held = [p for group in optimizer.param_groups for p in group["params"]]
+        if not any(id(p) in trained for p in held):
+            which = f"optimizer {name!r}" if len(optimizers) > 1 else "the optimizer"
+            raise ValueError(
+                f"prepare(): {which} ({type(optimizer).__name__}) holds {len(held)} parameters, "
+                f"none of them among the {len(trained)} of the network "
+                f"({type(network).__name__}) or the loss, so fit would train nothing. Build "
+                f"it over the model's: {type(optimizer).__name__}(model.parameters(), ...), or "
+                "over the part to fine-tune, e.g. model.network.<layer>.parameters()."
             )
 
 

@@ -84,6 +84,10 @@ class Cell:
     # A second crash before the resume: the resumed run, on ``after`` processes, is killed
     # (rank 0) when ``model.step`` reaches ``again``, and resumed once more on ``after``.
     again: int | None = None
+    # Every process on a stream of its own (hapi.seed_everything(0, per_process=True)): a resume
+    # must give each its own random state back. The backup directory named relative to the
+    # working directory, as a user writes it ("backup").
+    per_process: bool = False
 
     @property
     def mid_accumulation(self) -> bool:
@@ -119,6 +123,9 @@ CELLS = {
     "batch_sampler-2to2-eval_boundary": Cell(
         "batch_sampler", 2, 2, "eval_boundary", 2, 4, eval_steps=2
     ),  # ep 0 @ 4, killed as the evaluation at step 4 begins
+    "tensors-own_streams-2to2-mid_epoch": Cell(
+        "tensors", 2, 2, "mid_epoch", 3, 4, kill_rank=1, per_process=True
+    ),  # ep 0 @ 3; dropout differs between the processes
     "tensors-fsdp-2to2-after_save": Cell(
         "tensors", 2, 2, "after_save", 3, 3, kill_rank=1, strategy="fsdp"
     ),  # ep 0 @ 3, killed as batch 3 begins
@@ -307,6 +314,10 @@ def run(
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)
+    if cell.per_process:
+        hapi.seed_everything(0, per_process=True)
+        os.chdir(backup.parent)
+        backup = pathlib.Path(backup.name)
     result: dict = {"backup_step": backup_step(backup), "error": None}
     Trace.log, Trace.epoch, Trace.step = out / f"{name}.rank{rank}.log", 0, 0
     model = Model(IdNet())
@@ -331,7 +342,7 @@ def run(
             num_workers=cell.workers,
             accumulate_grad_batches=cell.accumulate,
             eval_steps=cell.eval_steps,
-            callbacks=[BackupAndRestore(backup, save_freq=cell.save_freq), recorder],
+            callbacks=[BackupAndRestore(str(backup), save_freq=cell.save_freq), recorder],
         )
     except Exception:  # noqa: BLE001 -- reported by the test, and the next cell still runs
         result["error"] = traceback.format_exc(limit=-4)

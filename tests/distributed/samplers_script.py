@@ -65,6 +65,26 @@ class FixedOrder(Sampler[int]):
         return len(TRAIN_INDICES)
 
 
+class EpochAware(Sampler[int]):
+    """A user's epoch-aware sampler (not a DistributedSampler): its order is a function of the
+    epoch it is told, as DistributedSampler's is; without set_epoch each epoch replays the first."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(
+            len(TRAIN_INDICES), generator=torch.Generator().manual_seed(self.epoch)
+        )
+        return iter([TRAIN_INDICES[i] for i in order])
+
+    def __len__(self):
+        return len(TRAIN_INDICES)
+
+
 class OddBatches(Sampler[list]):
     """A batch sampler of the user's own (not torch's BatchSampler): batches of 3, then 7."""
 
@@ -117,6 +137,8 @@ def run() -> dict:
     weighted = [0.0 if i in ZERO_WEIGHT else 1.0 for i in range(SAMPLES)]
     drawn = DataLoader(data, batch_size=batch, sampler=WeightedRandomSampler(weighted, 40))
     results["weighted_epochs"] = epochs_read(drawn, model())
+    aware = DataLoader(data, batch_size=batch, sampler=EpochAware())
+    results["epoch_aware_epochs"] = epochs_read(aware, model(), epochs=4)
     fixed = model()
     fixed.fit(DataLoader(data, batch_size=batch, sampler=FixedOrder()), epochs=2, verbose=0)
     results["fixed_order_weights"] = weights(fixed)

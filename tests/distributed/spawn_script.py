@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import sys
+import time
 
 import torch
 from torch import nn
@@ -37,6 +38,24 @@ def train(out_dir: str = ".", tag: str = "plain") -> float:
     return record["loss"]
 
 
+def print_then_die(out_dir: str) -> None:
+    print(f"rank {os.environ['RANK']} prints before it dies", flush=True)
+    if os.environ["RANK"] == "1":
+        os._exit(3)  # no exception to report: only the exit code and the output tell
+    time.sleep(60)  # stopped by the launcher
+
+
+# A user's mistake: spawn called at import time, outside `if __name__ == "__main__":`
+# (each child imports this script, so the call runs again there).
+UNGUARDED = os.environ.get("SPAWN_SCRIPT_UNGUARDED")
+if UNGUARDED:
+    try:
+        hapi.spawn(print_then_die, args=(UNGUARDED,), nprocs=2, log_dir=UNGUARDED)
+    except hapi.launch.SpawnedProcessError as error:
+        UNGUARDED = str(error)
+    del os.environ["SPAWN_SCRIPT_UNGUARDED"]  # reached by the parent only: the children died
+
+
 def train_then_fail(out_dir: str) -> None:
     model = hapi.Model(TinyNet())  # both ranks join the process group
     model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
@@ -57,5 +76,20 @@ if __name__ == "__main__":
         (pathlib.Path(out) / "returned.json").write_text(
             json.dumps({str(k): v for k, v in results.items()})
         )
+    elif mode == "dies":  # two children that die, each with its own logs directory
+        messages = {"unguarded": UNGUARDED}
+        try:
+            hapi.spawn(print_then_die, args=(out,), nprocs=2, log_dir=os.path.join(out, "exit"))
+        except hapi.launch.SpawnedProcessError as error:
+            messages["exit"] = str(error)
+
+        def not_importable() -> None:  # defined under the guard: the children cannot find it
+            print("never runs")
+
+        try:
+            hapi.spawn(not_importable, nprocs=2, log_dir=os.path.join(out, "hidden"))
+        except hapi.launch.SpawnedProcessError as error:
+            messages["hidden"] = str(error)
+        (pathlib.Path(out) / "messages.json").write_text(json.dumps(messages))
     elif mode == "fail":
         hapi.spawn(train_then_fail, args=(out,), nprocs=2)

@@ -25,6 +25,7 @@ batch_sampler-1to1-mid_epoch          user batches    1 -> 1     mid-epoch
 weighted-1to1-eval_boundary           Weighted...     1 -> 1     eval_steps boundary  eval_steps=2
 dataset-w2-2to2-mid_accumulation      Dataset         2 -> 2     mid-accumulation     2 workers
 batch_sampler-2to2-eval_boundary      user batches    2 -> 2     eval_steps boundary  eval_steps=2
+tensors-own_streams-2to2-mid_epoch    (x, y) tensors  2 -> 2     mid-epoch            own streams
 tensors-fsdp-2to2-after_save          (x, y) tensors  2 -> 2     right after a save   FSDP
 subset-2to1-mid_epoch                 SubsetRandom    2 -> 1     mid-epoch
 dataset-fsdp-2to1-mid_accumulation    Dataset         2 -> 1     mid-accumulation     FSDP
@@ -43,7 +44,10 @@ the number of processes appears with at least two data kinds, one of them a user
 DataLoader (on one process it is used as given, on several it is resharded, so a
 change of N changes the code path); FSDP appears kept (2 -> 2) and changed (2 -> 1);
 worker processes appear for fit's own loader (tensors, Dataset) and a user's
-DataLoader. The full product (7 x 5 x 5 x 2, plus workers) would take an hour of
+DataLoader. Every cell seeds all processes alike but one, seeded by
+``hapi.seed_everything(0, per_process=True)`` with its backup directory relative to the
+working directory: there dropout differs between the processes, so restoring one
+process's random state on another changes the weights. The full product (7 x 5 x 5 x 2, plus workers) would take an hour of
 process starts; each cell here costs one start or less.
 
 Cost: a process start (import torch and hapi) takes 4-10 s on this machine, a torchrun

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
+import re
 import sys
 import time
 
@@ -43,6 +45,33 @@ def test_a_failing_child_makes_spawn_raise_its_error_promptly(tmp_path):
     )
     assert "ValueError: boom in a spawned child" in result.stderr
     assert elapsed < 60  # rank 0 was waiting for rank 1 in a collective: stopped, not hung
+
+
+def test_children_that_die_get_their_cause_and_existing_log_files_named(tmp_path):
+    env = child_env(SPAWN_SCRIPT_UNGUARDED=str(tmp_path / "unguarded"))
+    result = run_bounded([sys.executable, str(SCRIPT), "dies", str(tmp_path)], 180, env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    messages = json.loads((tmp_path / "messages.json").read_text())
+    # No __main__ guard: every child died importing the script, before any output was redirected.
+    assert messages["unguarded"].startswith(
+        "hapi.spawn could not start its 2 processes: the script calls hapi.spawn when it is "
+        "imported"
+    ), messages["unguarded"]
+    assert 'Put the call under `if __name__ == "__main__":`.' in messages["unguarded"]
+    assert "workerlog" not in messages["unguarded"]
+    assert not os.listdir(tmp_path / "unguarded")  # not even the launcher's empty directories
+    # A child that exits without an exception: its output is in the file named, which exists.
+    assert re.match(
+        r"Process 1 of 2 started by hapi.spawn died with exit code 3 before it could report an "
+        r"error; its output is in (\S+/workerlog\.1)\.",
+        messages["exit"],
+    ), messages["exit"]
+    # fn defined under the guard: no child finds it, and none wrote to log_dir.
+    hidden = tmp_path / "hidden"
+    assert f"No process wrote anything to {hidden}" in messages["hidden"], messages["hidden"]
+    assert '"Can\'t get attribute", define fn at the top level' in messages["hidden"]
+    for named in re.findall(r"\S+/workerlog\.\d", messages["exit"]):
+        assert "prints before it dies" in pathlib.Path(named).read_text(), named
 
 
 def test_nprocs_and_gpus_follow_paddle():

@@ -51,6 +51,21 @@ def test_user_samplers_are_split_not_replaced(tmp_path, one_process, world):
         assert len(read) == math.ceil(40 / world) * world
         assert not set(read) & samplers_script.ZERO_WEIGHT
 
+    # A user's epoch-aware sampler: told each epoch (epoch 3 is not epoch 0 again), and together
+    # the processes' k-th batches are its k-th batch of 6 at that epoch, as on one process.
+    for records, processes in ((ranks, world), ([one_process], 1)):
+        for epoch in range(4):
+            sampler = samplers_script.EpochAware()
+            sampler.set_epoch(epoch)
+            order, share = list(sampler), 6 // processes
+            for k in range(len(order) // 6):
+                read = [
+                    i
+                    for rank in records
+                    for i in rank["epoch_aware_epochs"][epoch][k * share : (k + 1) * share]
+                ]
+                assert sorted(read) == sorted(order[k * 6 : (k + 1) * 6]), (processes, epoch, k)
+
     # A deterministic sampler: N processes at batch 6/N train like one at 6, exactly.
     for rank in ranks:
         assert_close_lists(rank["fixed_order_weights"], one_process["fixed_order_weights"])

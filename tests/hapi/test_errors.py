@@ -127,6 +127,66 @@ def test_prepare_rejects_optimizer_name(tiny_net):
         Model(tiny_net, device="cpu").prepare(optimizer="adam", loss=nn.CrossEntropyLoss())
 
 
+def test_prepare_refuses_an_optimizer_over_another_module(tiny_net, tiny_data):
+    model = Model(tiny_net, device="cpu")
+    other = TinyNet()
+    with pytest.raises(
+        ValueError,
+        match=r"the optimizer \(SGD\) holds 4 parameters, none of them among the 4 of the "
+        r"network \(TinyNet\) or the loss, so fit would train nothing\. Build it over the "
+        r"model's: SGD\(model\.parameters\(\), \.\.\.\)",
+    ):
+        model.prepare(torch.optim.SGD(other.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match=r"optimizer 'd' \(Adam\) holds 2 parameters, none"):
+        model.prepare(
+            {
+                "g": torch.optim.SGD(model.parameters()),
+                "d": torch.optim.Adam(nn.Linear(2, 2).parameters()),
+            }
+        )
+
+
+class ScaledLoss(nn.Module):
+    """A loss with a parameter of its own, which fit trains too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, outputs, labels):
+        return self.scale * nn.functional.cross_entropy(outputs, labels)
+
+
+def test_an_optimizer_over_part_of_the_network_fine_tunes_that_part(tiny_net, tiny_data):
+    model = Model(tiny_net, device="cpu")
+    before = {k: v.clone() for k, v in model.network.state_dict().items()}
+    model.prepare(torch.optim.SGD(tiny_net.out.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    model.fit(tiny_data, batch_size=16, epochs=1, verbose=0)
+    after = model.network.state_dict()
+    assert torch.equal(after["hidden.weight"], before["hidden.weight"])  # not given: kept
+    assert not torch.equal(after["out.weight"], before["out.weight"])
+    loss = ScaledLoss()  # an optimizer over the loss's own parameters is no mistake either
+    model.prepare(torch.optim.SGD(loss.parameters(), lr=0.1), loss)
+    model.fit(tiny_data, batch_size=16, epochs=1, verbose=0)
+    assert loss.scale.item() != 1.0
+
+
+@pytest.mark.parametrize(
+    "name, instead",
+    [("compile", r"prepare\(optimizer, loss, metrics\)"), ("train_on_batch", r"train_batch\(")],
+)
+def test_a_keras_name_says_what_to_call_instead(tiny_net, name, instead):
+    model = Model(tiny_net, device="cpu")
+    with pytest.raises(
+        AttributeError,
+        match=rf"Model has no {name}\(\), Keras's name: torch-hapi calls it model\.{instead}",
+    ):
+        getattr(model, name)(optimizer="adam", loss="mse")
+    assert not hasattr(model, name)
+    with pytest.raises(AttributeError, match=r"^'Model' object has no attribute 'netwrk'$"):
+        model.netwrk  # noqa: B018 -- any other name: Python's own message
+
+
 def test_prepare_rejects_unknown_amp(tiny_net):
     with pytest.raises(ValueError, match=r"amp must be None, 'bf16' or 'fp16'; received 'fp8'"):
         Model(tiny_net, device="cpu").prepare(loss=nn.CrossEntropyLoss(), amp="fp8")
