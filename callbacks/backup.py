@@ -132,6 +132,29 @@ class BackupAndRestore(Callback):
             names |= {name + ".pt", os.path.basename(files.spare_of(name + ".pt"))}
         return names
 
+    def state_dict(self) -> dict:
+        # Whether the interrupted run made backup_dir: the directory then holds only the
+        # backup, whoever made it, so a resumed run cannot tell by looking.
+        return {"made_for_training": self._made_for_training}
+
+    def load_state_dict(self, state: dict) -> None:
+        made = state.get("made_for_training", self._made_for_training)  # absent: older backups
+        if not isinstance(made, bool):
+            raise ValueError(
+                f"BackupAndRestore state 'made_for_training' must be True or False; received "
+                f"{made!r}. The backup is damaged or was crafted: delete it to start afresh."
+            )
+        self._made_for_training = made
+
+    def _backup_read(self, path: str) -> str:
+        """The backup ``path`` names as it lies on disk: its file, or a sharded backup's directory."""
+        found = [
+            name
+            for name, kind in ((path + ".pt", os.path.isfile), (path, os.path.isdir))
+            if kind(name)
+        ]
+        return " or ".join(found) or path + ".pt"
+
     def on_train_begin(self, logs: dict | None = None) -> None:
         # Before any backup of this fit (the load below is collective): what is there now
         # is not this fit's to delete, unless it is a backup an interrupted run left.
@@ -142,6 +165,8 @@ class BackupAndRestore(Callback):
         self._made_for_training = not os.path.exists(self.backup_dir) or bool(
             entries and entries <= self._own_entries()
         )
+        for name in (self.path, self.path + ".pt", self.previous_path + ".pt"):
+            files.refuse_link(name, "BackupAndRestore: ")  # planted: it could lead anywhere
         self._sharded_backup = os.path.isfile(os.path.join(self.path, files.MANIFEST))
         self._newest_unreadable = False
         if self.double_checkpoint and self.model.sharded and self.is_main:
@@ -153,7 +178,7 @@ class BackupAndRestore(Callback):
             )
         # Every process asks, and gets the latest backup on any machine: only rank 0
         # writes it, and a restart may have moved rank 0 to a machine without one.
-        file = self.path + ".pt"
+        file = self._backup_read(self.path)
         try:
             self.model.load(self.path, resume=True)
         except FileNotFoundError:
@@ -177,7 +202,7 @@ class BackupAndRestore(Callback):
             RuntimeError: the newest is unreadable and the previous one
                 missing or unreadable too (naming both files and errors).
         """
-        newest, previous = self.path + ".pt", self.previous_path + ".pt"
+        newest, previous = self._backup_read(self.path), self.previous_path + ".pt"
         what = "is missing" if newest_error is None else f"cannot be read ({newest_error})"
         try:
             self.model.load(self.previous_path, resume=True)

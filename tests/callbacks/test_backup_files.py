@@ -144,7 +144,7 @@ def _resume(backup_dir, **options) -> tuple[hapi.Model, hapi.History, list[str]]
 def interrupted(tmp_path_factory) -> dict:
     """The weights of an uninterrupted run, and the backups of one stopped before epoch 2."""
     reference = _fit(BackupAndRestore(tmp_path_factory.mktemp("reference")), epochs=EPOCHS)
-    backup_dir = tmp_path_factory.mktemp("interrupted")
+    backup_dir = tmp_path_factory.mktemp("interrupted") / "backup"  # made by the run
     torch.manual_seed(0)
     model = hapi.Model(TinyNet())
     model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
