@@ -165,7 +165,8 @@ class BackupAndRestore(Callback):
         self._made_for_training = not os.path.exists(self.backup_dir) or bool(
             entries and entries <= self._own_entries()
         )
-        for name in (self.path, self.path + ".pt", self.previous_path + ".pt"):
+        own = (self.path, os.path.join(self.path, files.MANIFEST), self.previous_path + ".pt")
+        for name in (*own, self.path + ".pt"):
             files.refuse_link(name, "BackupAndRestore: ")  # planted: it could lead anywhere
         self._sharded_backup = os.path.isfile(os.path.join(self.path, files.MANIFEST))
         self._newest_unreadable = False
