@@ -30,8 +30,13 @@ class BackupAndRestore(Callback):
     spare beside it), and, under FSDP, the sharded backup's manifest and
     shards directories -- never anything else in ``backup_dir``. Then
     ``backup_dir`` itself goes if it is empty and was made for this training
-    (absent when the fit began, or holding nothing but an interrupted run's
-    backup), as Keras removes its backup directory.
+    (absent when this fit, or the interrupted one it resumes, began), as Keras
+    removes its backup directory; one the user made stays.
+
+    No link is followed: a symbolic link as ``backup.pt``,
+    ``backup-previous.pt``, ``backup/`` or its ``checkpoint.pt`` (planted
+    there, it could lead the resume, the writes and the final deletion
+    anywhere) is refused before anything is read.
 
     ``double_checkpoint=True`` (Keras 3) keeps the previous backup too, as
     ``<backup_dir>/backup-previous.pt``: before each backup, once the last one
@@ -66,6 +71,8 @@ class BackupAndRestore(Callback):
         ValueError: ``backup_dir`` is ``None`` or empty (as Keras and Paddle
             refuse it), or ``save_freq`` is neither ``"epoch"`` nor a positive int.
         TypeError: ``backup_dir`` is not a path, or ``double_checkpoint`` not a bool.
+        callbacks.files.UnsafeNameError: at ``fit``'s start, a backup's name
+            is a symbolic link.
     """
 
     FILE_NAME = "backup"

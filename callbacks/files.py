@@ -47,7 +47,8 @@ _BINARY = getattr(os, "O_BINARY", 0)
 
 
 class UnsafeNameError(ValueError):
-    """A name read from a file would lead outside its directory (or is no name at all)."""
+    """A name read from a file would lead outside its directory (or is no name at all), or a
+    path where torch-hapi keeps its own files is a symbolic link."""
 
 
 def is_plain_name(name: Any) -> bool:
