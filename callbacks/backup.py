@@ -172,9 +172,9 @@ class BackupAndRestore(Callback):
         self._made_for_training = not os.path.exists(self.backup_dir) or bool(
             entries and entries <= self._own_entries()
         )
-        own = (self.path, os.path.join(self.path, files.MANIFEST), self.previous_path + ".pt")
-        for name in (*own, self.path + ".pt"):
+        for name in (self.path, self.path + ".pt", self.previous_path + ".pt"):
             files.refuse_link(name, "BackupAndRestore: ")  # planted: it could lead anywhere
+        files.refuse_link(os.path.join(self.path, files.MANIFEST), "BackupAndRestore: ")
         self._sharded_backup = os.path.isfile(os.path.join(self.path, files.MANIFEST))
         self._newest_unreadable = False
         if self.double_checkpoint and self.model.sharded and self.is_main:
