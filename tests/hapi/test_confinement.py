@@ -327,8 +327,9 @@ def test_an_empty_path_is_refused_instead_of_a_hidden_file(tmp_path, monkeypatch
 
 # -- links planted before, between and during runs --------------------------------------------
 #
-# Every entry torch-hapi opens in a backup directory -- a single-file backup's files, and a
-# sharded backup's directory, manifest, shards directory and shard files -- is replaced by a
+# Every entry torch-hapi opens in a backup directory -- a single-file backup's files, a
+# sharded backup's directory, manifest, shards directory and shard files, and ModelCheckpoint's
+# files (kept in the same directory here) -- is replaced by a
 # symbolic link into a sentinel directory that holds another run's copy of it (so following
 # the link would "work"): before the first run, between an interrupted run and its resume, and
 # during a run (after a backup, before the next). The sentinel must stay untouched, and the fit
@@ -336,7 +337,7 @@ def test_an_empty_path_is_refused_instead_of_a_hidden_file(tmp_path, monkeypatch
 # never interrupted (the link replaced or left alone, never followed).
 
 LINK_EPOCHS = 3
-SINGLE = ["backup.pt", "backup-previous.pt", ".backup.pt.spare"]
+SINGLE = ["backup.pt", "backup-previous.pt", ".backup.pt.spare", "ckpt/0.pt", "ckpt/final.pt"]
 SHARDED = [
     "backup",
     "backup/checkpoint.pt",
@@ -373,7 +374,7 @@ def _fit_backup(backup_dir, seed: int = 0, callbacks=(), sharded: bool = False) 
         batch_size=8,
         epochs=LINK_EPOCHS,
         verbose=0,
-        callbacks=[*callbacks, backup],
+        callbacks=[*callbacks, ModelCheckpoint(backup_dir / "ckpt", keep=2), backup],
     )
     return model
 
