@@ -124,7 +124,7 @@ class NoFollowFileSystem(FileSystem):
 
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[IO[bytes]]:
-        flags = os.O_RDONLY if mode == "rb" else os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        flags = {"rb": os.O_RDONLY, "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC}[mode]
         with os.fdopen(files.open_nofollow(path, flags, levels=3), mode) as stream:
             yield stream
 
