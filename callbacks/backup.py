@@ -30,8 +30,13 @@ class BackupAndRestore(Callback):
     spare beside it), and, under FSDP, the sharded backup's manifest and
     shards directories -- never anything else in ``backup_dir``. Then
     ``backup_dir`` itself goes if it is empty and was made for this training
-    (absent when the fit began, or holding nothing but an interrupted run's
-    backup), as Keras removes its backup directory.
+    (absent when this fit, or the interrupted one it resumes, began), as Keras
+    removes its backup directory; one the user made stays.
+
+    No link is followed: a symbolic link as ``backup.pt``,
+    ``backup-previous.pt``, ``backup/`` or its ``checkpoint.pt`` (planted
+    there, it could lead the resume, the writes and the final deletion
+    anywhere) is refused before anything is read.
 
     ``double_checkpoint=True`` (Keras 3) keeps the previous backup too, as
     ``<backup_dir>/backup-previous.pt``: before each backup, once the last one
@@ -66,6 +71,8 @@ class BackupAndRestore(Callback):
         ValueError: ``backup_dir`` is ``None`` or empty (as Keras and Paddle
             refuse it), or ``save_freq`` is neither ``"epoch"`` nor a positive int.
         TypeError: ``backup_dir`` is not a path, or ``double_checkpoint`` not a bool.
+        callbacks.files.UnsafeNameError: at ``fit``'s start, a backup's name
+            is a symbolic link.
     """
 
     FILE_NAME = "backup"
@@ -132,6 +139,29 @@ class BackupAndRestore(Callback):
             names |= {name + ".pt", os.path.basename(files.spare_of(name + ".pt"))}
         return names
 
+    def state_dict(self) -> dict:
+        # Whether the interrupted run made backup_dir: the directory then holds only the
+        # backup, whoever made it, so a resumed run cannot tell by looking.
+        return {"made_for_training": self._made_for_training}
+
+    def load_state_dict(self, state: dict) -> None:
+        made = state.get("made_for_training", self._made_for_training)  # absent: older backups
+        if not isinstance(made, bool):
+            raise ValueError(
+                f"BackupAndRestore state 'made_for_training' must be True or False; received "
+                f"{made!r}. The backup is damaged or was crafted: delete it to start afresh."
+            )
+        self._made_for_training = made
+
+    def _backup_read(self, path: str) -> str:
+        """The backup ``path`` names as it lies on disk: its file, or a sharded backup's directory."""
+        found = [
+            name
+            for name, kind in ((path + ".pt", os.path.isfile), (path, os.path.isdir))
+            if kind(name)
+        ]
+        return " or ".join(found) or path + ".pt"
+
     def on_train_begin(self, logs: dict | None = None) -> None:
         # Before any backup of this fit (the load below is collective): what is there now
         # is not this fit's to delete, unless it is a backup an interrupted run left.
@@ -142,6 +172,9 @@ class BackupAndRestore(Callback):
         self._made_for_training = not os.path.exists(self.backup_dir) or bool(
             entries and entries <= self._own_entries()
         )
+        for name in (self.path, self.path + ".pt", self.previous_path + ".pt"):
+            files.refuse_link(name, "BackupAndRestore: ")  # planted: it could lead anywhere
+        files.refuse_link(os.path.join(self.path, files.MANIFEST), "BackupAndRestore: ")
         self._sharded_backup = os.path.isfile(os.path.join(self.path, files.MANIFEST))
         self._newest_unreadable = False
         if self.double_checkpoint and self.model.sharded and self.is_main:
@@ -153,7 +186,7 @@ class BackupAndRestore(Callback):
             )
         # Every process asks, and gets the latest backup on any machine: only rank 0
         # writes it, and a restart may have moved rank 0 to a machine without one.
-        file = self.path + ".pt"
+        file = self._backup_read(self.path)
         try:
             self.model.load(self.path, resume=True)
         except FileNotFoundError:
@@ -177,7 +210,7 @@ class BackupAndRestore(Callback):
             RuntimeError: the newest is unreadable and the previous one
                 missing or unreadable too (naming both files and errors).
         """
-        newest, previous = self.path + ".pt", self.previous_path + ".pt"
+        newest, previous = self._backup_read(self.path), self.previous_path + ".pt"
         what = "is missing" if newest_error is None else f"cannot be read ({newest_error})"
         try:
             self.model.load(self.previous_path, resume=True)

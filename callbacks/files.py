@@ -13,9 +13,11 @@ Two jobs, kept in one module so that there is one place to check them:
   make torch-hapi write, delete or read outside the directories the user
   gave. Names read back from a file (a rotated checkpoint, a run directory, a
   sharded checkpoint's shards) are joined to their directory by
-  :func:`child` only, which refuses anything but a plain file name; nothing
-  here writes through a symbolic link or into a file with a second hard link;
-  deletions remove only entries of the shape torch-hapi itself creates.
+  :func:`child` only, which refuses anything but a plain file name. No
+  symbolic link inside a checkpoint, backup or shards directory is followed,
+  whenever it was planted (:func:`refuse_link`, :func:`open_nofollow`; a link
+  at a file's name is replaced, never written through); deletions remove
+  only entries of the shape torch-hapi itself creates.
 
 This lives in ``callbacks`` (not ``hapi``) because ``callbacks`` must not
 import ``hapi``, while ``hapi`` may import ``callbacks``: the checkpoint
@@ -40,11 +42,13 @@ SHARDS_NAME = re.compile(r"shards-[0-9a-f]{16}")
 _DCP_FILE = re.compile(r"(__\d+)?\.metadata(\.tmp)?|__\d+_\d+\.distcp")
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _BINARY = getattr(os, "O_BINARY", 0)
 
 
 class UnsafeNameError(ValueError):
-    """A name read from a file would lead outside its directory (or is no name at all)."""
+    """A name read from a file would lead outside its directory (or is no name at all), or a
+    path where torch-hapi keeps its own files is a symbolic link."""
 
 
 def is_plain_name(name: Any) -> bool:
@@ -95,13 +99,69 @@ def child(
         UnsafeNameError: naming ``entry`` and the value received.
     """
     path = os.path.join(os.fspath(directory), check_name(name, entry, pattern))
-    if not follow_links and os.path.islink(path):
+    return path if follow_links else refuse_link(path, f"{entry} names {name!r}, and ")
+
+
+def refuse_link(path: str | os.PathLike, what: str = "") -> str:
+    """``path`` as a str, once it is no symbolic link (``lstat``: the link itself is looked at).
+
+    For the entries of a checkpoint, backup or shards directory, where a link
+    planted before, between or during runs would lead reads, writes and
+    deletions anywhere. ``what`` starts the message (where the path came from).
+
+    Raises:
+        UnsafeNameError: naming the path and where the link leads.
+    """
+    path = os.fspath(path)
+    if os.path.islink(path):
         raise UnsafeNameError(
-            f"{entry} names {name!r}, and {path!r} is a symbolic link (to "
-            f"{os.readlink(path)!r}); torch-hapi does not follow links out of the directories "
-            "it was given. Replace the link with the directory itself."
+            f"{what}{path!r} is a symbolic link (to {os.readlink(path)!r}): torch-hapi follows "
+            "no link inside a checkpoint, backup or shards directory, where one could lead "
+            "its reads, writes and deletions anywhere. Remove the link; to keep a checkpoint "
+            "elsewhere, pass its real directory (os.path.realpath) instead."
         )
     return path
+
+
+def open_nofollow(path: str | os.PathLike, flags: int, levels: int = 1) -> int:
+    """``os.open(path, flags)`` (mode 0o666 less the umask), where none of the last ``levels``
+    parts of ``path`` -- the file and the directories that hold it -- may be a symbolic link.
+
+    Each part is opened relative to the one above it with ``O_NOFOLLOW``, so a
+    link planted at any moment, even between two checks, is never followed.
+
+    Raises:
+        UnsafeNameError: a part is a symbolic link (see :func:`refuse_link`).
+    """
+    head, parts = os.path.abspath(os.fspath(path)), []
+    for _ in range(levels):
+        head, tail = os.path.split(head)
+        parts.insert(0, tail)
+    if os.open not in os.supports_dir_fd:  # Windows: look, then open
+        for index in range(levels):
+            refuse_link(os.path.join(head, *parts[: index + 1]))
+        return os.open(path, flags | _NOFOLLOW | _BINARY, 0o666)
+    fd = os.open(head, os.O_RDONLY | _DIRECTORY)
+    try:
+        for index, part in enumerate(parts):
+            last = index == levels - 1
+            try:
+                opened = os.open(
+                    part,
+                    (flags if last else os.O_RDONLY | _DIRECTORY) | _NOFOLLOW | _BINARY,
+                    0o666,
+                    dir_fd=fd,
+                )
+            except OSError:
+                refuse_link(os.path.join(head, *parts[: index + 1]))
+                raise
+            os.close(fd)
+            fd = opened
+        opened, fd = fd, -1
+        return opened
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _fsync_directory(directory: str) -> None:
@@ -138,28 +198,6 @@ def _create_temporary(directory: str, name: str) -> tuple[int, str]:
     raise FileExistsError(f"Could not create a temporary file beside {name!r} in {directory!r}.")
 
 
-def _only_name(status: os.stat_result) -> bool:
-    """A regular file with no other name: writing into it changes nothing else."""
-    return stat.S_ISREG(status.st_mode) and status.st_nlink == 1
-
-
-def _open_spare(spare: str) -> int | None:
-    """The spare, opened for writing, if it is a plain file of ours; else ``None``.
-
-    ``O_NOFOLLOW``: a link planted under the spare's name is never opened
-    (its target would be overwritten); a second hard link to it (a file
-    elsewhere, say) is refused after opening.
-    """
-    try:
-        fd = os.open(spare, os.O_WRONLY | _NOFOLLOW | _BINARY)
-    except OSError:  # missing, a link (ELOOP), a directory...
-        return None
-    if not _only_name(os.fstat(fd)):
-        os.close(fd)
-        return None
-    return fd
-
-
 @contextlib.contextmanager
 def atomic_write(
     path: str | os.PathLike,
@@ -174,15 +212,12 @@ def atomic_write(
     synced file before it replaces ``path``; raising there keeps ``path`` too.
     A symbolic link at ``path`` is replaced, never written through.
 
-    ``reuse_previous`` (for files rewritten again and again, like backups):
-    the file this write replaces is kept under a hidden name (:func:`spare_of`)
-    and the next write goes into it, overwriting in place. A new file makes
-    the file system allocate and map every block again, which on ext4 costs
-    about 0.4-0.9 s of kernel time per 300 MB against 0.1 s for blocks it
-    already has. The spare is never the live file: ``path`` still changes
-    only by an atomic rename. Readers that keep the old file open (or mapped)
-    across two later writes would see it change, so use it only for files no
-    one maps. Only a regular file with a single name is kept or reused.
+    Each write has a temporary file of its own, and the final ``os.replace``
+    is the only step that touches ``path``: any number of writers of one path
+    (two jobs, say) and its readers never see a file half-written or mixed.
+    (Reusing the replaced file's blocks for the next write was cheaper in
+    kernel time, but a reader still reading that file would see it change.)
+    ``reuse_previous`` is accepted and does nothing, for callers not yet updated.
     """
     if mode not in ("wb", "w"):
         raise ValueError(f"atomic_write supports mode 'wb' or 'w'; received {mode!r}.")
@@ -193,26 +228,17 @@ def atomic_write(
         )
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    spare = spare_of(path)
-    fd = _open_spare(spare) if reuse_previous else None
-    if fd is not None:
-        tmp_path = spare
-    else:
-        fd, tmp_path = _create_temporary(directory, os.path.basename(path))
+    fd, tmp_path = _create_temporary(directory, os.path.basename(path))
     try:
         with os.fdopen(
             fd, mode, **({"encoding": "utf-8", "newline": ""} if mode == "w" else {})
         ) as handle:
             yield handle
-            handle.truncate()  # a reused file may be longer than what was written
             handle.flush()
             os.fsync(handle.fileno())
         if verify is not None:
             verify(tmp_path)
-        replaced = _keep_as_spare(path, directory) if reuse_previous else None
         os.replace(tmp_path, path)
-        if replaced is not None:
-            os.replace(replaced, spare)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_path)
@@ -221,28 +247,9 @@ def atomic_write(
 
 
 def spare_of(path: str | os.PathLike) -> str:
-    """The hidden file :func:`atomic_write` keeps beside ``path`` with ``reuse_previous``."""
+    """The hidden spare earlier versions kept beside ``path``, deleted with it."""
     path = os.fspath(path)
     return os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.spare")
-
-
-def _keep_as_spare(path: str, directory: str) -> str | None:
-    """A second name for the file at ``path``, so that replacing ``path`` does not free it.
-
-    Only for a regular file with no other name: a link (or a hard link to a
-    file elsewhere) planted at ``path`` must not become a spare written into.
-    """
-    try:
-        if not _only_name(os.lstat(path)):
-            return None
-    except OSError:
-        return None
-    link = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.link")
-    try:
-        os.link(path, link, follow_symlinks=False)
-    except (OSError, NotImplementedError):  # no hard links here: the old file is freed as usual
-        return None
-    return link
 
 
 def link_or_copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
@@ -278,8 +285,7 @@ def keep_as_previous(path: str | os.PathLike, previous: str | os.PathLike) -> bo
     """Give the file at ``path`` the second name ``previous`` (replacing it), before ``path`` is
     rewritten; returns whether it did.
 
-    For a file replaced by :func:`atomic_write` (never written in place: a
-    file with two names is neither reused as a spare nor written into), so
+    For a file replaced by :func:`atomic_write` (never written in place), so
     ``previous`` keeps the old content when ``path`` gets the new one.
     Nothing happens when ``path`` is missing or not a regular file (a link
     planted there is never followed).
@@ -294,7 +300,7 @@ def keep_as_previous(path: str | os.PathLike, previous: str | os.PathLike) -> bo
 
 
 def remove_with_spare(path: str | os.PathLike) -> None:
-    """Delete ``path`` and the spare :func:`atomic_write` may keep beside it.
+    """Delete ``path`` and the spare earlier versions kept beside it (:func:`spare_of`).
 
     ``os.remove`` deletes a link itself, never its target; a directory of
     that name is left alone.
@@ -305,35 +311,71 @@ def remove_with_spare(path: str | os.PathLike) -> None:
                 os.remove(name)
 
 
+@contextlib.contextmanager
+def _inside(directory: str | os.PathLike, at: int | None = None) -> Iterator[tuple[list, dict]]:
+    """The entries of ``directory`` (relative to the directory open as ``at``), and the keyword
+    that makes ``os.unlink``/``os.rmdir``/``os.lstat`` act inside it; ``([], ...)`` when it is
+    missing, not a directory, or a symbolic link, which is never followed.
+
+    Where the platform acts relative to an open directory (POSIX), the
+    directory stays the one opened even if a link replaces its name meanwhile.
+    """
+    if os.unlink not in os.supports_dir_fd:  # Windows: names joined to the path, once looked at
+        path = os.fspath(directory)
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                yield [os.path.join(path, name) for name in os.listdir(path)], {}
+                return
+        yield [], {}
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=at)
+    except OSError:
+        yield [], {}
+        return
+    try:
+        yield os.listdir(fd), {"dir_fd": fd}
+    finally:
+        os.close(fd)
+
+
+def _remove(name: str, where: dict, directory: bool = False) -> None:
+    with contextlib.suppress(OSError):  # gone already, not ours to delete, or not empty
+        if directory:
+            os.rmdir(name, **where)
+        elif not stat.S_ISDIR(os.lstat(name, **where).st_mode):
+            os.unlink(name, **where)
+
+
 def remove_shards(directory: str | os.PathLike, keep: str | None = None) -> None:
     """Delete the shards directories (``shards-<16 hex>``) in ``directory``, but ``keep``.
 
     Only what torch's distributed checkpoint writes there is deleted (its
     ``.metadata`` and ``__<rank>_<n>.distcp`` files), then the directory if it
-    is empty: a link of that name is unlinked, never followed, and a file of
-    anyone else's inside stays, with its directory.
+    is empty: a link -- as ``directory``, as a shards directory, or inside
+    one -- is never followed, and a file of anyone else's inside stays, with
+    its directory.
     """
-    directory = os.fspath(directory)
-    try:
-        entries = os.listdir(directory)
-    except FileNotFoundError:
-        return
-    for entry in entries:
-        if entry == keep or not SHARDS_NAME.fullmatch(entry):
-            continue
-        shards = os.path.join(directory, entry)
-        if os.path.islink(shards) or not os.path.isdir(shards):
-            continue
-        for name in os.listdir(shards):
-            if _DCP_FILE.fullmatch(name):
-                with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
-                    os.remove(os.path.join(shards, name))
-        remove_empty_directory(shards)
+    with _inside(directory) as (entries, where):
+        for entry in entries:
+            name = os.path.basename(entry)
+            if name == keep or not SHARDS_NAME.fullmatch(name):
+                continue
+            with _inside(entry, where.get("dir_fd")) as (shard_files, inner):
+                for shard_file in shard_files:
+                    if _DCP_FILE.fullmatch(os.path.basename(shard_file)):
+                        _remove(shard_file, inner)
+            _remove(entry, where, directory=True)
 
 
 def remove_sharded(directory: str | os.PathLike) -> None:
-    """Delete a sharded checkpoint torch-hapi wrote: its manifest, its shards, then ``directory`` if empty."""
-    remove_with_spare(os.path.join(os.fspath(directory), MANIFEST))
+    """Delete a sharded checkpoint torch-hapi wrote: its manifest, its shards, then ``directory``
+    if empty. A link as ``directory`` (or in it) is never followed: nothing is deleted through it.
+    """
+    with _inside(directory) as (entries, where):
+        for entry in entries:
+            if os.path.basename(entry) in (MANIFEST, os.path.basename(spare_of(MANIFEST))):
+                _remove(entry, where)
     remove_shards(directory)
     remove_empty_directory(directory)
 

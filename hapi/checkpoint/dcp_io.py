@@ -13,6 +13,12 @@ DCP's own reader unpickles the directory's ``.metadata`` and can be told to
 ``torch.load`` entries with ``weights_only=False``: reading goes through
 :class:`hapi.checkpoint.dcp_reader.SafeFileSystemReader`, which refuses both.
 
+torch reports a failure to read or write the files (a truncated shard, a full
+disk, a link refused) as its ``CheckpointException``, a ``BaseException`` that
+``except Exception`` misses: it becomes a
+:class:`~hapi.checkpoint.CheckpointError` naming the directory and each
+process's cause.
+
 Who writes the manifest is DCP's own choice: its coordinator (the process
 that also writes ``.metadata``), which :class:`_Writer` records; this module
 never tests a rank. Background saves run their collectives on a process group
@@ -28,6 +34,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -38,7 +45,8 @@ from torch.distributed.checkpoint.state_dict import (
 
 from hapi import distributed
 from hapi.checkpoint.background import snapshot
-from hapi.checkpoint.dcp_reader import SafeFileSystemReader
+from hapi.checkpoint.dcp_reader import NoFollowFileSystem, SafeFileSystemReader
+from hapi.checkpoint.errors import CheckpointError
 from hapi.checkpoint.matching import check_state_keys
 
 
@@ -50,6 +58,28 @@ def _quiet() -> Iterator[None]:
             "ignore", message="torch.distributed is disabled", category=UserWarning
         )
         yield
+
+
+@contextlib.contextmanager
+def _as_checkpoint_error(directory: str, writing: bool) -> Iterator[None]:
+    """DCP's ``CheckpointException`` as a :class:`CheckpointError` naming ``directory`` and the causes."""
+    try:
+        yield
+    except CheckpointException as error:
+        causes = "; ".join(
+            f"process {rank}: {type(cause).__name__}: {cause}"
+            for rank, (cause, _) in sorted(error.failures.items())
+        )
+        advice = (
+            "Check the disk's free space and permissions, then save again."
+            if writing
+            else "A shard was probably cut off or changed after it was written: use an "
+            "earlier checkpoint, or save this one again with model.save(path, sharded=True)."
+        )
+        raise CheckpointError(
+            f"Could not {'write' if writing else 'read'} the shards directory {directory!r} of "
+            f"a sharded checkpoint ({causes}). {advice}"
+        ) from None
 
 
 def _split(values: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -73,6 +103,10 @@ class _Writer(dcp.FileSystemWriter):
     """DCP's file writer, remembering whether DCP made this process its coordinator."""
 
     is_coordinator: bool | None = None
+
+    def __init__(self, path: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(path, *args, **kwargs)
+        self.fs = NoFollowFileSystem()
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
@@ -117,19 +151,20 @@ def save(
         }
     writer = _Writer(directory)
     if wait:
-        with _quiet():
+        with _quiet(), _as_checkpoint_error(directory, writing=True):
             dcp.save(payload, storage_writer=writer)
         future = None
     else:
         optimizer_rest = snapshot(optimizer_rest)
-        with _quiet():
+        with _quiet(), _as_checkpoint_error(directory, writing=True):
             future = dcp.async_save(
                 payload, storage_writer=writer, process_group=distributed.background_group()
             )
 
     def complete() -> None:
         if future is not None:
-            future.result()  # every process's shards written, the metadata too
+            with _as_checkpoint_error(directory, writing=True):
+                future.result()  # every process's shards written, the metadata too
         if writer.is_coordinator is None:
             raise RuntimeError(
                 "torch.distributed.checkpoint never set up its writer for this save; "
@@ -156,7 +191,7 @@ def load(directory: str, network: nn.Module, keys: set[str]) -> None:
     """The network's entries named in ``keys`` from ``directory``, resharded as the network is now."""
     template = {k: v for k, v in _split(get_model_state_dict(network))[0].items() if k in keys}
     payload = {"network": template}
-    with _quiet():
+    with _quiet(), _as_checkpoint_error(directory, writing=False):
         dcp.load(payload, storage_reader=SafeFileSystemReader(directory))
     set_model_state_dict(network, payload["network"], options=StateDictOptions(strict=False))
 
@@ -187,7 +222,7 @@ def load_optimizer(
         template = get_optimizer_state_dict(network, optimizer)  # creates the state to read into
         tensors = {name: _split(values)[0] for name, values in template["state"].items()}
         payload = {"optimizer": tensors}
-        with _quiet():
+        with _quiet(), _as_checkpoint_error(directory, writing=False):
             dcp.load(payload, storage_reader=SafeFileSystemReader(directory))
         for name, values in payload["optimizer"].items():
             state.setdefault(name, {}).update(values)

@@ -15,6 +15,11 @@ inside the checkpoint directory. torch-hapi saves only tensors through DCP,
 so a checkpoint it wrote always passes. Tensor data is then read by torch
 as usual, with ``torch.load(weights_only=True)``.
 
+No file is opened through a symbolic link (:class:`NoFollowFileSystem`, which
+the writer of :mod:`hapi.checkpoint.dcp_io` uses too): a shards directory, a
+file in it, or the checkpoint directory holding them that is a link is
+refused, whenever it was planted.
+
 Note: ``torch.distributed.checkpoint.load`` (torch 2.13) catches any error
 from ``read_metadata``, falls back to the per-rank ``__<rank>.metadata`` and
 then raises an ``AssertionError`` that quotes both errors. A caller that wants
@@ -24,19 +29,20 @@ the :class:`~hapi.checkpoint.CheckpointError` itself calls
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pathlib
 import pickle
-from typing import Any, NoReturn
+from typing import IO, Any, Iterator, NoReturn
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint import metadata as dcp_metadata
-from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.filesystem import FileSystem, _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
-from hapi.callbacks.files import is_plain_name
+from hapi.callbacks import files
 from hapi.checkpoint.errors import CheckpointError
 
 _DCP = "torch.distributed.checkpoint.metadata"
@@ -107,11 +113,31 @@ class _MetadataUnpickler(pickle.Unpickler):
             raise _Unsafe(f"its .metadata asks to import {module}.{name}") from None
 
 
+class NoFollowFileSystem(FileSystem):
+    """torch's local file system for DCP, opening no file through a symbolic link.
+
+    A file is opened relative to its directory, and that one relative to the
+    checkpoint directory, each with ``O_NOFOLLOW``
+    (:func:`callbacks.files.open_nofollow`): a link planted as a shard, as the
+    shards directory or as the checkpoint directory is refused, naming it.
+    """
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[IO[bytes]]:
+        flags = {"rb": os.O_RDONLY, "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC}[mode]
+        with os.fdopen(files.open_nofollow(path, flags, levels=3), mode) as stream:
+            yield stream
+
+
 class SafeFileSystemReader(FileSystemReader):
     """``FileSystemReader`` that refuses checkpoints able to run code, instead of running it.
 
     Use it as ``dcp.load(state, storage_reader=SafeFileSystemReader(path))``.
     """
+
+    def __init__(self, path: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        super().__init__(path, *args, **kwargs)
+        self.fs = NoFollowFileSystem()
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """Unpickle ``.metadata`` (or ``__<rank>.metadata``) through the allowlist and check it.
@@ -119,11 +145,15 @@ class SafeFileSystemReader(FileSystemReader):
         Raises:
             hapi.checkpoint.CheckpointError: the metadata imports anything DCP
                 does not write, declares non-tensor entries or stream
-                transforms, points outside the directory, or is damaged.
+                transforms, points outside the directory, is damaged, or is
+                reached through a symbolic link.
         """
         path = self._get_metadata_path(kwargs.get("rank"))
-        with self.fs.create_stream(path, "rb") as metadata_file:
-            raw = metadata_file.read()
+        try:
+            with self.fs.create_stream(path, "rb") as metadata_file:
+                raw = metadata_file.read()
+        except files.UnsafeNameError as error:
+            raise CheckpointError(f"Sharded checkpoint {os.fspath(self.path)!r}: {error}") from None
         try:
             metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
         except _Unsafe as error:
@@ -165,7 +195,7 @@ class SafeFileSystemReader(FileSystemReader):
                 self._refuse(
                     f"its .metadata asks for stream transforms {list(item.transform_descriptors)}"
                 )
-            if not is_plain_name(item.relative_path):
+            if not files.is_plain_name(item.relative_path):
                 self._refuse(
                     f"its .metadata points at the data file {item.relative_path!r}, "
                     "outside the checkpoint directory"

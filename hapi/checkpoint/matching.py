@@ -95,6 +95,8 @@ def load_optimizer_state(
         if keep_hyperparameters and "state" in optimizer_state:
             check_state_keys(optimizer, _file_keys(optimizer, optimizer_state), groups)
         (load or optimizer.load_state_dict)(optimizer_state)
+    except CheckpointError:
+        raise  # the shards could not be read: says so itself
     except (ValueError, KeyError, RuntimeError) as error:
         raise CheckpointError(
             f"The optimizer state in {source} does not fit this model's optimizer "

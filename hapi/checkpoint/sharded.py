@@ -12,7 +12,9 @@ once every shard is written, then names it, and older ones are removed. A
 crash at any point leaves the previous checkpoint loadable. The manifest is
 data from outside when read back: the shards directory it names is joined to
 the checkpoint's directory only as a plain name of the form torch-hapi writes,
-never a path (``callbacks.files.child``).
+never a path (``callbacks.files.child``). No link is followed: not as the
+checkpoint's directory, its manifest, a shards directory or a shard, whenever
+it was planted (refused with a :class:`CheckpointError` naming it).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def save_sharded(
     holds the moment of the call, not what training has made of its objects
     by the time the shards are on disk.
     """
-    directory = check_path(path, directory=True)
+    directory = _no_link(check_path(path, directory=True))
     background.wait_for_writes()
     # Every process must name the same directory: rank 0's random name is everyone's.
     name = "shards-" + distributed.broadcast_bytes(secrets.token_hex(8).encode()).decode()
@@ -80,11 +82,13 @@ def shards_directory(file: str, state: dict[str, Any]) -> str:
     Raises:
         CheckpointError: the manifest names anything but a shards directory
             inside the checkpoint's own directory (an absolute path, ``..``,
-            a separator, a link leading elsewhere), naming the value.
+            a separator, a link leading elsewhere), naming the value; the
+            checkpoint's directory or manifest is a symbolic link.
     """
+    _no_link(file)
     try:
         return files.child(
-            os.path.dirname(file),
+            _no_link(os.path.dirname(file)),
             state.get("shards"),
             f"The manifest {file!r} entry 'shards'",
             files.SHARDS_NAME,
@@ -92,3 +96,15 @@ def shards_directory(file: str, state: dict[str, Any]) -> str:
         )
     except files.UnsafeNameError as error:
         raise CheckpointError(str(error)) from error
+
+
+def _no_link(path: str) -> str:
+    """``path``, once it is no symbolic link: a sharded checkpoint's directory and manifest never are.
+
+    Raises:
+        CheckpointError: naming the path and where the link leads.
+    """
+    try:
+        return files.refuse_link(path.rstrip("/" + os.sep) or path, "Sharded checkpoint: ")
+    except files.UnsafeNameError as error:
+        raise CheckpointError(str(error)) from None

@@ -72,12 +72,32 @@ def test_a_directory_holding_other_files_stays_with_them(tmp_path):
     assert os.listdir(tmp_path / "mine") == ["notes.txt"]
 
 
-def test_a_resumed_run_removes_the_directory_its_interrupted_run_made(tmp_path):
+@pytest.mark.parametrize("made_by", ["the interrupted run", "the user"])
+def test_a_resumed_run_removes_the_directory_only_if_its_interrupted_run_made_it(tmp_path, made_by):
+    if made_by == "the user":
+        (tmp_path / "made").mkdir()
     backup = BackupAndRestore(tmp_path / "made", delete_checkpoint=False)
     _fit(backup, epochs=1)  # as if interrupted after one epoch: the backup stays
-    assert sorted(os.listdir(tmp_path / "made"))[-1] == "backup.pt"
+    assert sorted(os.listdir(tmp_path / "made")) == ["backup.pt"]  # either way: only the backup
     _fit(BackupAndRestore(tmp_path / "made"), epochs=2)
-    assert not (tmp_path / "made").exists()
+    assert (tmp_path / "made").exists() == (made_by == "the user")
+
+
+def test_a_sharded_backup_is_named_as_it_lies_when_resumed_or_unreadable(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(hapi.Model, "sharded", property(lambda self: True))
+    _fit(BackupAndRestore(tmp_path, delete_checkpoint=False), epochs=1)
+    capsys.readouterr()
+    _fit(BackupAndRestore(tmp_path, delete_checkpoint=False), epochs=2)
+    said = capsys.readouterr().out
+    assert f"resuming from {tmp_path / 'backup'} at epoch 2" in said, said
+    shard = next((tmp_path / "backup").glob("shards-*/*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])  # cut off: torch raises a BaseException
+    with pytest.raises(RuntimeError, match="delete .*/backup\\.$") as caught:
+        _fit(BackupAndRestore(tmp_path), epochs=3)
+    assert isinstance(caught.value.__cause__, hapi.checkpoint.CheckpointError)
+    assert str(shard.parent) in str(caught.value)
 
 
 def test_delete_checkpoint_false_keeps_everything(tmp_path):
@@ -144,7 +164,7 @@ def _resume(backup_dir, **options) -> tuple[hapi.Model, hapi.History, list[str]]
 def interrupted(tmp_path_factory) -> dict:
     """The weights of an uninterrupted run, and the backups of one stopped before epoch 2."""
     reference = _fit(BackupAndRestore(tmp_path_factory.mktemp("reference")), epochs=EPOCHS)
-    backup_dir = tmp_path_factory.mktemp("interrupted")
+    backup_dir = tmp_path_factory.mktemp("interrupted") / "backup"  # made by the run
     torch.manual_seed(0)
     model = hapi.Model(TinyNet())
     model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())

@@ -21,7 +21,14 @@ from conftest import TinyNet, make_tiny_data
 from torch import nn
 
 import hapi
-from callbacks import BackupAndRestore, CSVLogger, ModelCheckpoint, TensorBoard, VisualDL
+from callbacks import (
+    BackupAndRestore,
+    Callback,
+    CSVLogger,
+    ModelCheckpoint,
+    TensorBoard,
+    VisualDL,
+)
 
 
 def _model(seed: int = 0) -> hapi.Model:
@@ -316,3 +323,139 @@ def test_an_empty_path_is_refused_instead_of_a_hidden_file(tmp_path, monkeypatch
     assert sorted(os.listdir(tmp_path)) == []
     model.save("ckpt/", sharded=True)  # a directory may end in a separator
     assert sorted(os.listdir(tmp_path / "ckpt"))[0] == "checkpoint.pt"
+
+
+# -- links planted before, between and during runs --------------------------------------------
+#
+# Every entry torch-hapi opens in a backup directory -- a single-file backup's files, a
+# sharded backup's directory, manifest, shards directory and shard files, and ModelCheckpoint's
+# files (kept in the same directory here) -- is replaced by a
+# symbolic link into a sentinel directory that holds another run's copy of it (so following
+# the link would "work"): before the first run, between an interrupted run and its resume, and
+# during a run (after a backup, before the next). The sentinel must stay untouched, and the fit
+# must either refuse with an error naming the link, or end with the weights of the same run
+# never interrupted (the link replaced or left alone, never followed).
+
+LINK_EPOCHS = 3
+SINGLE = ["backup.pt", "backup-previous.pt", ".backup.pt.spare", "ckpt/0.pt", "ckpt/final.pt"]
+SHARDED = [
+    "backup",
+    "backup/checkpoint.pt",
+    "backup/shards-*",
+    "backup/shards-*/.metadata",
+    "backup/shards-*/__0_0.distcp",
+]
+
+
+class _Plant(Callback):
+    """Calls ``plant()`` at epoch ``epoch``'s second batch, once the last backup is on disk."""
+
+    def __init__(self, epoch: int, plant) -> None:
+        super().__init__()
+        self.epoch, self.plant = epoch, plant
+
+    def on_train_batch_end(self, step, logs=None):
+        if self.model.epoch == self.epoch and step == 1:
+            self.model.wait_for_saves()
+            self.plant()
+
+
+class _Stop(Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 2:
+            raise KeyboardInterrupt  # as a crash: no on_train_end
+
+
+def _fit_backup(backup_dir, seed: int = 0, callbacks=(), sharded: bool = False) -> hapi.Model:
+    model = _model(seed)
+    backup = BackupAndRestore(backup_dir, double_checkpoint=not sharded)
+    model.fit(
+        make_tiny_data(32),
+        batch_size=8,
+        epochs=LINK_EPOCHS,
+        verbose=0,
+        callbacks=[*callbacks, ModelCheckpoint(backup_dir / "ckpt", keep=2), backup],
+    )
+    return model
+
+
+def _flat(model: hapi.Model) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+@pytest.fixture(scope="module")
+def link_runs(tmp_path_factory) -> dict:
+    """Another run's backups (seed 1) to copy outside, and the uninterrupted run's weights."""
+    root = tmp_path_factory.mktemp("links")
+    found = {}
+    with pytest.MonkeyPatch.context() as patch:
+        for sharded in (False, True):
+            patch.setattr(hapi.Model, "sharded", property(lambda self, s=sharded: s))
+            other = root / f"other-{sharded}"
+            with pytest.raises(KeyboardInterrupt):
+                _fit_backup(other, seed=1, callbacks=[_Stop()], sharded=sharded)
+            hapi.checkpoint.wait_for_writes()
+            if not sharded:
+                (other / ".backup.pt.spare").write_bytes((other / "backup.pt").read_bytes())
+            found[sharded] = (other, _flat(_fit_backup(root / f"ref-{sharded}", sharded=sharded)))
+    return found
+
+
+def _entry(directory: pathlib.Path, entry: str) -> pathlib.Path:
+    """``entry`` in ``directory``, a ``shards-*`` part resolved (a name of that shape if none)."""
+    path = directory
+    for part in entry.split("/"):
+        matches = sorted(path.glob(part)) if "*" in part else [path / part]
+        path = matches[0] if matches else path / part.replace("*", "0123456789abcdef")
+    return path
+
+
+def _plant_link(backup_dir: pathlib.Path, entry: str, outside: pathlib.Path) -> pathlib.Path:
+    where, target = _entry(backup_dir, entry), _entry(outside, entry)
+    if where.is_dir() and not where.is_symlink():
+        shutil.rmtree(where)
+    elif where.exists() or where.is_symlink():
+        where.unlink()
+    where.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(target, where)
+    return where
+
+
+@pytest.mark.parametrize("moment", ["before", "between", "during"])
+@pytest.mark.parametrize("entry", SINGLE + SHARDED)
+def test_a_link_planted_in_a_backup_directory_is_never_followed(
+    entry, moment, link_runs, tmp_path, monkeypatch
+):
+    sharded = entry in SHARDED
+    monkeypatch.setattr(hapi.Model, "sharded", property(lambda self: sharded))
+    other, reference = link_runs[sharded]
+    outside = tmp_path / "outside"
+    shutil.copytree(other, outside, symlinks=True)
+    before = _snapshot(outside)
+    backup_dir = tmp_path / "run"
+    planted = []
+
+    def plant():
+        planted.append(_plant_link(backup_dir, entry, outside))
+
+    error, model = None, None
+    try:
+        if moment == "before":
+            plant()
+        elif moment == "between":
+            with pytest.raises(KeyboardInterrupt):
+                _fit_backup(backup_dir, callbacks=[_Stop()], sharded=sharded)
+            hapi.checkpoint.wait_for_writes()
+            plant()
+        callbacks = [_Plant(1, plant)] if moment == "during" else []
+        seed = 2 if moment == "between" else 0  # resumed: the weights must come from a backup
+        model = _fit_backup(backup_dir, seed=seed, callbacks=callbacks, sharded=sharded)
+    except Exception as caught:  # noqa: BLE001 -- checked below: it must name the link
+        error = caught
+    hapi.checkpoint.wait_for_writes()
+    assert planted, "the link was never planted"
+    assert _snapshot(outside) == before, f"{entry} {moment}: the sentinel directory changed"
+    if error is not None:
+        assert "symbolic link" in str(error) and str(planted[0]) in str(error), error
+    else:
+        assert (_flat(model) - reference).abs().max() < 1e-6, f"{entry} {moment}: other weights"

@@ -19,8 +19,10 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from conftest import TinyNet, make_tiny_data
 from torch.distributed.checkpoint import FileSystemReader
 
+import hapi
 from hapi.checkpoint import CheckpointError
 from hapi.checkpoint.dcp_reader import SafeFileSystemReader
 
@@ -190,3 +192,30 @@ def test_damaged_metadata(tmp_path: Path, cut: str) -> None:
     )
     with pytest.raises(CheckpointError, match=r"is damaged.*\.metadata.*bytes.*sharded=True"):
         SafeFileSystemReader(directory).read_metadata()
+
+
+def test_every_cut_of_every_shard_is_a_checkpoint_error(tmp_path: Path) -> None:
+    """A truncated shard file: torch raises its CheckpointException, a BaseException that
+    ``except Exception`` misses; a load gives a CheckpointError naming the shards instead."""
+
+    def model() -> hapi.Model:
+        built = hapi.Model(TinyNet())
+        built.prepare(torch.optim.Adam(built.parameters()), torch.nn.CrossEntropyLoss())
+        return built
+
+    trained = model()
+    trained.fit(make_tiny_data(32), batch_size=8, verbose=0)
+    trained.save(tmp_path / "ckpt", sharded=True)
+    shards = next((tmp_path / "ckpt").glob("shards-*"))
+    assert issubclass(CheckpointError, Exception)
+    tried = 0
+    for file in sorted(shards.glob("*.distcp")):
+        raw = file.read_bytes()
+        for cut in (0, 1, len(raw) // 2, len(raw) - 1):
+            file.write_bytes(raw[:cut])
+            with pytest.raises(CheckpointError, match=f"read the shards directory '{shards}'"):
+                model().load(tmp_path / "ckpt")
+            tried += 1
+        file.write_bytes(raw)
+    assert tried >= 4
+    model().load(tmp_path / "ckpt")  # whole again: loads
