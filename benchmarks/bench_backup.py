@@ -15,16 +15,14 @@ same thing, more than what is measured. And the cost of each backup measured
 inside its run: the time the ``BackupAndRestore`` step and the following
 ``--window`` steps took beyond the run's median step (the write runs during
 them), less the same for runs without backups, as a share of the
-``save_freq`` steps it covers; one column per backup, since the first two of
-a run create new files and the later ones overwrite the spare.
+``save_freq`` steps it covers; one column per backup.
 
 With ``--paired-steps N``, also one run of N steps per contender in which
 the blocks of ``save_freq`` steps alternate between beginning with a backup
 and not: each backup's cost is its block's extra time over the two blocks
 beside it, which the machine's slow drifts hit alike (``--repeats 0``: only
-this). The first two backups of a run create files and are reported apart,
-in seconds, once per run; from the third on each overwrites a file, which is
-what a long run pays every ``save_freq`` steps.
+this). The first two backups of a run are reported apart, in seconds, once
+per run (the first also allocates the CPU copy later backups reuse).
 
 Run with training on one core (as GPU training leaves the host's cores mostly
 free, the writing thread then has one) and on every core (the write's CPU
@@ -213,9 +211,8 @@ def main() -> None:
         print(
             f"Cost of each backup inside its run ({args.window} steps from the backup step, beyond the "
             f"run's median step, less the same steps of runs without backups), as a share of the "
-            f"{args.save_freq} steps of {statistics.median(medians):.3f} s it covers. The first two "
-            "backups of a run create their files; from the third on, each overwrites the file the "
-            "one before it replaced (what a long run sees):\n"
+            f"{args.save_freq} steps of {statistics.median(medians):.3f} s it covers. The first "
+            "backup of a run also allocates the CPU copy that later ones reuse:\n"
         )
         print("| contender | " + " | ".join(f"backup {k + 1}" for k in range(backups)) + " |")
         print("|---|" + "---|" * backups)
@@ -238,11 +235,9 @@ def paired(args: argparse.Namespace) -> None:
     blocks just before and after it that begin with none: slow drifts of the machine's
     speed hit both alike, which whole runs minutes apart do not.
 
-    The first two backups of a run cost more than the others: the first allocates the
-    CPU copy and creates the file; the second creates the file that later backups take
-    turns with (the one it replaces is kept to be overwritten). From the third on, every
-    backup overwrites a file: that is the cost per ``save_freq`` steps of a long run, and
-    the first two add a fixed time once per run, printed apart in seconds.
+    The first backup of a run costs more than the others: it allocates the CPU copy
+    that later backups reuse. The first two are printed apart, in seconds, once per
+    run; from the third on, each is the cost per ``save_freq`` steps of a long run.
     """
     generator = torch.Generator().manual_seed(1)
     samples = 64 * args.paired_steps
