@@ -41,8 +41,8 @@ class _BackgroundWrite:
     exception`` aborts the process from inside torch's writer). So the
     thread is a daemon that the interpreter never joins: :meth:`join` waits
     on an event with Ctrl-C deferred (:func:`_interrupts_deferred`), and so
-    does an ``atexit`` hook, which runs on every exit but ``os._exit`` and a
-    fatal signal.
+    does an exit hook, which runs on every exit but ``os._exit`` and a fatal
+    signal.
     """
 
     def __init__(self) -> None:
@@ -127,7 +127,9 @@ def _interrupts_deferred(notice: str = "") -> Iterator[None]:
 
 
 background = _BackgroundWrite()
-atexit.register(background.join_at_exit)
+# Before any exit hook of the user's (one may destroy the process group a sharded write
+# needs), as a non-daemon thread would be waited for; atexit's where that hook is missing.
+getattr(threading, "_register_atexit", atexit.register)(background.join_at_exit)
 
 
 def note_started() -> None:

@@ -26,7 +26,7 @@ ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 DRIVER = textwrap.dedent("""
     import atexit, json, os, signal, sys, time
     driver = os.getpid()
-    # Registered before torch-hapi's own exit hook, so run after it: a child whose
+    # Run after torch-hapi's own exit hook (which waits for the last write): a child whose
     # trial number is not a multiple of 8 skips the interpreter's teardown of torch (1-2 s).
     atexit.register(lambda: os.getpid() != driver and trial % 8 and os._exit(0))
     import torch
