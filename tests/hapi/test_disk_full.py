@@ -137,6 +137,6 @@ def test_a_full_disk_is_said_in_words_naming_the_file_and_nothing_is_left_behind
         ]
         if any(problems):
             failures.append((name, [p for p in problems if p], message))
-    assert not failures, failures
+    assert not failures, (f"{len(failures)} of {len(reports)} failed", failures)
     free = [report["free"] for report in reports[:-1]]
     assert free == [free[0]] * len(free) and free[0] > 1_000_000  # no space held by leftovers

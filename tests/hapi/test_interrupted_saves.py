@@ -125,6 +125,6 @@ def test_ctrl_c_at_every_moment_leaves_the_last_save_that_returned(tmp_path):
             problem.append(f"left behind: {left}")
         if problem:
             failures.append((report["trial"], problem, stderr[-300:]))
-    assert not failures, failures
+    assert not failures, (f"{len(failures)} of {len(reports)} failed", failures)
     # The moment that matters was reached: Ctrl-C while a write was awaited.
     assert waited >= 3, [r["exit"] for r in reports]
