@@ -2,7 +2,7 @@
 
 The disk is a 2 MB tmpfs the test mounts in a mount namespace of its own
 (``unshare``: gone with the process, nothing to unmount); a model of 4 MB
-does not fit on it. One process runs every writer in turn and reports what
+does not fit on it. Last, the disk is remounted read-only. One process runs every writer in turn and reports what
 each raised and what it left on the disk.
 """
 
@@ -19,7 +19,7 @@ import textwrap
 ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 
 SCRIPT = textwrap.dedent("""
-    import json, os, shutil, sys, torch
+    import json, os, shutil, subprocess, sys, torch
     from torch import nn
     import hapi
     from hapi.callbacks import BackupAndRestore, CSVLogger, ModelCheckpoint
@@ -44,6 +44,10 @@ SCRIPT = textwrap.dedent("""
         big = model(1000)
         big.save(f"{disk}/sharded", sharded=True, wait=False)
         big.wait_for_saves()
+
+    def read_only():  # the same disk, remounted read-only
+        subprocess.run(["mount", "-o", "remount,ro", disk], check=True)
+        model(1).save(f"{disk}/kept")
 
     def filled(write):  # the disk full to the last byte, for a file of a few bytes
         def run():
@@ -74,7 +78,8 @@ SCRIPT = textwrap.dedent("""
         "BackupAndRestore": lambda: fit(BackupAndRestore(f"{disk}/bk")),
         "CSVLogger": filled(lambda: fit(CSVLogger(f"{disk}/csv/log.csv"))),
         "save, disk full to the byte": filled(lambda: model(1).save(f"{disk}/kept")),
-        "save(sharded=True, wait=False)": sharded_in_background,  # last: see the test
+        "save(sharded=True, wait=False)": sharded_in_background,  # last but one: see the test
+        "save on a read-only disk": read_only,
     }
     def listing():
         return sorted(os.path.relpath(os.path.join(d, n), disk)
@@ -113,7 +118,7 @@ def test_a_full_disk_is_said_in_words_naming_the_file_and_nothing_is_left_behind
         env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    *reports, first = [json.loads(line) for line in result.stdout.splitlines()]
+    *reports, read_only, first = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(reports) == 8, result.stdout
     failures = []
     for report in reports:
@@ -138,5 +143,10 @@ def test_a_full_disk_is_said_in_words_naming_the_file_and_nothing_is_left_behind
         if any(problems):
             failures.append((name, [p for p in problems if p], message))
     assert not failures, (f"{len(failures)} of {len(reports)} failed", failures)
+    raised = read_only["raised"]
+    assert raised["errno"] == errno.EROFS and {"CheckpointError", "OSError"} <= set(raised["types"])
+    assert raised["message"].startswith(
+        f"Could not write the checkpoint '{disk}/kept.pt': the file system is read-only"
+    )
     free = [report["free"] for report in reports[:-1]]
     assert free == [free[0]] * len(free) and free[0] > 1_000_000  # no space held by leftovers
