@@ -42,6 +42,17 @@ def write_file(state: dict[str, Any], target: str, reuse_previous: bool = False)
     converted = plain(state)
     created = _missing_directories(target)
     try:
+        _write(converted, target, reuse_previous)
+    except BaseException as error:
+        for directory in created:
+            remove_empty_directory(directory)
+        if isinstance(error, (OSError, RuntimeError)) and not isinstance(error, CheckpointError):
+            raise write_failed(target, error) from error  # torch says a full disk as a RuntimeError
+        raise
+
+
+def _write(converted: Any, target: str, reuse_previous: bool) -> None:
+    try:
         with atomic_write(
             target, "wb", verify=_loads_safely, reuse_previous=reuse_previous
         ) as handle:
@@ -54,12 +65,6 @@ def write_file(state: dict[str, Any], target: str, reuse_previous: bool = False)
             target,
             f"{offender[0]} is a {offender[1]}" if offender else f"an entry: {detail(error)}",
         ) from error
-    except (OSError, RuntimeError) as error:  # torch says a full disk as a RuntimeError
-        for directory in created:
-            remove_empty_directory(directory)
-        if isinstance(error, CheckpointError):
-            raise
-        raise write_failed(target, error) from error
 
 
 def _missing_directories(target: str) -> list[str]:
