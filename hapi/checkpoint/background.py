@@ -75,10 +75,11 @@ class _BackgroundWrite:
         A Ctrl-C while waiting is raised once the write has ended (the
         write's own error is then kept for the next wait).
         """
-        with _interrupts_deferred(
+        notice = (
             f"Waiting for the checkpoint {self._target!r} being written in the background "
             "to be whole on disk."
-        ):
+        )
+        with _interrupts_deferred(notice if self._done is not None else ""):
             if self._done is not None:
                 self._done.wait()
                 self._done = None
@@ -105,9 +106,9 @@ def _interrupts_deferred(notice: str = "") -> Iterator[None]:
     On the main thread only (the only one signals reach in Python); the
     handler in force (``KeyboardInterrupt``, or the user's own) then runs.
     """
-    if threading.current_thread() is not threading.main_thread() or not signal.getsignal(
-        signal.SIGINT
-    ):  # None: a handler not set from Python, which could not be put back
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is None  # a handler not set from Python: no putting it back
+    ):
         yield
         return
     received = []
