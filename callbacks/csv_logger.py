@@ -34,6 +34,8 @@ class CSVLogger(Callback):
     Raises:
         TypeError: ``filename`` is not a path.
         ValueError: ``separator`` is not one character.
+        OSError: at an epoch end, when the file cannot be written (a full
+            disk, say): its ``errno``, naming the file and the cause.
     """
 
     def __init__(
@@ -79,15 +81,23 @@ class CSVLogger(Callback):
         self.keys.update(logs)
         self.rows.append({"epoch": str(epoch), **{key: str(value) for key, value in logs.items()}})
         columns = ["epoch", *sorted(self.keys)]
-        with atomic_write(self.filename, "w") as handle:
-            writer = csv.DictWriter(
-                handle,
-                fieldnames=columns,
-                delimiter=self.separator,
-                restval="",
-                extrasaction="ignore",
-                lineterminator="\n",
-            )
-            writer.writeheader()
-            for row in self.rows:
-                writer.writerow(row)
+        try:
+            with atomic_write(self.filename, "w") as handle:
+                writer = csv.DictWriter(
+                    handle,
+                    fieldnames=columns,
+                    delimiter=self.separator,
+                    restval="",
+                    extrasaction="ignore",
+                    lineterminator="\n",
+                )
+                writer.writeheader()
+                for row in self.rows:
+                    writer.writerow(row)
+        except OSError as error:  # a bare "[Errno 28] No space left on device" names no file
+            raise OSError(
+                error.errno,
+                f"CSVLogger could not write {self.filename!r}: {error.strerror or error}. The "
+                "file there is unchanged. Free space there (or the permission it lacks) or pass "
+                "CSVLogger another filename.",
+            ) from error

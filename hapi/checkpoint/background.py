@@ -15,26 +15,38 @@ the previous file.
 
 from __future__ import annotations
 
+import atexit
 import collections
+import contextlib
 import copy
+import signal
+import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
 from hapi import distributed
-from hapi.checkpoint.errors import CheckpointError
+from hapi.checkpoint.errors import CheckpointError, write_failed
 
 
 class _BackgroundWrite:
     """At most one checkpoint write running beside training, in each process.
 
-    Non-daemon: an interpreter that is exiting waits for the write to end, so
-    a backup started just before a normal exit is complete on disk.
+    The last save that returned must be on disk when the process ends, also
+    after Ctrl-C. ``Thread.join`` cannot promise it: interrupted by
+    ``KeyboardInterrupt``, CPython 3.11 marks the running thread as ended, so
+    the interpreter's exit no longer waits for it and kills it mid-write
+    (the previous file stays, or ``terminate called without an active
+    exception`` aborts the process from inside torch's writer). So the
+    thread is a daemon that the interpreter never joins: :meth:`join` waits
+    on an event with Ctrl-C deferred (:func:`_interrupts_deferred`), and so
+    does an exit hook, which runs on every exit but ``os._exit`` and a fatal
+    signal.
     """
 
     def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
+        self._done: threading.Event | None = None
         self._error: BaseException | None = None
         self._target = ""
         # Set on every process by a background save (each calls it), cleared once
@@ -43,32 +55,82 @@ class _BackgroundWrite:
 
     def start(self, write: Callable[[], None], target: str) -> None:
         self.join()
+        done = threading.Event()
 
         def run() -> None:
             try:
                 write()
             except BaseException as error:  # noqa: BLE001 -- reported by join() on the main thread
                 self._error = error
+            finally:
+                done.set()
 
-        self._target = target
-        self._thread = threading.Thread(target=run, name="hapi-checkpoint-write", daemon=False)
-        self._thread.start()
+        with _interrupts_deferred():  # a thread started is a thread waited for
+            threading.Thread(target=run, name="hapi-checkpoint-write", daemon=True).start()
+            self._target, self._done = target, done
 
     def join(self) -> None:
-        """Wait for the running write; raise its error (once)."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        """Wait for the running write; raise its error (once).
+
+        A Ctrl-C while waiting is raised once the write has ended (the
+        write's own error is then kept for the next wait).
+        """
+        notice = (
+            f"Waiting for the checkpoint {self._target!r} being written in the background "
+            "to be whole on disk."
+        )
+        with _interrupts_deferred(notice if self._done is not None else ""):
+            if self._done is not None:
+                self._done.wait()
+                self._done = None
         error, self._error = self._error, None
-        if error is not None:
-            raise CheckpointError(
-                f"Writing the checkpoint {self._target!r} in the background failed "
-                f"({type(error).__name__}: {error}); the previous file there is "
-                "unchanged."
-            ) from error
+        if isinstance(error, CheckpointError):
+            raise error  # it names the file and the cause
+        if error is not None:  # torch's distributed checkpoint's own errors, say
+            raise write_failed(self._target, error) from error
+
+    def join_at_exit(self) -> None:
+        """At interpreter exit: wait for the write; its failure is printed, as exit cannot raise."""
+        try:
+            self.join()
+        except KeyboardInterrupt:
+            self.join_at_exit()  # the write has ended: say if it failed
+        except Exception as error:  # noqa: BLE001 -- the process is ending: say it, do not lose it
+            sys.stderr.write(f"torch-hapi: {error}\n")
+
+
+@contextlib.contextmanager
+def _interrupts_deferred(notice: str = "") -> Iterator[None]:
+    """SIGINT (Ctrl-C) inside the block is delivered at its end, once; ``notice`` is printed then.
+
+    On the main thread only (the only one signals reach in Python); the
+    handler in force (``KeyboardInterrupt``, or the user's own) then runs.
+    """
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is None  # a handler not set from Python: no putting it back
+    ):
+        yield
+        return
+    received = []
+
+    def defer(number: int, frame: Any) -> None:
+        if notice and not received:
+            sys.stderr.write(notice + "\n")
+        received.append(number)
+
+    previous = signal.signal(signal.SIGINT, defer)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        signal.raise_signal(signal.SIGINT)
 
 
 background = _BackgroundWrite()
+# Before any exit hook of the user's (one may destroy the process group a sharded write
+# needs), as a non-daemon thread would be waited for; atexit's where that hook is missing.
+getattr(threading, "_register_atexit", atexit.register)(background.join_at_exit)
 
 
 def note_started() -> None:

@@ -1,19 +1,24 @@
-"""The one error of the checkpoint package, in a module of its own that imports nothing.
+"""The one error of the checkpoint package, and the words for why a file could not be written.
 
-Every module of :mod:`hapi.checkpoint` raises it, and :mod:`hapi.resume` too;
-users catch it as ``hapi.checkpoint.CheckpointError``.
+A module of its own that imports nothing of torch-hapi: every module of
+:mod:`hapi.checkpoint` raises the error, and :mod:`hapi.resume` too; users
+catch it as ``hapi.checkpoint.CheckpointError``.
 """
 
 from __future__ import annotations
+
+import errno
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be written or loaded safely, or does not fit the model.
 
     Raised by ``Model.save``/``Model.load`` (and the callbacks that call them)
-    instead of a bare unpickling or ``load_state_dict`` error, with a message
-    that names the file, the cause and the fix: a truncated or corrupt file,
-    a file that holds Python objects other than tensors and plain values
+    instead of a bare unpickling, ``OSError`` or ``load_state_dict`` error,
+    with a message that names the file, the cause and the fix: a full disk
+    or a directory it may not write to (:class:`CheckpointWriteError`, an
+    ``OSError`` too, with its ``errno``), a truncated or corrupt file, a file
+    that holds Python objects other than tensors and plain values
     (torch-hapi never runs code from a checkpoint), weights of another
     architecture (the keys and shapes that differ), an optimizer state that
     does not fit, a state that could not be read back safely, a failed
@@ -21,3 +26,64 @@ class CheckpointError(RuntimeError):
     ``FileNotFoundError``. Under several processes it is raised on every
     process.
     """
+
+
+# errno -> (the cause in words, what to do).
+_CAUSES = {
+    errno.ENOSPC: ("the disk is full", "free space there or save to another disk"),
+    getattr(errno, "EDQUOT", errno.ENOSPC): (
+        "the disk quota is used up",
+        "free space there or save to another disk",
+    ),
+    errno.EACCES: ("permission denied", "save to a directory you may write to"),
+    errno.EPERM: ("permission denied", "save to a directory you may write to"),
+    errno.EROFS: ("the file system is read-only", "save to a writable disk"),
+}
+
+
+class CheckpointWriteError(OSError, CheckpointError):
+    """A checkpoint could not be written: a :class:`CheckpointError` and the ``OSError`` it was.
+
+    ``errno`` (``errno.ENOSPC`` for a full disk) and ``filename`` are those of
+    the failed write, so ``except OSError`` still catches it; the message says
+    the cause in words.
+    """
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def write_failed(target: str, error: BaseException) -> CheckpointWriteError:
+    """The error for a checkpoint ``target`` that could not be written: the cause in words."""
+    found, cause = _cause(error)
+    return CheckpointWriteError(
+        found.errno if found else None,
+        f"Could not write the checkpoint {target!r}: {cause}. The previous file there is "
+        "unchanged.",
+        target,
+    )
+
+
+def _cause(error: BaseException) -> tuple[OSError | None, str]:
+    """The ``OSError`` behind ``error``, and why the write failed and what to do, in words.
+
+    torch reports a full disk as ``RuntimeError: [enforce fail at
+    inline_container.cc:672] . unexpected pos ...``, the ``OSError`` it met
+    only as that error's context, and torch's distributed checkpoint wraps
+    each process's error in a ``CheckpointException`` (its ``failures``):
+    the chain is searched for an ``OSError`` with a known ``errno``.
+    """
+    seen, pending = set(), [error]
+    while pending:
+        cause = pending.pop(0)
+        if cause is None or id(cause) in seen:
+            continue
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno in _CAUSES:
+            words, advice = _CAUSES[cause.errno]
+            return cause, f"{words} ({cause.strerror}); {advice}"
+        failures = getattr(cause, "failures", None)  # torch's CheckpointException: rank -> error
+        if isinstance(failures, dict):
+            pending += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        pending += [cause.__cause__, cause.__context__]
+    return None, f"{type(error).__name__}: {error}"

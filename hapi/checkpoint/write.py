@@ -10,14 +10,15 @@ training.
 from __future__ import annotations
 
 import collections
+import os
 import pickle
 from typing import Any
 
 import numpy as np
 import torch
 
-from hapi.callbacks.files import atomic_write
-from hapi.checkpoint.errors import CheckpointError
+from hapi.callbacks.files import atomic_write, remove_empty_directory
+from hapi.checkpoint.errors import CheckpointError, write_failed
 
 
 def write_file(state: dict[str, Any], target: str, reuse_previous: bool = False) -> None:
@@ -33,9 +34,24 @@ def write_file(state: dict[str, Any], target: str, reuse_previous: bool = False)
     ``reuse_previous``: see :func:`callbacks.files.atomic_write`.
 
     Raises:
-        CheckpointError: an entry of ``state`` is not a tensor or plain value.
+        CheckpointError: an entry of ``state`` is not a tensor or plain value,
+            or the file could not be written (naming the cause: a full disk,
+            a directory it may not write to); the directories this write
+            created are removed again.
     """
     converted = plain(state)
+    created = _missing_directories(target)
+    try:
+        _write(converted, target, reuse_previous)
+    except BaseException as error:
+        for directory in created:
+            remove_empty_directory(directory)
+        if isinstance(error, (OSError, RuntimeError)) and not isinstance(error, CheckpointError):
+            raise write_failed(target, error) from error  # torch says a full disk as a RuntimeError
+        raise
+
+
+def _write(converted: Any, target: str, reuse_previous: bool) -> None:
     try:
         with atomic_write(
             target, "wb", verify=_loads_safely, reuse_previous=reuse_previous
@@ -49,6 +65,15 @@ def write_file(state: dict[str, Any], target: str, reuse_previous: bool = False)
             target,
             f"{offender[0]} is a {offender[1]}" if offender else f"an entry: {detail(error)}",
         ) from error
+
+
+def _missing_directories(target: str) -> list[str]:
+    """The directories a write of ``target`` creates, deepest first: removed again if it fails."""
+    missing, directory = [], os.path.dirname(os.path.abspath(target))
+    while not os.path.lexists(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    return missing
 
 
 def detail(error: BaseException) -> str:

@@ -57,7 +57,9 @@ def test_a_failed_background_write_keeps_the_previous_file_and_is_reported(tmp_p
     monkeypatch.setattr(torch, "save", full_disk)
     model.save(tmp_path / "ckpt", wait=False)
     with pytest.raises(
-        CheckpointError, match=r"in the background failed \(OSError: .*No space left.*previous file"
+        CheckpointError,
+        match=r"Could not write the checkpoint '.*ckpt.pt': the disk is full \(No space left on "
+        r"device\); free space there or save to another disk. The previous file there is unchanged",
     ):
         model.wait_for_saves()
     assert (tmp_path / "ckpt.pt").read_bytes() == before
@@ -122,3 +124,35 @@ def test_background_saves_rewrite_the_previous_file_in_place(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".backup.pt.spare", "backup.pt"]
     state = torch.load(tmp_path / "backup.pt", weights_only=True)
     assert state["step"] == 6 and not (tmp_path / "backup.pt").read_bytes().endswith(b"\0" * 64)
+
+
+FAILS_AT_EXIT = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, {root!r})
+    import hapi
+    from torch import nn
+    model = hapi.Model(nn.Linear(4, 4))
+    model.save({path!r})
+
+    def full_disk(obj, handle, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    torch.save = full_disk
+    model.save({path!r}, wait=False)  # the script ends while it is written, and fails
+""")
+
+
+def test_a_background_write_that_fails_as_the_script_ends_is_said(tmp_path):
+    import pathlib
+
+    root = str(pathlib.Path(__file__).resolve().parents[2])
+    script = FAILS_AT_EXIT.format(root=root, path=str(tmp_path / "ckpt"))
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (
+        f"torch-hapi: Could not write the checkpoint {str(tmp_path / 'ckpt.pt')!r}: the disk is full"
+        in result.stderr
+    )
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["network"]  # the previous file
