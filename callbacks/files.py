@@ -118,7 +118,7 @@ def refuse_link(path: str | os.PathLike, what: str = "") -> str:
             f"{what}{path!r} is a symbolic link (to {os.readlink(path)!r}): torch-hapi follows "
             "no link inside a checkpoint, backup or shards directory, where one could lead "
             "its reads, writes and deletions anywhere. Remove the link; to keep a checkpoint "
-            "elsewhere, pass its real directory (os.path.realpath) instead."
+            "elsewhere, pass its real path (os.path.realpath) instead."
         )
     return path
 
@@ -203,7 +203,6 @@ def atomic_write(
     path: str | os.PathLike,
     mode: str = "wb",
     verify: Callable[[str], None] | None = None,
-    reuse_previous: bool = False,
 ) -> Iterator[IO]:
     """Open a temporary file beside ``path``; on success it replaces ``path``.
 
@@ -217,7 +216,6 @@ def atomic_write(
     (two jobs, say) and its readers never see a file half-written or mixed.
     (Reusing the replaced file's blocks for the next write was cheaper in
     kernel time, but a reader still reading that file would see it change.)
-    ``reuse_previous`` is accepted and does nothing, for callers not yet updated.
     """
     if mode not in ("wb", "w"):
         raise ValueError(f"atomic_write supports mode 'wb' or 'w'; received {mode!r}.")
@@ -347,8 +345,11 @@ def _remove(name: str, where: dict, directory: bool = False) -> None:
             os.unlink(name, **where)
 
 
-def remove_shards(directory: str | os.PathLike, keep: str | None = None) -> None:
-    """Delete the shards directories (``shards-<16 hex>``) in ``directory``, but ``keep``.
+def remove_shards(
+    directory: str | os.PathLike, keep: str | None = None, only: str | None = None
+) -> None:
+    """Delete the shards directories (``shards-<16 hex>``) in ``directory``, but ``keep``
+    (or ``only`` that one: what a failed save wrote).
 
     Only what torch's distributed checkpoint writes there is deleted (its
     ``.metadata`` and ``__<rank>_<n>.distcp`` files), then the directory if it
@@ -359,7 +360,7 @@ def remove_shards(directory: str | os.PathLike, keep: str | None = None) -> None
     with _inside(directory) as (entries, where):
         for entry in entries:
             name = os.path.basename(entry)
-            if name == keep or not SHARDS_NAME.fullmatch(name):
+            if name == keep or not SHARDS_NAME.fullmatch(name) or only not in (None, name):
                 continue
             with _inside(entry, where.get("dir_fd")) as (shard_files, inner):
                 for shard_file in shard_files:

@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 from hapi import distributed
 from hapi.checkpoint.background import snapshot
 from hapi.checkpoint.dcp_reader import NoFollowFileSystem, SafeFileSystemReader
-from hapi.checkpoint.errors import CheckpointError
+from hapi.checkpoint.errors import CheckpointError, write_failed
 from hapi.checkpoint.matching import check_state_keys
 
 
@@ -66,19 +66,16 @@ def _as_checkpoint_error(directory: str, writing: bool) -> Iterator[None]:
     try:
         yield
     except CheckpointException as error:
+        if writing:  # a full disk, a permission: said in words, an OSError too
+            raise write_failed(directory, error) from error
         causes = "; ".join(
             f"process {rank}: {type(cause).__name__}: {cause}"
             for rank, (cause, _) in sorted(error.failures.items())
         )
-        advice = (
-            "Check the disk's free space and permissions, then save again."
-            if writing
-            else "A shard was probably cut off or changed after it was written: use an "
-            "earlier checkpoint, or save this one again with model.save(path, sharded=True)."
-        )
         raise CheckpointError(
-            f"Could not {'write' if writing else 'read'} the shards directory {directory!r} of "
-            f"a sharded checkpoint ({causes}). {advice}"
+            f"Could not read the shards directory {directory!r} of a sharded checkpoint "
+            f"({causes}). A shard was probably cut off or changed after it was written: use an "
+            "earlier checkpoint, or save this one again with model.save(path, sharded=True)."
         ) from None
 
 

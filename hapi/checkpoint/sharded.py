@@ -27,9 +27,9 @@ from hapi import distributed
 from hapi.callbacks import files
 from hapi.callbacks.files import MANIFEST
 from hapi.checkpoint import background
-from hapi.checkpoint.errors import CheckpointError
+from hapi.checkpoint.errors import CheckpointError, write_failed
 from hapi.checkpoint.state import check_path
-from hapi.checkpoint.write import plain, refuse_unsafe, write_file
+from hapi.checkpoint.write import missing_directories, plain, refuse_unsafe, write_file
 
 __all__ = ["MANIFEST", "save_sharded", "shards_directory"]
 
@@ -52,6 +52,7 @@ def save_sharded(
     holds the moment of the call, not what training has made of its objects
     by the time the shards are on disk.
     """
+    created = missing_directories(os.path.join(os.fspath(path), MANIFEST))  # removed on failure
     directory = _no_link(check_path(path, directory=True))
     background.wait_for_writes()
     # Every process must name the same directory: rank 0's random name is everyone's.
@@ -67,12 +68,31 @@ def save_sharded(
         write_file({**converted, "optimizer_shards": optimizer_part, "shards": name}, manifest)
         files.remove_shards(directory, keep=name)
 
-    complete = write_shards(shards, then_on_main=write_manifest, wait=wait)
+    def cleaned(run: Callable[..., Any]) -> Callable[..., Any]:
+        """``run``, whose failure removes what it wrote of the new shards (they hold disk space)
+        and says why in words; torch's ``CheckpointException`` is no ``Exception``."""
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return run(*args, **kwargs)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as error:
+                files.remove_shards(directory, only=name)  # each process, what is left of it
+                for made in created:
+                    files.remove_empty_directory(made)
+                if isinstance(error, CheckpointError):
+                    raise
+                raise write_failed(manifest, error) from error
+
+        return guarded
+
+    complete = cleaned(write_shards)(shards, then_on_main=write_manifest, wait=wait)
     if wait:
-        background.agree(complete, manifest)
+        background.agree(cleaned(complete), manifest)
     else:
         background.note_started()
-        background.background.start(complete, manifest)
+        background.background.start(cleaned(complete), manifest)
     return directory
 
 

@@ -29,11 +29,12 @@ import io
 import os
 import pickle
 import re
-from typing import Any
+from typing import IO, Any
 
 import torch
 
 from hapi import distributed
+from hapi.callbacks import files
 from hapi.callbacks.files import MANIFEST
 from hapi.checkpoint import background
 from hapi.checkpoint.errors import CheckpointError
@@ -104,12 +105,8 @@ def save_state(path: str | os.PathLike, state: dict[str, Any], wait: bool = True
     def start() -> None:
         converted = plain(state)
         refuse_unsafe(converted, target)  # now, not in the background
-        # Backups rewrite one file again and again: its previous blocks are reused.
-        # The previous write has ended (save_state waited for it).
-        staged = background.staging.copy(converted)
-        background.background.start(
-            functools.partial(write_file, staged, target, reuse_previous=True), target
-        )
+        staged = background.staging.copy(converted)  # the previous write has ended: reused
+        background.background.start(functools.partial(write_file, staged, target), target)
 
     if not wait:
         background.note_started()  # on every process: a load now waits for it everywhere
@@ -132,7 +129,17 @@ def _candidates(path: str | os.PathLike) -> list[str]:
 
 
 def _existing_files(path: str | os.PathLike) -> list[str]:
-    return [candidate for candidate in _candidates(path) if os.path.isfile(candidate)]
+    """The candidates that exist; a symbolic link among them is refused, never followed."""
+    return [
+        files.refuse_link(candidate, "The checkpoint ")
+        for candidate in _candidates(path)
+        if os.path.islink(candidate) or os.path.isfile(candidate)
+    ]
+
+
+def _open(file: str) -> IO[bytes]:
+    """``file`` opened for reading with ``O_NOFOLLOW``: a link planted after the check is not read."""
+    return os.fdopen(files.open_nofollow(file, os.O_RDONLY), "rb")
 
 
 def _existing_file(path: str | os.PathLike) -> str:
@@ -170,7 +177,8 @@ def load_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     """
     background.wait_if_saving()  # a background save of it, on whichever process writes it
     file = _existing_file(path)
-    return file, _parse(file, file)
+    with _open(file) as handle:
+        return file, _parse(handle, file)
 
 
 def load_freshest_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
@@ -197,7 +205,7 @@ def load_freshest_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
         # a restart changed the strategy: the one further into training wins.
         copies = []
         for found in _existing_files(path):
-            with open(found, "rb") as handle:
+            with _open(found) as handle:
                 payload = handle.read()
             state = _parse(io.BytesIO(payload), found)
             copies.append(
@@ -224,7 +232,7 @@ def load_freshest_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     return (os.path.join(os.fspath(path), MANIFEST) if "shards" in state else file), state
 
 
-def _parse(source: str | io.BytesIO, file: str) -> dict[str, Any]:
+def _parse(source: IO[bytes], file: str) -> dict[str, Any]:
     """``torch.load(weights_only=True)`` of ``source`` (the file, or its bytes), its errors explained."""
     try:
         state = torch.load(source, map_location="cpu", weights_only=True)

@@ -21,7 +21,7 @@ from hapi.callbacks.files import atomic_write, remove_empty_directory
 from hapi.checkpoint.errors import CheckpointError, write_failed
 
 
-def write_file(state: dict[str, Any], target: str, reuse_previous: bool = False) -> None:
+def write_file(state: dict[str, Any], target: str) -> None:
     """``state`` to ``target`` atomically, as a checkpoint that loads with ``weights_only=True``.
 
     NumPy scalars (``lr=0.1 * np.sqrt(4)`` is common in scaling recipes) pickle
@@ -31,7 +31,6 @@ def write_file(state: dict[str, Any], target: str, reuse_previous: bool = False)
     a second copy of the tensors) before it replaces ``target``: anything the
     safe loader would refuse makes the save fail now, naming the entry,
     instead of a backup that is found useless only after a crash.
-    ``reuse_previous``: see :func:`callbacks.files.atomic_write`.
 
     Raises:
         CheckpointError: an entry of ``state`` is not a tensor or plain value,
@@ -40,9 +39,9 @@ def write_file(state: dict[str, Any], target: str, reuse_previous: bool = False)
             created are removed again.
     """
     converted = plain(state)
-    created = _missing_directories(target)
+    created = missing_directories(target)
     try:
-        _write(converted, target, reuse_previous)
+        _write(converted, target)
     except BaseException as error:
         for directory in created:
             remove_empty_directory(directory)
@@ -51,11 +50,9 @@ def write_file(state: dict[str, Any], target: str, reuse_previous: bool = False)
         raise
 
 
-def _write(converted: Any, target: str, reuse_previous: bool) -> None:
+def _write(converted: Any, target: str) -> None:
     try:
-        with atomic_write(
-            target, "wb", verify=_loads_safely, reuse_previous=reuse_previous
-        ) as handle:
+        with atomic_write(target, "wb", verify=_loads_safely) as handle:
             torch.save(converted, handle)  # an object pickle cannot even write fails here
     except (pickle.PicklingError, pickle.UnpicklingError, AttributeError, TypeError) as error:
         offender = _first_unsafe(converted, "checkpoint")
@@ -67,7 +64,7 @@ def _write(converted: Any, target: str, reuse_previous: bool) -> None:
         ) from error
 
 
-def _missing_directories(target: str) -> list[str]:
+def missing_directories(target: str) -> list[str]:
     """The directories a write of ``target`` creates, deepest first: removed again if it fails."""
     missing, directory = [], os.path.dirname(os.path.abspath(target))
     while not os.path.lexists(directory):
