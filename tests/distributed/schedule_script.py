@@ -56,12 +56,17 @@ class Interrupted(Exception):
 
 
 class InterruptAt(Callback):
-    def __init__(self, epoch: int | None) -> None:
+    def __init__(self, epoch: int | None, step: int | None = None) -> None:
         super().__init__()
-        self.epoch = epoch
+        self.epoch, self.step = epoch, step
 
     def on_epoch_begin(self, epoch, logs=None):
         if epoch == self.epoch:
+            raise Interrupted
+
+    def on_train_batch_begin(self, step, logs=None):
+        if self.model.step == self.step:
+            self.model.wait_for_saves()  # the backup of the step before is on disk
             raise Interrupted
 
 
@@ -97,6 +102,31 @@ def schedule(batch: int, accumulate: int) -> dict:
         "updates": model.step,
         "params_have_accumulation": "accumulate_grad_batches" in lrs.params,
     }
+
+
+def shrink(batch: int, backup: pathlib.Path, crash_at: int | None = None) -> dict:
+    """The documented OneCycleLR recipe with a backup every update: interrupted before update
+    ``crash_at`` (on several processes), resumed on however many processes run it."""
+    model = _model()
+    lrs = LrPerUpdate()
+    factory = LRScheduler(
+        lambda optimizer, total: OneCycleLR(optimizer, max_lr=MAX_LR, total_steps=total),
+        by_step=True,
+    )
+    model.fit(
+        data(SAMPLES),
+        batch_size=batch,
+        epochs=EPOCHS,
+        shuffle=False,
+        verbose=0,
+        callbacks=[
+            factory,
+            lrs,
+            InterruptAt(None, crash_at),
+            BackupAndRestore(backup, save_freq=1),
+        ],
+    )
+    return {"lrs": lrs.lrs, "total": factory.total, "updates": model.step}
 
 
 def restore(
@@ -139,6 +169,11 @@ def run(out: pathlib.Path, batch: int) -> dict:
         except Interrupted:
             pass
         results["resumed_fsdp"] = restore(batch, "fsdp", backup=out / "backup")
+        try:  # a backup at update 7 of 10, for the test to resume on one process
+            shrink(batch, out / "shrink", crash_at=7)
+        except Interrupted:
+            pass
+        results["shrink_backup"] = str(out / "shrink")
     return results
 
 
