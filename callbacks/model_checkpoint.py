@@ -180,9 +180,9 @@ class ModelCheckpoint(MonitorCallback):
 
         Raises:
             ValueError: an entry of ``written`` or ``pending_step`` is not such
-                a name (the error names the entry and the value), or
-                ``deferred`` is not ``[]`` or ``[value, step]``; nothing is
-                taken back then.
+                a name, ``deferred`` is not ``[]`` or ``[value, step]``, or a
+                count or figure is not a number (the error names the entry and
+                the value); nothing is taken back then.
         """
         written = state.get("written", [])
         if not isinstance(written, (list, tuple)):
@@ -194,8 +194,8 @@ class ModelCheckpoint(MonitorCallback):
             files.check_name(name, f"ModelCheckpoint state 'written'[{index}]", _NUMBERED)
             for index, name in enumerate(written)
         ]
-        pending = state.get("pending_step") or None  # "" when there is none
-        if pending is not None:
+        pending = state.get("pending_step")  # "" when there is none
+        if not isinstance(pending, str) or pending:
             files.check_name(pending, "ModelCheckpoint state 'pending_step'", _STEP)
         deferred = state.get("deferred", [])
         if not isinstance(deferred, (list, tuple)) or len(deferred) not in (0, 2):
@@ -203,6 +203,18 @@ class ModelCheckpoint(MonitorCallback):
                 f"ModelCheckpoint state 'deferred' must be [] or [value, step]; received "
                 f"{deferred!r}. The checkpoint it came from is damaged or was crafted."
             )
+        checked = [(key, state.get(key, 0), int) for key in ("wait", "last_step", "judged_step")]
+        checked += [("best", state.get("best"), float)] + list(
+            zip(["deferred"] * 2, deferred, (float, int))
+        )
+        for key, value, kind in checked:
+            if isinstance(value, bool) or not isinstance(
+                value, (int, float) if kind is float else int
+            ):
+                raise ValueError(
+                    f"ModelCheckpoint state {key!r} must be {'a number' if kind is float else 'an int'}; "
+                    f"received {value!r}. The checkpoint it came from is damaged or was crafted."
+                )
         deferred = [float(deferred[0]), int(deferred[1])] if deferred else []
         judged_step = int(state.get("judged_step", -1))
         super().load_state_dict(state)
