@@ -145,7 +145,7 @@ class ModelCheckpoint(MonitorCallback):
         # only a val_ monitor is judged after each evaluation.
         self._eval_name = monitor[len("val_") :] if monitor.startswith("val_") else None
         unused = () if self._eval_name else ("on_eval_end",)
-        if self.save_steps is None:
+        if self.save_steps is None and not (self._eval_name and resumable):
             unused += ("on_train_batch_end",)
         self.unused_hooks = unused  # see callbacks.base._overrides
         self._written: list[str] = []  # numbered checkpoints this callback wrote, oldest first
@@ -155,6 +155,7 @@ class ModelCheckpoint(MonitorCallback):
         # An evaluation at the epoch's last batch, judged at the epoch's end: [value, step].
         self._deferred: list[float] = []
         self._judged_step = -1  # model.step of the last evaluation judged at on_eval_end
+        self._best_due: tuple[str, str] | None = None  # a best judged mid-step, saved at its end
 
     # -- state ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -240,6 +241,7 @@ class ModelCheckpoint(MonitorCallback):
         self._fitting = True
         self._deferred = []
         self._judged_step = -1
+        self._best_due = None
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self._fitting = False
@@ -247,6 +249,9 @@ class ModelCheckpoint(MonitorCallback):
             self._save("final", "")
 
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
+        if self._best_due is not None:
+            due, self._best_due = self._best_due, None
+            self._save("best", *due)
         if self.save_steps is None or self.model.step == self._last_step:
             return  # no optimizer step since the last look: mid-accumulation, or none wanted
         self._last_step = self.model.step
@@ -277,7 +282,9 @@ class ModelCheckpoint(MonitorCallback):
             self._deferred = [float(value), self.model.step]
             return
         self._judged_step = self.model.step
-        self._judge(float(value), f"Step {self.model.step}: ")
+        # A resumable file holds the whole step: it is written after the step's batch-end
+        # hooks (an EMA's update, a schedule's step), which run after this evaluation.
+        self._judge(float(value), f"Step {self.model.step}: ", later=self.resumable)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         logs = logs or {}
@@ -343,10 +350,13 @@ class ModelCheckpoint(MonitorCallback):
             )
         return never
 
-    def _judge(self, current: float, prefix: str) -> None:
+    def _judge(self, current: float, prefix: str, later: bool = False) -> None:
         if self._is_improvement(current, self.best):
             reason = f"{self.monitor} improved from {self.best:.5g} to {current:.5g}, "
             self.best = current
+            if later:
+                self._best_due = (prefix, reason)
+                return
             self._save("best", prefix, reason)
 
     def _at_epoch_end(self) -> bool:
