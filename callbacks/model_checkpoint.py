@@ -300,7 +300,7 @@ class ModelCheckpoint(MonitorCallback):
         current = self._epoch_figure(logs)
         if current is not None:
             self._judge(current, prefix)
-        elif self.save_best_only and self._monitor_missing(logs):
+        elif self._monitor_missing(logs) and self.save_best_only:
             self._save("best", prefix, f"{self.monitor} not logged yet, ")
         if numbered:
             written = str(epoch) if str(epoch) in numbered else pending
@@ -326,21 +326,27 @@ class ModelCheckpoint(MonitorCallback):
         return current
 
     def _monitor_missing(self, logs: dict) -> bool:
-        """With save_best_only and no figure to judge: warn (once); True while none was ever judged.
+        """No figure to judge: warn (once); True while none was ever judged.
 
-        Keras writes the checkpoint anyway when the monitor is missing; once a
-        best exists, overwriting it with unjudged weights would lose it.
+        Keras writes the checkpoint anyway under ``save_best_only`` when the
+        monitor is missing; once a best exists, overwriting it with unjudged
+        weights would lose it. Without ``save_best_only`` no ``best.pt`` is
+        written until the figure is logged, and the warning says so (the usual
+        cause: no ``eval_data``); an epoch without it after one with it (an
+        ``eval_freq`` above 1) is no news then.
         """
         if self._eval_name is not None and self._judged_step == self.model.step:
             return False  # judged at on_eval_end a moment ago
         never = self.best == self._initial_best
-        if not self._warned_missing:
+        if not self._warned_missing and (never or self.save_best_only):
             self._warned_missing = True
             then = (
-                "Until it is logged, best.pt is written with the latest weights at every epoch "
-                "end (as Keras does), so that save_best_only=True still leaves a checkpoint."
-                if never
-                else "best.pt keeps the best so far."
+                "best.pt keeps the best so far."
+                if not never
+                else "Until it is logged, best.pt is written with the latest weights at every "
+                "epoch end (as Keras does), so that save_best_only=True still leaves a checkpoint."
+                if self.save_best_only
+                else "No best.pt is written until it is (the numbered files and final.pt are)."
             )
             warnings.warn(
                 f"ModelCheckpoint is monitoring {self.monitor!r}, which is not in the logs. "

@@ -190,9 +190,10 @@ def check_fitting(fitting: bool) -> None:
 def check_resumable(file: str, state: dict[str, Any]) -> None:
     if "fit" not in state:
         raise CheckpointError(
-            f"{file!r} was not saved to resume a fit (save(..., resumable=True) during fit, as "
-            "BackupAndRestore does), so it lacks the data order, RNG and callback states. Load it "
-            "without resume=True to start from its weights."
+            f"{file!r} was not saved to resume a fit: it lacks the data order, random states and "
+            "callback states that continuing one needs. ModelCheckpoint(..., resumable=True) and "
+            "BackupAndRestore write files a fit can resume from. To start a new fit from this "
+            f"file's weights instead, call model.load({file!r}) before fit(), with no resume_from."
         )
 
 
