@@ -95,6 +95,13 @@ class LRScheduler(Callback):
     the one the last update used (for ``OneCycleLR``, its end value; one more
     step would carry it past its end).
 
+    A resumed fit (``fit(resume_from=...)``, ``BackupAndRestore``) makes a
+    factory's scheduler anew for its own total and steps it to where the
+    checkpoint left it -- on another number of processes, to the same fraction
+    of its course -- so the schedule still ends with the fit's last update. A
+    scheduler given ready-made takes its saved ``state_dict``; a saved state of
+    another kind of scheduler, or with a count out of range, is refused.
+
     Attributes:
         scheduler: the scheduler driven (with a factory: None until ``fit``
             starts, then the one made for the current fit).

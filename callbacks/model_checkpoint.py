@@ -46,7 +46,11 @@ class ModelCheckpoint(MonitorCallback):
       ``<name>`` of that evaluation's figures), so that an iteration-based run
       keeps its best evaluation, not only its epoch ends. Each evaluation
       counts once: one at the epoch's last batch is judged at the epoch's end
-      (the file then holds the finished epoch, as ``<epoch>.pt`` does);
+      (the file then holds the finished epoch, as ``<epoch>.pt`` does). With
+      ``resumable``, one inside the epoch is written at that step's
+      ``on_train_batch_end``, once every callback (an EMA, a schedule) has
+      taken the step, so that a fit resumed from it is exact. A monitor never
+      logged (a fit without ``eval_data``) writes no ``best.pt``, and warns once;
     * ``<save_dir>/final.pt`` at the end of training, unless ``save_best_only``.
 
     With ``save_best_only`` and a monitor that has not been logged yet (a
