@@ -213,12 +213,8 @@ class ModelFiles:
         else:
             file, state = checkpoint.load_state(path)
         # The counters first: a value no run writes is refused before anything is changed.
-        epochs = self._fit_run.epochs if resume else None
-        epoch, step = (
-            resuming.count(file, state, "epoch", epochs),
-            resuming.count(file, state, "step"),
-        )
-        epoch_step = resuming.count(file, state, "epoch_step")
+        epoch = resuming.count(file, state, "epoch", self._fit_run.epochs if resume else None)
+        epoch_step, step = (resuming.count(file, state, key) for key in ("epoch_step", "step"))
         if state.get("optimizer_type") is not None:
             resuming.check_like(file, state["optimizer_type"], "", "'optimizer_type'")
         self._check_optimizer_states(file, state)
