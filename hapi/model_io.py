@@ -368,20 +368,32 @@ class ModelFiles:
             )
 
     def _resume_fit(self, file: str, state: dict) -> None:
-        """Put the running fit back where the file left it."""
-        run, saved = self._fit_run, state["fit"]
-        own, first_rank = resuming.restore_fit(saved, file, self._metrics, run.callbacks)
-        run.data_seed = run.train_data.seed = saved["data_seed"]
-        with resuming.restoring(file, "'step_state'"):
-            resuming.restore_step_state(self, own, file)
-        with resuming.restoring(file, "the data position ('data')"):
-            self.epoch_step, outcome, reason = run.train_data.resume(
-                saved.get("data") or _UNKNOWN_POSITION,
-                None if own is None else own.get("data"),
-                first_rank.get("data") or {"generators": {}},
-                self.epoch,
-                self.epoch_step,
-            )
+        """Put the running fit back where the file left it.
+
+        Each process restores its own part of the file: one refused on one
+        process is raised on every process (one collective), none left waiting.
+        """
+        run, saved, failure = self._fit_run, state["fit"], None
+        try:
+            own, first_rank = resuming.restore_fit(saved, file, self._metrics, run.callbacks)
+            run.data_seed = run.train_data.seed = saved["data_seed"]
+            with resuming.restoring(file, "'step_state'"):
+                resuming.restore_step_state(self, own, file)
+            with resuming.restoring(file, "the data position ('data')"):
+                self.epoch_step, outcome, reason = run.train_data.resume(
+                    saved.get("data") or _UNKNOWN_POSITION,
+                    None if own is None else own.get("data"),
+                    first_rank.get("data") or {"generators": {}},
+                    self.epoch,
+                    self.epoch_step,
+                )
+        except checkpoint.CheckpointError as error:
+            failure = error
+        refused = [
+            message for message in distributed.gather_objects(failure and str(failure)) if message
+        ]
+        if refused:
+            raise failure or checkpoint.CheckpointError(refused[0])
         resuming.warn_resume(file, len(saved["per_rank"]), outcome, reason)
 
     def _load_optimizer_state(

@@ -25,6 +25,7 @@ from fsdp_script import Blocks, data, full_weights  # noqa: E402
 
 import hapi  # noqa: E402
 from callbacks import BackupAndRestore, Callback, EarlyStopping, LRScheduler  # noqa: E402
+from hapi.checkpoint import CheckpointError  # noqa: E402
 
 MAX_LR = 0.5
 EPOCHS = 2
@@ -129,6 +130,20 @@ def shrink(batch: int, backup: pathlib.Path, crash_at: int | None = None) -> dic
     return {"lrs": lrs.lrs, "total": factory.total, "updates": model.step}
 
 
+def refused_on_every_rank(out: pathlib.Path, batch: int) -> str | None:
+    """Resume from a copy of the shrink backup whose rank-1 part is crafted: what each raises."""
+    if hapi.distributed.rank() == 0:
+        state = torch.load(out / "shrink" / "backup.pt", weights_only=True)
+        state["fit"]["per_rank"][1]["rng"] = None
+        torch.save(state, out / "crafted.pt")
+    hapi.distributed.barrier()
+    try:
+        _model().fit(data(SAMPLES), batch_size=batch, verbose=0, resume_from=out / "crafted.pt")
+    except CheckpointError as error:
+        return str(error)
+    return None
+
+
 def restore(
     batch: int, strategy, crash_at: int | None = None, backup: pathlib.Path | None = None
 ) -> dict:
@@ -174,6 +189,7 @@ def run(out: pathlib.Path, batch: int) -> dict:
         except Interrupted:
             pass
         results["shrink_backup"] = str(out / "shrink")
+        results["refused"] = refused_on_every_rank(out, batch)
     return results
 
 

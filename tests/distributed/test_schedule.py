@@ -88,3 +88,10 @@ def test_a_backup_of_two_processes_resumes_on_one_at_the_same_point_of_its_sched
     assert resumed["updates"] == 7 + 6
     assert resumed["lrs"] == pytest.approx(whole[14:], rel=1e-9)
     assert resumed["lrs"][-1] == pytest.approx(END_LR)
+
+
+def test_a_part_refused_on_one_process_is_refused_on_every_process(two):
+    # Rank 1's random state in the file is None: rank 0's part is fine, and it must not go on
+    # alone into training (where it would wait for rank 1 until a timeout).
+    refused = [rank["refused"] for rank in two]
+    assert all(message and "'per_rank'[1]['rng']" in message for message in refused), refused
