@@ -182,6 +182,9 @@ class LRScheduler(Callback):
             self._start = [
                 {k: v.clone() if torch.is_tensor(v) else v for k, v in g.items()} for g in groups
             ]
+            if self._pending is not None:  # resumed already: the optimizer holds a scheduled rate
+                for start in self._start:
+                    start["lr"] = start.get("initial_lr", start["lr"])
             self._build(0)
             self._touched = {"lr"} | {  # the settings the schedule sets (or adds)
                 k for g0, g1 in zip(self._start, groups) for k in g1 if g0.get(k) is not g1[k]
