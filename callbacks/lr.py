@@ -188,7 +188,7 @@ class LRScheduler(Callback):
             self._build(0)
             self._touched = {"lr"} | {  # the settings the schedule sets (or adds)
                 k for g0, g1 in zip(self._start, groups) for k in g1 if g0.get(k) is not g1[k]
-            } - {"params"}
+            }
         # Only optimizer steps taken from here on move the schedule.
         self._last_step = self.model.step
         if self._pending is not None:
