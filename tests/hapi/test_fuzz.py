@@ -1,4 +1,4 @@
-"""Malformed data fed to fit / evaluate / predict.
+"""Malformed data fed to fit / evaluate / predict, and crafted resumable checkpoints.
 
 Every case ends one of two ways:
 
@@ -13,6 +13,10 @@ may be damaged: each training case first writes a good ``<save_dir>/final.pt``
 with ``Model.save``, then runs the failing ``fit(..., save_dir=...)``, and
 checks that the file is byte for byte what was saved, still loads with
 ``Model.load``, and that no temporary file (``.name``) was left behind.
+
+The last part sets every field of a genuine resumable checkpoint, one at a time, to values
+no run writes: each resume must be refused with ``CheckpointError`` naming the field, or
+train what is left of the fit (see its comment).
 """
 
 from __future__ import annotations
