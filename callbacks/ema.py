@@ -212,9 +212,10 @@ class EMA(Callback):
                 "average afresh (a new EMA, or delete the backup)."
             )
         wrong = [
-            f"{name}: saved {tuple(saved[name].shape)}, network {tuple(t.shape)}"
-            for name, t in zip(self._names, self._shadow)
-            if saved[name].shape != t.shape
+            f"{name}: saved {tuple(value.shape) if torch.is_tensor(value) else value!r}, "
+            f"network {tuple(t.shape)}"
+            for name, t, value in zip(self._names, self._shadow, map(saved.get, self._names))
+            if not torch.is_tensor(value) or value.shape != t.shape
         ]
         if wrong:
             raise ValueError(

@@ -10,6 +10,7 @@ so all ranks change the learning rate identically.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -94,6 +95,13 @@ class LRScheduler(Callback):
     the one the last update used (for ``OneCycleLR``, its end value; one more
     step would carry it past its end).
 
+    A resumed fit (``fit(resume_from=...)``, ``BackupAndRestore``) makes a
+    factory's scheduler anew for its own total and steps it to where the
+    checkpoint left it -- on another number of processes, to the same fraction
+    of its course -- so the schedule still ends with the fit's last update. A
+    scheduler given ready-made takes its saved ``state_dict``; a saved state of
+    another kind of scheduler, or with a count out of range, is refused.
+
     Attributes:
         scheduler: the scheduler driven (with a factory: None until ``fit``
             starts, then the one made for the current fit).
@@ -132,6 +140,8 @@ class LRScheduler(Callback):
         self._stepped = 0  # scheduler steps taken since the factory made it
         self._last_step: int | None = None
         self._pending: dict[str, Any] | None = None  # a state loaded before the scheduler exists
+        self._start: list[dict[str, Any]] = []  # the optimizer's settings before the factory
+        self._touched: set[str] = set()  # those the factory's schedule sets
 
     def _fit_length(self) -> int:
         """This fit's length in scheduler steps: epochs, or this process's optimizer updates."""
@@ -168,28 +178,53 @@ class LRScheduler(Callback):
                     "no optimizer (received model.optimizer=None). Call model.prepare(optimizer=...) first."
                 )
             self.total = self._fit_length()
-            scheduler = self._factory(self.model.optimizer, self.total)
-            _check_scheduler(scheduler, "the factory returned")
-            self.scheduler, self._stepped = scheduler, 0
-            if self._pending is not None:
-                # Loaded before the scheduler existed, hence before the factory set the rates:
-                # put the restored schedule's rates back into the optimizer.
-                self.load_state_dict(self._pending)
-                for group, lr in zip(
-                    self.model.optimizer.param_groups, self.scheduler.get_last_lr()
-                ):
-                    if isinstance(group["lr"], torch.Tensor):
-                        group["lr"].fill_(lr)
-                    else:
-                        group["lr"] = lr
+            groups = self.model.optimizer.param_groups
+            self._start = [
+                {k: v.clone() if torch.is_tensor(v) else v for k, v in g.items()} for g in groups
+            ]
+            if self._pending is not None:  # resumed already: the optimizer holds a scheduled rate
+                for start in self._start:
+                    start["lr"] = start.get("initial_lr", start["lr"])
+            self._build(0)
+            self._touched = {"lr"} | {  # the settings the schedule sets (or adds)
+                k for g0, g1 in zip(self._start, groups) for k in g1 if g0.get(k) is not g1[k]
+            }
         # Only optimizer steps taken from here on move the schedule.
         self._last_step = self.model.step
+        if self._pending is not None:
+            self.load_state_dict(self._pending)
+
+    def _build(self, position: int) -> None:
+        """A scheduler from the factory, for this fit's total, brought to ``position`` steps.
+
+        Stepping replays the schedule as the run that reached ``position``
+        made it, from the optimizer's settings before the factory, so a
+        resumed fit's rates are the uninterrupted one's, and a fit of another
+        length (another number of processes) continues at the same point of
+        its course.
+        """
+        for group, start in zip(self.model.optimizer.param_groups, self._start):
+            for key in self._touched:
+                if key not in start:
+                    group.pop(key, None)
+                elif torch.is_tensor(group[key]):
+                    group[key].copy_(start[key])
+                else:
+                    group[key] = start[key]
+        scheduler = self._factory(self.model.optimizer, self.total)
+        _check_scheduler(scheduler, "the factory returned")
+        with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": a replay
+            warnings.simplefilter("ignore", UserWarning)
+            for _ in range(position):
+                scheduler.step()
+        self.scheduler, self._stepped = scheduler, position
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "last_step": self._last_step,
             "stepped": self._stepped,
+            "total": self.total,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -197,20 +232,46 @@ class LRScheduler(Callback):
 
         A resume (``BackupAndRestore``) loads after every other callback's
         ``on_train_begin``, so the factory has made this fit's scheduler by then;
-        a state loaded earlier waits for it.
+        a state loaded earlier waits for it. A factory's schedule is made anew
+        for this fit's total and stepped to where the state left it (on another
+        number of processes, to the same fraction of its course); a scheduler
+        given ready-made takes the saved ``state_dict``.
 
         Args:
-            state: what :meth:`state_dict` returned: the scheduler's own
-                ``state_dict`` and the step it last stepped at.
+            state: what :meth:`state_dict` returned.
+
+        Raises:
+            ValueError: a value that no run could have saved (a wrong type, a
+                negative count, a step beyond the schedule's total, a
+                ``last_step`` that does not fit the model's step, a scheduler
+                state of another kind); the error names the entry and the value.
         """
         if self.scheduler is None:
             self._pending = state
             return
         self._pending = None
-        if state["scheduler"] is not None:
+        last_step = _count(state, "last_step", none=True)
+        step = getattr(self.model, "step", None)
+        if self.by_step and None not in (last_step, step) and not 0 <= step - last_step <= 1:
+            raise ValueError(
+                f"LRScheduler state 'last_step' is {last_step!r}, but the model is at optimizer "
+                f"step {step!r}: a per-step schedule has seen every step but the last. "
+                "The checkpoint it came from is damaged or was crafted."
+            )
+        if self._factory is not None:
+            stepped = _count(state, "stepped")
+            total = _count(state, "total", none=True) or self.total
+            if stepped >= max(total, 1):
+                raise ValueError(
+                    f"LRScheduler state 'stepped' is {stepped!r}, beyond the schedule's total of "
+                    f"{total} steps. The checkpoint it came from is damaged or was crafted."
+                )
+            self._build(min(round(stepped * self.total / total), max(self.total - 1, 0)))
+        elif state.get("scheduler") is not None:
+            _same_layout(state["scheduler"], self.scheduler.state_dict(), "scheduler")
             self.scheduler.load_state_dict(state["scheduler"])
-        self._last_step = state["last_step"]
-        self._stepped = int(state.get("stepped", 0))
+        if last_step is not None:
+            self._last_step = last_step
 
     def _step(self) -> None:
         if self.total is not None and self._stepped >= self.total - 1:
@@ -232,6 +293,41 @@ class LRScheduler(Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if not self.by_step:
             self._step()
+
+
+def _count(state: Any, key: str, none: bool = False) -> int | None:
+    """``state[key]``, a non-negative int (or None where ``none``); else a ValueError naming it."""
+    value = state.get(key) if isinstance(state, dict) else state
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"LRScheduler state {key!r} must be a non-negative int; received {value!r}. The "
+            "checkpoint it came from is damaged or was crafted."
+        )
+    return value
+
+
+def _same_layout(saved: Any, current: Any, where: str) -> None:
+    """Refuse a saved scheduler state whose keys, lengths or value types differ from this one's."""
+    pairs: list = []
+    if isinstance(current, dict):
+        same = isinstance(saved, dict) and saved.keys() == current.keys()
+        pairs = [(saved[k], current[k], f"{where}[{k!r}]") for k in current] if same else []
+    elif isinstance(current, (list, tuple)):
+        same = isinstance(saved, (list, tuple)) and len(saved) == len(current)
+        pairs = [(a, b, f"{where}[{i}]") for i, (a, b) in enumerate(zip(saved, current))]
+    else:  # an int where a float was, or the reverse, is the same setting
+        same = type(saved) is type(current) or all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in (saved, current)
+        )
+    if not same:
+        raise ValueError(
+            f"LRScheduler state {where} is {saved!r}, where this scheduler has {current!r}: it "
+            "was saved from another kind of scheduler, or the checkpoint was crafted."
+        )
+    for pair in pairs:
+        _same_layout(*pair)
 
 
 class ReduceLROnPlateau(MonitorCallback):

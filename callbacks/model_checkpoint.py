@@ -46,7 +46,11 @@ class ModelCheckpoint(MonitorCallback):
       ``<name>`` of that evaluation's figures), so that an iteration-based run
       keeps its best evaluation, not only its epoch ends. Each evaluation
       counts once: one at the epoch's last batch is judged at the epoch's end
-      (the file then holds the finished epoch, as ``<epoch>.pt`` does);
+      (the file then holds the finished epoch, as ``<epoch>.pt`` does). With
+      ``resumable``, one inside the epoch is written at that step's
+      ``on_train_batch_end``, once every callback (an EMA, a schedule) has
+      taken the step, so that a fit resumed from it is exact. A monitor never
+      logged (a fit without ``eval_data``) writes no ``best.pt``, and warns once;
     * ``<save_dir>/final.pt`` at the end of training, unless ``save_best_only``.
 
     With ``save_best_only`` and a monitor that has not been logged yet (a
@@ -145,7 +149,7 @@ class ModelCheckpoint(MonitorCallback):
         # only a val_ monitor is judged after each evaluation.
         self._eval_name = monitor[len("val_") :] if monitor.startswith("val_") else None
         unused = () if self._eval_name else ("on_eval_end",)
-        if self.save_steps is None:
+        if self.save_steps is None and not (self._eval_name and resumable):
             unused += ("on_train_batch_end",)
         self.unused_hooks = unused  # see callbacks.base._overrides
         self._written: list[str] = []  # numbered checkpoints this callback wrote, oldest first
@@ -155,6 +159,7 @@ class ModelCheckpoint(MonitorCallback):
         # An evaluation at the epoch's last batch, judged at the epoch's end: [value, step].
         self._deferred: list[float] = []
         self._judged_step = -1  # model.step of the last evaluation judged at on_eval_end
+        self._best_due: tuple[str, str] | None = None  # a best judged mid-step, saved at its end
 
     # -- state ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -180,9 +185,9 @@ class ModelCheckpoint(MonitorCallback):
 
         Raises:
             ValueError: an entry of ``written`` or ``pending_step`` is not such
-                a name (the error names the entry and the value), or
-                ``deferred`` is not ``[]`` or ``[value, step]``; nothing is
-                taken back then.
+                a name, ``deferred`` is not ``[]`` or ``[value, step]``, or a
+                count or figure is not a number (the error names the entry and
+                the value); nothing is taken back then.
         """
         written = state.get("written", [])
         if not isinstance(written, (list, tuple)):
@@ -194,8 +199,8 @@ class ModelCheckpoint(MonitorCallback):
             files.check_name(name, f"ModelCheckpoint state 'written'[{index}]", _NUMBERED)
             for index, name in enumerate(written)
         ]
-        pending = state.get("pending_step") or None  # "" when there is none
-        if pending is not None:
+        pending = state.get("pending_step")  # "" when there is none
+        if not isinstance(pending, str) or pending:
             files.check_name(pending, "ModelCheckpoint state 'pending_step'", _STEP)
         deferred = state.get("deferred", [])
         if not isinstance(deferred, (list, tuple)) or len(deferred) not in (0, 2):
@@ -203,6 +208,18 @@ class ModelCheckpoint(MonitorCallback):
                 f"ModelCheckpoint state 'deferred' must be [] or [value, step]; received "
                 f"{deferred!r}. The checkpoint it came from is damaged or was crafted."
             )
+        checked = [(key, state.get(key, 0), int) for key in ("wait", "last_step", "judged_step")]
+        checked += [("best", state.get("best"), float)] + list(
+            zip(["deferred"] * 2, deferred, (float, int))
+        )
+        for key, value, kind in checked:
+            if isinstance(value, bool) or not isinstance(
+                value, (int, float) if kind is float else int
+            ):
+                raise ValueError(
+                    f"ModelCheckpoint state {key!r} must be {'a number' if kind is float else 'an int'}; "
+                    f"received {value!r}. The checkpoint it came from is damaged or was crafted."
+                )
         deferred = [float(deferred[0]), int(deferred[1])] if deferred else []
         judged_step = int(state.get("judged_step", -1))
         super().load_state_dict(state)
@@ -228,6 +245,7 @@ class ModelCheckpoint(MonitorCallback):
         self._fitting = True
         self._deferred = []
         self._judged_step = -1
+        self._best_due = None
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self._fitting = False
@@ -235,6 +253,9 @@ class ModelCheckpoint(MonitorCallback):
             self._save("final", "")
 
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
+        if self._best_due is not None:
+            due, self._best_due = self._best_due, None
+            self._save("best", *due)
         if self.save_steps is None or self.model.step == self._last_step:
             return  # no optimizer step since the last look: mid-accumulation, or none wanted
         self._last_step = self.model.step
@@ -265,7 +286,9 @@ class ModelCheckpoint(MonitorCallback):
             self._deferred = [float(value), self.model.step]
             return
         self._judged_step = self.model.step
-        self._judge(float(value), f"Step {self.model.step}: ")
+        # A resumable file holds the whole step: it is written after the step's batch-end
+        # hooks (an EMA's update, a schedule's step), which run after this evaluation.
+        self._judge(float(value), f"Step {self.model.step}: ", later=self.resumable)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         logs = logs or {}
@@ -281,7 +304,7 @@ class ModelCheckpoint(MonitorCallback):
         current = self._epoch_figure(logs)
         if current is not None:
             self._judge(current, prefix)
-        elif self.save_best_only and self._monitor_missing(logs):
+        elif self._monitor_missing(logs) and self.save_best_only:
             self._save("best", prefix, f"{self.monitor} not logged yet, ")
         if numbered:
             written = str(epoch) if str(epoch) in numbered else pending
@@ -307,21 +330,27 @@ class ModelCheckpoint(MonitorCallback):
         return current
 
     def _monitor_missing(self, logs: dict) -> bool:
-        """With save_best_only and no figure to judge: warn (once); True while none was ever judged.
+        """No figure to judge: warn (once); True while none was ever judged.
 
-        Keras writes the checkpoint anyway when the monitor is missing; once a
-        best exists, overwriting it with unjudged weights would lose it.
+        Keras writes the checkpoint anyway under ``save_best_only`` when the
+        monitor is missing; once a best exists, overwriting it with unjudged
+        weights would lose it. Without ``save_best_only`` no ``best.pt`` is
+        written until the figure is logged, and the warning says so (the usual
+        cause: no ``eval_data``); an epoch without it after one with it (an
+        ``eval_freq`` above 1) is no news then.
         """
         if self._eval_name is not None and self._judged_step == self.model.step:
             return False  # judged at on_eval_end a moment ago
         never = self.best == self._initial_best
-        if not self._warned_missing:
+        if not self._warned_missing and (never or self.save_best_only):
             self._warned_missing = True
             then = (
-                "Until it is logged, best.pt is written with the latest weights at every epoch "
-                "end (as Keras does), so that save_best_only=True still leaves a checkpoint."
-                if never
-                else "best.pt keeps the best so far."
+                "best.pt keeps the best so far."
+                if not never
+                else "Until it is logged, best.pt is written with the latest weights at every "
+                "epoch end (as Keras does), so that save_best_only=True still leaves a checkpoint."
+                if self.save_best_only
+                else "No best.pt is written until it is (the numbered files and final.pt are)."
             )
             warnings.warn(
                 f"ModelCheckpoint is monitoring {self.monitor!r}, which is not in the logs. "
@@ -331,10 +360,13 @@ class ModelCheckpoint(MonitorCallback):
             )
         return never
 
-    def _judge(self, current: float, prefix: str) -> None:
+    def _judge(self, current: float, prefix: str, later: bool = False) -> None:
         if self._is_improvement(current, self.best):
             reason = f"{self.monitor} improved from {self.best:.5g} to {current:.5g}, "
             self.best = current
+            if later:
+                self._best_due = (prefix, reason)
+                return
             self._save("best", prefix, reason)
 
     def _at_epoch_end(self) -> bool:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from tqdm import tqdm
+
 from .base import Callback, CallbackList
 from .checkpoint import BackupAndRestore, ModelCheckpoint
 from .ema import EMA
@@ -27,6 +29,12 @@ class ResumeFrom(Callback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.model.load(self.path, resume=True)
+        if self.is_main:  # as BackupAndRestore says it: a resumed fit is no silent one
+            model = self.model
+            tqdm.write(
+                f"Resuming from {os.fspath(self.path)} at epoch {model.epoch + 1}, batch "
+                f"{model.epoch_step} (optimizer step {model.step})."
+            )
 
 
 def callback_order(callback: Callback) -> int:

@@ -22,6 +22,7 @@ from hapi.rng import global_state
 
 # The position of a file written before torch-hapi recorded the epoch's order.
 _UNKNOWN_POSITION = {"order": {"kind": "unknown"}, "inherited": False, "items": None}
+_PLAIN = (type(None), bool, int, float, str)
 
 
 class ModelFiles:
@@ -211,6 +212,12 @@ class ModelFiles:
             resuming.check_resumable(file, state)
         else:
             file, state = checkpoint.load_state(path)
+        # The counters first: a value no run writes is refused before anything is changed.
+        epoch = resuming.count(file, state, "epoch", self._fit_run.epochs if resume else None)
+        epoch_step, step = (resuming.count(file, state, key) for key in ("epoch_step", "step"))
+        if state.get("optimizer_type") is not None:
+            resuming.check_like(file, state["optimizer_type"], "", "'optimizer_type'")
+        self._check_optimizer_states(file, state)
         skipped = (
             self._load_shards(file, state, skip_mismatch)
             if "shards" in state
@@ -231,7 +238,8 @@ class ModelFiles:
                     stacklevel=2,
                 )
             elif self._optimizer is not None:
-                self._restore_optimizer(file, state, keep_hyperparameters=not resume)
+                with resuming.restoring(file, "'optimizer'"):
+                    self._restore_optimizer(file, state, keep_hyperparameters=not resume)
             elif optimizer_shards is None:
                 self._pending_optimizer = (optimizer_state, state.get("optimizer_type"))
             else:  # shards are read into the optimizer's own (sharded) state: it must exist
@@ -242,22 +250,26 @@ class ModelFiles:
                     stacklevel=2,
                 )
         if state.get("optimizers") is not None and not reset_optimizer and not skipped:
-            self._restore_optimizers(file, state, keep_hyperparameters=not resume)
+            with resuming.restoring(file, "'optimizers'"):
+                self._restore_optimizers(file, state, keep_hyperparameters=not resume)
         if state.get("scaler") is not None:
             if self._scaler is not None:
-                self._scaler.load_state_dict(state["scaler"])
+                resuming.check_like(file, state["scaler"], self._scaler.state_dict(), "'scaler'")
+                with resuming.restoring(file, "'scaler'"):
+                    self._scaler.load_state_dict(state["scaler"])
             else:
                 self._pending_scaler_state = state["scaler"]
-        self.epoch = int(state.get("epoch", 0))
-        self.epoch_step = int(state.get("epoch_step", 0))
-        self.step = int(state.get("step", 0))
+        self.epoch, self.epoch_step, self.step = epoch, epoch_step, step
         if resume:
             self._resume_fit(file, state)
 
     def _load_weights(self, file: str, state: dict, skip_mismatch: bool) -> list[str]:
-        weights, skipped = state_match.match_state_dict(
-            self._network, state["network"], file, skip_mismatch
-        )
+        network = state.get("network")
+        resuming.check_like(file, network, {}, "'network'")
+        for key, value in network.items():
+            if not (torch.is_tensor(value) or str(key).endswith("_extra_state")):
+                resuming.refuse(file, f"'network'[{key!r}]", value, "a tensor")
+        weights, skipped = state_match.match_state_dict(self._network, network, file, skip_mismatch)
         self._strategy._load_state_dict(self._network, weights, strict=not skipped)
         return skipped
 
@@ -271,6 +283,41 @@ class ModelFiles:
         weights, skipped = state_match.match_state_dict(self._network, saved, file, skip_mismatch)
         checkpoint.load_shards(directory, self._network, set(weights))
         return skipped
+
+    def _check_optimizer_states(self, file: str, state: dict) -> None:
+        """Each saved optimizer state of the layout torch writes, its tensors of their parameters'
+        shapes, its settings of this optimizer's types; refused with the entry before any is used."""
+        named = [("'optimizer'", state.get("optimizer"), self._optimizer)]
+        if isinstance(state.get("optimizers"), dict):
+            named += [
+                (f"'optimizers'[{name!r}]", saved, self._optimizers.get(name))
+                for name, saved in state["optimizers"].items()
+            ]
+        for where, saved, optimizer in named:
+            if saved is None:
+                continue
+            resuming.check_like(file, saved, {"state": {}, "param_groups": []}, where)
+            if optimizer is None:
+                continue
+            refuse = functools.partial(resuming.refuse, file)
+            groups, params = optimizer.state_dict()["param_groups"], optimizer.param_groups
+            shapes = [tuple(p.shape) for group in params for p in group["params"]]
+            for index, group in enumerate(saved.get("param_groups", [])):
+                resuming.check_like(file, group, groups[0], f"{where}['param_groups'][{index}]")
+                for name, value in group.items():  # a setting torch leaves None: a plain value
+                    if groups[0].get(name, 0) is None and not isinstance(value, _PLAIN):
+                        refuse(
+                            f"{where}['param_groups'][{index}][{name!r}]", value, "a plain value"
+                        )
+            for key, entry in saved.get("state", {}).items():
+                resuming.check_like(file, entry, {}, f"{where}['state'][{key!r}]")
+                shape = shapes[key] if isinstance(key, int) and 0 <= key < len(shapes) else None
+                for name, value in entry.items():
+                    at = f"{where}['state'][{key!r}][{name!r}]"
+                    if not (torch.is_tensor(value) or value is None or name == "step"):
+                        refuse(at, value, "a tensor")  # only a step count may be a number
+                    if shape and torch.is_tensor(value) and value.dim() and value.shape != shape:
+                        refuse(at, value, f"a tensor of the parameter's shape {shape}")
 
     def _restore_optimizer(self, file: str, state: dict, keep_hyperparameters: bool) -> None:
         """The checkpoint's optimizer state into this Model's optimizer: from the file, or its shards.
@@ -321,18 +368,32 @@ class ModelFiles:
             )
 
     def _resume_fit(self, file: str, state: dict) -> None:
-        """Put the running fit back where the file left it."""
-        run, saved = self._fit_run, state["fit"]
-        run.data_seed = run.train_data.seed = saved["data_seed"]
-        own, first_rank = resuming.restore_fit(saved, file, self._metrics, run.callbacks)
-        resuming.restore_step_state(self, own, file)
-        self.epoch_step, outcome, reason = run.train_data.resume(
-            saved.get("data") or _UNKNOWN_POSITION,
-            None if own is None else own.get("data"),
-            first_rank.get("data") or {"generators": {}},
-            self.epoch,
-            self.epoch_step,
-        )
+        """Put the running fit back where the file left it.
+
+        Each process restores its own part of the file: one refused on one
+        process is raised on every process (one collective), none left waiting.
+        """
+        run, saved, failure = self._fit_run, state["fit"], None
+        try:
+            own, first_rank = resuming.restore_fit(saved, file, self._metrics, run.callbacks)
+            run.data_seed = run.train_data.seed = saved["data_seed"]
+            with resuming.restoring(file, "'step_state'"):
+                resuming.restore_step_state(self, own, file)
+            with resuming.restoring(file, "the data position ('data')"):
+                self.epoch_step, outcome, reason = run.train_data.resume(
+                    saved.get("data") or _UNKNOWN_POSITION,
+                    None if own is None else own.get("data"),
+                    first_rank.get("data") or {"generators": {}},
+                    self.epoch,
+                    self.epoch_step,
+                )
+        except checkpoint.CheckpointError as error:
+            failure = error
+        refused = [
+            message for message in distributed.gather_objects(failure and str(failure)) if message
+        ]
+        if refused:
+            raise failure or checkpoint.CheckpointError(refused[0])
         resuming.warn_resume(file, len(saved["per_rank"]), outcome, reason)
 
     def _load_optimizer_state(

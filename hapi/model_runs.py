@@ -45,6 +45,7 @@ class _FitRun:
     callbacks: CallbackList
     train_data: TrainData
     data_seed: int
+    epochs: int
 
 
 class ModelRuns:
@@ -284,7 +285,7 @@ class ModelRuns:
                 f"not equal the uninterrupted one: {inexact}.",
                 stacklevel=2,
             )
-        self._fit_run = _FitRun(cbks, train, data_seed)
+        self._fit_run = _FitRun(cbks, train, data_seed, epochs)
         try:
             fit_loop(
                 self,

@@ -7,12 +7,78 @@ Saved with ``model.save(..., resumable=True)`` (``BackupAndRestore``,
 
 from __future__ import annotations
 
+import contextlib
+import numbers
 import warnings
-from typing import Any
+from typing import Any, Iterator
+
+import torch
 
 from hapi import distributed
 from hapi.checkpoint.errors import CheckpointError
 from hapi.rng import set_global_state
+
+_CRAFTED = "it is damaged or was crafted. Resume from another checkpoint, or start afresh."
+
+
+def _short(value: Any) -> str:
+    text = f"a tensor of shape {tuple(value.shape)}" if torch.is_tensor(value) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def refuse(file: str, where: str, value: Any, expected: str) -> None:
+    """A restored field that no run writes: a CheckpointError naming it and its value."""
+    raise CheckpointError(f"{file!r} holds {where} = {_short(value)}, not {expected}: {_CRAFTED}")
+
+
+def count(file: str, state: dict[str, Any], key: str, most: int | None = None) -> int:
+    """``state[key]``, a non-negative int (at most ``most``), or a CheckpointError naming it."""
+    value = state.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        refuse(file, repr(key), value, "a non-negative int")
+    if most is not None and value > most:
+        refuse(file, repr(key), value, f"at most {most}, this fit's length")
+    return value
+
+
+@contextlib.contextmanager
+def restoring(file: str, where: str) -> Iterator[None]:
+    """Any error while ``where`` is put back from ``file`` becomes a CheckpointError naming it.
+
+    What a checkpoint holds is data from outside: a value no run writes
+    (``None`` for a tensor, a list for a count) fails deep in torch or in a
+    callback with a TypeError or KeyError that names neither the file nor the field.
+    """
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except Exception as error:
+        raise CheckpointError(
+            f"{file!r}: {where} cannot be restored ({type(error).__name__}: {error}); {_CRAFTED}"
+        ) from error
+
+
+def check_like(file: str, saved: Any, reference: Any, where: str) -> None:
+    """``saved`` holds the kind of value ``reference`` does wherever both have one.
+
+    ``reference`` is what this run holds in its place (a ``None`` there takes
+    anything, a list any length): a state of the wrong kind is refused before
+    it is used, not when a later step trips over it.
+    """
+    if reference is None:
+        return
+    if isinstance(reference, dict):
+        if not isinstance(saved, dict):
+            refuse(file, where, saved, "a dict")
+        for key in reference.keys() & saved.keys():
+            check_like(file, saved[key], reference[key], f"{where}[{key!r}]")
+        return
+    number = (numbers.Real, torch.Tensor)  # a setting may be a float, a NumPy scalar, a tensor
+    kinds = ((bool,), number, (str,), (list, tuple))
+    kind = next((k for k in kinds if isinstance(reference, k)), (type(reference),))
+    if not isinstance(saved, kind) or (isinstance(saved, bool) and bool not in kind):
+        refuse(file, where, saved, f"a {type(reference).__name__} as this run's")
 
 
 def fit_state(
@@ -113,10 +179,28 @@ def check_fitting(fitting: bool) -> None:
 def check_resumable(file: str, state: dict[str, Any]) -> None:
     if "fit" not in state:
         raise CheckpointError(
-            f"{file!r} was not saved to resume a fit (save(..., resumable=True) during fit, as "
-            "BackupAndRestore does), so it lacks the data order, RNG and callback states. Load it "
-            "without resume=True to start from its weights."
+            f"{file!r} was not saved to resume a fit: it lacks the data order, random states and "
+            "callback states that continuing one needs. ModelCheckpoint(..., resumable=True) and "
+            "BackupAndRestore write files a fit can resume from. To start a new fit from this "
+            f"file's weights instead, call model.load({file!r}) before fit(), with no resume_from."
         )
+
+
+def _check_fit(file: str, saved: Any) -> None:
+    """The fit state's layout: what :func:`fit_state` writes, before any of it is used."""
+    if not isinstance(saved, dict) or not {"data_seed", "data", "per_rank", "callbacks"} <= set(
+        saved
+    ):
+        refuse(file, "'fit'", saved, "a dict of 'data_seed', 'data', 'per_rank' and 'callbacks'")
+    check_like(file, saved, {"data": {}, "per_rank": [], "callbacks": []}, "'fit'")
+    count(file, saved, "data_seed")
+    per_rank = saved["per_rank"]
+    if not per_rank or not all(isinstance(part, dict) for part in per_rank):
+        refuse(file, "'per_rank'", per_rank, "a list of each process's dict")
+    for index, entry in enumerate(saved["callbacks"]):
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str)):
+            refuse(file, f"'callbacks'[{index}]", entry, "a [class name, state] pair")
+        check_like(file, entry[1], {}, f"'callbacks'[{index}] ({entry[0]}) state")
 
 
 def restore_fit(
@@ -126,12 +210,19 @@ def restore_fit(
 
     Returns this process's part of the file (``None`` when another number of
     processes wrote it: the per-process parts cannot be matched, and random
-    streams and the epoch's running figures start afresh) and rank 0's.
+    streams and the epoch's running figures start afresh) and rank 0's. Every
+    part is checked before it is used; one that no run writes raises
+    :class:`CheckpointError` naming it.
     """
+    _check_fit(file, saved)
     own = distributed.own(saved["per_rank"])
     if own is not None:
-        set_global_state(own["rng"])
-        metrics.load_state_dict(own["metrics"])
+        where = f"'per_rank'[{distributed.rank()}]"
+        with restoring(file, f"{where}['rng']"):
+            set_global_state(own["rng"])
+        with restoring(file, f"{where}['metrics']"):
+            metrics.load_state_dict(own["metrics"])
+            metrics.compute(sync=False)  # a running sum of another shape fails here, not later
     callbacks = list(callbacks)
     # fit(resume_from=...) adds the callback that does the resuming: it is no difference.
     names = [name for name, _ in saved["callbacks"] if name != "ResumeFrom"]
@@ -148,7 +239,9 @@ def restore_fit(
             (i for i, (name, _) in enumerate(pending) if name == type(callback).__name__), None
         )
         if match is not None:
-            callback.load_state_dict(pending.pop(match)[1])
+            name, state = pending.pop(match)
+            with restoring(file, f"{name}'s state"):
+                callback.load_state_dict(state)
     return own, saved["per_rank"][0]
 
 

@@ -186,6 +186,7 @@ class TrainData:
         new epoch on another number of processes; ``"restart"``: the epoch
         starts again), and the reason where it is not exact.
         """
+        self._check_position(shared, own, first_rank, epoch_step)
         distributed.set_seed(self.loader, self.seed)
         set_generator_states(self._generators, (first_rank if own is None else own)["generators"])
         if epoch_step == 0:  # the next epoch starts afresh from the restored states
@@ -207,6 +208,44 @@ class TrainData:
             epoch, lambda: self._serve_rest(stream, items, shared["order"], epoch)
         )
         return 0, "split", None
+
+    def _check_position(self, shared: Any, own: Any, first_rank: Any, epoch_step: int) -> None:
+        """Refuse a position no run writes before any of it is used (it is used batches later).
+
+        Raises:
+            ValueError: naming the entry and its value; each random state is set
+                once and put back, so that one of another layout fails here.
+        """
+        order, items = shared.get("order"), shared.get("items")
+        kinds = ("indexed", "stream", "given", "iterable", "unknown")
+        if not isinstance(order, dict) or order.get("kind") not in kinds:
+            raise ValueError(f"'order' is {order!r}, not a dict whose 'kind' is one of {kinds}")
+        if items is not None and (
+            isinstance(items, bool) or not isinstance(items, int) or items < 0
+        ):
+            raise ValueError(f"'items' is {items!r}, not a count of samples or batches")
+        if items is None and epoch_step and order["kind"] in ("indexed", "stream"):
+            raise ValueError("'items' is None: the position in the epoch's order is unknown")
+        if not isinstance(shared.get("inherited", False), bool):
+            raise ValueError(f"'inherited' is {shared['inherited']!r}, not True or False")
+        if own is not None and self.steps is not None and epoch_step > self.steps:
+            raise ValueError(
+                f"'epoch_step' is {epoch_step}, beyond the epoch's {self.steps} batches"
+            )
+        starts = [order.get("epoch_start")] + [
+            part.get("epoch_start") for part in (own, first_rank) if part
+        ]
+        states = [s["global"] for s in starts if s is not None]
+        generators = [s["generators"] for s in (*starts, own, first_rank) if s is not None]
+        now, generators_now = global_state(), generator_states(self._generators)
+        try:
+            for state in states:
+                set_global_state(state)
+            for state in generators:
+                set_generator_states(self._generators, state)
+        finally:
+            set_global_state(now)
+            set_generator_states(self._generators, generators_now)
 
     def _skip(self, items: int, own: dict[str, Any], epoch_step: int) -> Iterable:
         """The same world, a loader torch-hapi built: skip the samples done (never loaded)."""

@@ -60,11 +60,10 @@ def test_save_best_only_with_min_mode(tmp_path):
     assert weight_in(tmp_path / "best.pt") == 1.0
 
 
-def test_without_evaluation_no_best_and_no_warning(tmp_path):
+def test_without_evaluation_no_best_and_a_warning_that_says_so(tmp_path):
     cb = ModelCheckpoint(tmp_path / "ckpt")
     model = attach(cb)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with pytest.warns(UserWarning, match=r"No best\.pt is written"):
         fit(cb, model, [None, None])
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["0.pt", "1.pt", "final.pt"]
 
@@ -96,6 +95,31 @@ def test_once_the_monitor_was_judged_an_epoch_without_it_keeps_the_best(tmp_path
         fit(cb, model, [0.5, None, None])
     assert [os.path.basename(p) for p in model.saved] == ["best"]
     assert weight_in(tmp_path / "best.pt") == 0.0
+
+
+@pytest.mark.parametrize(
+    "save_best_only, val_losses, says",
+    [
+        (False, [None, None], r"No best\.pt is written until it is"),  # no eval_data
+        (False, [0.5, None, 0.4], None),  # eval_freq=2: judged at its first epoch end
+        (False, [0.5, 0.4], None),
+        (True, [None, None], r"Until it is logged, best\.pt is written with the latest"),
+        (True, [0.5, None], r"best\.pt keeps the best so far"),
+    ],
+)
+def test_a_monitor_that_is_not_logged_is_said_once_whatever_save_best_only(
+    tmp_path, save_best_only, val_losses, says
+):
+    # Old: without save_best_only, a fit with no eval_data wrote no best.pt and said nothing.
+    cb = ModelCheckpoint(tmp_path, save_best_only=save_best_only)
+    attach(cb)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(cb, cb.model, val_losses)
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == (says is not None), messages
+    if says is not None:
+        assert re.search(r"'val_loss', which is not in the logs.*" + says, messages[0])
 
 
 def test_verbose_says_why_best_is_written_without_the_monitor(tmp_path, capsys):

@@ -303,14 +303,33 @@ def test_files_saved_without_resumable_refuse_a_resume(tmp_path):
         callbacks=[ModelCheckpoint(tmp_path, save_steps=5)],
     )
     again, _ = _model()
-    with pytest.raises(Exception, match="was not saved to resume a fit"):
+    with pytest.raises(
+        hapi.checkpoint.CheckpointError, match="was not saved to resume a fit"
+    ) as caught:
         again.fit(
-            make_tiny_data(96),
-            batch_size=8,
-            epochs=1,
-            verbose=0,
-            callbacks=[ResumeFrom(tmp_path / "step-5.pt")],
+            make_tiny_data(96), batch_size=8, epochs=1, verbose=0, resume_from=tmp_path / "step-5"
         )
+    # Advice the user can follow: how to write a resumable file, how to use this one; no
+    # argument of load() that fit(resume_from=...) never took.
+    message = str(caught.value)
+    assert "ModelCheckpoint(..., resumable=True)" in message and "resume=True" not in message
+    assert f"model.load('{tmp_path / 'step-5.pt'}') before fit()" in message
+
+
+def test_a_fit_resumed_from_a_file_says_so_as_a_backup_does(tmp_path, capsys):
+    # Old: BackupAndRestore printed where it resumed; fit(resume_from=...) said nothing.
+    model, _ = _model()
+    model.fit(
+        make_tiny_data(96),
+        batch_size=8,
+        verbose=0,
+        callbacks=[ModelCheckpoint(tmp_path, save_steps=5, resumable=True)],
+    )
+    capsys.readouterr()
+    _model()[0].fit(make_tiny_data(96), batch_size=8, verbose=0, resume_from=tmp_path / "step-5")
+    assert capsys.readouterr().out == (
+        f"Resuming from {tmp_path / 'step-5'} at epoch 1, batch 5 (optimizer step 5).\n"
+    )
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ import pytest
 import torch
 from stub import StubModel, attach
 
+from callbacks import Callback
 from callbacks.lr import LRScheduler, ReduceLROnPlateau
 
 
@@ -294,3 +295,82 @@ def test_no_optimizer_is_a_clear_error():
     attach(cb, model)
     with pytest.raises(RuntimeError, match=r"model\.prepare\(optimizer=\.\.\.\)"):
         cb.on_train_begin()
+
+
+# -- a factory's schedule across a resume ----------------------------------------------------
+
+
+class _ResumeEarly(Callback):
+    """A user's own resume, listed before the LRScheduler: the state arrives before the factory."""
+
+    def __init__(self, path) -> None:
+        super().__init__()
+        self.path = path
+
+    def on_train_begin(self, logs=None):
+        if self.path is not None:
+            self.model.load(self.path, resume=True)
+
+
+class _Rates(Callback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rates: list[float] = []
+
+    def on_before_optimizer_step(self, step, logs=None):
+        self.rates.append(float(self.model.optimizer.param_groups[0]["lr"]))
+
+
+FACTORIES = {
+    "StepLR per epoch": (lambda opt, total: torch.optim.lr_scheduler.StepLR(opt, 1, 0.5), False),
+    "OneCycleLR per step": (
+        lambda opt, total: torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, total_steps=total),
+        True,
+    ),
+}
+
+
+def _rates(save_dir, schedule, batch_size=8, resume_from=None, early=None) -> list[float]:
+    from conftest import TinyNet, make_tiny_data
+    from torch import nn
+
+    from callbacks import ModelCheckpoint
+    from hapi import Model
+
+    torch.manual_seed(0)
+    model = Model(TinyNet())
+    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), nn.CrossEntropyLoss())
+    rates = _Rates()
+    factory, by_step = FACTORIES[schedule]
+    model.fit(
+        make_tiny_data(32),
+        batch_size=batch_size,
+        epochs=3,
+        verbose=0,
+        resume_from=resume_from,
+        callbacks=[
+            _ResumeEarly(early),
+            LRScheduler(factory, by_step=by_step),
+            rates,
+            ModelCheckpoint(save_dir, save_steps=6, resumable=True),
+        ],
+    )
+    return rates.rates
+
+
+@pytest.mark.parametrize("schedule", sorted(FACTORIES))
+def test_a_resumed_factory_schedule_continues_the_uninterrupted_one(tmp_path, schedule, capsys):
+    """Resumed by fit(resume_from=) or by a callback before the LRScheduler (the state then
+    arrives before the factory ran), the rates are the uninterrupted run's from the file on."""
+    whole = _rates(tmp_path / "whole", schedule)
+    step_6 = tmp_path / "whole" / "step-6.pt"  # epoch 1, batch 2 of 4
+    for how in ("resume_from", "early"):
+        resumed = _rates(tmp_path / how, schedule, **{how: step_6})
+        assert resumed == pytest.approx(whole[6:], rel=1e-12), how
+    # A run of another length (batches of 4: 24 updates, not 12) goes on from the same point
+    # of the schedule's course (update 12 of 24) and ends it with its last update (the old
+    # code kept the file's total_steps=12 and failed: "Tried to step 13 times").
+    longer = _rates(tmp_path / "longer", schedule, batch_size=4, resume_from=step_6)
+    assert len(longer) == 12  # the epoch's other 16 samples, then 8 batches
+    if schedule == "OneCycleLR per step":
+        assert longer[-1] == pytest.approx(whole[-1])

@@ -25,6 +25,7 @@ from fsdp_script import Blocks, data, full_weights  # noqa: E402
 
 import hapi  # noqa: E402
 from callbacks import BackupAndRestore, Callback, EarlyStopping, LRScheduler  # noqa: E402
+from hapi.checkpoint import CheckpointError  # noqa: E402
 
 MAX_LR = 0.5
 EPOCHS = 2
@@ -56,12 +57,17 @@ class Interrupted(Exception):
 
 
 class InterruptAt(Callback):
-    def __init__(self, epoch: int | None) -> None:
+    def __init__(self, epoch: int | None, step: int | None = None) -> None:
         super().__init__()
-        self.epoch = epoch
+        self.epoch, self.step = epoch, step
 
     def on_epoch_begin(self, epoch, logs=None):
         if epoch == self.epoch:
+            raise Interrupted
+
+    def on_train_batch_begin(self, step, logs=None):
+        if self.model.step == self.step:
+            self.model.wait_for_saves()  # the backup of the step before is on disk
             raise Interrupted
 
 
@@ -97,6 +103,45 @@ def schedule(batch: int, accumulate: int) -> dict:
         "updates": model.step,
         "params_have_accumulation": "accumulate_grad_batches" in lrs.params,
     }
+
+
+def shrink(batch: int, backup: pathlib.Path, crash_at: int | None = None) -> dict:
+    """The documented OneCycleLR recipe with a backup every update: interrupted before update
+    ``crash_at`` (on several processes), resumed on however many processes run it."""
+    model = _model()
+    lrs = LrPerUpdate()
+    factory = LRScheduler(
+        lambda optimizer, total: OneCycleLR(optimizer, max_lr=MAX_LR, total_steps=total),
+        by_step=True,
+    )
+    model.fit(
+        data(SAMPLES),
+        batch_size=batch,
+        epochs=EPOCHS,
+        shuffle=False,
+        verbose=0,
+        callbacks=[
+            factory,
+            lrs,
+            InterruptAt(None, crash_at),
+            BackupAndRestore(backup, save_freq=1),
+        ],
+    )
+    return {"lrs": lrs.lrs, "total": factory.total, "updates": model.step}
+
+
+def refused_on_every_rank(out: pathlib.Path, batch: int) -> str | None:
+    """Resume from a copy of the shrink backup whose rank-1 part is crafted: what each raises."""
+    if hapi.distributed.rank() == 0:
+        state = torch.load(out / "shrink" / "backup.pt", weights_only=True)
+        state["fit"]["per_rank"][1]["rng"] = None
+        torch.save(state, out / "crafted.pt")
+    hapi.distributed.barrier()
+    try:
+        _model().fit(data(SAMPLES), batch_size=batch, verbose=0, resume_from=out / "crafted.pt")
+    except CheckpointError as error:
+        return str(error)
+    return None
 
 
 def restore(
@@ -139,6 +184,12 @@ def run(out: pathlib.Path, batch: int) -> dict:
         except Interrupted:
             pass
         results["resumed_fsdp"] = restore(batch, "fsdp", backup=out / "backup")
+        try:  # a backup at update 7 of 10, for the test to resume on one process
+            shrink(batch, out / "shrink", crash_at=7)
+        except Interrupted:
+            pass
+        results["shrink_backup"] = str(out / "shrink")
+        results["refused"] = refused_on_every_rank(out, batch)
     return results
 
 

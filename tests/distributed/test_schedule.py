@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import pathlib
 import sys
 
 import pytest
@@ -72,3 +73,25 @@ def test_every_process_ends_with_the_best_epochs_weights(one, two, scenario):
         assert all(len(rank[scenario]["per_epoch"]) == 1 for rank in two)  # only epoch 2 ran again
     if scenario == "restore_ddp":  # one process at the global batch trains and restores alike
         assert_close_lists(two[0][scenario]["final"], one[scenario]["final"], atol=1e-5)
+
+
+def test_a_backup_of_two_processes_resumes_on_one_at_the_same_point_of_its_schedule(
+    one, two, tmp_path
+):
+    """The factory's schedule is made anew for the shrunk job's total (two processes' 10
+    updates become one's 20) and continues at the same fraction of its course, to its end."""
+    whole = schedule_script.shrink(PER_PROCESS_BATCH, tmp_path)["lrs"]
+    with pytest.warns(UserWarning, match="saved by 2 processes, on 1"):
+        resumed = schedule_script.shrink(PER_PROCESS_BATCH, pathlib.Path(two[0]["shrink_backup"]))
+    assert resumed["total"] == len(whole) == 20
+    # Backed up at update 7 of 10: 14 of 20 done, the rest of the epoch is 6 updates here.
+    assert resumed["updates"] == 7 + 6
+    assert resumed["lrs"] == pytest.approx(whole[14:], rel=1e-9)
+    assert resumed["lrs"][-1] == pytest.approx(END_LR)
+
+
+def test_a_part_refused_on_one_process_is_refused_on_every_process(two):
+    # Rank 1's random state in the file is None: rank 0's part is fine, and it must not go on
+    # alone into training (where it would wait for rank 1 until a timeout).
+    refused = [rank["refused"] for rank in two]
+    assert all(message and "'per_rank'[1]['rng']" in message for message in refused), refused
