@@ -197,6 +197,29 @@ class EarlyStopping(MonitorCallback):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back :meth:`state_dict`'s values, each checked: the state comes from a file.
+
+        Raises:
+            ValueError: an entry of a kind no run writes (the error names the
+                entry and the value); nothing is taken back then.
+        """
+        for key, ok in (
+            ("stopped_epoch", lambda v: v is None or (type(v) is int and v >= 0)),
+            ("best_epoch", lambda v: v is None or (type(v) is int and v >= 0)),
+            ("best_model_path", lambda v: v is None or isinstance(v, str)),
+            (
+                "best_weights",
+                lambda v: (
+                    v is None
+                    or (isinstance(v, dict) and all(torch.is_tensor(t) for t in v.values()))
+                ),
+            ),
+        ):
+            if not ok(state.get(key)):
+                raise ValueError(
+                    f"EarlyStopping state {key!r} cannot be {state.get(key)!r}: no run writes "
+                    "that. The checkpoint it came from is damaged or was crafted."
+                )
         super().load_state_dict(state)
         self.stopped_epoch = state["stopped_epoch"]
         self.best_epoch = state["best_epoch"]

@@ -69,9 +69,9 @@ class ModelFiles:
             wait: ``False`` returns as soon as the state is copied to CPU
                 memory; the file is written in the background and replaces the
                 previous one only once complete. The next save or load,
-                :meth:`wait_for_saves` and the end of the script wait for it.
-                Meant for a file rewritten often: the file it replaces is kept
-                as a hidden spare (``.<name>.pt.spare``).
+                :meth:`wait_for_saves` and the end of the script wait for it,
+                Ctrl-C included (the interrupt is delivered once the file is
+                whole). The CPU copy is reused by the next background save.
 
         Returns:
             The file written (``path`` + ``.pt``), or the directory when
@@ -80,8 +80,10 @@ class ModelFiles:
         Raises:
             ValueError: ``sharded=True`` with several optimizers.
             hapi.checkpoint.CheckpointError: the state holds an object the
-                safe loader would refuse (the message names the entry), or a
-                background write failed.
+                safe loader would refuse (the message names the entry), or the
+                file could not be written, now or in the background (a full or
+                read-only disk: also an ``OSError`` with its ``errno``); the
+                previous file is left as it was.
         """
         distributed.sync_from_main(self._network)  # what is written is what every process evaluates
         state: dict[str, Any] = {"format": checkpoint.FORMAT, "version": checkpoint.VERSION}

@@ -146,6 +146,7 @@ def _resume(backup_dir, **options) -> tuple[hapi.Model, hapi.History, list[str]]
     model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", message="ModelCheckpoint is monitoring")
         history = model.fit(
             make_tiny_data(32),
             batch_size=8,
