@@ -252,7 +252,7 @@ def paired(args: argparse.Namespace) -> None:
     )
     print(
         f"| training on | contender | each backup from the third on: extra time of its {args.save_freq} steps "
-        "(median; each) | first and second backup (create the files), once per run |\n|---|---|---|---|"
+        "(median; each) | first and second backup, once per run |\n|---|---|---|---|"
     )
     for threads in args.threads:
         torch.set_num_threads(threads)

@@ -32,6 +32,7 @@ import pathlib
 import re
 import secrets
 import shutil
+import socket
 import stat
 from typing import IO, Any, Callable, Iterator
 
@@ -187,8 +188,11 @@ def _create_temporary(directory: str, name: str) -> tuple[int, str]:
     creating a file at that moment would get loose permissions. ``O_EXCL``
     never opens an existing file, nor follows a link planted under the name.
     """
+    _remove_orphans(directory, name)
     for _ in range(100):
-        candidate = os.path.join(directory, f".{name}.{secrets.token_hex(6)}.tmp")
+        candidate = os.path.join(
+            directory, f".{name}.{_HOST}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+        )
         try:
             return os.open(
                 candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY, 0o666
@@ -196,6 +200,43 @@ def _create_temporary(directory: str, name: str) -> tuple[int, str]:
         except FileExistsError:
             continue
     raise FileExistsError(f"Could not create a temporary file beside {name!r} in {directory!r}.")
+
+
+# Temporaries are named by machine and process, so that a killed writer's can be told apart.
+_HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
+
+
+def _remove_orphans(directory: str, name: str) -> None:
+    """Delete the temporaries of ``name`` that writers killed on this machine left behind.
+
+    Each would hold up to a whole checkpoint, and a job restarted after every
+    crash (``torchrun --max-restarts``) would pile them up. A temporary is an
+    orphan when its process is gone; another machine's (a shared file system)
+    and a live writer's are left alone. POSIX only: elsewhere a process cannot
+    be asked whether it lives without touching it.
+    """
+    if os.name != "posix":
+        return
+    pattern = re.compile(rf"\.{re.escape(name)}\.{re.escape(_HOST)}\.(\d+)\.[0-9a-f]{{12}}\.tmp")
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return
+    for entry in entries:
+        match = pattern.fullmatch(entry)
+        if match and not _alive(int(match.group(1))):
+            with contextlib.suppress(OSError):  # unlink removes a link itself, never its target
+                os.unlink(os.path.join(directory, entry))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: no signal, only the question
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 @contextlib.contextmanager

@@ -137,6 +137,7 @@ class LRScheduler(Callback):
                 "on_train_batch_end",
             )  # per-epoch: no per-batch call (callbacks.base)
         self.total: int | None = None
+        self._per_epoch = 1
         self._stepped = 0  # scheduler steps taken since the factory made it
         self._last_step: int | None = None
         self._pending: dict[str, Any] | None = None  # a state loaded before the scheduler exists
@@ -151,6 +152,7 @@ class LRScheduler(Callback):
                 f"LRScheduler needs the number of epochs to size its schedule; params has "
                 f"epochs={epochs!r}. A scheduler factory works only inside fit()."
             )
+        self._per_epoch = 1  # updates per epoch: what a resume on another world size changes
         if not self.by_step:
             return epochs
         steps = self.params.get("steps")
@@ -163,6 +165,7 @@ class LRScheduler(Callback):
                 "max_lr=..., total_steps=N)."
             )
         every = int(self.params.get("accumulate_grad_batches", 1))
+        self._per_epoch = math.ceil(steps / every)
         num_iters = self.params.get("num_iters")
         if num_iters is None:
             return epochs * math.ceil(steps / every)
@@ -225,6 +228,7 @@ class LRScheduler(Callback):
             "last_step": self._last_step,
             "stepped": self._stepped,
             "total": self.total,
+            "per_epoch": self._per_epoch,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -234,7 +238,7 @@ class LRScheduler(Callback):
         ``on_train_begin``, so the factory has made this fit's scheduler by then;
         a state loaded earlier waits for it. A factory's schedule is made anew
         for this fit's total and stepped to where the state left it (on another
-        number of processes, to the same fraction of its course); a scheduler
+        number of processes, to the same epoch and fraction of it); a scheduler
         given ready-made takes the saved ``state_dict``.
 
         Args:
@@ -266,7 +270,11 @@ class LRScheduler(Callback):
                     f"LRScheduler state 'stepped' is {stepped!r}, beyond the schedule's total of "
                     f"{total} steps. The checkpoint it came from is damaged or was crafted."
                 )
-            self._build(min(round(stepped * self.total / total), max(self.total - 1, 0)))
+            # Another number of processes changes the updates per epoch: the same point of the
+            # course is the same epoch and fraction of it. Another `epochs` changes nothing.
+            per_epoch = _count(state, "per_epoch", none=True) or self._per_epoch
+            position = round(stepped * self._per_epoch / max(per_epoch, 1))
+            self._build(min(position, max(self.total - 1, 0)))
         elif state.get("scheduler") is not None:
             _same_layout(state["scheduler"], self.scheduler.state_dict(), "scheduler")
             self.scheduler.load_state_dict(state["scheduler"])

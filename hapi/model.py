@@ -276,7 +276,8 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
             )
         by_name = named_optimizers(optimizer)
         loss = check_loss(loss, loss_weights)
-        _check_trains_network(by_name, self._network, loss)
+        if not self._overrides("train_step"):  # a step of one's own may train more than the network
+            _check_trains_network(by_name, self._network, loss)
         named_metrics = normalise_metrics(metrics)
         self._strategy = chosen_strategy
         self._amp = amp_setting.name

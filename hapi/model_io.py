@@ -219,7 +219,8 @@ class ModelFiles:
         epoch_step, step = (resuming.count(file, state, key) for key in ("epoch_step", "step"))
         if state.get("optimizer_type") is not None:
             resuming.check_like(file, state["optimizer_type"], "", "'optimizer_type'")
-        self._check_optimizer_states(file, state)
+        if not (reset_optimizer or skip_mismatch):  # else not restored, or only if it fits
+            self._check_optimizer_states(file, state)
         skipped = (
             self._load_shards(file, state, skip_mismatch)
             if "shards" in state
@@ -314,10 +315,11 @@ class ModelFiles:
             for key, entry in saved.get("state", {}).items():
                 resuming.check_like(file, entry, {}, f"{where}['state'][{key!r}]")
                 shape = shapes[key] if isinstance(key, int) and 0 <= key < len(shapes) else None
-                for name, value in entry.items():
+                for name, value in entry.items():  # LBFGS keeps numbers and lists of tensors
                     at = f"{where}['state'][{key!r}][{name!r}]"
-                    if not (torch.is_tensor(value) or value is None or name == "step"):
-                        refuse(at, value, "a tensor")  # only a step count may be a number
+                    items = value if isinstance(value, (list, tuple)) else [value]
+                    if not all(torch.is_tensor(v) or isinstance(v, _PLAIN) for v in items):
+                        refuse(at, value, "a tensor, a number or a list of them")
                     if shape and torch.is_tensor(value) and value.dim() and value.shape != shape:
                         refuse(at, value, f"a tensor of the parameter's shape {shape}")
 

@@ -36,8 +36,12 @@ def count(file: str, state: dict[str, Any], key: str, most: int | None = None) -
     value = state.get(key, 0)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         refuse(file, repr(key), value, "a non-negative int")
-    if most is not None and value > most:
-        refuse(file, repr(key), value, f"at most {most}, this fit's length")
+    if most is not None and value > most:  # a shortened run, not a damaged file
+        raise CheckpointError(
+            f"{file!r} was saved at {key} {value}, past this fit's {key}s={most}: pass "
+            f"{key}s={value} or more to continue it, or model.load({file!r}) (without "
+            "resuming) to start a new fit from its weights."
+        )
     return value
 
 

@@ -53,9 +53,16 @@ class CheckpointWriteError(OSError, CheckpointError):
         return str(self.strerror)
 
 
-def write_failed(target: str, error: BaseException) -> CheckpointWriteError:
-    """The error for a checkpoint ``target`` that could not be written: the cause in words."""
+def write_failed(target: str, error: BaseException) -> CheckpointError:
+    """The error for a checkpoint ``target`` that could not be written: the cause in words.
+
+    A :class:`CheckpointWriteError` (an ``OSError``) when the disk refused the write; an
+    error of torch's that no ``OSError`` is behind (a CUDA error, say) is a plain
+    :class:`CheckpointError`: retrying the write would not help.
+    """
     found, cause = _cause(error)
+    if found is None and not isinstance(error, OSError):
+        return CheckpointError(f"Could not write the checkpoint {target!r}: {cause}.")
     return CheckpointWriteError(
         found.errno if found else None,
         f"Could not write the checkpoint {target!r}: {cause}. The previous file there is "

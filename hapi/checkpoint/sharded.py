@@ -75,13 +75,11 @@ def save_sharded(
         def guarded(*args: Any, **kwargs: Any) -> Any:
             try:
                 return run(*args, **kwargs)
-            except (KeyboardInterrupt, SystemExit):
-                raise
             except BaseException as error:
                 files.remove_shards(directory, only=name)  # each process, what is left of it
                 for made in created:
                     files.remove_empty_directory(made)
-                if isinstance(error, CheckpointError):
+                if isinstance(error, (CheckpointError, KeyboardInterrupt, SystemExit)):
                     raise
                 raise write_failed(manifest, error) from error
 

@@ -128,10 +128,11 @@ def _candidates(path: str | os.PathLike) -> list[str]:
     return [given + SUFFIX, given, os.path.join(given, MANIFEST)]
 
 
-def _existing_files(path: str | os.PathLike) -> list[str]:
-    """The candidates that exist; a symbolic link among them is refused, never followed."""
+def _existing_files(path: str | os.PathLike, follow_links: bool = True) -> list[str]:
+    """The candidates that exist. Without ``follow_links`` (a resume, which reads what
+    torch-hapi wrote in its own directories) a symbolic link among them is refused."""
     return [
-        files.refuse_link(candidate, "The checkpoint ")
+        candidate if follow_links else files.refuse_link(candidate, "The checkpoint to resume ")
         for candidate in _candidates(path)
         if os.path.islink(candidate) or os.path.isfile(candidate)
     ]
@@ -176,8 +177,8 @@ def load_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
             is not a checkpoint at all.
     """
     background.wait_if_saving()  # a background save of it, on whichever process writes it
-    file = _existing_file(path)
-    with _open(file) as handle:
+    file = _existing_file(path)  # a link the user passes, or made, is the user's choice
+    with open(file, "rb") as handle:
         return file, _parse(handle, file)
 
 
@@ -204,7 +205,7 @@ def load_freshest_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
         # Either kind (a file, or a sharded checkpoint's manifest) may be here, both when
         # a restart changed the strategy: the one further into training wins.
         copies = []
-        for found in _existing_files(path):
+        for found in _existing_files(path, follow_links=False):
             with _open(found) as handle:
                 payload = handle.read()
             state = _parse(io.BytesIO(payload), found)

@@ -330,7 +330,7 @@ FACTORIES = {
 }
 
 
-def _rates(save_dir, schedule, batch_size=8, resume_from=None, early=None) -> list[float]:
+def _rates(save_dir, schedule, batch_size=8, resume_from=None, early=None, epochs=3) -> list[float]:
     from conftest import TinyNet, make_tiny_data
     from torch import nn
 
@@ -345,7 +345,7 @@ def _rates(save_dir, schedule, batch_size=8, resume_from=None, early=None) -> li
     model.fit(
         make_tiny_data(32),
         batch_size=batch_size,
-        epochs=3,
+        epochs=epochs,
         verbose=0,
         resume_from=resume_from,
         callbacks=[
@@ -374,3 +374,7 @@ def test_a_resumed_factory_schedule_continues_the_uninterrupted_one(tmp_path, sc
     assert len(longer) == 12  # the epoch's other 16 samples, then 8 batches
     if schedule == "OneCycleLR per step":
         assert longer[-1] == pytest.approx(whole[-1])
+    # A fit given more epochs than the one saved: the same number of updates per epoch, so the
+    # schedule (rebuilt for 5 epochs) goes on from update 6, as a 5-epoch run from the start.
+    more_epochs = _rates(tmp_path / "more", schedule, resume_from=step_6, epochs=5)
+    assert more_epochs == pytest.approx(_rates(tmp_path / "five", schedule, epochs=5)[6:])

@@ -170,6 +170,28 @@ def test_an_optimizer_over_part_of_the_network_fine_tunes_that_part(tiny_net, ti
     model.fit(tiny_data, batch_size=16, epochs=1, verbose=0)
     assert loss.scale.item() != 1.0
 
+    class OwnStep(Model):  # a step of one's own may train parameters the Model holds itself
+        def train_step(self, batch):
+            inputs, labels = batch
+            loss = nn.functional.cross_entropy(self.network(inputs) * self.temperature, labels)
+            self.optimizers["network"].zero_grad()
+            self.optimizers["temperature"].zero_grad()
+            loss.backward()
+            self.optimizers["network"].step()
+            self.optimizers["temperature"].step()
+            return {"loss": loss.detach()}
+
+    own = OwnStep(tiny_net, device="cpu")
+    own.temperature = nn.Parameter(torch.ones(()))
+    own.prepare(
+        {
+            "network": torch.optim.SGD(tiny_net.parameters(), lr=0.1),
+            "temperature": torch.optim.SGD([own.temperature], lr=0.1),
+        }
+    )
+    own.fit(tiny_data, batch_size=16, epochs=1, verbose=0)
+    assert own.temperature.item() != 1.0
+
 
 @pytest.mark.parametrize(
     "name, instead",

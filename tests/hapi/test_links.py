@@ -98,19 +98,18 @@ def test_a_link_planted_as_a_shard_while_loading_is_refused(tmp_path, monkeypatc
     assert _contents(tmp_path / "other") == before
 
 
-@pytest.mark.parametrize("how", ["load", "resume_from"])
-def test_a_checkpoint_file_that_is_a_link_is_refused_not_read(tmp_path, how):
-    """A file of a checkpoint directory replaced by a link (to a file elsewhere) is never read."""
+def test_a_resumed_checkpoint_file_that_is_a_link_is_refused_but_a_loaded_one_is_read(tmp_path):
+    """Resuming reads what torch-hapi wrote in its own directory: a link there is refused,
+    never read. A link the user passes to load (a ``latest.pt``, a download cache) is theirs."""
     model, outside = _model(), tmp_path / "outside"
     outside.mkdir()
     model.save(tmp_path / "ckpt" / "1", resumable=True)
     _swap_for_link(os.fspath(tmp_path / "ckpt" / "1.pt"), outside / "1.pt")
     before = _contents(outside)
-    other = _model()
     with pytest.raises(ValueError, match=r"1\.pt' is a symbolic link") as refused:
-        if how == "load":
-            other.load(tmp_path / "ckpt" / "1")
-        else:
-            other.fit(make_tiny_data(32), batch_size=8, verbose=0, resume_from=tmp_path / "ckpt/1")
+        _model().fit(make_tiny_data(32), batch_size=8, verbose=0, resume_from=tmp_path / "ckpt/1")
     assert "os.path.realpath" in str(refused.value)
     assert _contents(outside) == before
+    loaded = _model()
+    loaded.load(tmp_path / "ckpt" / "1")
+    assert all(torch.equal(a, b) for a, b in zip(loaded.parameters(), model.parameters()))

@@ -95,3 +95,24 @@ if __name__ == "__main__":
     role, target, argument = sys.argv[1:4]
     result = _write(target, int(argument)) if role == "write" else _read(target, argument)
     print(json.dumps(result), flush=True)
+
+
+def test_a_killed_writers_temporary_is_removed_by_the_next_write(tmp_path):
+    """A writer killed mid-write leaves its temporary; the next write of that path on this
+    machine removes it (its process is gone), and leaves a live writer's and another
+    machine's alone, so restarts after crashes do not pile up copies of the checkpoint."""
+    import torch
+
+    from hapi import checkpoint
+    from hapi.callbacks import files
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    name = "backup.pt"
+    orphan = tmp_path / f".{name}.{files._HOST}.{dead.pid}.0123456789ab.tmp"
+    live = tmp_path / f".{name}.{files._HOST}.{os.getpid()}.0123456789ab.tmp"
+    elsewhere = tmp_path / f".{name}.other-machine.{dead.pid}.0123456789ab.tmp"
+    for temporary in (orphan, live, elsewhere):
+        temporary.write_bytes(b"\0" * 1024)
+    checkpoint.save_state(tmp_path / name, {"format": "torch-hapi", "w": torch.ones(3)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, live.name, elsewhere.name])

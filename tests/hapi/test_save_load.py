@@ -539,3 +539,40 @@ def test_a_state_the_safe_loader_would_refuse_is_not_saved(tmp_path):
         second.save(tmp_path / "ckpt")
     assert (tmp_path / "ckpt.pt").read_bytes() == before  # the previous file is untouched
     assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_loads_that_need_no_optimizer_check_and_optimizers_that_keep_numbers(tmp_path):
+    """A fine-tuning load into another head skips the old optimizer state; an optimizer may
+    keep numbers and lists of tensors per parameter (LBFGS does): both load."""
+    from torch.utils.data import TensorDataset
+
+    def model(outputs, optimizer=torch.optim.Adam):
+        net = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, outputs))
+        m = Model(net)
+        m.prepare(optimizer(net.parameters(), lr=0.1), nn.MSELoss())
+        return m
+
+    data = TensorDataset(torch.randn(16, 4), torch.randn(16, 3))
+    pretrained = model(3)
+    pretrained.fit(data, batch_size=8, verbose=0)
+    pretrained.save(tmp_path / "pre")
+    head = model(2)
+    with pytest.warns(UserWarning, match="skipped 2 tensors"):
+        head.load(tmp_path / "pre", skip_mismatch=True, reset_optimizer=True)
+    assert torch.equal(head.network[0].weight, pretrained.network[0].weight)
+
+    class Counting(torch.optim.SGD):  # keeps a number and a list per parameter, as LBFGS does
+        def step(self, closure=None):
+            super().step(closure)
+            for group in self.param_groups:
+                for p in group["params"]:
+                    state = self.state[p]
+                    state["updates"] = state.get("updates", 0) + 1
+                    state["history"] = [p.detach().clone()]
+
+    counting = model(3, Counting)
+    counting.fit(data, batch_size=8, verbose=0)
+    counting.save(tmp_path / "counting")
+    again = model(3, Counting)
+    again.load(tmp_path / "counting")
+    assert again.optimizer.state_dict()["state"][0]["updates"] == 2
