@@ -317,11 +317,17 @@ def _count(state: Any, key: str, none: bool = False) -> int | None:
 
 
 def _same_layout(saved: Any, current: Any, where: str) -> None:
-    """Refuse a saved scheduler state whose keys, lengths or value types differ from this one's."""
+    """Refuse a saved scheduler state whose lengths or value types differ from this one's.
+
+    Keys only one of them has are let be, as torch's ``load_state_dict`` does: a
+    release of torch adds or drops a private attribute now and then.
+    """
     pairs: list = []
+    if None in (saved, current):
+        return
     if isinstance(current, dict):
-        same = isinstance(saved, dict) and saved.keys() == current.keys()
-        pairs = [(saved[k], current[k], f"{where}[{k!r}]") for k in current] if same else []
+        same = isinstance(saved, dict)
+        pairs = [(saved[k], current[k], f"{where}[{k!r}]") for k in current if same and k in saved]
     elif isinstance(current, (list, tuple)):
         same = isinstance(saved, (list, tuple)) and len(saved) == len(current)
         pairs = [(a, b, f"{where}[{i}]") for i, (a, b) in enumerate(zip(saved, current))]

@@ -240,7 +240,7 @@ def _failure_report(
 
 def _name_worker_logs(log_dir: str, run_id: str) -> dict[str, str]:
     """Give the launcher's per-rank files Paddle's names, ``workerlog.<rank>``; returns the
-    files that hold something, by rank.
+    files this run wrote something to, by rank (a ``log_dir`` used before keeps older output).
 
     The launcher writes ``<log_dir>/<run_id>_<suffix>/attempt_<n>/<local_rank>/{stdout,stderr}.log``
     (live, while the processes run); its directories that stayed empty (processes that died
@@ -248,20 +248,20 @@ def _name_worker_logs(log_dir: str, run_id: str) -> dict[str, str]:
     """
     from hapi.callbacks import files
 
+    written = {}  # rank -> its workerlog, when this run added output to it (not an earlier run)
     for run_dir in glob.glob(os.path.join(glob.escape(log_dir), f"{run_id}_*")):
         for attempt_dir in sorted(glob.glob(os.path.join(run_dir, "attempt_*"))):
             for rank in sorted(os.listdir(attempt_dir)):
                 for stream in ("stdout.log", "stderr.log"):
                     source = os.path.join(attempt_dir, rank, stream)
                     if os.path.exists(source):
+                        target = os.path.join(log_dir, f"workerlog.{rank}")
                         with (
                             open(source, encoding="utf-8", errors="replace") as part,
-                            open(
-                                os.path.join(log_dir, f"workerlog.{rank}"), "a", encoding="utf-8"
-                            ) as log,
+                            open(target, "a", encoding="utf-8") as log,
                         ):
-                            log.write(part.read())
+                            if log.write(part.read()):
+                                written[rank] = target
         for directory, _, _ in os.walk(run_dir, topdown=False):
             files.remove_empty_directory(directory)
-    logs = glob.glob(os.path.join(glob.escape(log_dir), "workerlog.*"))
-    return {path.rsplit(".", 1)[1]: path for path in sorted(logs) if os.path.getsize(path)}
+    return dict(sorted(written.items()))

@@ -312,14 +312,23 @@ class ModelFiles:
                         refuse(
                             f"{where}['param_groups'][{index}][{name!r}]", value, "a plain value"
                         )
+            # torch's optimizers keep tensors per parameter (and a step count); LBFGS and
+            # optimizers of other libraries may keep numbers and lists of tensors too.
+            lenient = isinstance(optimizer, torch.optim.LBFGS) or not type(
+                optimizer
+            ).__module__.startswith("torch.optim")
             for key, entry in saved.get("state", {}).items():
                 resuming.check_like(file, entry, {}, f"{where}['state'][{key!r}]")
                 shape = shapes[key] if isinstance(key, int) and 0 <= key < len(shapes) else None
-                for name, value in entry.items():  # LBFGS keeps numbers and lists of tensors
+                for name, value in entry.items():
                     at = f"{where}['state'][{key!r}][{name!r}]"
-                    items = value if isinstance(value, (list, tuple)) else [value]
-                    if not all(torch.is_tensor(v) or isinstance(v, _PLAIN) for v in items):
-                        refuse(at, value, "a tensor, a number or a list of them")
+                    items = value if lenient and isinstance(value, (list, tuple)) else [value]
+                    plain = lenient or name == "step"
+                    if not all(
+                        torch.is_tensor(v) or v is None or (plain and isinstance(v, _PLAIN))
+                        for v in items
+                    ):
+                        refuse(at, value, "a tensor" + (", a number or a list" if lenient else ""))
                     if shape and torch.is_tensor(value) and value.dim() and value.shape != shape:
                         refuse(at, value, f"a tensor of the parameter's shape {shape}")
 

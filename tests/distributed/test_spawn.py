@@ -49,6 +49,8 @@ def test_a_failing_child_makes_spawn_raise_its_error_promptly(tmp_path):
 
 def test_children_that_die_get_their_cause_and_existing_log_files_named(tmp_path):
     env = child_env(SPAWN_SCRIPT_UNGUARDED=str(tmp_path / "unguarded"))
+    (tmp_path / "hidden").mkdir()  # a log_dir used before: its old output is not this run's
+    (tmp_path / "hidden" / "workerlog.0").write_text("an earlier run's output\n")
     result = run_bounded([sys.executable, str(SCRIPT), "dies", str(tmp_path)], 180, env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     messages = json.loads((tmp_path / "messages.json").read_text())
