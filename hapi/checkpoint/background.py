@@ -15,7 +15,6 @@ the previous file.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import contextlib
 import copy
@@ -129,8 +128,9 @@ def _interrupts_deferred(notice: str = "") -> Iterator[None]:
 
 background = _BackgroundWrite()
 # Before any exit hook of the user's (one may destroy the process group a sharded write
-# needs), as a non-daemon thread would be waited for; atexit's where that hook is missing.
-getattr(threading, "_register_atexit", atexit.register)(background.join_at_exit)
+# needs), as a non-daemon thread would be waited for: CPython's private hook for exactly
+# that (3.9 and later; tests/hapi/test_interrupted_saves.py fails if it goes).
+threading._register_atexit(background.join_at_exit)
 
 
 def note_started() -> None:
