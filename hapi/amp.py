@@ -244,6 +244,37 @@ def _dynamic_scaling(configs: Mapping) -> bool:
     return value
 
 
+def check_scaler_state(file: str, saved: Any) -> None:
+    """A saved ``GradScaler.state_dict()`` holds what a scaler writes, or a CheckpointError names it.
+
+    A scale of 0 or NaN, a growth factor of at most 1 or a tracker at its
+    interval load without complaint and then skip every update, or never grow
+    the scale again: training silently goes wrong instead of failing.
+    """
+    from hapi import resume  # hapi.resume imports what imports this module
+
+    if not isinstance(saved, dict):
+        resume.refuse(file, "'scaler'", saved, "a GradScaler's state dict")
+    # GradScaler's state names its initial scale "scale"; the others as its keywords
+    ranges = {
+        option.replace("init_", ""): allowed for option, allowed, _ in _SCALER_NUMBERS.values()
+    }
+    for key, value in saved.items():
+        where = f"'scaler'[{key!r}]"
+        number = not isinstance(value, bool) and isinstance(value, (int, float))
+        if key in ranges and not (number and ranges[key](value)):
+            resume.refuse(file, where, value, "a number in the range GradScaler takes")
+        if key in ("growth_interval", "_growth_tracker") and not (
+            isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+        ):
+            resume.refuse(file, where, value, "a non-negative int")
+    interval, tracker = saved.get("growth_interval", 1), saved.get("_growth_tracker", 0)
+    if interval < 1 or tracker >= interval:
+        resume.refuse(
+            file, "'scaler'['_growth_tracker']", tracker, f"below {interval} ('growth_interval')"
+        )
+
+
 def make_scaler(setting: AmpSetting, device: torch.device) -> torch.amp.GradScaler | None:
     """fp16 needs loss scaling against gradient underflow; bf16 and float32 do not."""
     if setting.name != "fp16":

@@ -17,6 +17,7 @@ import torch
 
 from hapi import checkpoint, distributed
 from hapi import resume as resuming  # load() has an argument named resume
+from hapi.amp import check_scaler_state
 from hapi.checkpoint import matching as state_match
 from hapi.rng import global_state
 
@@ -256,6 +257,7 @@ class ModelFiles:
             with resuming.restoring(file, "'optimizers'"):
                 self._restore_optimizers(file, state, keep_hyperparameters=not resume)
         if state.get("scaler") is not None:
+            check_scaler_state(file, state["scaler"])
             if self._scaler is not None:
                 resuming.check_like(file, state["scaler"], self._scaler.state_dict(), "'scaler'")
                 with resuming.restoring(file, "'scaler'"):
@@ -290,23 +292,33 @@ class ModelFiles:
     def _check_optimizer_states(self, file: str, state: dict) -> None:
         """Each saved optimizer state of the layout torch writes, its tensors of their parameters'
         shapes, its settings of this optimizer's types; refused with the entry before any is used."""
-        named = [("'optimizer'", state.get("optimizer"), self._optimizer)]
+        named = [
+            ("'optimizer'", state.get("optimizer"), self._optimizer),
+            ("'optimizer_shards'", state.get("optimizer_shards"), self._optimizer),
+        ]
         if isinstance(state.get("optimizers"), dict):
             named += [
                 (f"'optimizers'[{name!r}]", saved, self._optimizers.get(name))
                 for name, saved in state["optimizers"].items()
             ]
+        refuse = functools.partial(resuming.refuse, file)
         for where, saved, optimizer in named:
             if saved is None:
                 continue
             resuming.check_like(file, saved, {"state": {}, "param_groups": []}, where)
             if optimizer is None:
                 continue
-            refuse = functools.partial(resuming.refuse, file)
             groups, params = optimizer.state_dict()["param_groups"], optimizer.param_groups
             shapes = [tuple(p.shape) for group in params for p in group["params"]]
             for index, group in enumerate(saved.get("param_groups", [])):
                 resuming.check_like(file, group, groups[0], f"{where}['param_groups'][{index}]")
+                size = len(params[index]["params"]) if index < len(params) else None
+                if size is not None and len(group.get("params", [])) != size:  # a list: checked
+                    refuse(
+                        f"{where}['param_groups'][{index}]['params']",
+                        group["params"],
+                        f"a list of this optimizer's {size} parameters",
+                    )
                 for name, value in group.items():  # a setting torch leaves None: a plain value
                     if groups[0].get(name, 0) is None and not isinstance(value, _PLAIN):
                         refuse(

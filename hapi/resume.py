@@ -63,12 +63,13 @@ def restoring(file: str, where: str) -> Iterator[None]:
         ) from error
 
 
-def check_like(file: str, saved: Any, reference: Any, where: str) -> None:
+def check_like(file: str, saved: Any, reference: Any, where: str, shapes: bool = False) -> None:
     """``saved`` holds the kind of value ``reference`` does wherever both have one.
 
     ``reference`` is what this run holds in its place (a ``None`` there takes
     anything, a list any length): a state of the wrong kind is refused before
-    it is used, not when a later step trips over it.
+    it is used, not when a later step trips over it. ``shapes``: where
+    ``reference`` holds a tensor, ``saved`` holds one of its shape.
     """
     if reference is None:
         return
@@ -76,13 +77,16 @@ def check_like(file: str, saved: Any, reference: Any, where: str) -> None:
         if not isinstance(saved, dict):
             refuse(file, where, saved, "a dict")
         for key in reference.keys() & saved.keys():
-            check_like(file, saved[key], reference[key], f"{where}[{key!r}]")
+            check_like(file, saved[key], reference[key], f"{where}[{key!r}]", shapes)
         return
     number = (numbers.Real, torch.Tensor)  # a setting may be a float, a NumPy scalar, a tensor
     kinds = ((bool,), number, (str,), (list, tuple))
     kind = next((k for k in kinds if isinstance(reference, k)), (type(reference),))
     if not isinstance(saved, kind) or (isinstance(saved, bool) and bool not in kind):
         refuse(file, where, saved, f"a {type(reference).__name__} as this run's")
+    if shapes and torch.is_tensor(reference):
+        if not torch.is_tensor(saved) or saved.shape != reference.shape:
+            refuse(file, where, saved, f"a tensor of shape {tuple(reference.shape)} as this run's")
 
 
 def fit_state(
@@ -155,7 +159,10 @@ def restore_step_state(model: Any, own: dict[str, Any] | None, file: str) -> Non
     """Give the Model's own step its state back from this process's part of a resumable file.
 
     A file saved without one (by a Model without ``step_state_dict``, or an
-    older torch-hapi) leaves the Model's state as it is.
+    older torch-hapi) leaves the Model's state as it is. The saved dict must
+    hold the kinds of value (and tensors of the shapes) ``step_state_dict()``
+    returns now, where it returns one that is not ``None``: the step would
+    trip over any other later, far from the file.
     """
     if own is None or "step_state" not in own:
         return
@@ -169,6 +176,7 @@ def restore_step_state(model: Any, own: dict[str, Any] | None, file: str) -> Non
             stacklevel=4,
         )
         return
+    check_like(file, own["step_state"], step_state(model), "'step_state'", shapes=True)
     load(own["step_state"])
 
 

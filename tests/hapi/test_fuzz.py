@@ -21,6 +21,7 @@ train what is left of the fit (see its comment).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -37,7 +38,7 @@ from torch import nn
 from torch.optim.lr_scheduler import OneCycleLR
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from callbacks import EMA, Callback, EarlyStopping, LRScheduler, ModelCheckpoint
+from callbacks import EMA, Callback, EarlyStopping, LRScheduler
 from hapi import Model, checkpoint
 from hapi.checkpoint import CheckpointError
 from hapi.metrics import Accuracy
@@ -675,22 +676,52 @@ def crafted_values(genuine: Any) -> dict[str, Any]:
     """Values no run writes in place of ``genuine``: of other kinds, and out of range."""
     if torch.is_tensor(genuine):
         return {"None": None, "-1": -1, "'x'": "x", "2x2": torch.zeros(2, 2)}
-    if isinstance(genuine, (int, float)):  # a count, a seed, a figure, a flag
-        return {"None": None, "-1": -1, "10**12": 10**12, "'x'": "x", "[]": []}
+    if isinstance(genuine, (int, float)):  # a count, a seed, a figure, a flag, a scale
+        return {
+            "None": None,
+            "-1": -1,
+            "0": 0,
+            "10**12": 10**12,
+            "'x'": "x",
+            "[]": [],
+            "nan": math.nan,
+        }
     return {"None": None, "-1": -1, "'x'": "x", "[]": [], "2x2": torch.zeros(2, 2)}
 
 
 class CountBatches(Callback):
+    """The batches trained, and whether they changed the weights (a step skipped at every batch,
+    as by a gradient scaler whose scale is 0, would not)."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.batches = 0
+        self.batches, self.first, self.moved = 0, None, False
+
+    def on_train_batch_begin(self, step, logs=None):
+        if self.first is None:
+            self.first = [p.detach().clone() for p in self.model.parameters()]
 
     def on_train_batch_end(self, step, logs=None):
         self.batches += 1
+        now = self.model.parameters()
+        self.moved = self.moved or any(not torch.equal(a, b) for a, b in zip(self.first, now))
 
 
-def crafted_fit(model: Model, save_dir: Path, **kwargs) -> CountBatches:
-    """The run whose step-5.pt is crafted (``save_steps``); resumed from it, no file but final.pt."""
+class SaveAt5(Callback):
+    """``model.save(target, resumable=True, ...)`` after optimizer step 5 (epoch 1, its first
+    batch); a fit resumed from it passes no target (it is one of the callbacks all the same)."""
+
+    def __init__(self, target: Path | None = None, **save) -> None:
+        super().__init__()
+        self.target, self.save = target, save
+
+    def on_train_batch_end(self, step, logs=None):
+        if self.target is not None and self.model.step == 5:
+            self.model.save(self.target, resumable=True, **self.save)
+
+
+def crafted_fit(model: Model, saver: SaveAt5 | None = None, **kwargs) -> CountBatches:
+    """The run whose step-5 checkpoint is crafted (``saver`` writes it); the same callbacks resume."""
     counter = CountBatches()
     model.fit(
         make_tiny_data(4 * CRAFTED_BATCHES),
@@ -703,7 +734,7 @@ def crafted_fit(model: Model, save_dir: Path, **kwargs) -> CountBatches:
             ),
             EMA(decay=0.9),
             EarlyStopping(monitor="loss", patience=10),
-            ModelCheckpoint(save_dir, save_freq=100, save_steps=None if kwargs else 5),
+            saver or SaveAt5(),
             counter,
         ],
         **kwargs,
@@ -711,32 +742,71 @@ def crafted_fit(model: Model, save_dir: Path, **kwargs) -> CountBatches:
     return counter
 
 
-def momentum_model() -> Model:
+def momentum_model(**prepare) -> Model:
     model = ready_model()
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), nn.CrossEntropyLoss())
+    model.prepare(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        nn.CrossEntropyLoss(),
+        **prepare,
+    )
     return model
 
 
-@pytest.fixture(scope="module")
-def genuine_resumable(tmp_path_factory) -> dict:
-    """A resumable file at optimizer step 5 (epoch 1, after its first batch)."""
-    save_dir = tmp_path_factory.mktemp("genuine")
-    model = momentum_model()
-    model.fit(
-        make_tiny_data(4 * CRAFTED_BATCHES),
-        batch_size=CRAFTED_BATCHES,
-        epochs=CRAFTED_EPOCHS,
-        verbose=0,
-        callbacks=[
-            LRScheduler(
-                lambda opt, total: OneCycleLR(opt, max_lr=0.1, total_steps=total), by_step=True
-            ),
-            EMA(decay=0.9),
-            EarlyStopping(monitor="loss", patience=10),
-            ModelCheckpoint(save_dir, save_steps=5, resumable=True),
-        ],
+class TwoOptimizers(Model):
+    """A train_step of its own: one loss, two optimizers (one a layer), a state carried along."""
+
+    seen, running = 0, torch.zeros(())  # batches trained, a running mean of the loss
+
+    def train_step(self, batch):
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.network(x), y)
+        self.backward(loss)
+        self.optimizer_step(self.optimizers["hidden"])
+        self.optimizer_step(self.optimizers["out"])
+        self.seen += 1
+        self.running = 0.9 * self.running + 0.1 * loss.detach()
+        return {"loss": loss, "running": self.running}
+
+    def step_state_dict(self):
+        return {"seen": self.seen, "running": self.running}
+
+    def load_step_state_dict(self, state):
+        self.seen, self.running = state["seen"], state["running"]
+
+
+def two_optimizers_model() -> Model:
+    torch.manual_seed(0)
+    model = TwoOptimizers(TinyNet(), device="cpu")
+    layers = model.network
+    model.prepare(
+        {
+            "hidden": torch.optim.SGD(layers.hidden.parameters(), lr=0.1, momentum=0.9),
+            "out": torch.optim.Adam(layers.out.parameters(), lr=0.01),
+        }
     )
-    return torch.load(save_dir / "step-5.pt", weights_only=True)
+    return model
+
+
+# The kinds of resumable checkpoint the fuzz crafts: (the Model writing and resuming it, save's
+# keywords). "own-step": prepare({...}) saves 'optimizers', and a 'step_state' per process;
+# "fp16": a gradient scaler's 'scaler'; "sharded": a manifest naming its 'shards' and
+# 'optimizer_shards' (resumed from the directory, whose shards are genuine).
+CRAFTED_KINDS = {
+    "plain": (momentum_model, {}),
+    "own-step": (two_optimizers_model, {}),
+    "fp16": (functools.partial(momentum_model, amp="fp16"), {}),
+    "sharded": (momentum_model, {"sharded": True}),
+}
+
+
+@pytest.fixture(scope="module", params=list(CRAFTED_KINDS))
+def genuine_resumable(request, tmp_path_factory) -> tuple[str, Callable[[], Model], Path, dict]:
+    """A kind's resumable checkpoint at optimizer step 5: (kind, its Model, the path, its state)."""
+    make, save = CRAFTED_KINDS[request.param]
+    target = tmp_path_factory.mktemp(request.param) / "step-5"
+    crafted_fit(make(), SaveAt5(target, **save))
+    file = target / checkpoint.MANIFEST if save else target.with_suffix(".pt")
+    return request.param, make, file, torch.load(file, weights_only=True)
 
 
 def fields(state: Any, path: tuple = ()):
@@ -767,36 +837,36 @@ def crafted(state: Any, path: tuple, value: Any) -> Any:
 
 
 def test_every_crafted_field_of_a_resumable_checkpoint_is_refused_or_resumes(
-    genuine_resumable, tmp_path, monkeypatch
+    genuine_resumable, monkeypatch
 ):
+    kind, make, file, genuine = genuine_resumable
     failures, tried = [], 0
-    file = tmp_path / "crafted.pt"
-    torch.save(genuine_resumable, file)
-    counter = crafted_fit(momentum_model(), tmp_path / "out", resume_from=file)
+    resume_from = file.parent if kind == "sharded" else file
+    counter = crafted_fit(make(), resume_from=resume_from)
     assert counter.batches == CRAFTED_EPOCHS * CRAFTED_BATCHES - 5  # the genuine file resumes
-    for path in fields(genuine_resumable):
+    for path in fields(genuine):
         if "rng" in path[:-1] or "global" in path[:-1]:
             continue  # a random state is fuzzed as a whole
-        genuine_value = genuine_resumable
+        genuine_value = genuine
         for key in path:
             genuine_value = genuine_value[key]
         for label, value in crafted_values(genuine_value).items():
             # As read from a file (test_confinement reads crafted files): parsing it is not fuzzed.
-            state = crafted(genuine_resumable, path, value)
+            state = crafted(genuine, path, value)
             monkeypatch.setattr(
                 checkpoint, "load_freshest_state", lambda _, s=state: (str(file), s)
             )
-            model = momentum_model()
+            model = make()
             where = "/".join(map(str, path)) + f" = {label}"
             signal.alarm(5)
             try:
-                counter = crafted_fit(model, tmp_path / "out", resume_from=file)
+                counter = crafted_fit(model, resume_from=resume_from)
             except Hung:
                 failures.append(f"{where}: hangs")
             except CheckpointError as error:  # names the field (its owner, for a callback's)
-                named = [key.split("_")[0] for key in path if isinstance(key, str)]
+                named = [key.split("_")[0] or key for key in path if isinstance(key, str)]
                 if path[:2] == ("fit", "callbacks") and len(path) > 2:
-                    owner = genuine_resumable["fit"]["callbacks"][path[2]][0]
+                    owner = genuine["fit"]["callbacks"][path[2]][0]
                     named += [owner] if owner in ("EarlyStopping", "History") else []
                 if not any(key.lower() in str(error).lower() for key in named):
                     failures.append(f"{where}: the error does not name the field: {error}")
@@ -808,8 +878,14 @@ def test_every_crafted_field_of_a_resumable_checkpoint_is_refused_or_resumes(
                     or counter.batches > CRAFTED_EPOCHS * CRAFTED_BATCHES
                 ):
                     failures.append(f"{where}: accepted, trained {counter.batches} batches")
+                elif not counter.moved and (path, label) != (("scaler", "scale"), "10**12"):
+                    # (A scale a run may write, for gradients that small: the scaler halves it
+                    # at each overflowing step, and from 10**12 that takes more than 7.)
+                    failures.append(
+                        f"{where}: accepted, {counter.batches} batches left it as it was"
+                    )
             finally:
                 signal.alarm(TIMEOUT_S)
             tried += 1
-    print(f"{tried} crafted values, {len(failures)} failures")
-    assert failures == [], f"{len(failures)} of {tried}:\n" + "\n".join(failures)
+    print(f"{kind}: {tried} crafted values, {len(failures)} failures")
+    assert failures == [], f"{kind}: {len(failures)} of {tried}:\n" + "\n".join(failures)
