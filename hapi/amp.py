@@ -247,31 +247,27 @@ def _dynamic_scaling(configs: Mapping) -> bool:
 def check_scaler_state(file: str, saved: Any) -> None:
     """A saved ``GradScaler.state_dict()`` holds what a scaler writes, or a CheckpointError names it.
 
-    A scale of 0 or NaN, a growth factor of at most 1 or a tracker at its
-    interval load without complaint and then skip every update, or never grow
-    the scale again: training silently goes wrong instead of failing.
+    A scale of 0 or NaN, or a tracker at its interval, loads without complaint
+    and then skips every update or never grows the scale again: training
+    silently goes wrong instead of failing.
     """
     from hapi import resume  # hapi.resume imports what imports this module
 
     if not isinstance(saved, dict):
         resume.refuse(file, "'scaler'", saved, "a GradScaler's state dict")
-    # GradScaler's state names its initial scale "scale"; the others as its keywords
-    ranges = {
-        option.replace("init_", ""): allowed for option, allowed, _ in _SCALER_NUMBERS.values()
-    }
+    # The state names GradScaler's init_scale "scale", its other keywords as they are.
+    ranges = {option.replace("init_", ""): rest for option, *rest in _SCALER_NUMBERS.values()}
+    least = {"growth_interval": 1, "_growth_tracker": 0}
     for key, value in saved.items():
-        where = f"'scaler'[{key!r}]"
         number = not isinstance(value, bool) and isinstance(value, (int, float))
-        if key in ranges and not (number and ranges[key](value)):
-            resume.refuse(file, where, value, "a number in the range GradScaler takes")
-        if key in ("growth_interval", "_growth_tracker") and not (
-            isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
-        ):
-            resume.refuse(file, where, value, "a non-negative int")
-    interval, tracker = saved.get("growth_interval", 1), saved.get("_growth_tracker", 0)
-    if interval < 1 or tracker >= interval:
+        if key in ranges and not (number and ranges[key][0](value)):
+            resume.refuse(file, f"'scaler'[{key!r}]", value, ranges[key][1])
+        if key in least and not (number and isinstance(value, int) and value >= least[key]):
+            resume.refuse(file, f"'scaler'[{key!r}]", value, f"an int of at least {least[key]}")
+    tracker, interval = saved.get("_growth_tracker", 0), saved.get("growth_interval", 2**31)
+    if tracker >= min(interval, 2**31):  # the tracker is an int32 tensor
         resume.refuse(
-            file, "'scaler'['_growth_tracker']", tracker, f"below {interval} ('growth_interval')"
+            file, "'scaler'['_growth_tracker']", tracker, f"below {interval}, its interval"
         )
 
 

@@ -259,7 +259,6 @@ class ModelFiles:
         if state.get("scaler") is not None:
             check_scaler_state(file, state["scaler"])
             if self._scaler is not None:
-                resuming.check_like(file, state["scaler"], self._scaler.state_dict(), "'scaler'")
                 with resuming.restoring(file, "'scaler'"):
                     self._scaler.load_state_dict(state["scaler"])
             else:
@@ -312,13 +311,6 @@ class ModelFiles:
             shapes = [tuple(p.shape) for group in params for p in group["params"]]
             for index, group in enumerate(saved.get("param_groups", [])):
                 resuming.check_like(file, group, groups[0], f"{where}['param_groups'][{index}]")
-                size = len(params[index]["params"]) if index < len(params) else None
-                if size is not None and len(group.get("params", [])) != size:  # a list: checked
-                    refuse(
-                        f"{where}['param_groups'][{index}]['params']",
-                        group["params"],
-                        f"a list of this optimizer's {size} parameters",
-                    )
                 for name, value in group.items():  # a setting torch leaves None: a plain value
                     if groups[0].get(name, 0) is None and not isinstance(value, _PLAIN):
                         refuse(
@@ -365,7 +357,7 @@ class ModelFiles:
             {"param_groups": shards["param_groups"]},
             state.get("optimizer_type"),
             file,
-            load=lambda _: checkpoint.load_optimizer_shards(
+            load=lambda _: _load_optimizer_shards(
                 directory, self._network, self._optimizer, shards
             ),
             keep_hyperparameters=keep_hyperparameters,
@@ -476,3 +468,15 @@ class ModelFiles:
             ),
         )
         return export_path(path)
+
+
+def _load_optimizer_shards(directory: str, network: Any, optimizer: Any, shards: dict) -> None:
+    """A sharded checkpoint's optimizer state, once its groups hold as many parameters as this
+    optimizer's: torch's ``load_state_dict`` refuses others, its sharded loader takes them."""
+    sizes = [len(group["params"]) for group in shards["param_groups"]]
+    if sizes != [len(group["params"]) for group in optimizer.param_groups]:
+        raise ValueError(
+            f"its parameter groups hold {sizes} parameters, this optimizer's "
+            f"{[len(group['params']) for group in optimizer.param_groups]}"
+        )
+    checkpoint.load_optimizer_shards(directory, network, optimizer, shards)

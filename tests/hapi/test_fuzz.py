@@ -16,7 +16,9 @@ checks that the file is byte for byte what was saved, still loads with
 
 The last part sets every field of a genuine resumable checkpoint, one at a time, to values
 no run writes: each resume must be refused with ``CheckpointError`` naming the field, or
-train what is left of the fit (see its comment).
+train what is left of the fit (see its comment). It does so for each kind of checkpoint
+(``CRAFTED_KINDS``): a plain one, a train_step of one's own with two optimizers and a carried
+step state, an fp16 gradient scaler's, and a sharded checkpoint's manifest.
 """
 
 from __future__ import annotations
