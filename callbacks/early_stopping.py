@@ -199,6 +199,9 @@ class EarlyStopping(MonitorCallback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take back :meth:`state_dict`'s values, each checked: the state comes from a file.
 
+        Args:
+            state: what :meth:`state_dict` returned.
+
         Raises:
             ValueError: an entry of a kind no run writes (the error names the
                 entry and the value); nothing is taken back then.
