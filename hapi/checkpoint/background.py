@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import os
 import signal
 import sys
 import threading
@@ -88,6 +89,11 @@ class _BackgroundWrite:
         if error is not None:  # torch's distributed checkpoint's own errors, say
             raise write_failed(self._target, error) from error
 
+    def forget(self) -> None:
+        """In a forked child (a DataLoader worker): the parent's write is not this process's
+        to wait for; its thread was not copied, so the wait would never end."""
+        self._done, self._error, self.started = None, None, False
+
     def join_at_exit(self) -> None:
         """At interpreter exit: wait for the write; its failure is printed, as exit cannot raise."""
         try:
@@ -131,6 +137,7 @@ background = _BackgroundWrite()
 # needs), as a non-daemon thread would be waited for: CPython's private hook for exactly
 # that (3.9 and later; tests/hapi/test_interrupted_saves.py fails if it goes).
 threading._register_atexit(background.join_at_exit)
+os.register_at_fork(after_in_child=background.forget)
 
 
 def note_started() -> None:

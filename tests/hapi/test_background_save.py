@@ -152,3 +152,35 @@ def test_a_background_write_that_fails_as_the_script_ends_is_said(tmp_path):
         in result.stderr
     )
     assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["network"]  # the previous file
+
+
+FORKED_WHILE_WRITING = textwrap.dedent("""
+    import os, signal, sys, tempfile, threading
+    sys.path.insert(0, {root!r})
+    import hapi
+    from torch import nn
+    model = hapi.Model(nn.Linear(3000, 3000))
+    model.save({path!r}, wait=False)  # still being written when the child is forked
+    pid = os.fork()
+    if pid == 0:  # a DataLoader worker ends as multiprocessing's children do
+        signal.alarm(20)
+        threading._shutdown()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    model.wait_for_saves()
+    print(os.waitstatus_to_exitcode(status))
+""")
+
+
+def test_a_child_forked_during_a_background_write_does_not_wait_for_it_at_its_end(tmp_path):
+    """A DataLoader worker forked while a backup is being written ends at once: the write's
+    thread is the parent's (a child waiting for it hung until killed)."""
+    import pathlib
+
+    root = str(pathlib.Path(__file__).resolve().parents[2])
+    script = FORKED_WHILE_WRITING.format(root=root, path=str(tmp_path / "ckpt"))
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["0"]
