@@ -80,13 +80,18 @@ def _model(strategy=None, lr: float = 0.1) -> hapi.Model:
     return model
 
 
-def schedule(batch: int, accumulate: int) -> dict:
-    model = _model()
-    lrs = LrPerUpdate()
-    factory = LRScheduler(
+def one_cycle() -> LRScheduler:
+    """The documented OneCycleLR recipe: a factory sized by the fit's number of updates."""
+    return LRScheduler(
         lambda optimizer, total: OneCycleLR(optimizer, max_lr=MAX_LR, total_steps=total),
         by_step=True,
     )
+
+
+def schedule(batch: int, accumulate: int) -> dict:
+    model = _model()
+    lrs = LrPerUpdate()
+    factory = one_cycle()
     model.fit(
         data(SAMPLES),
         batch_size=batch,
@@ -110,10 +115,7 @@ def shrink(batch: int, backup: pathlib.Path, crash_at: int | None = None) -> dic
     ``crash_at`` (on several processes), resumed on however many processes run it."""
     model = _model()
     lrs = LrPerUpdate()
-    factory = LRScheduler(
-        lambda optimizer, total: OneCycleLR(optimizer, max_lr=MAX_LR, total_steps=total),
-        by_step=True,
-    )
+    factory = one_cycle()
     model.fit(
         data(SAMPLES),
         batch_size=batch,
