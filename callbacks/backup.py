@@ -23,8 +23,8 @@ class BackupAndRestore(Callback):
     replaced atomically, so a crash while writing leaves the previous backup.
 
     When the same script starts again (by hand, or when ``torchrun
-    --max-restarts`` restarts the workers), ``on_train_begin`` finds the
-    backup and ``fit`` continues from it: the final weights equal those of a
+    --max-restarts`` restarts the workers), ``fit`` finds the backup
+    (:meth:`restore_backup`) before its first batch and continues from it: the final weights equal those of a
     run never interrupted. The backup is deleted when training ends normally,
     unless ``delete_checkpoint=False``: the file it wrote (and the hidden
     spare beside it), and, under FSDP, the sharded backup's manifest and
@@ -54,8 +54,8 @@ class BackupAndRestore(Callback):
     delete. Single-file backups only: a sharded one (FSDP on several
     processes) is not doubled.
 
-    Fit runs this callback's ``on_train_begin`` after every other callback's,
-    so what they reset there is then restored.
+    ``fit`` restores the backup after every callback's ``on_train_begin``, so
+    what they reset there is then restored.
 
     Args:
         backup_dir: directory of the backup file (not empty: ``""`` would
@@ -163,7 +163,7 @@ class BackupAndRestore(Callback):
         return " or ".join(found) or path + ".pt"
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        # Before any backup of this fit (the load below is collective): what is there now
+        # Before any backup of this fit: what is there now
         # is not this fit's to delete, unless it is a backup an interrupted run left.
         try:
             entries = set(os.listdir(self.backup_dir))
@@ -184,8 +184,21 @@ class BackupAndRestore(Callback):
                 "copy is kept; an unreadable one cannot be replaced by an older one.",
                 stacklevel=2,
             )
-        # Every process asks, and gets the latest backup on any machine: only rank 0
-        # writes it, and a restart may have moved rank 0 to a machine without one.
+        self._last_step = self.model.step
+
+    def restore_backup(self) -> None:
+        """Continue from the backup, if there is one: ``fit`` calls it on every process after
+        every callback's ``on_train_begin`` and before the first batch.
+
+        Every process asks, and gets the latest backup on any machine: only
+        rank 0 writes it, and a restart may have moved rank 0 to a machine
+        without one.
+
+        Raises:
+            RuntimeError: the backup cannot be read (naming the file to delete
+                to start afresh), and with ``double_checkpoint`` the previous
+                one neither.
+        """
         file = self._backup_read(self.path)
         try:
             self.model.load(self.path, resume=True)
@@ -202,7 +215,6 @@ class BackupAndRestore(Callback):
         else:
             self._announce(file)
         self._last_step = self.model.step
-
     def _resume_from_previous(self, newest_error: BaseException | None) -> None:
         """The newest backup is unreadable (or missing): resume from the previous one, if any.
 

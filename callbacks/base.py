@@ -159,9 +159,8 @@ class Callback:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take back what :meth:`state_dict` returned, when a fit resumes.
 
-        Called during ``on_train_begin`` of the resumed fit, after the callbacks
-        that come earlier ran their own ``on_train_begin`` (which may reset the
-        state this restores).
+        Called when a fit resumes, after every callback's ``on_train_begin``
+        (which may reset the state this restores) and before the first batch.
 
         Args:
             state: the dict this callback's :meth:`state_dict` returned when the

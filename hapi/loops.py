@@ -3,6 +3,7 @@
 Read top to bottom, ``fit_loop`` is the whole of training::
 
     on_train_begin
+    restore an interrupted fit's state (resume_from, BackupAndRestore)
     for epoch in range(model.epoch, epochs):
         on_epoch_begin(epoch)
         for each batch:  on_train_batch_begin / train step / on_train_batch_end
@@ -157,8 +158,12 @@ def fit_loop(
     accumulate_grad_batches: int,
     num_iters: int | None,
     eval_steps: int | None = None,
+    restore: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
-    """Train ``epochs`` epochs (fewer when stopped); returns the last epoch's logs."""
+    """Train ``epochs`` epochs (fewer when stopped); returns the last epoch's logs.
+
+    ``restore`` puts an interrupted fit's state back (a resume) after ``on_train_begin``,
+    which may reset what it restores, and before the loop reads the counters."""
     logs: dict[str, float] = {}
     if parts.train_step is None and parts.stepper.nothing_trainable():
         warnings.warn(
@@ -170,7 +175,8 @@ def fit_loop(
             stacklevel=3,
         )
     parts.stepper.optimizer.zero_grad(set_to_none=True)  # nothing left from a stopped accumulation
-    cbks.on_train_begin()  # a resume (BackupAndRestore) moves model.epoch / model.epoch_step here
+    cbks.on_train_begin()
+    restore()  # model.epoch / model.epoch_step: where the loop starts
     budget = _Budget(
         None
         if num_iters is None

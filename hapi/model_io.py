@@ -197,8 +197,9 @@ class ModelFiles:
                 -- RNG states, the data order and position in the epoch, the
                 running figures, the optimizer's settings (a schedule may have
                 changed them) and every callback's state -- from a file saved
-                with ``resumable=True``. Only from ``on_train_begin`` of a
-                running fit (``callbacks.BackupAndRestore`` does this), on
+                with ``resumable=True``. Only while ``fit`` restores an
+                interrupted run, before its first batch (``fit(resume_from=)``
+                and ``callbacks.BackupAndRestore.restore_backup`` call it), on
                 every process: each gets the copy furthest into training among
                 the machines, so no shared file system is needed, even when a
                 restart gives rank 0 to another machine.
@@ -210,7 +211,7 @@ class ModelFiles:
                 or belongs to another architecture (the error names the keys).
         """
         if resume:
-            resuming.check_fitting(fitting=self._fit_run is not None)  # before the collective
+            resuming.check_fitting(self._fit_run is not None and self._fit_run.restoring)  # before the collective
             file, state = checkpoint.load_freshest_state(path)
             resuming.check_resumable(file, state)
         else:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from hapi import distributed
 from hapi.batches import batch_length
@@ -46,6 +47,7 @@ class _FitRun:
     train_data: TrainData
     data_seed: int
     epochs: int
+    restoring: bool = False  # between on_train_begin and the first epoch: a resume may load
 
 
 class ModelRuns:
@@ -244,11 +246,7 @@ class ModelRuns:
             log_freq=log_freq,
             num_workers=num_workers,
             loader_options={"shuffle": shuffle, "drop_last": drop_last, "seed": data_seed},
-            callback_options={
-                "save_dir": save_dir,
-                "save_freq": save_freq,
-                "resume_from": resume_from,
-            },
+            callback_options={"save_dir": save_dir, "save_freq": save_freq},
             eval_steps=eval_steps,
             **({} if save_dir is None else {"save_dir": save_dir}),  # EarlyStopping's best_model
             accumulate_grad_batches=accumulate_grad_batches,
@@ -299,6 +297,7 @@ class ModelRuns:
                 accumulate_grad_batches=accumulate_grad_batches,
                 num_iters=num_iters,
                 eval_steps=eval_steps,
+                restore=lambda: self._restore_fit(resume_from),
             )
         except BaseException:
             distributed.note_failure()  # the others may wait in a collective: don't wait for them at exit
@@ -306,6 +305,30 @@ class ModelRuns:
         finally:
             self._fit_run = None
         return next(c for c in cbks if isinstance(c, History))
+
+    def _restore_fit(self, resume_from: str | os.PathLike | None) -> None:
+        """Continue an interrupted fit, after every callback's ``on_train_begin`` and before the
+        first batch: from ``resume_from``, then from a backup a callback keeps (its
+        ``restore_backup()``, as :class:`callbacks.BackupAndRestore` has), the later winning.
+
+        The loop then starts at the restored epoch and step; nothing rewrites it once it runs.
+        """
+        run = self._fit_run
+        run.restoring = True
+        try:
+            if resume_from is not None:
+                self.load(resume_from, resume=True)
+                if distributed.is_main():  # as BackupAndRestore says it: no silent resume
+                    tqdm.write(
+                        f"Resuming from {os.fspath(resume_from)} at epoch {self.epoch + 1}, batch "
+                        f"{self.epoch_step} (optimizer step {self.step})."
+                    )
+            for callback in run.callbacks:
+                restore_backup = getattr(callback, "restore_backup", None)
+                if callable(restore_backup):
+                    restore_backup()
+        finally:
+            run.restoring = False
 
     def evaluate(
         self,

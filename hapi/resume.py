@@ -181,11 +181,12 @@ def restore_step_state(model: Any, own: dict[str, Any] | None, file: str) -> Non
     load(own["step_state"])
 
 
-def check_fitting(fitting: bool) -> None:
-    if not fitting:
+def check_fitting(restoring: bool) -> None:
+    if not restoring:
         raise RuntimeError(
-            "load(..., resume=True) continues a fit in progress; call it from a callback's "
-            "on_train_begin (callbacks.BackupAndRestore does), or load without resume=True."
+            "load(..., resume=True) continues an interrupted fit, which fit itself does before "
+            "its first batch: pass fit(resume_from=path), or keep backups with "
+            "callbacks.BackupAndRestore; to start from a file's weights, load without resume=True."
         )
 
 

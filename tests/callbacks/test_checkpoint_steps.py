@@ -21,7 +21,6 @@ from stub import attach
 from torch import nn
 
 import callbacks.checkpoint
-import callbacks.run
 import hapi.checkpoint
 from callbacks import History, LRScheduler, ModelCheckpoint
 from hapi import Model
@@ -36,18 +35,6 @@ class DropoutNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x)
-
-
-class ResumeFrom(callbacks.run.ResumeFrom):
-    """What ``fit(resume_from=...)`` does: load a file with resume=True at on_train_begin.
-
-    Its subclass, so that fit orders it as its own, after the callbacks whose state it
-    restores (ModelCheckpoint's on_train_begin would otherwise reset the restored best).
-    """
-
-    def on_train_begin(self, logs=None):
-        if self.path is not None:
-            self.model.load(self.path, resume=True)
 
 
 def _model(seed: int = 0) -> tuple[Model, torch.optim.Optimizer]:
@@ -243,7 +230,8 @@ def _resumable_run(
         shuffle=True,
         accumulate_grad_batches=accumulate,
         eval_steps=eval_steps,
-        callbacks=[schedule, history, checkpoints, ResumeFrom(resume_from)],
+        resume_from=resume_from,
+        callbacks=[schedule, history, checkpoints],
     )
     return model, optimizer, history, checkpoints
 

@@ -300,14 +300,15 @@ def test_no_optimizer_is_a_clear_error():
 # -- a factory's schedule across a resume ----------------------------------------------------
 
 
-class _ResumeEarly(Callback):
-    """A user's own resume, listed before the LRScheduler: the state arrives before the factory."""
+class _ResumeByCallback(Callback):
+    """A user's own resume, listed before the LRScheduler, the way BackupAndRestore resumes:
+    fit asks every callback's ``restore_backup`` once all ran ``on_train_begin``."""
 
     def __init__(self, path) -> None:
         super().__init__()
         self.path = path
 
-    def on_train_begin(self, logs=None):
+    def restore_backup(self):
         if self.path is not None:
             self.model.load(self.path, resume=True)
 
@@ -330,7 +331,7 @@ FACTORIES = {
 }
 
 
-def _rates(save_dir, schedule, batch_size=8, resume_from=None, early=None, epochs=3) -> list[float]:
+def _rates(save_dir, schedule, batch_size=8, resume_from=None, by_callback=None, epochs=3) -> list[float]:
     from conftest import TinyNet, make_tiny_data
     from torch import nn
 
@@ -349,7 +350,7 @@ def _rates(save_dir, schedule, batch_size=8, resume_from=None, early=None, epoch
         verbose=0,
         resume_from=resume_from,
         callbacks=[
-            _ResumeEarly(early),
+            _ResumeByCallback(by_callback),
             LRScheduler(factory, by_step=by_step),
             rates,
             ModelCheckpoint(save_dir, save_steps=6, resumable=True),
@@ -360,11 +361,11 @@ def _rates(save_dir, schedule, batch_size=8, resume_from=None, early=None, epoch
 
 @pytest.mark.parametrize("schedule", sorted(FACTORIES))
 def test_a_resumed_factory_schedule_continues_the_uninterrupted_one(tmp_path, schedule, capsys):
-    """Resumed by fit(resume_from=) or by a callback before the LRScheduler (the state then
-    arrives before the factory ran), the rates are the uninterrupted run's from the file on."""
+    """Resumed by fit(resume_from=) or by a callback listed before the LRScheduler, the rates
+    are the uninterrupted run's from the file on."""
     whole = _rates(tmp_path / "whole", schedule)
     step_6 = tmp_path / "whole" / "step-6.pt"  # epoch 1, batch 2 of 4
-    for how in ("resume_from", "early"):
+    for how in ("resume_from", "by_callback"):
         resumed = _rates(tmp_path / how, schedule, **{how: step_6})
         assert resumed == pytest.approx(whole[6:], rel=1e-12), how
     # A run of another length (batches of 4: 24 updates, not 12) goes on from the same point

@@ -215,17 +215,19 @@ def test_a_damaged_backup_is_explained(tmp_path):
 def test_resume_needs_a_running_fit_and_a_file_saved_during_one(tmp_path):
     model = _prepared()
     model.save(tmp_path / "plain")
-    with pytest.raises(RuntimeError, match="resume=True.*on_train_begin"):
+    with pytest.raises(RuntimeError, match=r"resume=True.*fit\(resume_from=path\)"):
         model.load(tmp_path / "plain", resume=True)
 
     from callbacks import Callback
 
-    class ResumeFromPlain(Callback):
+    class ResumeInTheLoop(Callback):  # a hook never rewrites the running fit
         def on_train_begin(self, logs=None):
             self.model.load(tmp_path / "plain", resume=True)
 
+    with pytest.raises(RuntimeError, match=r"resume=True.*fit\(resume_from=path\)"):
+        model.fit(make_tiny_data(16), batch_size=8, verbose=0, callbacks=[ResumeInTheLoop()])
     with pytest.raises(RuntimeError, match="was not saved to resume a fit"):
-        model.fit(make_tiny_data(16), batch_size=8, verbose=0, callbacks=[ResumeFromPlain()])
+        model.fit(make_tiny_data(16), batch_size=8, verbose=0, resume_from=tmp_path / "plain")
 
 
 @pytest.mark.parametrize("save_freq", [0, -1, "step", 2.5, True])
