@@ -215,6 +215,7 @@ class BackupAndRestore(Callback):
         else:
             self._announce(file)
         self._last_step = self.model.step
+
     def _resume_from_previous(self, newest_error: BaseException | None) -> None:
         """The newest backup is unreadable (or missing): resume from the previous one, if any.
 

@@ -211,7 +211,8 @@ class ModelFiles:
                 or belongs to another architecture (the error names the keys).
         """
         if resume:
-            resuming.check_fitting(self._fit_run is not None and self._fit_run.restoring)  # before the collective
+            run = self._fit_run  # checked before the collective
+            resuming.check_fitting(run is not None and run.restoring)
             file, state = checkpoint.load_freshest_state(path)
             resuming.check_resumable(file, state)
         else:

@@ -331,7 +331,9 @@ FACTORIES = {
 }
 
 
-def _rates(save_dir, schedule, batch_size=8, resume_from=None, by_callback=None, epochs=3) -> list[float]:
+def _rates(
+    save_dir, schedule, batch_size=8, resume_from=None, by_callback=None, epochs=3
+) -> list[float]:
     from conftest import TinyNet, make_tiny_data
     from torch import nn
 
