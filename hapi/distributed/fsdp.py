@@ -143,9 +143,7 @@ def shard(
     ``amp_dtype`` becomes the mixed-precision policy: parameters gathered in
     that dtype for the forward and backward, gradients reduced in float32.
     """
-    if world_size() == 1:
-        return network
-    if is_sharded(network):
+    if world_size() == 1 or is_sharded(network):
         return network
     names = {id(p): name for name, p in network.named_parameters()}
     strangers = [
@@ -363,17 +361,6 @@ def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
             if key.endswith("_hooks") and isinstance(value, dict):
                 fields[key] = value.__class__(
                     (handle, hook) for handle, hook in value.items() if not _is_fsdp_hook(hook)
-                )
-        for flags, hooks in (
-            ("_forward_pre_hooks_with_kwargs", "_forward_pre_hooks"),
-            ("_forward_hooks_with_kwargs", "_forward_hooks"),
-            ("_forward_hooks_always_called", "_forward_hooks"),
-        ):
-            if isinstance(fields.get(flags), dict):
-                fields[flags] = fields[flags].__class__(
-                    (handle, flag)
-                    for handle, flag in fields[flags].items()
-                    if handle in fields.get(hooks, {})
                 )
         twin.__dict__.update(fields)
         return twin
