@@ -50,7 +50,7 @@ from hapi.distributed.collectives import (
 )
 from hapi.distributed.ddp import class_name, unwrap, wrap
 from hapi.distributed.env import DistributedSetupError
-from hapi.distributed.fsdp import sharded_parameters
+from hapi.distributed.fsdp import full_state_dict, load_full_state_dict, sharded_parameters
 from hapi.distributed.group import (
     backend_name,
     default_device,

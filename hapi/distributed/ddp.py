@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -180,13 +179,3 @@ def class_name(network: nn.Module) -> str:
     from torch.distributed.fsdp import FSDPModule  # only when the name says FSDP
 
     return next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule)).__name__
-
-
-@contextlib.contextmanager
-def no_sync(wrapped: nn.Module, skip_gradient_sync: bool) -> Iterator[None]:
-    """Skip DDP's gradient all-reduce on accumulation steps (they sync on the update)."""
-    if skip_gradient_sync and isinstance(wrapped, nn.parallel.DistributedDataParallel):
-        with wrapped.no_sync():
-            yield
-    else:
-        yield

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from hapi.distributed.collectives import sync_from_main
+from hapi.distributed.ddp import unwrap
 from hapi.distributed.env import DistributedSetupError
 from hapi.distributed.group import world_size
 
@@ -42,25 +43,17 @@ _NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm
 # they cost about a second at import (DTensor brings sympy), paid by every process of every run,
 # and most runs never shard. A run that never imported them holds no DTensor and no FSDP module,
 # which is what the two checks below rely on.
-def _dtensor_class() -> type | None:
-    module = sys.modules.get("torch.distributed.tensor")
-    return None if module is None else module.DTensor
-
-
 def _is_dtensor(tensor: Any) -> bool:
-    dtensor = _dtensor_class()
-    return dtensor is not None and isinstance(tensor, dtensor)
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
 
 
-def _fsdp_module_class() -> type | None:
+def _fsdp_units(network: nn.Module) -> list[nn.Module]:
+    """The modules of ``network`` that ``fully_shard`` made units, the network first if it is one."""
     module = sys.modules.get("torch.distributed.fsdp")
-    return None if module is None else module.FSDPModule
-
-
-def _full_options() -> Any:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return (
+        [] if module is None else [m for m in network.modules() if isinstance(m, module.FSDPModule)]
+    )
 
 
 def check_wrap(wrap: Any) -> tuple[type, ...] | None:
@@ -150,9 +143,7 @@ def shard(
     ``amp_dtype`` becomes the mixed-precision policy: parameters gathered in
     that dtype for the forward and backward, gradients reduced in float32.
     """
-    if world_size() == 1:
-        return network
-    if is_sharded(network):
+    if world_size() == 1 or is_sharded(network):
         return network
     names = {id(p): name for name, p in network.named_parameters()}
     strangers = [
@@ -232,15 +223,91 @@ def sharded_parameters(network: nn.Module) -> list[str]:
 
 def is_sharded(network: nn.Module) -> bool:
     """Whether :func:`shard` sharded ``network`` (not on one process, nor before training)."""
-    fsdp_module = _fsdp_module_class()
-    return fsdp_module is not None and isinstance(network, fsdp_module)
+    units = _fsdp_units(network)
+    return bool(units) and units[0] is network
 
 
 def full_state_dict(network: nn.Module) -> dict[str, torch.Tensor]:
-    """The network's weights as full plain CPU tensors on rank 0 (empty elsewhere); a collective."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    """The network's whole ``state_dict`` on every process, as plain tensors, however it is spread.
 
-    return get_model_state_dict(network, options=_full_options())
+    For code that needs the full weights whatever the strategy (a copy of the
+    best weights, an average of them): a plain network's ``state_dict``, the
+    user's module's inside DDP (keys without ``module.``), and under torch's
+    FSDP2 (``fully_shard``), where each process holds a DTensor shard of each
+    parameter, every shard gathered into the full tensor. Under FSDP this is
+    a collective that every process must call, and every tensor comes back on
+    the CPU: the full model is never held in device memory at once. As with
+    ``state_dict``, tensors not gathered share their storage with the network
+    (clone them to keep a copy that later steps cannot change).
+
+    Args:
+        network: the module, plain, wrapped in ``DistributedDataParallel`` or
+            sharded by ``fully_shard``.
+
+    Returns:
+        The parameter and buffer names of the user's module, mapped to plain tensors.
+
+    Example:
+        .. code-block:: python
+
+            best = {k: v.clone() for k, v in hapi.distributed.full_state_dict(net).items()}
+    """
+    return gather_state_dict(network, keep=True)
+
+
+def gather_state_dict(network: nn.Module, keep: bool) -> dict[str, torch.Tensor]:
+    """:func:`full_state_dict`, kept only where ``keep`` (empty elsewhere) when it is gathered.
+
+    A save keeps it on rank 0 alone: one full copy of a sharded model in the
+    machine's memory rather than one per process.
+    """
+    state = unwrap(network).state_dict()
+    if not any(_is_dtensor(value) for value in state.values()):
+        return state
+    full = {}
+    for key, value in state.items():
+        if _is_dtensor(value):
+            value = value.full_tensor()  # a collective: every process, in the same order
+        if keep:
+            full[key] = value.cpu() if torch.is_tensor(value) else value
+    return full
+
+
+def load_full_state_dict(
+    network: nn.Module, state: dict[str, torch.Tensor], strict: bool = True
+) -> None:
+    """Full tensors into ``network``, each process keeping its own shard: :func:`full_state_dict`'s inverse.
+
+    Every process passes the same full tensors. Where the network holds a
+    DTensor shard (FSDP), each process copies in its own slice of the full
+    tensor, cut as the shard is, with no communication; elsewhere this is
+    ``load_state_dict`` (of the user's module inside DDP).
+
+    Args:
+        network: the module, plain, wrapped in ``DistributedDataParallel`` or
+            sharded by ``fully_shard``.
+        state: parameter and buffer names mapped to full tensors, as
+            :func:`full_state_dict` or a single-process ``state_dict`` gives them.
+        strict: as ``load_state_dict``'s: every key of the network, and no other.
+
+    Raises:
+        RuntimeError: missing or unexpected keys (with ``strict``), or a
+            tensor whose shape is not the parameter's (``load_state_dict``'s error).
+    """
+    network = unwrap(network)
+    current = network.state_dict()
+    if any(_is_dtensor(value) for value in current.values()):
+        from torch.distributed.tensor import distribute_tensor
+
+        state = {
+            key: distribute_tensor(
+                value, current[key].device_mesh, current[key].placements, src_data_rank=None
+            )
+            if _is_dtensor(current.get(key)) and not _is_dtensor(value)
+            else value
+            for key, value in state.items()
+        }
+    network.load_state_dict(state, strict=strict)
 
 
 def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
@@ -295,17 +362,6 @@ def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
                 fields[key] = value.__class__(
                     (handle, hook) for handle, hook in value.items() if not _is_fsdp_hook(hook)
                 )
-        for flags, hooks in (
-            ("_forward_pre_hooks_with_kwargs", "_forward_pre_hooks"),
-            ("_forward_hooks_with_kwargs", "_forward_hooks"),
-            ("_forward_hooks_always_called", "_forward_hooks"),
-        ):
-            if isinstance(fields.get(flags), dict):
-                fields[flags] = fields[flags].__class__(
-                    (handle, flag)
-                    for handle, flag in fields[flags].items()
-                    if handle in fields.get(hooks, {})
-                )
         twin.__dict__.update(fields)
         return twin
 
@@ -314,9 +370,10 @@ def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
 
 def _user_class(cls: type) -> type:
     """The class FSDP subclassed for a unit (``FSDPLinear`` -> ``Linear``); others unchanged."""
-    fsdp_module = _fsdp_module_class()
-    while fsdp_module is not None and issubclass(cls, fsdp_module):
-        cls = next(base for base in cls.__bases__ if base is not fsdp_module)
+    from torch.distributed.fsdp import FSDPModule  # a unit exists: FSDP is imported
+
+    while issubclass(cls, FSDPModule):
+        cls = next(base for base in cls.__bases__ if base is not FSDPModule)
     return cls
 
 
@@ -331,15 +388,6 @@ def _is_fsdp_hook(hook: Any) -> bool:
     return module.startswith("torch.distributed.fsdp")
 
 
-def load_state_dict(network: nn.Module, state: dict[str, torch.Tensor], strict: bool) -> None:
-    """Full tensors (on every process) into the network, sharded as it is."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    set_model_state_dict(
-        network, state, options=StateDictOptions(full_state_dict=True, strict=strict)
-    )
-
-
 def _parameter_names(network: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
     """Each optimized parameter's name, in the order torch numbers them in a state dict."""
     names = {id(p): name for name, p in network.named_parameters()}
@@ -347,12 +395,17 @@ def _parameter_names(network: nn.Module, optimizer: torch.optim.Optimizer) -> li
 
 
 def full_optimizer_state(network: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer state in torch's plain layout (full tensors, parameters numbered), on rank 0."""
-    if not optimizer.state:
-        return optimizer.state_dict()  # no state yet: only the groups, the same on every process
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    """The optimizer state in torch's plain layout (full tensors, parameters numbered), on rank 0.
 
-    by_name = get_optimizer_state_dict(network, optimizer, options=_full_options())
+    ``optimizer.state_dict()`` itself unless the network is sharded and the
+    optimizer holds state (without, only the groups: the same on every process).
+    """
+    if not optimizer.state or not is_sharded(network):
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    by_name = get_optimizer_state_dict(network, optimizer, options=options)
     numbers = {name: index for index, name in enumerate(_parameter_names(network, optimizer))}
     return {
         "state": {numbers[name]: value for name, value in by_name.get("state", {}).items()},
@@ -366,7 +419,11 @@ def full_optimizer_state(network: nn.Module, optimizer: torch.optim.Optimizer) -
 def load_optimizer_state(
     network: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
 ) -> None:
-    """A plain-layout optimizer state (full tensors, on every process) into a sharded optimizer."""
+    """A plain-layout optimizer state (full tensors, on every process) into the optimizer,
+    sharded as the network is."""
+    if not is_sharded(network):
+        optimizer.load_state_dict(state)
+        return
     names = _parameter_names(network, optimizer)
     saved_count = sum(len(group["params"]) for group in state["param_groups"])
     if saved_count != len(names) or len(state["param_groups"]) != len(optimizer.param_groups):
@@ -395,13 +452,7 @@ def gathered(network: nn.Module) -> Iterator[None]:
     Evaluation shards may differ by a batch between processes; with the
     weights gathered once, each runs its own batches. Resharded on the way out.
     """
-    fsdp_module = _fsdp_module_class()
-    units = (
-        [] if fsdp_module is None else [m for m in network.modules() if isinstance(m, fsdp_module)]
-    )
-    if not units:
-        yield
-        return
+    units = _fsdp_units(network)
     for unit in units:
         unit.set_reshard_after_forward(False, recurse=False)
         unit.unshard()
@@ -410,24 +461,9 @@ def gathered(network: nn.Module) -> Iterator[None]:
     finally:
         for unit in units:
             unit.reshard()
-            unit.set_reshard_after_forward(_reshard_setting(unit), recurse=False)
-
-
-def _reshard_setting(unit: nn.Module) -> bool:
-    return bool(getattr(unit, "_hapi_reshard_after_forward", True))
-
-
-@contextlib.contextmanager
-def no_sync(network: nn.Module, skip_gradient_sync: bool) -> Iterator[None]:
-    """Accumulation steps keep their full gradients locally; the update step reduce-scatters them."""
-    if not skip_gradient_sync:
-        yield
-        return
-    network.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        network.set_requires_gradient_sync(True)
+            unit.set_reshard_after_forward(
+                getattr(unit, "_hapi_reshard_after_forward", True), recurse=False
+            )
 
 
 def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:

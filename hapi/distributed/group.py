@@ -168,9 +168,7 @@ def setup(device: str | torch.device | None = None) -> None:
     limit = timeout()
     try:
         dist.init_process_group(backend=backend, timeout=limit, **restart_safe_store(limit))
-    except (
-        Exception
-    ) as error:  # torch raises several types (DistNetworkError, RuntimeError, ValueError)
+    except Exception as error:  # torch raises several (DistNetworkError, RuntimeError, ...)
         address = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         hint = (
             "another program already listens on that port: pick a free one "

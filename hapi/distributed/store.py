@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import datetime
@@ -25,7 +26,10 @@ def restart_safe_store(timeout: datetime.timedelta) -> dict[str, Any]:
     store the agents keep for the whole job, so after ``--max-restarts``
     restarts the workers it still holds the failed attempt's keys, each dead
     rank's Gloo address among them: a new rank could read one and fail with
-    "Connection refused". ``TORCHELASTIC_RESTART_COUNT`` cannot name the
+    "Connection refused". Still so in torch 2.13: two workers under
+    ``torchrun --standalone --max-restarts=1``, one killed after
+    ``init_process_group``, failed the restarted attempt's Gloo connect in 2 of 3 runs
+    (3 of 3 when one worker starts 2 s late). ``TORCHELASTIC_RESTART_COUNT`` cannot name the
     attempt, because each agent counts its own restarts -- on several
     machines, a node restarted only because another node failed keeps its
     count (pytorch/pytorch#135712), and its workers would wait in another
@@ -76,16 +80,12 @@ def leave_attempt_store(limit: datetime.timedelta) -> None:
         return
     store, this_rank, processes = _attempt_store
     _attempt_store = None
-    try:
+    # A peer that died, or rank 0 already gone (torch's store errors): nothing to wait for.
+    with contextlib.suppress(RuntimeError, ValueError):
         if this_rank == 0:
             store.wait([f"hapi/left/{other}" for other in range(1, processes)], limit)
         else:
             store.set(f"hapi/left/{this_rank}", "done")
-    except (
-        RuntimeError,
-        ValueError,
-    ):  # a peer that died, or rank 0 already gone: nothing to wait for
-        pass
 
 
 def _publish_new_store(
@@ -121,9 +121,7 @@ def _addresses_others_reach(agent_host: str, agent_port: int, spans_machines: bo
     if not spans_machines or not _is_loopback(seen):
         return [seen]
     others = [address for _, address in _machine_addresses() if not _is_loopback(address)]
-    others.sort(
-        key=lambda address: ipaddress.ip_address(address).version
-    )  # IPv4 first, else in interface order
+    others.sort(key=lambda address: ipaddress.ip_address(address).version)  # IPv4 first
     return list(dict.fromkeys(others)) or [seen]
 
 
@@ -151,18 +149,15 @@ def _join_published_store(
     while True:
         hosts, port, token = agent_store.get(_PUBLISHED_KEY).decode().split()
         for host in hosts.split(","):
-            try:
+            # Store errors (RuntimeErrors): an earlier attempt's publication (its rank 0 is
+            # gone), or an address not reached from here.
+            with contextlib.suppress(RuntimeError, ValueError):
                 store = dist.TCPStore(
                     host, int(port), world_size=processes, is_master=False, timeout=probe_timeout
                 )
                 if store.get(_TOKEN_KEY).decode() == token:
                     store.set_timeout(timeout)
                     return store
-            except (
-                RuntimeError,
-                ValueError,
-            ):  # torch's store errors (DistNetworkError, ...) are RuntimeErrors
-                pass  # an earlier attempt's publication (its rank 0 is gone), or an address not reached from here
         if time.monotonic() > deadline:
             raise DistributedSetupError(
                 f"Rank 0 did not publish a reachable store within {timeout.total_seconds():.0f} s "
@@ -188,7 +183,7 @@ def _bind_gloo_where_others_reach(agent_host: str, agent_port: int) -> None:
     except OSError:  # MASTER_ADDR does not resolve: joining the store will say so
         return
     interface = {found: name for name, found in _machine_addresses()}.get(address)
-    if interface is not None and not _is_loopback(address):
+    if interface is not None and not _is_loopback(address):  # loopback alone: nothing better
         os.environ["GLOO_SOCKET_IFNAME"] = interface
 
 

@@ -13,14 +13,14 @@ is a no-op: nothing is wrapped and every method is the plain one.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
 from hapi.distributed import ddp, fsdp
 from hapi.distributed.env import DistributedSetupError
-from hapi.distributed.group import world_size
+from hapi.distributed.group import is_main, world_size
 
 
 class Strategy:
@@ -43,15 +43,18 @@ class Strategy:
         """The module training runs (``network`` itself on one process)."""
         return network
 
+    # The methods below serve every strategy: each asks the network how it is spread (plain, in
+    # DDP, or sharded by FSDP), so FSDP before its network is sharded is the plain behaviour.
+
     def _no_sync(
         self, wrapped: nn.Module, skip_gradient_sync: bool
     ) -> contextlib.AbstractContextManager:
         """Inside: a backward keeps its gradients local (an accumulation step)."""
-        return ddp.no_sync(wrapped, skip_gradient_sync)
+        return _no_sync(wrapped, skip_gradient_sync)
 
     def _gathered(self, network: nn.Module) -> contextlib.AbstractContextManager:
         """Inside: every process holds the full weights (evaluation, prediction)."""
-        return contextlib.nullcontext()
+        return fsdp.gathered(network)
 
     def _check_own_step(self, model_class: str) -> None:
         """Refuse a ``train_step`` of the user's own where this strategy cannot run one."""
@@ -63,31 +66,51 @@ class Strategy:
         sharded, the full weights are gathered here (a collective) and the
         function builds a plain copy, whose forward needs no other process.
         """
-        return lambda: network
+        if not fsdp.is_sharded(network):
+            return lambda: network
+        state = fsdp.gather_state_dict(network, keep=is_main())
+        return lambda: fsdp.plain_copy(network, state)
 
     def _clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
         """Clip to a total L2 norm over every gradient; returns the norm before clipping."""
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        return fsdp.clip_grad_norm(parameters, max_norm)
 
     def _full_state_dict(self, network: nn.Module) -> dict[str, torch.Tensor]:
         """The weights as full tensors (on rank 0 at least; a collective under FSDP)."""
-        return network.state_dict()
+        return fsdp.gather_state_dict(network, keep=is_main())
 
     def _load_state_dict(
         self, network: nn.Module, state: dict[str, torch.Tensor], strict: bool
     ) -> None:
-        network.load_state_dict(state, strict=strict)
+        fsdp.load_full_state_dict(network, state, strict)
 
     def _full_optimizer_state(
         self, network: nn.Module, optimizer: torch.optim.Optimizer
     ) -> dict[str, Any]:
         """``optimizer.state_dict()``'s layout: full tensors, parameters numbered."""
-        return optimizer.state_dict()
+        return fsdp.full_optimizer_state(network, optimizer)
 
     def _load_optimizer_state(
         self, network: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
     ) -> None:
-        optimizer.load_state_dict(state)
+        fsdp.load_optimizer_state(network, optimizer, state)
+
+
+@contextlib.contextmanager
+def _no_sync(wrapped: nn.Module, skip_gradient_sync: bool) -> Iterator[None]:
+    """DDP skips its all-reduce, FSDP its reduce-scatter: the update step syncs what accumulated."""
+    if skip_gradient_sync and isinstance(wrapped, nn.parallel.DistributedDataParallel):
+        with wrapped.no_sync():
+            yield
+        return
+    sharded = skip_gradient_sync and fsdp.is_sharded(wrapped)
+    if sharded:
+        wrapped.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        if sharded:
+            wrapped.set_requires_gradient_sync(True)
 
 
 class DDP(Strategy):
@@ -256,25 +279,6 @@ class FSDP(Strategy):
             amp_dtype=amp_dtype,
         )
 
-    # Until the network is sharded (one process, or before training wraps it)
-    # it is a plain module: the base class's behaviour.
-
-    def _no_sync(
-        self, wrapped: nn.Module, skip_gradient_sync: bool
-    ) -> contextlib.AbstractContextManager:
-        if not fsdp.is_sharded(wrapped):
-            return super()._no_sync(wrapped, skip_gradient_sync)
-        return fsdp.no_sync(wrapped, skip_gradient_sync)
-
-    def _gathered(self, network: nn.Module) -> contextlib.AbstractContextManager:
-        return fsdp.gathered(network)
-
-    def _inference_network(self, network: nn.Module) -> Callable[[], nn.Module]:
-        if not fsdp.is_sharded(network):
-            return super()._inference_network(network)
-        state = fsdp.full_state_dict(network)  # every process gathers; rank 0 keeps the tensors
-        return lambda: fsdp.plain_copy(network, state)
-
     def _check_own_step(self, model_class: str) -> None:
         if world_size() > 1:
             raise DistributedSetupError(
@@ -282,37 +286,6 @@ class FSDP(Strategy):
                 "network and needs its own forward. Use strategy='ddp' (every process holds the whole "
                 "model, gradients are averaged in optimizer_step), or the built-in step with FSDP."
             )
-
-    def _clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
-        return fsdp.clip_grad_norm(parameters, max_norm)
-
-    def _full_state_dict(self, network: nn.Module) -> dict[str, torch.Tensor]:
-        if not fsdp.is_sharded(network):
-            return super()._full_state_dict(network)
-        return fsdp.full_state_dict(network)
-
-    def _load_state_dict(
-        self, network: nn.Module, state: dict[str, torch.Tensor], strict: bool
-    ) -> None:
-        if not fsdp.is_sharded(network):
-            super()._load_state_dict(network, state, strict)
-        else:
-            fsdp.load_state_dict(network, state, strict)
-
-    def _full_optimizer_state(
-        self, network: nn.Module, optimizer: torch.optim.Optimizer
-    ) -> dict[str, Any]:
-        if not fsdp.is_sharded(network):
-            return super()._full_optimizer_state(network, optimizer)
-        return fsdp.full_optimizer_state(network, optimizer)
-
-    def _load_optimizer_state(
-        self, network: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
-    ) -> None:
-        if not fsdp.is_sharded(network):
-            super()._load_optimizer_state(network, optimizer, state)
-        else:
-            fsdp.load_optimizer_state(network, optimizer, state)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, FSDP) and vars(self) == vars(other)
