@@ -13,8 +13,6 @@ calls -- without a collective of its own.
 
 from __future__ import annotations
 
-import copy
-import math
 import os
 from typing import Any
 
@@ -22,76 +20,6 @@ import torch
 from tqdm import tqdm
 
 from .monitor import MonitorCallback, require_int
-
-
-def _is_sharded(value: Any) -> bool:
-    """Whether ``value`` is a DTensor (an FSDP parameter shard), known by its public API.
-
-    Duck-typed: the callbacks package does not import torch's distributed modules.
-    """
-    return (
-        hasattr(value, "full_tensor")
-        and hasattr(value, "placements")
-        and hasattr(value, "device_mesh")
-    )
-
-
-def _snapshot(state_dict: dict[str, Any]) -> dict[str, Any]:
-    # A detached clone, so later optimizer steps cannot change the copy in place. A
-    # DTensor stays one: under FSDP each process keeps only its own shards.
-    return {
-        key: value.detach().clone() if hasattr(value, "detach") else copy.deepcopy(value)
-        for key, value in state_dict.items()
-    }
-
-
-def _own_part(full: torch.Tensor, target: Any) -> torch.Tensor:
-    """The slice of the full tensor ``full`` that this process holds of the DTensor ``target``.
-
-    DTensor's ``Shard(dim)`` splits like ``torch.chunk``: pieces of ceil(n / size)
-    rows, the last ones shorter or empty.
-    """
-    part = full
-    mesh = target.device_mesh
-    for mesh_dim, placement in enumerate(target.placements):
-        if not placement.is_shard():
-            continue
-        dim, size = placement.dim, mesh.size(mesh_dim)
-        length = part.shape[dim]
-        piece = math.ceil(length / size)
-        start = min(mesh.get_local_rank(mesh_dim) * piece, length)
-        part = part.narrow(dim, start, min(piece, length - start))
-    return part
-
-
-def _load_weights(network: torch.nn.Module, weights: dict[str, Any]) -> None:
-    """Put ``weights`` (a snapshot, or full tensors read back from a checkpoint) into ``network``."""
-    current = network.state_dict()
-    if not any(
-        _is_sharded(current.get(key)) and not _is_sharded(value) for key, value in weights.items()
-    ):
-        network.load_state_dict(weights)
-        return
-    # Full tensors saved by state_dict() into a network whose parameters are DTensor
-    # shards (FSDP after a resume): each process copies in its own slice. The keys and
-    # shapes must match, as load_state_dict would demand.
-    if set(weights) != set(current):
-        raise RuntimeError(
-            "EarlyStopping cannot restore the best weights: they name other parameters than "
-            f"the network's (missing {sorted(set(current) - set(weights))}, unexpected "
-            f"{sorted(set(weights) - set(current))}). Was the network changed after the backup?"
-        )
-    with torch.no_grad():
-        for key, target in current.items():
-            value = weights[key]
-            local = target.to_local() if _is_sharded(target) else target
-            part = _own_part(value, target) if _is_sharded(target) else value
-            if tuple(part.shape) != tuple(local.shape):
-                raise RuntimeError(
-                    f"EarlyStopping cannot restore {key!r}: this process holds a shard of shape "
-                    f"{tuple(local.shape)}, the saved best weights give {tuple(part.shape)}."
-                )
-            local.copy_(part)
 
 
 class EarlyStopping(MonitorCallback):
@@ -132,10 +60,9 @@ class EarlyStopping(MonitorCallback):
             ``-inf`` before any), whether or not it beat ``baseline``.
         best_epoch: 0-based epoch of the best value (of the first monitored
             epoch while none improved), or None.
-        best_weights: detached copy of the best ``state_dict`` (only with
-            ``restore_best_weights``). Every process keeps its own copy of its
-            network -- the same weights on every process under DDP, its own
-            shards (DTensors) under FSDP -- and restores it.
+        best_weights: the best epoch's weights, as ``model.get_weights()``
+            gives them (only with ``restore_best_weights``): full CPU tensors,
+            the same on every process, under every strategy.
         save_dir: fit's ``save_dir`` for the current fit (None without one).
         best_model_path: the file ``save_best_model`` last wrote, or None.
     """
@@ -170,28 +97,18 @@ class EarlyStopping(MonitorCallback):
         self._monitored = False  # whether any epoch of this fit logged the monitored figure
 
     def state_dict(self) -> dict[str, Any]:
-        """The counters and the best weights, as full plain tensors.
-
-        Under FSDP the best weights are DTensor shards, which a checkpoint (written
-        by rank 0) cannot hold: they are gathered here, a collective that every
-        process runs, as every process calls ``model.save``.
+        """The counters and the best weights (full plain tensors).
 
         Returns:
             ``best``, ``wait``, ``stopped_epoch``, ``best_epoch``,
             ``best_weights`` (``None`` unless ``restore_best_weights``) and
             where the best model was saved.
         """
-        weights = self.best_weights
-        if weights is not None and any(_is_sharded(value) for value in weights.values()):
-            weights = {
-                key: value.full_tensor().cpu() if _is_sharded(value) else value
-                for key, value in weights.items()
-            }
         return {
             **super().state_dict(),
             "stopped_epoch": self.stopped_epoch,
             "best_epoch": self.best_epoch,
-            "best_weights": weights,
+            "best_weights": self.best_weights,
             "monitored": self._monitored,
             "best_model_path": self.best_model_path,
         }
@@ -253,14 +170,14 @@ class EarlyStopping(MonitorCallback):
             # Keras 3: the first watched epoch is the best until one improves on it (all NaN).
             self.best_epoch = epoch
             if self.restore_best_weights:
-                self.best_weights = _snapshot(self.model.network.state_dict())
+                self.best_weights = self.model.get_weights()
         improved = self._is_improvement(current, self.best)
         if improved:
             self.best = current
             if self.best_epoch != epoch:
                 self.best_epoch = epoch
                 if self.restore_best_weights:
-                    self.best_weights = _snapshot(self.model.network.state_dict())
+                    self.best_weights = self.model.get_weights()
         if improved and self._beats_baseline(current):
             self.wait = 0
             if self.save_best_model and self.save_dir is not None:
@@ -289,8 +206,7 @@ class EarlyStopping(MonitorCallback):
         if not self.restore_best_weights:
             return
         if self.best_weights is not None:
-            # Every process restores its own snapshot (all equal under DDP), so no collective.
-            _load_weights(self.model.network, self.best_weights)
+            self.model.set_weights(self.best_weights)  # every process: the same full weights
             if speak:
                 tqdm.write(self._restored_message())
         elif speak:

@@ -152,6 +152,53 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
         """
         return self._given_optimizers
 
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The network's weights as full, plain CPU tensors, whatever the strategy (Keras' name).
+
+        A copy that later training leaves as it is: what ``EarlyStopping``
+        keeps of the best epoch, or an average of weights. Whole even under
+        FSDP, where each process holds a shard of each parameter (the shards
+        are gathered: every process must call it then), and the same on every
+        process. ``torch.save(model.get_weights(), path)`` writes a plain
+        ``state_dict`` that the network loads with no torch-hapi.
+
+        Returns:
+            The network's ``state_dict`` keys (no ``module.`` prefix) mapped to
+            CPU tensors.
+        """
+        return {
+            key: value.detach().to("cpu", copy=True)
+            for key, value in distributed.full_state_dict(self._network).items()
+        }
+
+    def set_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Load full weights, such as :meth:`get_weights` returned, whatever the strategy.
+
+        Every process passes the same full tensors; under FSDP each keeps its
+        own shard of them, with no communication.
+
+        Args:
+            weights: every key of the network's ``state_dict`` mapped to a
+                tensor of its shape (on any device).
+
+        Raises:
+            TypeError: ``weights`` is not a dict.
+            ValueError: keys are missing or unexpected, or a shape differs (the
+                message names them).
+        """
+        if not isinstance(weights, dict):
+            raise TypeError(
+                f"set_weights() takes a dict of tensors by name, as get_weights() returns; "
+                f"received {type(weights).__name__}."
+            )
+        try:
+            distributed.load_full_state_dict(self._network, weights)
+        except RuntimeError as error:
+            raise ValueError(
+                f"set_weights(): these weights do not fit {type(self._network).__name__}: "
+                f"{error}. Pass what get_weights() returned for this network."
+            ) from error
+
     def parameters(self) -> list[nn.Parameter]:
         """The network's parameters, to build the optimizer before ``prepare``.
 

@@ -25,6 +25,12 @@ class StubModel:
     def parameters(self):
         return self.network.parameters()
 
+    def get_weights(self) -> dict:
+        return {k: v.detach().clone() for k, v in self.network.state_dict().items()}
+
+    def set_weights(self, weights: dict) -> None:
+        self.network.load_state_dict(weights)
+
     def save(self, path: str) -> None:
         self.saved.append(path)
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

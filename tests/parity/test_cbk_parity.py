@@ -59,7 +59,13 @@ class StubModel:
         with torch.no_grad():
             self.network.weight.fill_(float(epoch))
 
-    def get_weights(self) -> float:
+    def get_weights(self) -> dict:
+        return {k: v.detach().clone() for k, v in self.network.state_dict().items()}
+
+    def set_weights(self, weights: dict) -> None:
+        self.network.load_state_dict(weights)
+
+    def weight(self) -> float:  # Keras' DummyModel's get_weights(): the epoch set last
         return self.network.weight.item()
 
 
@@ -372,7 +378,7 @@ def run_dummy(early_stop, losses, stop_at=None):
         if early_stop.model.stop_training:
             break
     early_stop.on_train_end()
-    return epochs_trained, early_stop.model.get_weights()
+    return epochs_trained, early_stop.model.weight()
 
 
 def test_keras_early_stopping_final_weights_when_restoring_model_weights():
