@@ -196,7 +196,8 @@ class Model(ModelRuns, OwnSteps, ModelFiles):
         except RuntimeError as error:
             raise ValueError(
                 f"set_weights(): these weights do not fit {type(self._network).__name__}: "
-                f"{error}. Pass what get_weights() returned for this network."
+                f"{' '.join(str(error).split()).rstrip('.')}. Pass what get_weights() returned "
+                "for this network."
             ) from error
 
     def parameters(self) -> list[nn.Parameter]:

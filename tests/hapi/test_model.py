@@ -368,3 +368,22 @@ def test_compile_trains_and_keeps_the_plain_module(tiny_data, tmp_path):
     )
     assert compiled_eval["acc"] == plain_eval["acc"]
     assert compiled_eval["loss"] == pytest.approx(plain_eval["loss"], rel=1e-5)
+
+
+def test_get_weights_is_a_cpu_copy_and_set_weights_puts_it_back():
+    from conftest import TinyNet, make_tiny_data
+
+    model = Model(TinyNet())
+    model.prepare(torch.optim.SGD(model.parameters(), lr=0.5), torch.nn.CrossEntropyLoss())
+    before = model.get_weights()
+    assert set(before) == set(model.network.state_dict())
+    assert all(t.device.type == "cpu" for t in before.values())
+    model.fit(make_tiny_data(16), batch_size=8, verbose=0)
+    after = model.network.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # a copy: training moved on
+    model.set_weights(before)
+    assert all(torch.equal(before[k], v) for k, v in model.network.state_dict().items())
+    with pytest.raises(ValueError, match="do not fit TinyNet.*get_weights"):
+        model.set_weights({k: v for k, v in list(before.items())[1:]})
+    with pytest.raises(TypeError, match="dict of tensors"):
+        model.set_weights(list(before.values()))
