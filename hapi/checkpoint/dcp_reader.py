@@ -42,7 +42,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.filesystem import FileSystem, _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
-from hapi.callbacks import files
+from hapi.checkpoint import files
 from hapi.checkpoint.errors import CheckpointError
 
 _DCP = "torch.distributed.checkpoint.metadata"
@@ -118,7 +118,7 @@ class NoFollowFileSystem(FileSystem):
 
     A file is opened relative to its directory, and that one relative to the
     checkpoint directory, each with ``O_NOFOLLOW``
-    (:func:`callbacks.files.open_nofollow`): a link planted as a shard, as the
+    (:func:`hapi.checkpoint.files.open_nofollow`): a link planted as a shard, as the
     shards directory or as the checkpoint directory is refused, naming it.
     """
 

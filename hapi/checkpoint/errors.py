@@ -2,7 +2,9 @@
 
 A module of its own that imports nothing of torch-hapi: every module of
 :mod:`hapi.checkpoint` raises the error, and :mod:`hapi.resume` too; users
-catch it as ``hapi.checkpoint.CheckpointError``.
+catch it as ``hapi.checkpoint.CheckpointError``. The words for a full disk, a
+read-only one or a permission (:func:`cause_in_words`) are said here only, for
+every file torch-hapi writes (the CSV log too).
 """
 
 from __future__ import annotations
@@ -69,6 +71,16 @@ def write_failed(target: str, error: BaseException) -> CheckpointError:
         "unchanged.",
         target,
     )
+
+
+def cause_in_words(error: BaseException) -> str:
+    """Why writing a file failed and what to do, in words (see :func:`_cause`).
+
+    ``"the disk is full (No space left on device); free space there or save to
+    another disk"`` for a full disk; the error's type and message when its
+    cause is none of a full disk, a read-only one or a permission.
+    """
+    return _cause(error)[1]
 
 
 def _cause(error: BaseException) -> tuple[OSError | None, str]:

@@ -3,7 +3,7 @@
 A checkpoint is a plain dict of tensors and Python scalars, saved with
 ``torch.save`` and read back with ``torch.load(weights_only=True)``: a file
 that carries code (pickled classes or functions) is refused, never executed.
-Writes go through :func:`callbacks.files.atomic_write` (see
+Writes go through :func:`hapi.checkpoint.files.atomic_write` (see
 :mod:`hapi.checkpoint.write`), so a crash while saving leaves the previous
 file intact.
 
@@ -34,10 +34,9 @@ from typing import IO, Any
 import torch
 
 from hapi import distributed
-from hapi.callbacks import files
-from hapi.callbacks.files import MANIFEST
-from hapi.checkpoint import background
+from hapi.checkpoint import background, files
 from hapi.checkpoint.errors import CheckpointError
+from hapi.checkpoint.files import MANIFEST
 from hapi.checkpoint.write import detail, plain, refuse_unsafe, write_file
 
 FORMAT = "torch-hapi"

@@ -1,7 +1,7 @@
 """Writing one checkpoint file: only tensors and plain values, atomically, verified.
 
 :func:`write_file` writes a state straight to its file (through
-``callbacks.files.atomic_write``) and verifies it with the safe loader before
+``hapi.checkpoint.files.atomic_write``) and verifies it with the safe loader before
 the file replaces the previous one. :mod:`hapi.checkpoint.state` decides which
 process writes and when; :mod:`hapi.checkpoint.background` runs it beside
 training.
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hapi.callbacks.files import atomic_write, remove_empty_directory
 from hapi.checkpoint.errors import CheckpointError, write_failed
+from hapi.checkpoint.files import atomic_write, remove_empty_directory
 
 
 def write_file(state: dict[str, Any], target: str) -> None:

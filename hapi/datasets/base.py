@@ -198,7 +198,7 @@ def _fetch(
     ``check`` returned, so the caller need not parse the file twice.
     """
     # Imported here so that reading local files never imports the callbacks package.
-    from hapi.callbacks.files import atomic_write
+    from hapi.checkpoint import atomic_write
 
     path = target / filename
     urls, last_error = [], None

@@ -19,9 +19,9 @@ Two jobs, kept in one module so that there is one place to check them:
   at a file's name is replaced, never written through); deletions remove
   only entries of the shape torch-hapi itself creates.
 
-This lives in ``callbacks`` (not ``hapi``) because ``callbacks`` must not
-import ``hapi``, while ``hapi`` may import ``callbacks``: the checkpoint
-package (:mod:`hapi.checkpoint`) and the callbacks both go through it.
+The checkpoint package owns it; the callbacks reach it as ``hapi.checkpoint.files``
+(and ``hapi.checkpoint.atomic_write``), and ``tests/test_layering.py`` fails if any
+other module writes, renames, links or deletes a file.
 """
 
 from __future__ import annotations
