@@ -66,17 +66,12 @@ __all__ = [
 
 # A sharded checkpoint's tensors go through torch.distributed.checkpoint, whose import costs
 # about a second (DTensor, sympy) on every process: dcp_io is imported on first use.
-_SHARD_IO = {
-    "load_shards": "load",
-    "load_optimizer_shards": "load_optimizer",
-    "save_shards": "save",
-    "saved_shapes": "saved_shapes",
-}
+_SHARD_IO = {"load_shards", "load_optimizer_shards", "save_shards", "saved_shapes"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _SHARD_IO:
         from hapi.checkpoint import dcp_io
 
-        return getattr(dcp_io, _SHARD_IO[name])
+        return getattr(dcp_io, name)
     raise AttributeError(f"module 'hapi.checkpoint' has no attribute {name!r}")

@@ -8,14 +8,13 @@ lists) never reaches the file. The copies of a plain save go into buffers
 reused from one save to the next (:class:`_Staging`).
 
 Every process calls a save, so every process knows one is under way
-(:func:`note_started`): a load then waits for it on every process
+(``background.started``): a load then waits for it on every process
 (:func:`wait_if_saving`), not only on the one that writes, which would read
 the previous file.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import copy
 import os
@@ -28,6 +27,7 @@ import torch
 
 from hapi import distributed
 from hapi.checkpoint.errors import CheckpointError, write_failed
+from hapi.checkpoint.write import rebuild
 
 
 class _BackgroundWrite:
@@ -140,11 +140,6 @@ threading._register_atexit(background.join_at_exit)
 os.register_at_fork(after_in_child=background.forget)
 
 
-def note_started() -> None:
-    """Every process: a background save was asked for (see :func:`wait_if_saving`)."""
-    background.started = True
-
-
 def agree(action: Callable[[], None], target: str) -> None:
     """``action()`` on every process; a failure on any is raised on all."""
     failure = None
@@ -153,9 +148,7 @@ def agree(action: Callable[[], None], target: str) -> None:
     except Exception as error:  # noqa: BLE001 -- every process must learn of it
         failure = error
     if distributed.any_true(failure is not None):
-        if failure is not None:
-            raise failure
-        raise CheckpointError(
+        raise failure or CheckpointError(
             f"Another process failed to write the checkpoint {target!r}; see its error."
         )
 
@@ -190,15 +183,12 @@ def snapshot(value: Any) -> Any:
     For states written later from a thread: nothing in the copy is shared
     with live objects that training goes on changing.
     """
-    if torch.is_tensor(value):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        copied = type(value)() if type(value) in (dict, collections.OrderedDict) else {}
-        copied.update((key, snapshot(item)) for key, item in value.items())
-        return copied
-    if type(value) in (list, tuple):
-        return type(value)(snapshot(item) for item in value)
-    return copy.deepcopy(value)
+    return rebuild(
+        value,
+        lambda leaf: (
+            leaf.detach().to("cpu", copy=True) if torch.is_tensor(leaf) else copy.deepcopy(leaf)
+        ),
+    )
 
 
 class _Staging:
@@ -217,32 +207,29 @@ class _Staging:
         self._buffers = []
 
     def copy(self, state: Any) -> Any:
-        """``state`` with every tensor replaced by a CPU copy; training may change the originals."""
-        previous, self._buffers = self._buffers, []
-        return self._copy(state, iter(previous))
+        """``state`` (which passed ``write.plain``) with every tensor replaced by a CPU copy;
+        training may change the originals."""
+        previous, self._buffers = iter(self._buffers), []
 
-    def _copy(self, value: Any, previous: Any) -> Any:
-        if torch.is_tensor(value):
+        def stage(value: Any) -> Any:
+            if not torch.is_tensor(value):
+                return value  # a plain value: immutable
             buffer = next(previous, None)
             if (
                 buffer is None
-                or buffer.shape != value.shape
-                or buffer.dtype != value.dtype
-                or buffer.layout != value.layout
                 or not value.is_contiguous()
+                or (
+                    (buffer.shape, buffer.dtype, buffer.layout)
+                    != (value.shape, value.dtype, value.layout)
+                )
             ):
                 buffer = value.detach().to("cpu", copy=True)
             else:
                 buffer.copy_(value.detach())
             self._buffers.append(buffer)
             return buffer
-        if isinstance(value, dict):
-            copied = type(value)()
-            copied.update((key, self._copy(item, previous)) for key, item in value.items())
-            return copied
-        if type(value) in (list, tuple):
-            return type(value)(self._copy(item, previous) for item in value)
-        return value  # a plain value (the state passed write.plain): immutable
+
+        return rebuild(state, stage)
 
 
 staging = _Staging()

@@ -31,14 +31,13 @@ class CheckpointError(RuntimeError):
 
 
 # errno -> (the cause in words, what to do).
+_FREE = "free space there or save to another disk"
+_DENIED = ("permission denied", "save to a directory you may write to")
 _CAUSES = {
-    errno.ENOSPC: ("the disk is full", "free space there or save to another disk"),
-    getattr(errno, "EDQUOT", errno.ENOSPC): (
-        "the disk quota is used up",
-        "free space there or save to another disk",
-    ),
-    errno.EACCES: ("permission denied", "save to a directory you may write to"),
-    errno.EPERM: ("permission denied", "save to a directory you may write to"),
+    errno.ENOSPC: ("the disk is full", _FREE),
+    getattr(errno, "EDQUOT", errno.ENOSPC): ("the disk quota is used up", _FREE),
+    errno.EACCES: _DENIED,
+    errno.EPERM: _DENIED,
     errno.EROFS: ("the file system is read-only", "save to a writable disk"),
 }
 

@@ -88,7 +88,7 @@ def save_sharded(
     if wait:
         background.agree(cleaned(complete), manifest)
     else:
-        background.note_started()
+        background.background.started = True  # on every process (see wait_if_saving)
         background.background.start(cleaned(complete), manifest)
     return directory
 
