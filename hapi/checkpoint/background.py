@@ -75,12 +75,11 @@ class _BackgroundWrite:
         A Ctrl-C while waiting is raised once the write has ended (the
         write's own error is then kept for the next wait).
         """
-        notice = (
-            f"Waiting for the checkpoint {self._target!r} being written in the background "
-            "to be whole on disk."
-        )
-        with _interrupts_deferred(notice if self._done is not None else ""):
-            if self._done is not None:
+        if self._done is not None:
+            with _interrupts_deferred(
+                f"Waiting for the checkpoint {self._target!r} being written in the background "
+                "to be whole on disk."
+            ):
                 self._done.wait()
                 self._done = None
         error, self._error = self._error, None
