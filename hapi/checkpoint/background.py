@@ -5,7 +5,7 @@ A background save returns once the state is copied; a thread writes it
 call*: :func:`snapshot` copies every tensor and every container then, so that
 training going on (running sums updated in place, a callback appending to its
 lists) never reaches the file. The copies of a plain save go into buffers
-reused from one save to the next (:class:`_Staging`).
+reused from one save to the next (:func:`stage`).
 
 Every process calls a save, so every process knows one is under way
 (``background.started``): a load then waits for it on every process
@@ -190,51 +190,39 @@ def snapshot(value: Any) -> Any:
     )
 
 
-class _Staging:
-    """CPU copies of a state's tensors, kept from one background save to the next.
+# CPU copies of the last background save's tensors, reused by the next (see stage).
+_staged: list[torch.Tensor] = []
 
-    Copying into the previous save's buffers (the same shapes and dtypes, as
-    a backup of the same model has) spares allocating and faulting in a fresh
-    copy each time: about a third of the copy's cost for a 300 MB state. A
-    buffer is reused only after the write that read it has ended.
+
+def stage(state: Any) -> Any:
+    """``state`` (which passed ``write.plain``) with every tensor replaced by a CPU copy;
+    training may change the originals.
+
+    The copies go into the previous save's buffers where they fit (the same
+    shapes and dtypes, as a backup of the same model has): that spares
+    allocating and faulting in a fresh copy each time, about a third of the
+    copy's cost for a 300 MB state. Call it only once the write that read
+    them has ended.
     """
+    previous = iter(list(_staged))
+    _staged.clear()
 
-    def __init__(self) -> None:
-        self._buffers: list[torch.Tensor] = []
+    def copy(value: Any) -> Any:
+        if not torch.is_tensor(value):
+            return value  # a plain value: immutable
+        buffer = next(previous, None)
+        same = buffer is not None and buffer.shape == value.shape and buffer.dtype == value.dtype
+        if same and buffer.layout == value.layout and value.is_contiguous():
+            buffer.copy_(value.detach())
+        else:
+            buffer = value.detach().to("cpu", copy=True)
+        _staged.append(buffer)
+        return buffer
 
-    def release(self) -> None:
-        self._buffers = []
-
-    def copy(self, state: Any) -> Any:
-        """``state`` (which passed ``write.plain``) with every tensor replaced by a CPU copy;
-        training may change the originals."""
-        previous, self._buffers = iter(self._buffers), []
-
-        def stage(value: Any) -> Any:
-            if not torch.is_tensor(value):
-                return value  # a plain value: immutable
-            buffer = next(previous, None)
-            if (
-                buffer is None
-                or not value.is_contiguous()
-                or (
-                    (buffer.shape, buffer.dtype, buffer.layout)
-                    != (value.shape, value.dtype, value.layout)
-                )
-            ):
-                buffer = value.detach().to("cpu", copy=True)
-            else:
-                buffer.copy_(value.detach())
-            self._buffers.append(buffer)
-            return buffer
-
-        return rebuild(state, stage)
-
-
-staging = _Staging()
+    return rebuild(state, copy)
 
 
 def release_staging() -> None:
     """Free the CPU copies kept for the next background save (once saves are done, say)."""
     background.join()
-    staging.release()
+    _staged.clear()

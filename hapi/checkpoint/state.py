@@ -101,7 +101,7 @@ def save_state(path: str | os.PathLike, state: dict[str, Any], wait: bool = True
     def start() -> None:
         converted = plain(state)
         refuse_unsafe(converted, target)  # now, not in the background
-        staged = background.staging.copy(converted)  # the previous write has ended: reused
+        staged = background.stage(converted)  # the previous write has ended: reused
         background.background.start(functools.partial(write_file, staged, target), target)
 
     if not wait:
