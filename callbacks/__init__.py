@@ -1,15 +1,22 @@
 """Callbacks for torch-hapi: the Keras/Paddle hook protocol and the built-ins.
 
-This package never imports ``hapi``: a callback knows the model only through
-its documented public API and the ``logs`` dicts (see ``callbacks.base``).
+A callback knows the model only through its documented public API and the
+``logs`` dicts (see ``callbacks.base``); of ``hapi`` this package imports only the
+public names of :mod:`hapi.checkpoint`, which owns every file written, renamed,
+linked or deleted.
 """
 
 from .base import Callback, CallbackList  # noqa: F401 (CallbackList: the loop's dispatcher)
+from .history import History
+
+# hapi loads every module of this package and takes the names above from it: a plain
+# `import callbacks` loads hapi here, before a module of ours imports hapi.checkpoint
+# halfway through this file.
+import hapi.checkpoint  # noqa: F401  # isort: skip
 from .checkpoint import BackupAndRestore, ModelCheckpoint
 from .csv_logger import CSVLogger
 from .early_stopping import EarlyStopping
 from .ema import EMA
-from .history import History
 from .lambda_callback import LambdaCallback
 from .lr import LRScheduler, ReduceLROnPlateau
 from .monitor import MonitorNameWarning

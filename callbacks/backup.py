@@ -7,7 +7,8 @@ import warnings
 
 from tqdm import tqdm
 
-from . import files
+from hapi.checkpoint import files
+
 from .base import Callback
 
 
@@ -71,7 +72,7 @@ class BackupAndRestore(Callback):
         ValueError: ``backup_dir`` is ``None`` or empty (as Keras and Paddle
             refuse it), or ``save_freq`` is neither ``"epoch"`` nor a positive int.
         TypeError: ``backup_dir`` is not a path, or ``double_checkpoint`` not a bool.
-        callbacks.files.UnsafeNameError: at ``fit``'s start, a backup's name
+        hapi.checkpoint.UnsafeNameError: at ``fit``'s start, a backup's name
             is a symbolic link.
     """
 

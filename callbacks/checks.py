@@ -1,7 +1,7 @@
 """The one check of count-like arguments, for hapi and callbacks alike (one message format).
 
-It lives in ``callbacks`` because ``callbacks`` may not import ``hapi``, while
-``hapi`` may import ``callbacks`` (as with ``callbacks.files``).
+It lives in ``callbacks`` because ``callbacks`` imports of ``hapi`` only the public
+names of ``hapi.checkpoint`` (its files), while ``hapi`` may import ``callbacks``.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ import csv
 import os
 from typing import Any
 
+from hapi.checkpoint import atomic_write, cause_in_words
+
 from .base import Callback
-from .files import atomic_write
 
 
 class CSVLogger(Callback):
@@ -97,7 +98,6 @@ class CSVLogger(Callback):
         except OSError as error:  # a bare "[Errno 28] No space left on device" names no file
             raise OSError(
                 error.errno,
-                f"CSVLogger could not write {self.filename!r}: {error.strerror or error}. The "
-                "file there is unchanged. Free space there (or the permission it lacks) or pass "
-                "CSVLogger another filename.",
+                f"CSVLogger could not write {self.filename!r}: {cause_in_words(error)}. The file "
+                "there is unchanged; or pass CSVLogger another filename.",
             ) from error

@@ -18,7 +18,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from . import files
+from hapi.checkpoint import files
+
 from .monitor import MonitorCallback, require_int
 
 # The numbered checkpoints ModelCheckpoint writes (<epoch>, step-<N>): the only names it rotates.

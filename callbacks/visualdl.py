@@ -33,7 +33,8 @@ import os
 import re
 from typing import Any
 
-from . import files
+from hapi.checkpoint import files
+
 from .base import Callback
 
 # Batch-log keys that describe the batch, not the model; never plotted.

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from hapi import distributed
-from hapi.callbacks.files import atomic_write
+from hapi.checkpoint import atomic_write
 from hapi.data import describe
 
 SUFFIX = ".pt2"

@@ -246,7 +246,7 @@ def _name_worker_logs(log_dir: str, run_id: str) -> dict[str, str]:
     (live, while the processes run); its directories that stayed empty (processes that died
     before their output went there) are removed.
     """
-    from hapi.callbacks import files
+    from hapi.checkpoint import files
 
     written = {}  # rank -> its workerlog, when this run added output to it (not an earlier run)
     for run_dir in glob.glob(os.path.join(glob.escape(log_dir), f"{run_id}_*")):

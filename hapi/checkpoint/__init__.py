@@ -2,6 +2,9 @@
 
 The modules of this package, each with one job:
 
+* :mod:`~hapi.checkpoint.files` -- every file written, renamed, linked or deleted, and
+  every name read from a file joined to its directory (atomic writes, confinement, no
+  link followed): the one module that touches files, for torch-hapi's callbacks too;
 * :mod:`~hapi.checkpoint.state` -- the file format (``FORMAT``), :func:`save_state`
   and :func:`load_state` (which process writes, which reads, what is safe to read);
 * :mod:`~hapi.checkpoint.write` -- one file written and verified (tensors and plain
@@ -13,15 +16,17 @@ The modules of this package, each with one job:
   read through :mod:`~hapi.checkpoint.dcp_reader`, which runs no code from the files;
 * :mod:`~hapi.checkpoint.matching` -- a saved state against this model and optimizer.
 
-Imports go one way: this package uses :mod:`hapi.distributed` (which process writes)
-and ``callbacks.files`` (every write, rename, link, deletion and every name joined to
-a directory); neither imports it back.
+Imports go one way: this package uses :mod:`hapi.distributed` (which process writes),
+which never imports it back; the callbacks import its public names (``files``,
+``atomic_write``, ``CheckpointError``), never a module of it.
 """
 
 from typing import Any
 
+from hapi.checkpoint import files
 from hapi.checkpoint.background import release_staging, wait_for_writes
-from hapi.checkpoint.errors import CheckpointError
+from hapi.checkpoint.errors import CheckpointError, cause_in_words
+from hapi.checkpoint.files import UnsafeNameError, atomic_write
 from hapi.checkpoint.sharded import MANIFEST, save_sharded, shards_directory
 from hapi.checkpoint.state import (
     FORMAT,
@@ -40,6 +45,10 @@ __all__ = [
     "MANIFEST",
     "SUFFIX",
     "VERSION",
+    "UnsafeNameError",
+    "atomic_write",
+    "cause_in_words",
+    "files",
     "load_freshest_state",
     "load_optimizer_shards",
     "load_shards",
@@ -57,17 +66,12 @@ __all__ = [
 
 # A sharded checkpoint's tensors go through torch.distributed.checkpoint, whose import costs
 # about a second (DTensor, sympy) on every process: dcp_io is imported on first use.
-_SHARD_IO = {
-    "load_shards": "load",
-    "load_optimizer_shards": "load_optimizer",
-    "save_shards": "save",
-    "saved_shapes": "saved_shapes",
-}
+_SHARD_IO = {"load_shards", "load_optimizer_shards", "save_shards", "saved_shapes"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _SHARD_IO:
         from hapi.checkpoint import dcp_io
 
-        return getattr(dcp_io, _SHARD_IO[name])
+        return getattr(dcp_io, name)
     raise AttributeError(f"module 'hapi.checkpoint' has no attribute {name!r}")

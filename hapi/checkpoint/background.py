@@ -5,17 +5,16 @@ A background save returns once the state is copied; a thread writes it
 call*: :func:`snapshot` copies every tensor and every container then, so that
 training going on (running sums updated in place, a callback appending to its
 lists) never reaches the file. The copies of a plain save go into buffers
-reused from one save to the next (:class:`_Staging`).
+reused from one save to the next (:func:`stage`).
 
 Every process calls a save, so every process knows one is under way
-(:func:`note_started`): a load then waits for it on every process
+(``background.started``): a load then waits for it on every process
 (:func:`wait_if_saving`), not only on the one that writes, which would read
 the previous file.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import copy
 import os
@@ -28,6 +27,7 @@ import torch
 
 from hapi import distributed
 from hapi.checkpoint.errors import CheckpointError, write_failed
+from hapi.checkpoint.write import rebuild
 
 
 class _BackgroundWrite:
@@ -75,12 +75,11 @@ class _BackgroundWrite:
         A Ctrl-C while waiting is raised once the write has ended (the
         write's own error is then kept for the next wait).
         """
-        notice = (
-            f"Waiting for the checkpoint {self._target!r} being written in the background "
-            "to be whole on disk."
-        )
-        with _interrupts_deferred(notice if self._done is not None else ""):
-            if self._done is not None:
+        if self._done is not None:
+            with _interrupts_deferred(
+                f"Waiting for the checkpoint {self._target!r} being written in the background "
+                "to be whole on disk."
+            ):
                 self._done.wait()
                 self._done = None
         error, self._error = self._error, None
@@ -140,11 +139,6 @@ threading._register_atexit(background.join_at_exit)
 os.register_at_fork(after_in_child=background.forget)
 
 
-def note_started() -> None:
-    """Every process: a background save was asked for (see :func:`wait_if_saving`)."""
-    background.started = True
-
-
 def agree(action: Callable[[], None], target: str) -> None:
     """``action()`` on every process; a failure on any is raised on all."""
     failure = None
@@ -153,9 +147,7 @@ def agree(action: Callable[[], None], target: str) -> None:
     except Exception as error:  # noqa: BLE001 -- every process must learn of it
         failure = error
     if distributed.any_true(failure is not None):
-        if failure is not None:
-            raise failure
-        raise CheckpointError(
+        raise failure or CheckpointError(
             f"Another process failed to write the checkpoint {target!r}; see its error."
         )
 
@@ -190,65 +182,47 @@ def snapshot(value: Any) -> Any:
     For states written later from a thread: nothing in the copy is shared
     with live objects that training goes on changing.
     """
-    if torch.is_tensor(value):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        copied = type(value)() if type(value) in (dict, collections.OrderedDict) else {}
-        copied.update((key, snapshot(item)) for key, item in value.items())
-        return copied
-    if type(value) in (list, tuple):
-        return type(value)(snapshot(item) for item in value)
-    return copy.deepcopy(value)
+    return rebuild(
+        value,
+        lambda leaf: (
+            leaf.detach().to("cpu", copy=True) if torch.is_tensor(leaf) else copy.deepcopy(leaf)
+        ),
+    )
 
 
-class _Staging:
-    """CPU copies of a state's tensors, kept from one background save to the next.
+# CPU copies of the last background save's tensors, reused by the next (see stage).
+_staged: list[torch.Tensor] = []
 
-    Copying into the previous save's buffers (the same shapes and dtypes, as
-    a backup of the same model has) spares allocating and faulting in a fresh
-    copy each time: about a third of the copy's cost for a 300 MB state. A
-    buffer is reused only after the write that read it has ended.
+
+def stage(state: Any) -> Any:
+    """``state`` (which passed ``write.plain``) with every tensor replaced by a CPU copy;
+    training may change the originals.
+
+    The copies go into the previous save's buffers where they fit (the same
+    shapes and dtypes, as a backup of the same model has): that spares
+    allocating and faulting in a fresh copy each time, about a third of the
+    copy's cost for a 300 MB state. Call it only once the write that read
+    them has ended.
     """
+    previous = iter(list(_staged))
+    _staged.clear()
 
-    def __init__(self) -> None:
-        self._buffers: list[torch.Tensor] = []
+    def copy(value: Any) -> Any:
+        if not torch.is_tensor(value):
+            return value  # a plain value: immutable
+        buffer = next(previous, None)
+        same = buffer is not None and buffer.shape == value.shape and buffer.dtype == value.dtype
+        if same and buffer.layout == value.layout and value.is_contiguous():
+            buffer.copy_(value.detach())
+        else:
+            buffer = value.detach().to("cpu", copy=True)
+        _staged.append(buffer)
+        return buffer
 
-    def release(self) -> None:
-        self._buffers = []
-
-    def copy(self, state: Any) -> Any:
-        """``state`` with every tensor replaced by a CPU copy; training may change the originals."""
-        previous, self._buffers = self._buffers, []
-        return self._copy(state, iter(previous))
-
-    def _copy(self, value: Any, previous: Any) -> Any:
-        if torch.is_tensor(value):
-            buffer = next(previous, None)
-            if (
-                buffer is None
-                or buffer.shape != value.shape
-                or buffer.dtype != value.dtype
-                or buffer.layout != value.layout
-                or not value.is_contiguous()
-            ):
-                buffer = value.detach().to("cpu", copy=True)
-            else:
-                buffer.copy_(value.detach())
-            self._buffers.append(buffer)
-            return buffer
-        if isinstance(value, dict):
-            copied = type(value)()
-            copied.update((key, self._copy(item, previous)) for key, item in value.items())
-            return copied
-        if type(value) in (list, tuple):
-            return type(value)(self._copy(item, previous) for item in value)
-        return value  # a plain value (the state passed write.plain): immutable
-
-
-staging = _Staging()
+    return rebuild(state, copy)
 
 
 def release_staging() -> None:
     """Free the CPU copies kept for the next background save (once saves are done, say)."""
     background.join()
-    staging.release()
+    _staged.clear()

@@ -110,7 +110,7 @@ class _Writer(dcp.FileSystemWriter):
         super().set_up_storage_writer(is_coordinator, *args, **kwargs)
 
 
-def save(
+def save_shards(
     directory: str,
     network: nn.Module,
     optimizer: torch.optim.Optimizer | None,
@@ -121,7 +121,7 @@ def save(
     """Write the network's and optimizer's tensors to ``directory``; a collective.
 
     ``then_on_main(rest)`` runs on rank 0 once every process's shards are
-    written, with what the manifest must keep for :func:`load` (the
+    written, with what the manifest must keep for :func:`load_shards` (the
     optimizer's groups and its non-tensor state values; ``None`` without an
     optimizer), on the process DCP coordinates from, which wrote
     ``.metadata`` last. With ``wait=False`` the tensors are copied to CPU
@@ -147,19 +147,18 @@ def save(
             "has_tensors": "optimizer" in payload,
         }
     writer = _Writer(directory)
-    if wait:
-        with _quiet(), _as_checkpoint_error(directory, writing=True):
-            dcp.save(payload, storage_writer=writer)
-        future = None
-    else:
+    if not wait:
         optimizer_rest = snapshot(optimizer_rest)
-        with _quiet(), _as_checkpoint_error(directory, writing=True):
+    with _quiet(), _as_checkpoint_error(directory, writing=True):
+        if wait:
+            dcp.save(payload, storage_writer=writer)
+        else:
             future = dcp.async_save(
                 payload, storage_writer=writer, process_group=distributed.background_group()
             )
 
     def complete() -> None:
-        if future is not None:
+        if not wait:
             with _as_checkpoint_error(directory, writing=True):
                 future.result()  # every process's shards written, the metadata too
         if writer.is_coordinator is None:
@@ -173,18 +172,19 @@ def save(
     return complete
 
 
+def _saved(directory: str, part: str) -> dict[str, Any]:
+    """The entries of ``part`` (``network``, ``optimizer``) in a sharded checkpoint's metadata,
+    by name within it, read safely."""
+    entries = SafeFileSystemReader(directory).read_metadata().state_dict_metadata
+    return {key[len(part) + 1 :]: e for key, e in entries.items() if key.startswith(part + ".")}
+
+
 def saved_shapes(directory: str) -> dict[str, torch.Size]:
     """The network entries of a sharded checkpoint and their full shapes, read safely."""
-    metadata = SafeFileSystemReader(directory).read_metadata()
-    prefix = "network."
-    return {
-        key[len(prefix) :]: entry.size
-        for key, entry in metadata.state_dict_metadata.items()
-        if key.startswith(prefix)
-    }
+    return {key: entry.size for key, entry in _saved(directory, "network").items()}
 
 
-def load(directory: str, network: nn.Module, keys: set[str]) -> None:
+def load_shards(directory: str, network: nn.Module, keys: set[str]) -> None:
     """The network's entries named in ``keys`` from ``directory``, resharded as the network is now."""
     template = {k: v for k, v in _split(get_model_state_dict(network))[0].items() if k in keys}
     payload = {"network": template}
@@ -193,10 +193,10 @@ def load(directory: str, network: nn.Module, keys: set[str]) -> None:
     set_model_state_dict(network, payload["network"], options=StateDictOptions(strict=False))
 
 
-def load_optimizer(
+def load_optimizer_shards(
     directory: str, network: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]
 ) -> None:
-    """The optimizer state :func:`save` wrote (``saved``: the manifest's part), resharded.
+    """The optimizer state :func:`save_shards` wrote (``saved``: the manifest's part), resharded.
 
     Raises:
         ValueError: the file's per-parameter state has other keys than this
@@ -233,9 +233,7 @@ def _saved_optimizer_keys(directory: str, saved: dict[str, Any]) -> dict[str, se
     keys: dict[str, set[str]] = {
         name: set(values) for name, values in saved["plain_values"].items()
     }
-    prefix = "optimizer."
-    for entry in SafeFileSystemReader(directory).read_metadata().state_dict_metadata:
-        if entry.startswith(prefix):
-            name, _, key = entry[len(prefix) :].rpartition(".")
-            keys.setdefault(name, set()).add(key)
+    for entry in _saved(directory, "optimizer"):
+        name, _, key = entry.rpartition(".")
+        keys.setdefault(name, set()).add(key)
     return keys

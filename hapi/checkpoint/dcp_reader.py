@@ -42,7 +42,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.filesystem import FileSystem, _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
-from hapi.callbacks import files
+from hapi.checkpoint import files
 from hapi.checkpoint.errors import CheckpointError
 
 _DCP = "torch.distributed.checkpoint.metadata"
@@ -85,18 +85,9 @@ _ALLOWED.update(
 # pathlib.PosixPath (pathlib._local.PosixPath by Python 3.13, WindowsPath on
 # Windows). torch's load path never reads it, so it becomes a pure path, which
 # never touches the file system and builds on any OS and Python version.
-_ALLOWED.update(
-    {
-        (module, name): pure
-        for module in ("pathlib", "pathlib._local")
-        for names, pure in (
-            (("PosixPath", "PurePosixPath"), pathlib.PurePosixPath),
-            (("WindowsPath", "PureWindowsPath"), pathlib.PureWindowsPath),
-            (("Path", "PurePath"), pathlib.PurePath),
-        )
-        for name in names
-    }
-)
+for _pure in (pathlib.PurePosixPath, pathlib.PureWindowsPath, pathlib.PurePath):
+    for _module in ("pathlib", "pathlib._local"):  # PosixPath and PurePosixPath alike
+        _ALLOWED[(_module, _pure.__name__)] = _ALLOWED[(_module, _pure.__name__[4:])] = _pure
 
 
 class _Unsafe(Exception):
@@ -118,7 +109,7 @@ class NoFollowFileSystem(FileSystem):
 
     A file is opened relative to its directory, and that one relative to the
     checkpoint directory, each with ``O_NOFOLLOW``
-    (:func:`callbacks.files.open_nofollow`): a link planted as a shard, as the
+    (:func:`hapi.checkpoint.files.open_nofollow`): a link planted as a shard, as the
     shards directory or as the checkpoint directory is refused, naming it.
     """
 
@@ -159,7 +150,12 @@ class SafeFileSystemReader(FileSystemReader):
         except _Unsafe as error:
             self._refuse(str(error))
         except Exception as error:  # noqa: BLE001 -- nothing allowed runs code: any failure is a bad file
-            self._damaged(path, len(raw), error)
+            raise CheckpointError(
+                f"Sharded checkpoint {os.fspath(self.path)!r} is damaged: its metadata file "
+                f"{os.fspath(path)!r} ({len(raw)} bytes) cannot be read ({type(error).__name__}: "
+                f"{error}). It was probably cut off while being copied or written. Use an earlier "
+                "checkpoint, or save it again with model.save(path, sharded=True)."
+            ) from error
         self._check(metadata)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
@@ -207,11 +203,3 @@ class SafeFileSystemReader(FileSystemReader):
             "to run code from checkpoint files, and a checkpoint it wrote never holds this. If you "
             "made this checkpoint, save it again with model.save(path, sharded=True) from a trusted run."
         )
-
-    def _damaged(self, path: Any, size: int, error: Exception) -> NoReturn:
-        raise CheckpointError(
-            f"Sharded checkpoint {os.fspath(self.path)!r} is damaged: its metadata file "
-            f"{os.fspath(path)!r} ({size} bytes) cannot be read ({type(error).__name__}: {error}). "
-            "It was probably cut off while being copied or written. Use an earlier checkpoint, "
-            "or save it again with model.save(path, sharded=True)."
-        ) from error

@@ -2,7 +2,9 @@
 
 A module of its own that imports nothing of torch-hapi: every module of
 :mod:`hapi.checkpoint` raises the error, and :mod:`hapi.resume` too; users
-catch it as ``hapi.checkpoint.CheckpointError``.
+catch it as ``hapi.checkpoint.CheckpointError``. The words for a full disk, a
+read-only one or a permission (:func:`cause_in_words`) are said here only, for
+every file torch-hapi writes (the CSV log too).
 """
 
 from __future__ import annotations
@@ -29,14 +31,13 @@ class CheckpointError(RuntimeError):
 
 
 # errno -> (the cause in words, what to do).
+_FREE = "free space there or save to another disk"
+_DENIED = ("permission denied", "save to a directory you may write to")
 _CAUSES = {
-    errno.ENOSPC: ("the disk is full", "free space there or save to another disk"),
-    getattr(errno, "EDQUOT", errno.ENOSPC): (
-        "the disk quota is used up",
-        "free space there or save to another disk",
-    ),
-    errno.EACCES: ("permission denied", "save to a directory you may write to"),
-    errno.EPERM: ("permission denied", "save to a directory you may write to"),
+    errno.ENOSPC: ("the disk is full", _FREE),
+    getattr(errno, "EDQUOT", errno.ENOSPC): ("the disk quota is used up", _FREE),
+    errno.EACCES: _DENIED,
+    errno.EPERM: _DENIED,
     errno.EROFS: ("the file system is read-only", "save to a writable disk"),
 }
 
@@ -69,6 +70,16 @@ def write_failed(target: str, error: BaseException) -> CheckpointError:
         "unchanged.",
         target,
     )
+
+
+def cause_in_words(error: BaseException) -> str:
+    """Why writing a file failed and what to do, in words (see :func:`_cause`).
+
+    ``"the disk is full (No space left on device); free space there or save to
+    another disk"`` for a full disk; the error's type and message when its
+    cause is none of a full disk, a read-only one or a permission.
+    """
+    return _cause(error)[1]
 
 
 def _cause(error: BaseException) -> tuple[OSError | None, str]:

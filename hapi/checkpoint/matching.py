@@ -54,10 +54,7 @@ def match_state_dict(
             "only the tensors whose names and shapes match."
         )
     loadable = {k: v for k, v in saved.items() if k in expected and v.shape == expected[k].shape}
-    skipped = sorted(
-        set(missing) | set(unexpected) | {k for k in saved if k in expected and k not in loadable}
-    )
-    return loadable, skipped
+    return loadable, sorted((set(expected) | set(saved)) - set(loadable))
 
 
 def load_optimizer_state(

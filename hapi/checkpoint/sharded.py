@@ -1,6 +1,6 @@
 """A sharded checkpoint: a directory with a manifest and the shards every process wrote.
 
-Layout (names in ``callbacks.files``)::
+Layout (names in ``hapi.checkpoint.files``)::
 
     <path>/checkpoint.pt          the manifest: counters, RNG, fit state, the
                                   optimizer's non-tensor parts, and "shards"
@@ -12,7 +12,7 @@ once every shard is written, then names it, and older ones are removed. A
 crash at any point leaves the previous checkpoint loadable. The manifest is
 data from outside when read back: the shards directory it names is joined to
 the checkpoint's directory only as a plain name of the form torch-hapi writes,
-never a path (``callbacks.files.child``). No link is followed: not as the
+never a path (``hapi.checkpoint.files.child``). No link is followed: not as the
 checkpoint's directory, its manifest, a shards directory or a shard, whenever
 it was planted (refused with a :class:`CheckpointError` naming it).
 """
@@ -24,10 +24,9 @@ import secrets
 from typing import Any, Callable
 
 from hapi import distributed
-from hapi.callbacks import files
-from hapi.callbacks.files import MANIFEST
-from hapi.checkpoint import background
+from hapi.checkpoint import background, files
 from hapi.checkpoint.errors import CheckpointError, write_failed
+from hapi.checkpoint.files import MANIFEST
 from hapi.checkpoint.state import check_path
 from hapi.checkpoint.write import missing_directories, plain, refuse_unsafe, write_file
 
@@ -89,7 +88,7 @@ def save_sharded(
     if wait:
         background.agree(cleaned(complete), manifest)
     else:
-        background.note_started()
+        background.background.started = True  # on every process (see wait_if_saving)
         background.background.start(cleaned(complete), manifest)
     return directory
 

@@ -3,7 +3,7 @@
 A checkpoint is a plain dict of tensors and Python scalars, saved with
 ``torch.save`` and read back with ``torch.load(weights_only=True)``: a file
 that carries code (pickled classes or functions) is refused, never executed.
-Writes go through :func:`callbacks.files.atomic_write` (see
+Writes go through :func:`hapi.checkpoint.files.atomic_write` (see
 :mod:`hapi.checkpoint.write`), so a crash while saving leaves the previous
 file intact.
 
@@ -34,10 +34,9 @@ from typing import IO, Any
 import torch
 
 from hapi import distributed
-from hapi.callbacks import files
-from hapi.callbacks.files import MANIFEST
-from hapi.checkpoint import background
+from hapi.checkpoint import background, files
 from hapi.checkpoint.errors import CheckpointError
+from hapi.checkpoint.files import MANIFEST
 from hapi.checkpoint.write import detail, plain, refuse_unsafe, write_file
 
 FORMAT = "torch-hapi"
@@ -99,20 +98,17 @@ def save_state(path: str | os.PathLike, state: dict[str, Any], wait: bool = True
     target = resolve_path(path)
     background.wait_for_writes()
 
-    def write() -> None:
-        write_file(state, target)
-
     def start() -> None:
         converted = plain(state)
         refuse_unsafe(converted, target)  # now, not in the background
-        staged = background.staging.copy(converted)  # the previous write has ended: reused
+        staged = background.stage(converted)  # the previous write has ended: reused
         background.background.start(functools.partial(write_file, staged, target), target)
 
     if not wait:
-        background.note_started()  # on every process: a load now waits for it everywhere
+        background.background.started = True  # on every process: a load now waits for it everywhere
 
     distributed.on_main(
-        write if wait else start,
+        functools.partial(write_file, state, target) if wait else start,
         lambda: CheckpointError(
             f"Rank 0 could not write the checkpoint {target!r}; see its error."
         ),
@@ -138,15 +134,8 @@ def _existing_files(path: str | os.PathLike, follow_links: bool = True) -> list[
     ]
 
 
-def _open(file: str) -> IO[bytes]:
-    """``file`` opened for reading with ``O_NOFOLLOW``: a link planted after the check is not read."""
-    return os.fdopen(files.open_nofollow(file, os.O_RDONLY), "rb")
-
-
 def _existing_file(path: str | os.PathLike) -> str:
-    given = os.fspath(path)
-    candidates = _candidates(path)
-    found = _existing_files(path)
+    given, found = os.fspath(path), _existing_files(path)
     if found:
         return found[0]
     directory = os.path.dirname(os.path.abspath(given)) or "."
@@ -157,7 +146,7 @@ def _existing_file(path: str | os.PathLike) -> str:
     )
     hint = f" Checkpoints in {directory}: {nearby}." if nearby else ""
     raise FileNotFoundError(
-        f"No checkpoint found at {given!r} (tried {', '.join(repr(c) for c in candidates)})."
+        f"No checkpoint found at {given!r} (tried {', '.join(map(repr, _candidates(path)))})."
         f"{hint} Pass the path you gave to Model.save(), or a file written by ModelCheckpoint "
         "(<save_dir>/<epoch>, <save_dir>/best, <save_dir>/final)."
     )
@@ -206,19 +195,14 @@ def load_freshest_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
         # a restart changed the strategy: the one further into training wins.
         copies = []
         for found in _existing_files(path, follow_links=False):
-            with _open(found) as handle:
+            # O_NOFOLLOW: a link planted after the check is not read either.
+            with os.fdopen(files.open_nofollow(found, os.O_RDONLY), "rb") as handle:
                 payload = handle.read()
             state = _parse(io.BytesIO(payload), found)
-            copies.append(
-                (
-                    tuple(state.get(key, 0) for key in ("step", "epoch", "epoch_step")),
-                    payload,
-                    state,
-                )
-            )
-        return (
-            max(copies, key=lambda copy: copy[0]) if copies else None
-        )  # None: another machine may have one
+            progress = tuple(state.get(key, 0) for key in ("step", "epoch", "epoch_step"))
+            copies.append((progress, payload, state))
+        # None: another machine may have one.
+        return max(copies, key=lambda copy: copy[0]) if copies else None
 
     freshest = distributed.broadcast_freshest(
         read,

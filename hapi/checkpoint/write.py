@@ -1,7 +1,7 @@
 """Writing one checkpoint file: only tensors and plain values, atomically, verified.
 
 :func:`write_file` writes a state straight to its file (through
-``callbacks.files.atomic_write``) and verifies it with the safe loader before
+``hapi.checkpoint.files.atomic_write``) and verifies it with the safe loader before
 the file replaces the previous one. :mod:`hapi.checkpoint.state` decides which
 process writes and when; :mod:`hapi.checkpoint.background` runs it beside
 training.
@@ -12,13 +12,13 @@ from __future__ import annotations
 import collections
 import os
 import pickle
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from hapi.callbacks.files import atomic_write, remove_empty_directory
 from hapi.checkpoint.errors import CheckpointError, write_failed
+from hapi.checkpoint.files import atomic_write, remove_empty_directory
 
 
 def write_file(state: dict[str, Any], target: str) -> None:
@@ -55,13 +55,8 @@ def _write(converted: Any, target: str) -> None:
         with atomic_write(target, "wb", verify=_loads_safely) as handle:
             torch.save(converted, handle)  # an object pickle cannot even write fails here
     except (pickle.PicklingError, pickle.UnpicklingError, AttributeError, TypeError) as error:
-        offender = _first_unsafe(converted, "checkpoint")
-        if offender is None and not isinstance(error, pickle.UnpicklingError):
-            raise
-        raise _unsafe_entry(
-            target,
-            f"{offender[0]} is a {offender[1]}" if offender else f"an entry: {detail(error)}",
-        ) from error
+        refuse_unsafe(converted, target, error)
+        raise
 
 
 def missing_directories(target: str) -> list[str]:
@@ -85,61 +80,64 @@ def _loads_safely(file: str) -> None:
     torch.load(file, map_location="cpu", weights_only=True, mmap=True)
 
 
-def refuse_unsafe(converted: Any, target: str) -> None:
-    """Raise, naming the entry, if ``converted`` (see :func:`plain`) holds what the safe loader refuses."""
+def refuse_unsafe(converted: Any, target: str, error: BaseException | None = None) -> None:
+    """Raise, naming the entry, if ``converted`` (see :func:`plain`) holds what the safe loader
+    refuses, or the safe loader refused it (``error``, an ``UnpicklingError``)."""
     offender = _first_unsafe(converted, "checkpoint")
-    if offender is not None:
-        raise _unsafe_entry(target, f"{offender[0]} is a {offender[1]}")
-
-
-def _unsafe_entry(target: str, where: str) -> CheckpointError:
-    return CheckpointError(
-        f"Not saving {target!r}: {where}, which torch.load(weights_only=True) refuses, so "
-        "the file could never be loaded again. Checkpoints hold tensors and plain Python "
+    if offender is None and not isinstance(error, pickle.UnpicklingError):
+        return
+    raise CheckpointError(
+        f"Not saving {target!r}: {offender or 'an entry: ' + detail(error)}, which "
+        "torch.load(weights_only=True) refuses, so the file could never be loaded again. Checkpoints hold tensors and plain Python "
         "values (numbers, strings, lists, dicts): store that entry as one (e.g. float(x), "
         "x.tolist(), or a tensor), or leave it out of the state_dict() that holds it."
-    )
+    ) from error
 
 
-_PLAIN_LEAVES = (
-    torch.Tensor,
-    str,
-    bytes,
-    int,
-    float,
-    complex,
-    bool,
-    type(None),
-    torch.dtype,
-    torch.device,
-    torch.Size,
-)
+# The leaves the safe loader reads (and tensors): Python's plain values, then torch's.
+_PLAIN_LEAVES = (str, bytes, int, float, complex, bool, type(None))
+_PLAIN_LEAVES += (torch.dtype, torch.device, torch.Size)
+
+
+def rebuild(value: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``value`` with ``leaf(x)`` for each ``x`` that is no dict, list or tuple, the containers
+    rebuilt around the results (in order: the same state is walked the same way each time).
+
+    A dict or ``OrderedDict`` keeps its type; any other mapping becomes a dict.
+    """
+    if isinstance(value, dict):
+        rebuilt = type(value)() if type(value) in (dict, collections.OrderedDict) else {}
+        rebuilt.update((key, rebuild(item, leaf)) for key, item in value.items())
+        return rebuilt
+    if type(value) in (list, tuple):
+        return type(value)(rebuild(item, leaf) for item in value)
+    return leaf(value)
 
 
 def plain(value: Any) -> Any:
     """``value`` with NumPy scalars and arrays turned into Python numbers and tensors."""
+    return rebuild(value, _plain_leaf)
+
+
+def _plain_leaf(value: Any) -> Any:
     if isinstance(value, np.generic):  # before the numbers: np.float64 is a float subclass
         return value.item()
     if isinstance(value, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(value))
-    if isinstance(value, dict):
-        converted = type(value)() if type(value) in (dict, collections.OrderedDict) else {}
-        converted.update((key, plain(item)) for key, item in value.items())
-        return converted
-    if type(value) in (list, tuple):
-        return type(value)(plain(item) for item in value)
     return value
 
 
-def _first_unsafe(value: Any, path: str) -> tuple[str, str] | None:
-    """Where the first entry the safe loader would refuse lies, and its type."""
+def _first_unsafe(value: Any, path: str) -> str | None:
+    """Where the first entry the safe loader would refuse lies, and its type: ``"<path> is a <type>"``."""
     if isinstance(value, dict):
         for key, item in value.items():
             found = _first_unsafe(item, f"{path}[{key!r}]")
             if found:
                 return found
         return (
-            None if type(value) in (dict, collections.OrderedDict) else (path, type(value).__name__)
+            None
+            if type(value) in (dict, collections.OrderedDict)
+            else f"{path} is a {type(value).__name__}"
         )
     if type(value) in (list, tuple):
         for index, item in enumerate(value):
@@ -147,6 +145,6 @@ def _first_unsafe(value: Any, path: str) -> tuple[str, str] | None:
             if found:
                 return found
         return None
-    if type(value) in _PLAIN_LEAVES or isinstance(value, torch.Tensor):
+    if type(value) in _PLAIN_LEAVES or torch.is_tensor(value):
         return None
-    return path, f"{type(value).__module__}.{type(value).__qualname__}"
+    return f"{path} is a {type(value).__module__}.{type(value).__qualname__}"

@@ -197,8 +197,8 @@ def _fetch(
     good bytes are written atomically to ``target/filename``. Returns what
     ``check`` returned, so the caller need not parse the file twice.
     """
-    # Imported here so that reading local files never imports the callbacks package.
-    from hapi.callbacks.files import atomic_write
+    # Imported here: only a download writes a file (hapi.checkpoint owns every write).
+    from hapi.checkpoint import atomic_write
 
     path = target / filename
     urls, last_error = [], None

@@ -13,7 +13,8 @@ from conftest import TinyNet, make_tiny_data
 from torch import nn
 
 import hapi
-from callbacks import BackupAndRestore, Callback, ModelCheckpoint, files
+from callbacks import BackupAndRestore, Callback, ModelCheckpoint
+from hapi.checkpoint import files
 
 
 def _fit(backup: BackupAndRestore, epochs: int = 2) -> hapi.Model:

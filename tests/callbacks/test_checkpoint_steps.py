@@ -593,7 +593,7 @@ def _two_process_best_script(out: pathlib.Path) -> None:
 def _two_process_script(out: pathlib.Path) -> None:
     """Rank R records the checkpoint files it writes and deletes in OUT/rankR.json."""
     writes, removed = [], []
-    write_file, remove = hapi.checkpoint.state.write_file, callbacks.files.remove_with_spare
+    write_file, remove = hapi.checkpoint.state.write_file, hapi.checkpoint.files.remove_with_spare
 
     def recording_write(state, target, *args, **kwargs):
         writes.append(os.path.basename(target))
@@ -603,7 +603,7 @@ def _two_process_script(out: pathlib.Path) -> None:
         removed.append(os.path.basename(path))
         return remove(path)
 
-    hapi.checkpoint.state.write_file, callbacks.files.remove_with_spare = (
+    hapi.checkpoint.state.write_file, hapi.checkpoint.files.remove_with_spare = (
         recording_write,
         recording_remove,
     )

@@ -104,7 +104,7 @@ def test_a_killed_writers_temporary_is_removed_by_the_next_write(tmp_path):
     import torch
 
     from hapi import checkpoint
-    from hapi.callbacks import files
+    from hapi.checkpoint import files
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

@@ -325,7 +325,7 @@ def test_saving_never_touches_the_process_umask(tmp_path, monkeypatch):
     real_umask = os.umask
     monkeypatch.setattr(os, "umask", lambda mask: calls.append(mask) or real_umask(mask))
     Model(TinyNet(), device="cpu").save(tmp_path / "ckpt")
-    from callbacks.files import atomic_write
+    from hapi.checkpoint import atomic_write
 
     with atomic_write(tmp_path / "log.csv", "w") as handle:
         handle.write("epoch\n0\n")

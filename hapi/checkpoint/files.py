@@ -19,9 +19,9 @@ Two jobs, kept in one module so that there is one place to check them:
   at a file's name is replaced, never written through); deletions remove
   only entries of the shape torch-hapi itself creates.
 
-This lives in ``callbacks`` (not ``hapi``) because ``callbacks`` must not
-import ``hapi``, while ``hapi`` may import ``callbacks``: the checkpoint
-package (:mod:`hapi.checkpoint`) and the callbacks both go through it.
+The checkpoint package owns it; the callbacks reach it as ``hapi.checkpoint.files``
+(and ``hapi.checkpoint.atomic_write``), and ``tests/test_layering.py`` fails if any
+other module writes, renames, links or deletes a file.
 """
 
 from __future__ import annotations
@@ -134,49 +134,34 @@ def open_nofollow(path: str | os.PathLike, flags: int, levels: int = 1) -> int:
     Raises:
         UnsafeNameError: a part is a symbolic link (see :func:`refuse_link`).
     """
-    head, parts = os.path.abspath(os.fspath(path)), []
-    for _ in range(levels):
-        head, tail = os.path.split(head)
-        parts.insert(0, tail)
+    every = pathlib.PurePath(os.path.abspath(os.fspath(path))).parts
+    head, parts = os.path.join(*every[:-levels]), every[-levels:]
     if os.open not in os.supports_dir_fd:  # Windows: look, then open
         for index in range(levels):
             refuse_link(os.path.join(head, *parts[: index + 1]))
         return os.open(path, flags | _NOFOLLOW | _BINARY, 0o666)
     fd = os.open(head, os.O_RDONLY | _DIRECTORY)
-    try:
-        for index, part in enumerate(parts):
-            last = index == levels - 1
-            try:
-                opened = os.open(
-                    part,
-                    (flags if last else os.O_RDONLY | _DIRECTORY) | _NOFOLLOW | _BINARY,
-                    0o666,
-                    dir_fd=fd,
-                )
-            except OSError:
-                refuse_link(os.path.join(head, *parts[: index + 1]))
-                raise
-            os.close(fd)
-            fd = opened
-        opened, fd = fd, -1
-        return opened
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    for index, part in enumerate(parts):
+        here = flags if index == levels - 1 else os.O_RDONLY | _DIRECTORY
+        try:
+            opened = os.open(part, here | _NOFOLLOW | _BINARY, 0o666, dir_fd=fd)
+        except OSError:
+            refuse_link(os.path.join(head, *parts[: index + 1]))
+            raise
+        finally:
+            os.close(fd)  # the directory above: only the part opened now is needed
+        fd = opened
+    return fd
 
 
 def _fsync_directory(directory: str) -> None:
     # Makes the rename itself durable; not possible on every platform.
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _create_temporary(directory: str, name: str) -> tuple[int, str]:
@@ -186,20 +171,13 @@ def _create_temporary(directory: str, name: str) -> tuple[int, str]:
     and a ``chmod`` computed from ``os.umask``, which must briefly set the
     umask to read it) keeps the process umask untouched: another thread
     creating a file at that moment would get loose permissions. ``O_EXCL``
-    never opens an existing file, nor follows a link planted under the name.
+    never opens an existing file, nor follows a link planted under the name
+    (the name is new: 48 random bits beside the machine and process).
     """
     _remove_orphans(directory, name)
-    for _ in range(100):
-        candidate = os.path.join(
-            directory, f".{name}.{_HOST}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
-        )
-        try:
-            return os.open(
-                candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY, 0o666
-            ), candidate
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"Could not create a temporary file beside {name!r} in {directory!r}.")
+    temporary = os.path.join(directory, f".{name}.{_HOST}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY
+    return os.open(temporary, flags, 0o666), temporary
 
 
 # Temporaries are named by machine and process, so that a killed writer's can be told apart.
@@ -235,7 +213,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
-        return True
+        pass
     return True
 
 
@@ -330,12 +308,12 @@ def keep_as_previous(path: str | os.PathLike, previous: str | os.PathLike) -> bo
     planted there is never followed).
     """
     try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            return False
+        regular = stat.S_ISREG(os.lstat(path).st_mode)
     except FileNotFoundError:
         return False
-    link_or_copy(path, previous)
-    return True
+    if regular:
+        link_or_copy(path, previous)
+    return regular
 
 
 def remove_with_spare(path: str | os.PathLike) -> None:
