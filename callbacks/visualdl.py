@@ -7,7 +7,7 @@ importing it costs about 0.4 s that a run without this callback should not pay.
 The choice of scalars, tags and steps lives in :class:`_ScalarLogger`, which
 ``callbacks.tensorboard.TensorBoard`` shares, so that the two dashboards show
 the same curves for the same run; each subclass only says how to open its
-writer and add one scalar.
+writer.
 
 Each run gets its own directory. Both dashboards treat every directory under
 ``--logdir`` that holds records as one run, and VisualDL shows only the newest
@@ -29,6 +29,7 @@ the callback's state and keeps writing into the same directory.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 from typing import Any
@@ -83,11 +84,9 @@ def _reserve_version(log_dir: str) -> str:
     while True:
         taken = [int(m.group(1)) for m in map(_VERSION_DIR.fullmatch, os.listdir(log_dir)) if m]
         name = f"version_{max(taken) + 1 if taken else 0}"
-        try:
+        with contextlib.suppress(FileExistsError):  # taken meanwhile: list again
             os.mkdir(os.path.join(log_dir, name))
-        except FileExistsError:
-            continue
-        return name
+            return name
 
 
 class _Curves(Callback):
