@@ -86,15 +86,13 @@ class CSVLogger(Callback):
             with atomic_write(self.filename, "w") as handle:
                 writer = csv.DictWriter(
                     handle,
-                    fieldnames=columns,
+                    columns,
                     delimiter=self.separator,
-                    restval="",
                     extrasaction="ignore",
                     lineterminator="\n",
                 )
                 writer.writeheader()
-                for row in self.rows:
-                    writer.writerow(row)
+                writer.writerows(self.rows)
         except OSError as error:  # a bare "[Errno 28] No space left on device" names no file
             raise OSError(
                 error.errno,

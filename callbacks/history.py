@@ -18,18 +18,13 @@ def learning_rates(model: Any) -> dict[str, float]:
     given = getattr(model, "optimizers", None)
     if given is None:
         given = getattr(model, "optimizer", None)
-    if given is None:
-        return {}
-    if isinstance(given, dict):
-        named = [(f"lr_{name}", optimizer) for name, optimizer in given.items()]
-    elif isinstance(given, (list, tuple)):
-        named = [(f"lr_{index}", optimizer) for index, optimizer in enumerate(given)]
-        if len(named) == 1:
-            named = [("lr", given[0])]
-    else:
-        named = [("lr", given)]
+    if isinstance(given, (list, tuple)):
+        given = given[0] if len(given) == 1 else dict(enumerate(given))
+    named = (
+        {f"lr_{k}": opt for k, opt in given.items()} if isinstance(given, dict) else {"lr": given}
+    )
     rates = {}
-    for name, optimizer in named:
+    for name, optimizer in named.items():
         groups = getattr(optimizer, "param_groups", None)
         if groups:
             rates[name] = float(groups[0]["lr"])  # a tensor lr (capturable) becomes a float

@@ -8,6 +8,8 @@ not need a class. The loop calls a hook only on the callbacks that implement it
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any, Callable
 
 from .base import HOOKS, Callback
@@ -64,20 +66,11 @@ class LambdaCallback(Callback):
         **kwargs: Any,
     ) -> None:
         super().__init__()
-        given = {
-            "on_epoch_begin": on_epoch_begin,
-            "on_epoch_end": on_epoch_end,
-            "on_train_begin": on_train_begin,
-            "on_train_end": on_train_end,
-            "on_train_batch_begin": on_train_batch_begin,
-            "on_train_batch_end": on_train_batch_end,
-        }
-        self._functions: dict[str, Callable[..., Any]] = {
-            hook: fn for hook, fn in given.items() if fn is not None
-        }
-        for name, value in kwargs.items():
+        named = {name: fn for name, fn in locals().items() if name.startswith("on_")}
+        self._functions: dict[str, Callable[..., Any]] = {}
+        for name, fn in {**named, **kwargs}.items():
             if not name.startswith("on_"):
-                setattr(self, name, value)  # Keras: extra keywords become attributes
+                setattr(self, name, fn)  # Keras: extra keywords become attributes
                 continue
             hook = _KERAS_NAMES.get(name, name)
             if hook not in HOOKS:
@@ -90,61 +83,34 @@ class LambdaCallback(Callback):
                     f"LambdaCallback received two functions for {hook} ({name}= is another name "
                     "for it). Pass one."
                 )
-            if value is not None:
-                self._functions[hook] = value
-        for hook, fn in self._functions.items():
+            if fn is None:
+                continue
             if not callable(fn):
                 raise TypeError(
                     f"LambdaCallback: {hook} must be a function; received {fn!r} of type "
                     f"{type(fn).__name__}. Pass e.g. {hook}=lambda *args: print(args)."
                 )
+            self._functions[hook] = fn
         # The loop skips the hooks listed here (callbacks.base): no call for a hook not given.
         self.unused_hooks = tuple(hook for hook in HOOKS if hook not in self._functions)
 
-    def _call(self, hook: str, *args: Any) -> None:
-        self._functions[hook](*args)
 
-    def on_train_begin(self, logs: dict | None = None) -> None:
-        self._call("on_train_begin", logs)
+def _forward(hook: str) -> Callable[..., None]:
+    """The method for ``hook``: it calls the function given for it with the hook's arguments.
 
-    def on_train_end(self, logs: dict | None = None) -> None:
-        self._call("on_train_end", logs)
+    It carries the signature and docstring of ``Callback``'s hook (``functools.wraps``).
+    """
+    if len(inspect.signature(getattr(Callback, hook)).parameters) == 3:  # self, index, logs
 
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self._call("on_epoch_begin", epoch, logs)
+        def forward(self: LambdaCallback, index: int, logs: dict | None = None) -> None:
+            self._functions[hook](index, logs)
+    else:
 
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self._call("on_epoch_end", epoch, logs)
+        def forward(self: LambdaCallback, logs: dict | None = None) -> None:
+            self._functions[hook](logs)
 
-    def on_train_batch_begin(self, step: int, logs: dict | None = None) -> None:
-        self._call("on_train_batch_begin", step, logs)
+    return functools.wraps(getattr(Callback, hook))(forward)
 
-    def on_before_optimizer_step(self, step: int, logs: dict | None = None) -> None:
-        self._call("on_before_optimizer_step", step, logs)
 
-    def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
-        self._call("on_train_batch_end", step, logs)
-
-    def on_eval_begin(self, logs: dict | None = None) -> None:
-        self._call("on_eval_begin", logs)
-
-    def on_eval_end(self, logs: dict | None = None) -> None:
-        self._call("on_eval_end", logs)
-
-    def on_eval_batch_begin(self, step: int, logs: dict | None = None) -> None:
-        self._call("on_eval_batch_begin", step, logs)
-
-    def on_eval_batch_end(self, step: int, logs: dict | None = None) -> None:
-        self._call("on_eval_batch_end", step, logs)
-
-    def on_predict_begin(self, logs: dict | None = None) -> None:
-        self._call("on_predict_begin", logs)
-
-    def on_predict_end(self, logs: dict | None = None) -> None:
-        self._call("on_predict_end", logs)
-
-    def on_predict_batch_begin(self, step: int, logs: dict | None = None) -> None:
-        self._call("on_predict_batch_begin", step, logs)
-
-    def on_predict_batch_end(self, step: int, logs: dict | None = None) -> None:
-        self._call("on_predict_batch_end", step, logs)
+for _hook in HOOKS:
+    setattr(LambdaCallback, _hook, _forward(_hook))

@@ -43,19 +43,15 @@ def _check_scheduler(scheduler: Any, received: str) -> None:
 
 def _per_step(by_step: bool | None, by_epoch: bool | None) -> bool:
     """Whether LRScheduler steps per optimizer step, from torch-hapi's and Paddle's keywords."""
-    if by_epoch is None:
-        return bool(by_step)
-    if by_step is None:
-        return not by_epoch
-    by_step, by_epoch = bool(by_step), bool(by_epoch)
-    if by_step == by_epoch:
+    if None not in (by_step, by_epoch) and bool(by_step) == bool(by_epoch):
+        by_step, by_epoch = bool(by_step), bool(by_epoch)
         raise ValueError(
             f"LRScheduler received by_step={by_step} and by_epoch={by_epoch}: the scheduler "
             f"would step {'both per step and per epoch' if by_step else 'never'}. Pass one of "
             "them: by_step=True (after every optimizer step, e.g. OneCycleLR) or by_epoch=True "
             "(at each epoch end, e.g. StepLR)."
         )
-    return by_step
+    return bool(by_step) if by_epoch is None else not by_epoch
 
 
 class LRScheduler(Callback):
@@ -132,10 +128,8 @@ class LRScheduler(Callback):
             _check_scheduler(scheduler, "received")
             self.scheduler = scheduler
         self.by_step = _per_step(by_step, by_epoch)
-        if not self.by_step:
-            self.unused_hooks = (
-                "on_train_batch_end",
-            )  # per-epoch: no per-batch call (callbacks.base)
+        if not self.by_step:  # per-epoch: no per-batch call (callbacks.base)
+            self.unused_hooks = ("on_train_batch_end",)
         self.total: int | None = None
         self._per_epoch = 1
         self._stepped = 0  # scheduler steps taken since the factory made it
@@ -166,22 +160,17 @@ class LRScheduler(Callback):
             )
         every = int(self.params.get("accumulate_grad_batches", 1))
         self._per_epoch = math.ceil(steps / every)
-        num_iters = self.params.get("num_iters")
-        if num_iters is None:
-            return epochs * math.ceil(steps / every)
         # num_iters batches in all: whole epochs of `steps`, then a shorter last one.
-        whole, rest = divmod(num_iters, steps)
-        return whole * math.ceil(steps / every) + math.ceil(rest / every)
+        num_iters = self.params.get("num_iters")
+        whole, rest = (epochs, 0) if num_iters is None else divmod(num_iters, steps)
+        return whole * self._per_epoch + math.ceil(rest / every)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         if self._factory is not None:
-            if getattr(self.model, "optimizer", None) is None:
-                raise RuntimeError(
-                    "LRScheduler's factory builds the scheduler on model.optimizer, but the model has "
-                    "no optimizer (received model.optimizer=None). Call model.prepare(optimizer=...) first."
-                )
+            groups = _optimizer(
+                self.model, "LRScheduler's factory builds the scheduler on model.optimizer"
+            ).param_groups
             self.total = self._fit_length()
-            groups = self.model.optimizer.param_groups
             self._start = [
                 {k: v.clone() if torch.is_tensor(v) else v for k, v in g.items()} for g in groups
             ]
@@ -291,16 +280,24 @@ class LRScheduler(Callback):
         if not self.by_step:
             return
         current = self.model.step
-        if self._last_step is None or current < self._last_step:
-            self._last_step = current
-            return
-        for _ in range(current - self._last_step):
-            self._step()
+        for _ in range(0 if self._last_step is None else current - self._last_step):
+            self._step()  # none when the step went back (a new fit without on_train_begin)
         self._last_step = current
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if not self.by_step:
             self._step()
+
+
+def _optimizer(model: Any, why: str) -> torch.optim.Optimizer:
+    """``model.optimizer``; a RuntimeError saying ``why`` it is needed when there is none."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        raise RuntimeError(
+            f"{why}, but the model has no optimizer (received model.optimizer=None). "
+            "Call model.prepare(optimizer=...) first."
+        )
+    return optimizer
 
 
 def _count(state: Any, key: str, none: bool = False) -> int | None:
@@ -408,11 +405,7 @@ class ReduceLROnPlateau(MonitorCallback):
         self.cooldown_counter = int(state["cooldown_counter"])
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        if getattr(self.model, "optimizer", None) is None:
-            raise RuntimeError(
-                "ReduceLROnPlateau changes the optimizer's learning rate, but the model has no "
-                "optimizer (received model.optimizer=None). Call model.prepare(optimizer=...) first."
-            )
+        _optimizer(self.model, "ReduceLROnPlateau changes the optimizer's learning rate")
         self.best = self._initial_best
         self.wait = 0
         self.cooldown_counter = 0
@@ -431,19 +424,11 @@ class ReduceLROnPlateau(MonitorCallback):
         if self.cooldown_counter > 0:  # read after the decrement: the cooldown's last epoch counts
             return
         self.wait += 1
-        if self.wait >= self.patience:
-            changes = self._reduce()
-            self.cooldown_counter = self.cooldown
-            self.wait = 0
-            if changes and self.verbose and self.is_main:
-                text = ", ".join(f"{old:.4g} -> {new:.4g}" for old, new in changes)
-                tqdm.write(f"Epoch {epoch + 1}: ReduceLROnPlateau reducing learning rate: {text}.")
-
-    def _reduce(self) -> list[tuple[float, float]]:
-        """Lower every group's lr; return the (old, new) pairs that changed."""
-        changes: list[tuple[float, float]] = []
-        groups: list[dict[str, Any]] = self.model.optimizer.param_groups
-        for group in groups:
+        if self.wait < self.patience:
+            return
+        self.cooldown_counter, self.wait = self.cooldown, 0
+        changes = []  # every group's lr lowered: "old -> new" for those that changed
+        for group in self.model.optimizer.param_groups:
             old = float(group["lr"])
             if old > self.min_lr:
                 new = max(old * self.factor, self.min_lr)
@@ -451,5 +436,7 @@ class ReduceLROnPlateau(MonitorCallback):
                     group["lr"].fill_(new)  # a tensor lr (capturable optimizers) stays a tensor
                 else:
                     group["lr"] = new
-                changes.append((old, new))
-        return changes
+                changes.append(f"{old:.4g} -> {new:.4g}")
+        if changes and self.verbose and self.is_main:
+            text = ", ".join(changes)
+            tqdm.write(f"Epoch {epoch + 1}: ReduceLROnPlateau reducing learning rate: {text}.")

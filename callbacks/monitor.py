@@ -17,8 +17,8 @@ figure of that name exists warns once per fit (:class:`MonitorNameWarning`).
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
+from numbers import Real
 from typing import Any
 
 from .base import Callback
@@ -26,7 +26,6 @@ from .checks import require_int  # noqa: F401 -- other callbacks import it from 
 
 # Substrings of a monitored name that mean "higher is better" in mode="auto".
 _MAX_HINTS = ("acc", "auc", "precision", "recall", "f1", "score")
-_MODES = ("auto", "min", "max")
 
 
 def resolve_mode(mode: Any, monitor: str, owner: str = "MonitorCallback") -> str:
@@ -36,7 +35,9 @@ def resolve_mode(mode: Any, monitor: str, owner: str = "MonitorCallback") -> str
     Keras do: a script written for either (``EarlyStopping(mode="auto_")``)
     keeps running, and the warning names the value to fix.
     """
-    if mode not in _MODES:
+    if mode in ("min", "max"):
+        return mode
+    if mode != "auto":
         warnings.warn(
             f"{owner}: mode {mode!r} is unknown; using 'auto' instead (accepted: 'auto', "
             "'min', 'max'). Pass mode='min' for losses and errors, mode='max' for accuracies "
@@ -44,11 +45,7 @@ def resolve_mode(mode: Any, monitor: str, owner: str = "MonitorCallback") -> str
             UserWarning,
             stacklevel=4,  # resolve_mode <- MonitorCallback.__init__ <- subclass <- the caller
         )
-        mode = "auto"
-    if mode != "auto":
-        return mode
-    lowered = monitor.lower()
-    return "max" if any(hint in lowered for hint in _MAX_HINTS) else "min"
+    return "max" if any(hint in monitor.lower() for hint in _MAX_HINTS) else "min"
 
 
 class MonitorNameWarning(UserWarning):
@@ -96,11 +93,7 @@ class MonitorCallback(Callback):
                 f"{owner}: monitor must be the name of a logged figure (a non-empty str); "
                 f"received {monitor!r}. Pass e.g. monitor='val_loss' or monitor='val_acc'."
             )
-        if (
-            isinstance(min_delta, bool)
-            or not isinstance(min_delta, numbers.Real)
-            or not min_delta >= 0
-        ):
+        if isinstance(min_delta, bool) or not isinstance(min_delta, Real) or not min_delta >= 0:
             raise ValueError(
                 f"{owner}: min_delta must be a non-negative number; received {min_delta!r}. "
                 "It is the smallest change that counts as an improvement, in either mode."
@@ -154,7 +147,22 @@ class MonitorCallback(Callback):
             ``logs[monitor]`` as a float, or ``None`` when it is missing.
         """
         logs = logs or {}
-        self._check_name(logs)
+        name = self.monitor
+        if not self._warned_name and not name.startswith("val_") and f"val_{name}" in logs:
+            self._warned_name = True  # once per fit
+            if self.is_main:
+                warnings.warn(
+                    MonitorNameWarning(
+                        f"{type(self).__name__} monitors {name!r}, the training figure, although "
+                        f"the evaluation figure 'val_{name}' is logged too. In Paddle's hapi "
+                        f"{name!r} meant the evaluation figure (its evaluation logs have no 'val_' "
+                        f"prefix); here that is 'val_{name}'. Pass the name you mean: "
+                        f"monitor='val_{name}' to watch the evaluation, or keep monitor={name!r} "
+                        "and silence this with warnings.filterwarnings('ignore', "
+                        "category=callbacks.monitor.MonitorNameWarning)."
+                    ),
+                    stacklevel=2,
+                )
         value = logs.get(self.monitor)
         if value is None:
             if warn and not self._warned_missing:
@@ -167,28 +175,3 @@ class MonitorCallback(Callback):
                 )
             return None
         return float(value)
-
-    def _check_name(self, logs: dict) -> None:
-        """Warn (once per fit, main process) when ``monitor`` is the training twin of a val_ figure.
-
-        Paddle's hapi logs evaluation figures without a prefix, so a script
-        ported from it with ``EarlyStopping("loss")`` means the evaluation loss
-        and would silently watch the training loss here.
-        """
-        name = self.monitor
-        if self._warned_name or name.startswith("val_") or f"val_{name}" not in logs:
-            return
-        self._warned_name = True
-        if not self.is_main:
-            return
-        warnings.warn(
-            MonitorNameWarning(
-                f"{type(self).__name__} monitors {name!r}, the training figure, although the "
-                f"evaluation figure 'val_{name}' is logged too. In Paddle's hapi {name!r} meant the "
-                f"evaluation figure (its evaluation logs have no 'val_' prefix); here that is "
-                f"'val_{name}'. Pass the name you mean: monitor='val_{name}' to watch the evaluation, "
-                f"or keep monitor={name!r} and silence this with warnings.filterwarnings('ignore', "
-                "category=callbacks.monitor.MonitorNameWarning)."
-            ),
-            stacklevel=3,
-        )

@@ -73,17 +73,9 @@ _clock = time.perf_counter
 
 
 def _format_value(value: Any) -> str:
-    if isinstance(value, float) and value != 0.0 and abs(value) < 1e-3:
-        return f"{value:.4e}"
     if isinstance(value, float):
-        return f"{value:.4f}"
+        return f"{value:.4e}" if value != 0.0 and abs(value) < 1e-3 else f"{value:.4f}"
     return str(value)
-
-
-def _format_pace(seconds_per_step: float) -> str:
-    if seconds_per_step >= 1.0:
-        return f"{seconds_per_step:.1f}s/step"
-    return f"{seconds_per_step * 1000:.0f}ms/step"
 
 
 class _Phase:
@@ -107,11 +99,8 @@ class _Phase:
         self.timed_batches = 0
         self.timed_samples = 0
         self.mark = self.started  # the last batch begin or end
-        self.paused = 0.0  # seconds of an evaluation inside the current interval
-        self.pause_began: float | None = None
-
-    def seconds_per_step(self) -> float:
-        return (_clock() - self.started) / max(self.done, 1)
+        # Seconds of an evaluation inside the current interval (while one runs: minus its start).
+        self.paused = 0.0
 
     def part_of(self, max_lines: int | None) -> int:
         """Which 1/max_lines of the pass the current step ends (-1: unknown length or no thinning)."""
@@ -203,7 +192,8 @@ class ProgBarLogger(Callback):
     def _use_bar(self) -> bool:
         return self.verbose == 1 and sys.stdout.isatty()
 
-    def _start(self, steps: int | None, description: str) -> _Phase:
+    def _start(self, steps: int | None, description: str, line: str) -> None:
+        """Begin a pass: a bar named ``description``, or the ``line`` that opens it."""
         bar = None
         if self._use_bar():
             from tqdm.auto import tqdm
@@ -216,50 +206,21 @@ class ProgBarLogger(Callback):
                 dynamic_ncols=True,
                 leave=True,
             )
-        return _Phase(steps, bar)
-
-    def _on_batch_begin(self) -> None:
-        phase = self._phase
-        if phase is not None:
-            phase.reader_time += phase.since_mark()
-
-    def _on_batch_end(self, step: int, logs: dict | None) -> None:
-        phase = self._phase
-        if phase is None:
-            return
-        logs = logs or {}
-        if self.verbose == 3:
-            phase.batch_time += phase.since_mark()
-            phase.timed_batches += 1
-            phase.timed_samples += int(logs.get("batch_size", 0))
-        phase.done = step + 1
-        phase.samples += int(logs.get("batch_size", 0))
-        if "samples" in logs:  # the count the figures cover: every process's at the end
-            phase.samples = int(logs["samples"])
-        figures = {k: v for k, v in logs.items() if k not in _NOT_FIGURES}
-        if phase.bar is not None:
-            phase.bar.update(phase.done - phase.bar.n)
-            if figures:
-                phase.bar.set_postfix(
-                    {k: _format_value(v) for k, v in figures.items()}, refresh=False
-                )
-            return
-        last = phase.steps is not None and phase.done == phase.steps
-        if not figures:
-            return
-        phase.unprinted = figures
-        if (phase.done % self.log_freq == 0 or last or phase.steps is None) and (
-            last or self._line_due(phase)
-        ):
-            self._print_line(phase)
+        else:
+            print(line, flush=True)
+        self._phase = _Phase(steps, bar)
 
     def _line_due(self, phase: _Phase) -> bool:
-        """Whether a ``log_freq`` step gets a line (the rule in the module docstring)."""
-        if phase.lines == 0 or self.max_lines is None:
-            return True
-        if phase.steps is not None and phase.part_of(self.max_lines) > phase.part:
-            return True
-        return self.interval is not None and _clock() - phase.last_line >= self.interval
+        """Whether a ``log_freq`` step gets a line (the rule in the module docstring).
+
+        A pass of unknown length stays in part -1, so only time spaces its lines.
+        """
+        return (
+            phase.lines == 0
+            or self.max_lines is None
+            or phase.part_of(self.max_lines) > phase.part
+            or (self.interval is not None and _clock() - phase.last_line >= self.interval)
+        )
 
     def _print_line(self, phase: _Phase) -> None:
         if phase.unprinted is None:
@@ -269,7 +230,8 @@ class ProgBarLogger(Callback):
         parts += [f"{name}: {_format_value(value)}" for name, value in phase.unprinted.items()]
         if self.verbose == 3:
             parts += phase.counters(self.params.get("world_size", 1))
-        parts.append(_format_pace(phase.seconds_per_step()))
+        pace = (_clock() - phase.started) / max(phase.done, 1)
+        parts.append(f"{pace:.1f}s/step" if pace >= 1.0 else f"{pace * 1000:.0f}ms/step")
         print(" - ".join(parts), flush=True)
         phase.unprinted = None
         phase.lines += 1
@@ -277,14 +239,24 @@ class ProgBarLogger(Callback):
         phase.last_line = _clock()
 
     def _finish(self, phase: _Phase | None) -> None:
-        if phase is None:
-            return
-        if phase.bar is not None:
+        if phase is not None and phase.bar is not None:
             phase.bar.close()
-        else:
+        elif phase is not None:
             self._print_line(phase)  # the pass ended on a step between log_freq steps
 
-    # -- training --------------------------------------------------------
+    def _end_pass(self, kind: str, logs: dict | None) -> None:
+        """End an evaluation or prediction: its last figures, its samples; back to the epoch."""
+        if not self._active or self._phase is None:
+            return
+        phase, self._phase, self._outer = self._phase, self._outer, None
+        if self._phase is not None:
+            self._phase.paused += _clock()  # the evaluation's end: paused gains its duration
+        if phase.bar is not None and logs:
+            phase.bar.set_postfix({k: _format_value(v) for k, v in logs.items()}, refresh=False)
+        self._finish(phase)
+        print(f"{kind} samples: {phase.samples}", flush=True)
+
+    # -- hooks -----------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
         world_size = self.params.get("world_size", 1)
         if self._active and world_size > 1:
@@ -296,74 +268,81 @@ class ProgBarLogger(Callback):
             )
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        if not self._active:
-            return
-        epochs = self.params.get("epochs")
-        header = f"Epoch {epoch + 1}/{epochs}" if epochs else f"Epoch {epoch + 1}"
-        if not self._use_bar():
-            print(header, flush=True)
-        self._phase = self._start(self.params.get("steps"), header)
+        if self._active:
+            epochs = self.params.get("epochs")
+            header = f"Epoch {epoch + 1}/{epochs}" if epochs else f"Epoch {epoch + 1}"
+            self._start(self.params.get("steps"), header, header)
 
     def on_train_batch_begin(self, step: int, logs: dict | None = None) -> None:
-        self._on_batch_begin()
+        """Time the reading of a batch (``verbose=3``); every pass's batches alike.
+
+        Args:
+            step: the batch's index in its pass, from 0.
+            logs: ``{}``.
+        """
+        if self._phase is not None:
+            self._phase.reader_time += self._phase.since_mark()
 
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
-        self._on_batch_end(step, logs)
+        """Count the batch and show its figures: the bar's, or a line when one is due.
+
+        Every pass's batches alike (training, evaluation, prediction).
+
+        Args:
+            step: the batch's index in its pass, from 0.
+            logs: the batch's logs (``batch_size``; figures every ``log_freq`` steps).
+        """
+        phase = self._phase
+        if phase is None:
+            return
+        logs = logs or {}
+        batch = int(logs.get("batch_size", 0))
+        if self.verbose == 3:
+            phase.batch_time += phase.since_mark()
+            phase.timed_batches += 1
+            phase.timed_samples += batch
+        phase.done = step + 1
+        # The count the figures cover (every process's at the end), else this process's batches.
+        phase.samples = int(logs.get("samples", phase.samples + batch))
+        figures = {k: v for k, v in logs.items() if k not in _NOT_FIGURES}
+        if phase.bar is not None:
+            phase.bar.update(phase.done - phase.bar.n)
+            if figures:
+                phase.bar.set_postfix(
+                    {k: _format_value(v) for k, v in figures.items()}, refresh=False
+                )
+        elif figures:
+            phase.unprinted = figures
+            last = phase.done == phase.steps
+            steady = phase.done % self.log_freq == 0 or phase.steps is None
+            if last or (steady and self._line_due(phase)):
+                self._print_line(phase)
+
+    on_eval_batch_begin = on_predict_batch_begin = on_train_batch_begin
+    on_eval_batch_end = on_predict_batch_end = on_train_batch_end
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._finish(self._phase)
         self._phase = None
 
-    # -- evaluation ------------------------------------------------------
     def on_eval_begin(self, logs: dict | None = None) -> None:
         if not self._active:
             return
-        if self._phase is not None and self._phase.bar is not None:
-            self._phase.bar.refresh()
-        elif self._phase is not None:
-            self._print_line(self._phase)  # the epoch's last figures before "Eval begin..."
-        self._outer = self._phase
-        if self._outer is not None:
-            self._outer.pause_began = _clock()  # the evaluation is no part of a batch's cost
-        if not self._use_bar():
-            print("Eval begin...", flush=True)
-        self._phase = self._start((logs or {}).get("steps"), "Eval")
-
-    def on_eval_batch_begin(self, step: int, logs: dict | None = None) -> None:
-        self._on_batch_begin()
-
-    def on_eval_batch_end(self, step: int, logs: dict | None = None) -> None:
-        self._on_batch_end(step, logs)
+        outer = self._outer = self._phase
+        if outer is not None:
+            if outer.bar is not None:
+                outer.bar.refresh()
+            else:
+                self._print_line(outer)  # the epoch's last figures before "Eval begin..."
+            outer.paused -= _clock()  # the evaluation is no part of a batch's cost
+        self._start((logs or {}).get("steps"), "Eval", "Eval begin...")
 
     def on_eval_end(self, logs: dict | None = None) -> None:
-        if not self._active or self._phase is None:
-            return
-        phase, self._phase, self._outer = self._phase, self._outer, None
-        if self._phase is not None and self._phase.pause_began is not None:
-            self._phase.paused += _clock() - self._phase.pause_began
-            self._phase.pause_began = None
-        if phase.bar is not None and logs:
-            phase.bar.set_postfix({k: _format_value(v) for k, v in logs.items()}, refresh=False)
-        self._finish(phase)
-        print(f"Eval samples: {phase.samples}", flush=True)
+        self._end_pass("Eval", logs)
 
-    # -- prediction ------------------------------------------------------
     def on_predict_begin(self, logs: dict | None = None) -> None:
-        if not self._active:
-            return
-        if not self._use_bar():
-            print("Predict begin...", flush=True)
-        self._phase = self._start((logs or {}).get("steps"), "Predict")
-
-    def on_predict_batch_begin(self, step: int, logs: dict | None = None) -> None:
-        self._on_batch_begin()
-
-    def on_predict_batch_end(self, step: int, logs: dict | None = None) -> None:
-        self._on_batch_end(step, logs)
+        if self._active:
+            self._start((logs or {}).get("steps"), "Predict", "Predict begin...")
 
     def on_predict_end(self, logs: dict | None = None) -> None:
-        if not self._active or self._phase is None:
-            return
-        phase, self._phase = self._phase, None
-        self._finish(phase)
-        print(f"Predict samples: {phase.samples}", flush=True)
+        self._end_pass("Predict", logs)

@@ -18,20 +18,6 @@ from typing import Any
 
 from .visualdl import AUTO, Version, _ScalarLogger
 
-_INSTALL_HINT = 'pip install "torch-hapi[tensorboard]"'
-
-
-def _summary_writer_class() -> type:
-    """``torch.utils.tensorboard.SummaryWriter``, or an ImportError that says how to get it."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as error:
-        raise ImportError(
-            f"callbacks.TensorBoard writes through torch.utils.tensorboard, which needs the "
-            f"'tensorboard' package ({error}). Install it with: {_INSTALL_HINT}"
-        ) from error
-    return SummaryWriter
-
 
 class TensorBoard(_ScalarLogger):
     """Writes scalars with ``torch.utils.tensorboard.SummaryWriter`` into one directory per run.
@@ -69,10 +55,15 @@ class TensorBoard(_ScalarLogger):
 
     def __init__(self, log_dir: str | os.PathLike, version: Version = AUTO) -> None:
         super().__init__(log_dir, version)
-        self._summary_writer = _summary_writer_class()
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as error:
+            raise ImportError(
+                "callbacks.TensorBoard writes through torch.utils.tensorboard, which needs the "
+                f"'tensorboard' package ({error}). Install it with: "
+                'pip install "torch-hapi[tensorboard]"'
+            ) from error
+        self._summary_writer = SummaryWriter
 
     def _open_writer(self) -> Any:
         return self._summary_writer(log_dir=self.run_dir)
-
-    def _add_scalar(self, tag: str, value: float, step: int) -> None:
-        self._writer.add_scalar(tag, value, global_step=step)

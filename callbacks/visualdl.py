@@ -7,7 +7,7 @@ importing it costs about 0.4 s that a run without this callback should not pay.
 The choice of scalars, tags and steps lives in :class:`_ScalarLogger`, which
 ``callbacks.tensorboard.TensorBoard`` shares, so that the two dashboards show
 the same curves for the same run; each subclass only says how to open its
-writer and add one scalar.
+writer.
 
 Each run gets its own directory. Both dashboards treat every directory under
 ``--logdir`` that holds records as one run, and VisualDL shows only the newest
@@ -29,6 +29,7 @@ the callback's state and keeps writing into the same directory.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 from typing import Any
@@ -38,7 +39,7 @@ from hapi.checkpoint import files
 from .base import Callback
 
 # Batch-log keys that describe the batch, not the model; never plotted.
-_NOT_SCALARS = ("batch_size", "samples", "step")
+NOT_SCALARS = ("batch_size", "samples", "step")
 
 # What ``version=`` accepts: "auto" (or True), an int, a subdirectory name, or None/False.
 Version = int | str | bool | None
@@ -84,20 +85,50 @@ def _reserve_version(log_dir: str) -> str:
     while True:
         taken = [int(m.group(1)) for m in map(_VERSION_DIR.fullmatch, os.listdir(log_dir)) if m]
         name = f"version_{max(taken) + 1 if taken else 0}"
-        try:
+        with contextlib.suppress(FileExistsError):  # taken meanwhile: list again
             os.mkdir(os.path.join(log_dir, name))
-        except FileExistsError:
-            continue
-        return name
+            return name
 
 
-class _ScalarLogger(Callback):
+class _Curves(Callback):
+    """The x axes VisualDL, TensorBoard and W&B share, and the training scalars of a batch.
+
+    :attr:`train_step` counts the batches this callback has seen (not
+    ``model.step``, the optimizer steps: with accumulation every batch still gets
+    its own point). An evaluation that ``fit(eval_steps=N)`` runs after a step's
+    update comes before that step's ``on_train_batch_end``, while ``_in_batch``
+    is set: it belongs to that batch, which has begun.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.train_step = 0
+        self._in_batch = False  # between a batch's begin and end
+        self._epoch = 0
+        self._training = False
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, step: int, logs: dict | None = None) -> None:
+        self._in_batch = True
+
+    def _train_scalars(self, logs: dict | None) -> dict[str, float]:
+        """Count the batch; its figures and ``lr`` (none between ``log_freq`` steps)."""
+        self._in_batch = False
+        self.train_step += 1
+        scalars = {k: float(v) for k, v in (logs or {}).items() if k not in NOT_SCALARS}
+        optimizer = getattr(self.model, "optimizer", None)
+        if scalars and optimizer is not None:
+            scalars["lr"] = float(optimizer.param_groups[0]["lr"])
+        return scalars
+
+
+class _ScalarLogger(_Curves):
     """Decides which scalars are written, under which tags, at which steps
     (listed in :class:`VisualDL`'s docstring), for VisualDL and TensorBoard alike.
 
-    The x axis of training is :attr:`train_step`, the batches this callback has
-    seen (not ``model.step``, the optimizer steps: with accumulation every
-    batch still gets its own point). In a ``fit`` with ``eval_steps``
+    The x axis of training is :attr:`train_step` (:class:`_Curves`). In a ``fit`` with ``eval_steps``
     (``params["eval_steps"]`` set) evaluations are plotted on that same axis,
     at :attr:`train_step` when they end, so several evaluations in one epoch
     no longer share the epoch's x and the two curves can be read together.
@@ -107,8 +138,8 @@ class _ScalarLogger(Callback):
     only; flushed (not closed) at the end of training and after a standalone
     evaluation, so the file is complete when the call returns and a later
     ``evaluate`` with the same callback appends to it; closed by :meth:`close`
-    or at interpreter exit. Subclasses implement :meth:`_open_writer` and
-    :meth:`_add_scalar`; the writer must also have ``flush()`` and ``close()``.
+    or at interpreter exit. Subclasses implement ``_open_writer()``, which makes the writer
+    for :attr:`run_dir`: it has ``add_scalar(tag, value, step)``, ``flush()`` and ``close()``.
     """
 
     def __init__(self, log_dir: str | os.PathLike, version: Version = AUTO) -> None:
@@ -125,11 +156,7 @@ class _ScalarLogger(Callback):
         # The run's subdirectory of log_dir: None for log_dir itself, or, with
         # "auto", until the main process picks version_<N>.
         self._run: str | None = None if self._auto else run
-        self.train_step = 0
-        self._in_batch = False  # between a batch's begin and end
         self.next_eval_step = 1  # where the next standalone evaluate is plotted
-        self._epoch = 0
-        self._training = False
         # During a fit with eval_steps: evaluations are plotted at train_step, not at the epoch.
         self._eval_at_batch = False
         self._writer: Any = None
@@ -152,14 +179,6 @@ class _ScalarLogger(Callback):
             self._run = _reserve_version(self.log_dir)
         return self.run_dir
 
-    def _open_writer(self) -> Any:
-        """Create the writer for ``self.run_dir`` (called on the first write)."""
-        raise NotImplementedError
-
-    def _add_scalar(self, tag: str, value: float, step: int) -> None:
-        """Add one point to ``self._writer``."""
-        raise NotImplementedError
-
     def _write(self, prefix: str, scalars: dict[str, float], step: int) -> None:
         if not self.is_main:
             return
@@ -168,7 +187,7 @@ class _ScalarLogger(Callback):
             self._writer = self._open_writer()
             atexit.register(self.close)
         for name, value in scalars.items():
-            self._add_scalar(f"{prefix}/{name}", float(value), step)
+            self._writer.add_scalar(f"{prefix}/{name}", float(value), step)
 
     def close(self) -> None:
         """Close the record file; a later write opens a new one."""
@@ -227,24 +246,10 @@ class _ScalarLogger(Callback):
         self._training = True
         self._eval_at_batch = self.params.get("eval_steps") is not None
 
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self._epoch = epoch
-
-    def on_train_batch_begin(self, step: int, logs: dict | None = None) -> None:
-        # An evaluation fit runs after a step (eval_steps) comes before that step's
-        # on_train_batch_end: it is plotted at that batch, which has begun.
-        self._in_batch = True
-
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
-        self._in_batch = False
-        self.train_step += 1
-        scalars = {k: v for k, v in (logs or {}).items() if k not in _NOT_SCALARS}
-        if not scalars:
-            return  # a step between log_freq steps: nothing new to plot
-        optimizer = getattr(self.model, "optimizer", None)
-        if optimizer is not None:
-            scalars["lr"] = float(optimizer.param_groups[0]["lr"])
-        self._write("train", scalars, self.train_step)
+        scalars = self._train_scalars(logs)
+        if scalars:  # else a step between log_freq steps: nothing new to plot
+            self._write("train", scalars, self.train_step)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self.next_eval_step = max(self.next_eval_step, epoch + 1)
@@ -327,6 +332,3 @@ class VisualDL(_ScalarLogger):
         from visualdl import LogWriter  # lazy: importing visualdl costs ~0.4 s
 
         return LogWriter(logdir=self.run_dir)
-
-    def _add_scalar(self, tag: str, value: float, step: int) -> None:
-        self._writer.add_scalar(tag=tag, value=value, step=step)

@@ -22,17 +22,13 @@ import importlib.util
 import warnings
 from typing import Any, Literal
 
-from .base import Callback
+from .visualdl import _Curves
 
 _INSTALL_HINT = 'pip install wandb (or pip install "torch-hapi[wandb]")'
-
-# Batch-log keys that describe the batch, not the model; never plotted (as VisualDL).
-_NOT_FIGURES = ("batch_size", "samples", "step")
 
 # The callbacks whose run is open. A fit that ends finishes its run, so one still open
 # when another run starts was left by a fit that raised: it is finished then, as failed.
 _OPEN: list[WandbCallback] = []
-_exit_hook_registered = False
 
 
 def _finish_open_runs() -> None:
@@ -45,34 +41,7 @@ def _finish_open_runs() -> None:
         callback._finish(exit_code=1)
 
 
-def _register_exit_hook() -> None:
-    global _exit_hook_registered
-    if not _exit_hook_registered:
-        atexit.register(_finish_open_runs)
-        _exit_hook_registered = True
-
-
-def _require_wandb() -> None:
-    """Raise an ImportError that says how to install wandb when it is missing."""
-    if importlib.util.find_spec("wandb") is None:
-        raise ImportError(
-            "callbacks.WandbCallback logs to Weights & Biases through the 'wandb' package, "
-            f"which is not installed. Install it with: {_INSTALL_HINT}"
-        )
-
-
-def _import_wandb() -> Any:
-    try:
-        import wandb
-    except ImportError as error:
-        raise ImportError(
-            f"callbacks.WandbCallback could not import the 'wandb' package ({error}). "
-            f"Install it with: {_INSTALL_HINT}"
-        ) from error
-    return wandb
-
-
-class WandbCallback(Callback):
+class WandbCallback(_Curves):
     """Logs the training and evaluation figures to a Weights & Biases run.
 
     Paddle's names, on the main process only (other ranks start no run and
@@ -136,7 +105,11 @@ class WandbCallback(Callback):
         **kwargs: Any,
     ) -> None:
         super().__init__()
-        _require_wandb()
+        if importlib.util.find_spec("wandb") is None:
+            raise ImportError(
+                "callbacks.WandbCallback logs to Weights & Biases through the 'wandb' package, "
+                f"which is not installed. Install it with: {_INSTALL_HINT}"
+            )
         self.wandb_args: dict[str, Any] = {
             "project": project,
             "entity": entity,
@@ -148,16 +121,18 @@ class WandbCallback(Callback):
         }
         self.run: Any = None
         self._owns_run = False  # started here (finished here), not the user's own
-        self.train_step = 0
-        self._in_batch = False
-        self._epoch = 0
         self._epochs_trained = 0
-        self._training = False
 
     # -- the run ---------------------------------------------------------------
     def _start(self) -> None:
         """Start (or take over) the run this fit or evaluation logs to, on the main process."""
-        wandb = _import_wandb()
+        try:
+            import wandb
+        except ImportError as error:
+            raise ImportError(
+                f"callbacks.WandbCallback could not import the 'wandb' package ({error}). "
+                f"Install it with: {_INSTALL_HINT}"
+            ) from error
         for stale in [c for c in _OPEN if c is self or c.run is wandb.run]:
             # Started by a WandbCallback and never finished: its fit raised.
             stale._finish(exit_code=1)
@@ -172,30 +147,22 @@ class WandbCallback(Callback):
             self.run, self._owns_run = current, False
         else:
             self.run, self._owns_run = wandb.init(**self.wandb_args), True
-            _register_exit_hook()  # after wandb.init: it then runs before wandb's own
+            # (Re-)registered after wandb.init, so that it runs before wandb's own exit hook.
+            atexit.unregister(_finish_open_runs)
+            atexit.register(_finish_open_runs)
             _OPEN.append(self)
         self.run.define_metric("train/step")
         self.run.define_metric("train/*", step_metric="train/step")
         self.run.define_metric("epoch")
         self.run.define_metric("eval/*", step_metric="epoch")
 
-    def _end(self) -> None:
-        """The fit or evaluation ended: finish the run if this callback started it."""
-        if self._owns_run:
-            self._finish()
-        else:
-            self.run = None  # the user's run: they finish it
-
     def _finish(self, exit_code: int | None = None) -> None:
+        """Let go of the run; finish it if this callback started it (the user finishes theirs)."""
         run, self.run = self.run, None
         if self in _OPEN:
             _OPEN.remove(self)
         if run is not None and self._owns_run:
             run.finish(exit_code=exit_code)
-
-    def _log(self, row: dict[str, float]) -> None:
-        if self.run is not None:
-            self.run.log(row)
 
     # -- hooks -----------------------------------------------------------------
     def set_params(self, params: dict[str, Any]) -> None:
@@ -209,25 +176,11 @@ class WandbCallback(Callback):
         if self.is_main:
             self._start()
 
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self._epoch = epoch
-
-    def on_train_batch_begin(self, step: int, logs: dict | None = None) -> None:
-        self._in_batch = True  # an evaluation after this step's update (eval_steps) comes now
-
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
-        self._in_batch = False
-        self.train_step += 1
-        if not self.is_main or not logs:
-            return
-        row = {f"train/{k}": float(v) for k, v in logs.items() if k not in _NOT_FIGURES}
-        if not row:
-            return  # a step between log_freq steps: nothing new to plot
-        optimizer = getattr(self.model, "optimizer", None)
-        if optimizer is not None:
-            row["train/lr"] = float(optimizer.param_groups[0]["lr"])
-        row["train/step"] = self.train_step
-        self._log(row)
+        scalars = self._train_scalars(logs)
+        if scalars and self.is_main and self.run is not None:
+            row = {f"train/{name}": value for name, value in scalars.items()}
+            self.run.log({**row, "train/step": self.train_step})
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._epochs_trained = max(self._epochs_trained, epoch + 1)
@@ -242,11 +195,12 @@ class WandbCallback(Callback):
         row = {f"eval/{k}": float(v) for k, v in (logs or {}).items()}
         row["epoch"] = self._epoch if self._training else self._epochs_trained
         row["train/step"] = self.train_step + int(self._training and self._in_batch)
-        self._log(row)
+        if self.run is not None:
+            self.run.log(row)
         if not self._training:
-            self._end()
+            self._finish()
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self._training = False
         if self.is_main:
-            self._end()
+            self._finish()
