@@ -20,7 +20,6 @@ from dist_helpers import torchrun
 from stub import attach
 from torch import nn
 
-import callbacks.checkpoint
 import hapi.checkpoint
 from callbacks import History, LRScheduler, ModelCheckpoint
 from hapi import Model
