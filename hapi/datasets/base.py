@@ -82,7 +82,7 @@ class _ImageDataset(Dataset):
 
     Subclasses set the class attributes and implement ``_load(root, download)``, which
     finds (or fetches) and checks the files and returns ``(uint8 images, labels, the
-    directory they came from)``, and ``_hint(offer_download)``, how to get good files.
+    directory they came from)``; ``_get_files`` says what to fetch for :meth:`_hint`.
     Images stay uint8 (a quarter of float32's memory) and become float only when
     accessed, one item or one batch at a time.
     """
@@ -92,6 +92,7 @@ class _ImageDataset(Dataset):
     mirrors: list[str] = []
     download_timeout: float = 30.0
     classes: list[str] = []
+    _get_files: str = ""  # what to fetch and put where the files are looked for
 
     def __init__(
         self,
@@ -171,6 +172,20 @@ class _ImageDataset(Dataset):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(mode={self.mode!r}, len={len(self)}, root={str(self.root)!r})"
+        )
+
+    def _hint(self, offer_download: bool = True) -> str:
+        """How to get good files: the end of every message about missing or bad ones."""
+        return (
+            f"To get the data: {self._get_files} in $HAPI_DATA_HOME/{self.name}, "
+            f"~/.cache/hapi/{self.name} or a directory passed as root="
+            + (", or pass download=True." if offer_download else ".")
+        )
+
+    def _not_found(self, what: str, tried: list[Path]) -> FileNotFoundError:
+        listed = "\n".join(f"  {d}" for d in tried)
+        return FileNotFoundError(
+            f"{type(self).__name__}(mode={self.mode!r}): {what}. Tried:\n{listed}\n{self._hint()}"
         )
 
     def _search_dirs(self, root) -> list[Path]:

@@ -73,6 +73,10 @@ class Cifar10(_ImageDataset):
     name = "cifar-10"
     system_dir = "/usr/share/datasets/cifar-10"
     mirrors = ["https://www.cs.toronto.edu/~kriz/"]
+    _get_files = (
+        f"download the binary release {_URL} (not cifar-10-python.tar.gz) and put it, "
+        f"or the {_DIR} directory extracted from it,"
+    )
     classes = "airplane automobile bird cat deer dog frog horse ship truck".split()
 
     def _load(self, root, download: bool) -> tuple[np.ndarray, np.ndarray, Path]:
@@ -134,19 +138,7 @@ class Cifar10(_ImageDataset):
         if python_release:
             what = ", ".join(map(str, python_release))
             raise _python_release_error(what, python_release[0], self._hint())
-        listed = "\n".join(f"  {d}" for d in tried)
-        raise FileNotFoundError(
-            f"{type(self).__name__}(mode={self.mode!r}): found neither {', '.join(names)} "
-            f"nor {_TARBALL}. Tried:\n{listed}\n{self._hint()}"
-        )
-
-    def _hint(self, offer_download: bool = True) -> str:
-        return (
-            f"To get the data: download the binary release {_URL} (not cifar-10-python.tar.gz) "
-            f"and put it, or the {_DIR} directory extracted from it, in $HAPI_DATA_HOME/{self.name}, "
-            f"~/.cache/hapi/{self.name} or a directory passed as root="
-            + (", or pass download=True." if offer_download else ".")
-        )
+        raise self._not_found(f"found neither {', '.join(names)} nor {_TARBALL}", tried)
 
 
 def _python_release_error(what: str, path: Path, hint: str) -> DatasetError:

@@ -37,6 +37,10 @@ def _find_file(directory: Path, stem: str) -> Path | None:
 class _IDXDataset(_ImageDataset):
     """Shared reader for MNIST-format data sets; subclasses set the class attributes."""
 
+    _get_files = (
+        f"put the four files ({', '.join(f'{s}.gz' for pair in _STEMS.values() for s in pair)})"
+    )
+
     def _load(self, root, download: bool) -> tuple[np.ndarray, np.ndarray, Path]:
         image_path, label_path = self._locate(root, download)
         hint = self._hint()
@@ -59,11 +63,9 @@ class _IDXDataset(_ImageDataset):
             if all(found):
                 return found
         if not download:
-            listed = "\n".join(f"  {d}" for d in tried)
             names = " and ".join(f"{s}.gz" for s in stems)
-            raise FileNotFoundError(
-                f"{type(self).__name__}(mode={self.mode!r}): no directory holds {names} "
-                f"(or the same names without .gz). Tried:\n{listed}\n{self._hint()}"
+            raise self._not_found(
+                f"no directory holds {names} (or the same names without .gz)", tried
             )
         target = self._download_dir(root)
         for stem, magic in zip(stems, (_IMAGE_MAGIC, _LABEL_MAGIC)):
@@ -71,14 +73,6 @@ class _IDXDataset(_ImageDataset):
                 check = functools.partial(_parse_idx, magic=magic, hint=self._hint())
                 _fetch(self, f"{stem}.gz", target, check)
         return [_find_file(target, stem) for stem in stems]
-
-    def _hint(self, offer_download: bool = True) -> str:
-        files = ", ".join(f"{s}.gz" for pair in _STEMS.values() for s in pair)
-        return (
-            f"To get the data: put the four files ({files}) in $HAPI_DATA_HOME/{self.name}, "
-            f"~/.cache/hapi/{self.name} or a directory passed as root="
-            + (", or pass download=True." if offer_download else ".")
-        )
 
 
 class FashionMNIST(_IDXDataset):
