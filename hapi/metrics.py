@@ -90,14 +90,9 @@ def normalise_metrics(metrics: Any) -> dict[str, Any]:
     """
     if metrics is None:
         return {}
-    if (
-        isinstance(metrics, (list, tuple))
-        and metrics
-        and all(
-            isinstance(per_output, (list, tuple, dict)) or per_output is None
-            for per_output in metrics
-        )
-    ):
+    nested = (list, tuple, dict, type(None))
+    per_output = isinstance(metrics, (list, tuple)) and all(isinstance(m, nested) for m in metrics)
+    if metrics and per_output:
         # One list per output (Keras' multi-output form): metrics[i] sees output i and label i.
         named = {}
         for position, per_output in enumerate(metrics):
@@ -112,7 +107,7 @@ def normalise_metrics(metrics: Any) -> dict[str, Any]:
                 raise TypeError(f"metric names must be non-empty strings; received key {key!r}.")
             named[key] = _check_metric(metric, f"[{key!r}]")
         return named
-    if isinstance(metrics, _metric_types()) or isinstance(metrics, type):
+    if isinstance(metrics, (*_metric_types(), type)):
         metrics = [metrics]
     if not isinstance(metrics, (list, tuple)):
         _check_metric(metrics, "")
@@ -128,8 +123,12 @@ def normalise_metrics(metrics: Any) -> dict[str, Any]:
     return named
 
 
-def _output_pair(outputs: list, labels: list, position: int, key: str) -> tuple[list, list]:
-    """Output ``position`` and label ``position``, for a per-output metric."""
+def _output_pair(metric: Any, key: str, outputs: list, labels: list) -> tuple[list, list]:
+    """What ``metric.update`` gets: every output and label, or output ``i`` and label ``i`` for a
+    metric of output ``i``."""
+    position = getattr(metric, "_hapi_output", None)
+    if position is None:
+        return outputs, labels
     if position >= len(outputs) or position >= len(labels):
         raise ValueError(
             f"The metric {key!r} is for output {position}, but a batch gave {len(outputs)} outputs "
@@ -250,12 +249,7 @@ class MetricSet:
         self._samples += batch_size
         self._weight_sum = self._weight_sum + batch_size
         for key, metric in self.metrics.items():
-            position = getattr(metric, "_hapi_output", None)
-            pair = (
-                (outputs, labels)
-                if position is None
-                else _output_pair(outputs, labels, position, key)
-            )
+            pair = _output_pair(metric, key, outputs, labels)
             try:
                 metric.update(*pair[0], *pair[1])
             except TypeError as error:
