@@ -9,6 +9,7 @@ activations, ...) count zero. ``custom_ops`` counts any other module type.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,6 +27,7 @@ from hapi.summary import (
 )
 
 CountFn = Callable[[nn.Module, tuple, Any], Any]
+_UNSET = object()
 
 
 def _first_tensor(value: Any) -> torch.Tensor:
@@ -42,15 +44,11 @@ def _conv(m: nn.Module, x: tuple, y: Any) -> int:
     return _first_tensor(y).numel() * per_output
 
 
-def _adaptive_avg_pool(dims: int) -> CountFn:
-    """The count of an adaptive average pooling over the last ``dims`` dimensions."""
-
-    def count(m: nn.Module, x: tuple, y: Any) -> int:
-        out = _first_tensor(y)
-        kernel = math.prod(i // o for i, o in zip(x[0].shape[-dims:], out.shape[-dims:]))
-        return (kernel + 1) * out.numel()  # the adds of a window, and one division
-
-    return count
+def _adaptive_avg_pool(dims: int, m: nn.Module, x: tuple, y: Any) -> int:
+    """An adaptive average pooling over the last ``dims`` dimensions."""
+    out = _first_tensor(y)
+    kernel = math.prod(i // o for i, o in zip(x[0].shape[-dims:], out.shape[-dims:]))
+    return (kernel + 1) * out.numel()  # the adds of a window, and one division
 
 
 # Paddle's table (paddle/hapi/dynamic_flops.py register_hooks), in torch's names. BatchNorm
@@ -63,56 +61,50 @@ _COUNTS_BY_NAME: dict[str, CountFn] = {
     "LeakyReLU": lambda m, x, y: x[0].numel(),
     "Linear": lambda m, x, y: m.in_features * _first_tensor(y).numel(),
     "AvgPool1d AvgPool2d AvgPool3d": lambda m, x, y: _first_tensor(y).numel(),
-    **{f"AdaptiveAvgPool{dims}d": _adaptive_avg_pool(dims) for dims in (1, 2, 3)},
+    **{f"AdaptiveAvgPool{d}d": functools.partial(_adaptive_avg_pool, d) for d in (1, 2, 3)},
 }
 COUNTERS: dict[type, CountFn] = {
     getattr(nn, name): count for names, count in _COUNTS_BY_NAME.items() for name in names.split()
 }
 
 
-def _counter(module: nn.Module, custom_ops: Mapping[type, CountFn]) -> tuple[CountFn | None, bool]:
-    """``(function, is_custom)`` for the module's type or its nearest base class that has one.
+def _counter(module: nn.Module, counters: Mapping[type, CountFn]) -> CountFn | None:
+    """The count function of the module's type or of its nearest base class that has one.
 
-    A subclass (a user's ``Conv2d`` with weight standardisation) counts as its base; an entry
-    of ``custom_ops`` wins over a built-in one at the same class.
+    A subclass (a user's ``Conv2d`` with weight standardisation) counts as its base.
     """
-    for cls in type(module).__mro__:
-        if cls in custom_ops:
-            return custom_ops[cls], True
-        if cls in COUNTERS:
-            return COUNTERS[cls], False
-    return None, False
+    return next((counters[cls] for cls in type(module).__mro__ if cls in counters), None)
 
 
-def _check_custom_ops(custom_ops: Any) -> Mapping[type, CountFn]:
-    if custom_ops is None:
-        return {}
-    if not isinstance(custom_ops, Mapping) or not all(
-        isinstance(k, type) and issubclass(k, nn.Module) and callable(v)
-        for k, v in custom_ops.items()
+def _counters(custom_ops: Any) -> dict[type, CountFn]:
+    """:data:`COUNTERS` with ``custom_ops`` over them (a custom entry wins at the same class)."""
+    if custom_ops is not None and (
+        not isinstance(custom_ops, Mapping)
+        or not all(
+            isinstance(k, type) and issubclass(k, nn.Module) and callable(v)
+            for k, v in custom_ops.items()
+        )
     ):
         raise TypeError(
             "custom_ops must map module classes to functions fn(module, inputs, output) that "
             "return the module's FLOPs (or add them to module.total_ops, as Paddle's do), e.g. "
             f"{{nn.LeakyReLU: count_leaky_relu}}; received {custom_ops!r}."
         )
-    return custom_ops
+    custom = {cls: functools.partial(_run_custom, fn) for cls, fn in (custom_ops or {}).items()}
+    return {**COUNTERS, **custom}
 
 
 def _run_custom(fn: CountFn, module: nn.Module, inputs: tuple, output: Any) -> int:
     """A user's count function, returning its count or adding it to ``module.total_ops``."""
-    had = "total_ops" in module.__dict__
-    previous = module.__dict__.get("total_ops")
+    previous = module.__dict__.get("total_ops", _UNSET)
     module.__dict__["total_ops"] = 0  # Paddle's functions do ``m.total_ops += n``
     try:
         returned = fn(module, inputs, output)
-        added = module.__dict__["total_ops"]
+        return int(module.__dict__["total_ops"]) + (0 if returned is None else int(returned))
     finally:
-        if had:
+        module.__dict__.pop("total_ops", None)
+        if previous is not _UNSET:
             module.__dict__["total_ops"] = previous
-        else:
-            module.__dict__.pop("total_ops", None)
-    return int(added) + (int(returned) if returned is not None else 0)
 
 
 def count_flops(
@@ -129,7 +121,7 @@ def count_flops(
             f"flops needs a torch.nn.Module; received {type(network).__name__}. Pass your "
             "network, e.g. hapi.flops(LeNet(), (1, 1, 28, 28)), or call model.flops(...)."
         )
-    custom_ops = _check_custom_ops(custom_ops)
+    counters = _counters(custom_ops)
     device = network_device(network) if device is None else device
     args = example_args(input_size, None, input, device)
     if args is None:
@@ -140,12 +132,8 @@ def count_flops(
     records: dict[nn.Module, tuple[str, str, int]] = {}  # inputs, output, FLOPs
 
     def hook(module: nn.Module, inputs: tuple, output: Any) -> None:
-        fn, is_custom = _counter(module, custom_ops)
-        ops = records.get(module, ("", "", 0))[2]
-        if is_custom:
-            ops += _run_custom(fn, module, inputs, output)
-        elif fn is not None:
-            ops += fn(module, inputs, output)
+        count = _counter(module, counters)
+        ops = records.get(module, ("", "", 0))[2] + (count(module, inputs, output) if count else 0)
         records[module] = (shapes(inputs), shapes(_first_tensor(output)), ops)
 
     forward_once(network, args, input_size, hook)
@@ -158,7 +146,7 @@ def count_flops(
             (name or type(network).__name__, *records[module][:2], params, records[module][2])
         )
         kind = type(module).__name__
-        if _counter(module, custom_ops)[0] is None and kind not in uncounted:
+        if _counter(module, counters) is None and kind not in uncounted:
             uncounted.append(kind)
     if print_detail:
         print_table(("Layer Name", "Input Shape", "Output Shape", "Params", "Flops"), rows)
