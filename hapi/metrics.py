@@ -324,11 +324,9 @@ class MetricSet:
         self.counted = int(totals[1].item())
         if self.counted == 0:
             return {}
-        results: dict[str, float] = {}
-        if self.with_loss:
-            results["loss"] = (totals[0] / totals[2]).item()
-        for position, name in enumerate(figure_names, start=3):
-            results[name] = (totals[position] / totals[2]).item()
+        means = (totals / totals[2]).tolist()  # per sample, or per unit of a step's weight
+        results: dict[str, float] = {"loss": means[0]} if self.with_loss else {}
+        results.update(zip(figure_names, means[3:]))
         if not self.use_metrics:
             return results
         self._sync.enabled = sync
@@ -390,13 +388,7 @@ def _weight_of(value: Any) -> torch.Tensor:
 
 def _leaves(metrics: Any) -> list[Any]:
     """The Metric objects, looking inside MetricCollections."""
-    found = []
-    for metric in metrics:
-        if _is_collection(metric):
-            found += _leaves(metric.values())
-        else:
-            found.append(metric)
-    return found
+    return [leaf for m in metrics for leaf in (_leaves(m.values()) if _is_collection(m) else [m])]
 
 
 def _to_float(value: Any, name: str) -> float:

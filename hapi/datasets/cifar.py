@@ -114,7 +114,6 @@ class Cifar10(_ImageDataset):
                 )
             return path.parent, path  # any other file is read as the tarball, whatever its name
         tried: list[Path] = []
-        python_release: list[Path] = []
         for base in self._search_dirs(root):
             for directory in (base, base / _DIR):
                 tried.append(directory)
@@ -129,12 +128,12 @@ class Cifar10(_ImageDataset):
                     )
                 if present:
                     return directory, None
-                python_release += [directory / n for n in _PYTHON_NAMES if (directory / n).exists()]
             tried.append(base / _TARBALL)
             if tried[-1].is_file():
                 return base, tried[-1]
         if download:
             return None, None
+        python_release = [d / n for d in tried for n in _PYTHON_NAMES if (d / n).exists()]
         if python_release:
             what = ", ".join(map(str, python_release))
             raise _python_release_error(what, python_release[0], self._hint())
