@@ -197,10 +197,12 @@ class MetricSet:
         """A copy of the running sums of the pass in progress (for a resume mid-epoch): the
         pass goes on adding to its own tensors."""
         on_cpu = functools.partial(_moved, device="cpu", copy=True)
+        # None while no step returned a weight: the weights are then the sample count.
+        weight_sum = self._weight_sum if torch.is_tensor(self._weight_sum) else None
         return {
-            "loss_sum": on_cpu(self._loss_sum),
+            "loss_sum": None if self._loss_sum is None else on_cpu(self._loss_sum),
             "samples": self._samples,
-            "weight_sum": on_cpu(self._weight_sum),
+            "weight_sum": None if weight_sum is None else on_cpu(weight_sum),
             "figures": {name: on_cpu(total) for name, total in self._figure_sums.items()},
             "metrics": [
                 {name: on_cpu(value) for name, value in metric.metric_state.items()}
@@ -212,10 +214,10 @@ class MetricSet:
         leaves = _leaves(self.metrics.values())
         states = [t for m in leaves for t in m.metric_state.values() if torch.is_tensor(t)]
         device = states[0].device if states else torch.device("cpu")
-        self._loss_sum = _moved(state["loss_sum"], device)
+        loss_sum, weight_sum = state["loss_sum"], state.get("weight_sum")
+        self._loss_sum = None if loss_sum is None else loss_sum.to(device)
         self._samples = int(state["samples"])
-        weight_sum = state.get("weight_sum")  # None: no step weighed a batch (older files)
-        self._weight_sum = self._samples if weight_sum is None else _moved(weight_sum, device)
+        self._weight_sum = self._samples if weight_sum is None else weight_sum.to(device)
         self._figure_sums = {
             name: total.to(device) for name, total in state.get("figures", {}).items()
         }
@@ -361,12 +363,10 @@ def _add_weighted(total: torch.Tensor, value: torch.Tensor, weight: int | torch.
 
 
 def _moved(value: Any, device: Any, copy: bool = False) -> Any:
-    """A running sum or metric state (a tensor, or a list of them) on ``device``; a count as it is."""
+    """A running sum or a metric state (a tensor, or a list of them) on ``device``."""
     if torch.is_tensor(value):
         return value.to(device, copy=copy)
-    if isinstance(value, list):
-        return [v.to(device, copy=copy) for v in value]
-    return value
+    return [v.to(device, copy=copy) for v in value]
 
 
 def _weight_of(value: Any) -> torch.Tensor:

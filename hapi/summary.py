@@ -182,10 +182,7 @@ def shapes(value: Any) -> str:
 
 def print_table(headers: tuple[str, ...], rows: list[tuple]) -> int:
     """Prints a ruled table; returns its width for the lines printed after it."""
-    widths = [
-        max(len(headers[i]), *(len(str(row[i])) for row in rows)) if rows else len(headers[i])
-        for i in range(len(headers))
-    ]
+    widths = [max(len(str(value)) for value in column) for column in zip(headers, *rows)]
     line = "-" * (sum(widths) + 2 * (len(headers) - 1))
     print(line)
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
