@@ -38,14 +38,30 @@ import torch
 # torch-hapi's names of the autocast dtypes; the steps and strategies read these.
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 LEVELS = ("O0", "O1", "O2")
-# Paddle's loss-scaling keys -> torch.amp.GradScaler's keywords.
-SCALER_KEYS = {
-    "init_loss_scaling": "init_scale",
-    "incr_ratio": "growth_factor",
-    "decr_ratio": "backoff_factor",
-    "incr_every_n_steps": "growth_interval",
+# Paddle's loss-scaling key -> (torch.amp.GradScaler's keyword, the values it takes, what they are).
+_SCALER_KEYS = {
+    "init_loss_scaling": (
+        "init_scale",
+        lambda v: 0 < v < math.inf,
+        "a positive finite number (Paddle's and torch's default: 65536)",
+    ),
+    "incr_ratio": (
+        "growth_factor",
+        lambda v: 1 < v < math.inf,
+        "greater than 1 (the scale grows by it)",
+    ),
+    "decr_ratio": (
+        "backoff_factor",
+        lambda v: 0 < v < 1,
+        "between 0 and 1 (the scale shrinks by it)",
+    ),
+    "incr_every_n_steps": (
+        "growth_interval",
+        lambda v: isinstance(v, int) and v >= 1,
+        "a positive int",
+    ),
 }
-_LOSS_SCALING = (*SCALER_KEYS, "decr_every_n_nan_or_inf", "use_dynamic_loss_scaling")
+_LOSS_SCALING = (*_SCALER_KEYS, "decr_every_n_nan_or_inf", "use_dynamic_loss_scaling")
 _OP_LISTS = ("custom_white_list", "custom_black_list", "custom_black_varnames")
 ACCEPTED_KEYS = ("level", "dtype", *_LOSS_SCALING, *_OP_LISTS, "use_fp16_guard")
 _DTYPE_NAMES = {
@@ -159,7 +175,10 @@ def _from_configs(configs: Mapping) -> AmpSetting:
                 "part of the network in float32, run it under torch.autocast(device_type, "
                 "enabled=False) in your forward and cast its inputs with .float()."
             )
-    name = _dtype_name(configs.get("dtype", "float16"))
+    dtype = configs.get("dtype", "float16")
+    name = _DTYPE_NAMES.get(dtype) if isinstance(dtype, (str, torch.dtype)) else None
+    if name is None:
+        raise ValueError(f"amp['dtype'] must be 'float16' or 'bfloat16'; received {dtype!r}.")
     scaling = [k for k in _LOSS_SCALING if k in configs]
     if name == "bf16":
         if scaling:
@@ -169,60 +188,29 @@ def _from_configs(configs: Mapping) -> AmpSetting:
                 "or use dtype 'float16' to scale the loss."
             )
         return AmpSetting("bf16")
-    return AmpSetting(setting.name, _scaler_options(configs), _dynamic_scaling(configs))
+    options = _scaler_options(configs)
+    dynamic = configs.get("use_dynamic_loss_scaling", True)
+    if not isinstance(dynamic, bool):
+        raise ValueError(
+            f"amp['use_dynamic_loss_scaling'] must be True or False; received {dynamic!r}."
+        )
+    return AmpSetting(setting.name, options, dynamic)
 
 
-def _dtype_name(dtype: Any) -> str:
-    try:
-        name = _DTYPE_NAMES.get(dtype)
-    except TypeError:  # unhashable
-        name = None
-    if name is None:
-        raise ValueError(f"amp['dtype'] must be 'float16' or 'bfloat16'; received {dtype!r}.")
-    return name
-
-
-def _number(key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ValueError(f"amp[{key!r}] must be a number; received {value!r}.")
-    return float(value)
-
-
-# Paddle's loss-scaling key -> (GradScaler's keyword, the range its value must lie in, what it means)
-_SCALER_NUMBERS = {
-    "init_loss_scaling": (
-        "init_scale",
-        lambda v: 0 < v < math.inf,
-        "a positive finite number (Paddle's and torch's default: 65536)",
-    ),
-    "incr_ratio": (
-        "growth_factor",
-        lambda v: 1 < v < math.inf,
-        "greater than 1 (the scale grows by it)",
-    ),
-    "decr_ratio": (
-        "backoff_factor",
-        lambda v: 0 < v < 1,
-        "between 0 and 1 (the scale shrinks by it)",
-    ),
-}
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value == value
 
 
 def _scaler_options(configs: Mapping) -> dict[str, Any]:
     options: dict[str, Any] = {}
-    for key, (option, allowed, meaning) in _SCALER_NUMBERS.items():
+    for key, (option, allowed, meaning) in _SCALER_KEYS.items():
         if key in configs:
-            value = _number(key, configs[key])
+            value = configs[key]
+            if not _is_number(value):
+                raise ValueError(f"amp[{key!r}] must be a number; received {value!r}.")
             if not allowed(value):
-                raise ValueError(f"amp[{key!r}] must be {meaning}; received {configs[key]!r}.")
-            options[option] = value
-    if "incr_every_n_steps" in configs:
-        value = configs["incr_every_n_steps"]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f"amp['incr_every_n_steps'] must be a positive int; received {value!r}."
-            )
-        options["growth_interval"] = value
+                raise ValueError(f"amp[{key!r}] must be {meaning}; received {value!r}.")
+            options[option] = value if option == "growth_interval" else float(value)
     if "decr_every_n_nan_or_inf" in configs:
         value = configs["decr_every_n_nan_or_inf"]
         if isinstance(value, bool) or value != 1:
@@ -233,15 +221,6 @@ def _scaler_options(configs: Mapping) -> dict[str, Any]:
                 "a gentler back-off is amp['decr_ratio'] closer to 1."
             )
     return options
-
-
-def _dynamic_scaling(configs: Mapping) -> bool:
-    value = configs.get("use_dynamic_loss_scaling", True)
-    if not isinstance(value, bool):
-        raise ValueError(
-            f"amp['use_dynamic_loss_scaling'] must be True or False; received {value!r}."
-        )
-    return value
 
 
 def check_scaler_state(file: str, saved: Any) -> None:
@@ -256,14 +235,11 @@ def check_scaler_state(file: str, saved: Any) -> None:
     if not isinstance(saved, dict):
         resume.refuse(file, "'scaler'", saved, "a GradScaler's state dict")
     # The state names GradScaler's init_scale "scale", its other keywords as they are.
-    ranges = {option.replace("init_", ""): rest for option, *rest in _SCALER_NUMBERS.values()}
-    least = {"growth_interval": 1, "_growth_tracker": 0}
+    ranges = {option.replace("init_", ""): rest for option, *rest in _SCALER_KEYS.values()}
+    ranges["_growth_tracker"] = [lambda v: isinstance(v, int) and v >= 0, "an int of at least 0"]
     for key, value in saved.items():
-        number = not isinstance(value, bool) and isinstance(value, (int, float))
-        if key in ranges and not (number and ranges[key][0](value)):
+        if key in ranges and not (_is_number(value) and ranges[key][0](value)):
             resume.refuse(file, f"'scaler'[{key!r}]", value, ranges[key][1])
-        if key in least and not (number and isinstance(value, int) and value >= least[key]):
-            resume.refuse(file, f"'scaler'[{key!r}]", value, f"an int of at least {least[key]}")
     tracker, interval = saved.get("_growth_tracker", 0), saved.get("growth_interval", 2**31)
     if tracker >= min(interval, 2**31):  # the tracker is an int32 tensor
         resume.refuse(

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import sys
-import sysconfig
 import traceback
 from typing import Any
 
@@ -39,19 +38,7 @@ from hapi.data import describe
 
 SUFFIX = ".pt2"
 
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
-_STDLIB_DIR = os.path.abspath(sysconfig.get_paths()["stdlib"])
-_SITE_MARKERS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
-# Libraries torch calls while tracing: a frame there is torch's work, not the network's.
-_TORCH_HELPERS = {
-    "sympy",
-    "mpmath",
-    "numpy",
-    "optree",
-    "typing_extensions",
-    "functorch",
-    "networkx",
-}
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
 def export_path(path: str | os.PathLike) -> str:
@@ -93,16 +80,23 @@ def export_network(
             what to change. The original exception is chained.
     """
     _check_not_sharded(network)
-    inputs = _as_inputs(example_inputs, _device_of(network))
+    device = next((t.device for t in (*network.parameters(), *network.buffers())), None)
+    inputs = _as_inputs(example_inputs, device)
     file = export_path(path)
     modes = {module: module.training for module in network.modules()}
     network.eval()
     try:
         _check_runs(network, inputs)
-        traced_inputs = _batch_of_two(inputs) if dynamic_batch else inputs
-        dynamic_shapes = _dynamic_batch_shapes(traced_inputs) if dynamic_batch else None
+        traced, dynamic_shapes = inputs, None
+        if dynamic_batch:
+            traced = _batch_of_two(inputs)
+            # Dim.DYNAMIC (not Dim.AUTO): if forward fixes the batch size, export fails and says
+            # so, instead of silently writing a program that rejects every other batch size.
+            dynamic_shapes = tuple(
+                {0: torch.export.Dim.DYNAMIC} if t.dim() > 0 else None for t in traced
+            )
         try:
-            program = torch.export.export(network, traced_inputs, dynamic_shapes=dynamic_shapes)
+            program = torch.export.export(network, traced, dynamic_shapes=dynamic_shapes)
         except Exception as error:
             raise RuntimeError(_explain(network, error, dynamic_batch)) from error
     finally:
@@ -139,23 +133,13 @@ def _as_inputs(example_inputs: Any, device: torch.device | None) -> tuple[torch.
                     "first."
                 ) from error
         if not torch.is_tensor(item):
-            where = (
-                "example_inputs"
-                if len(items) == 1 and item is example_inputs
-                else f"example_inputs[{position}]"
-            )
+            where = "example_inputs" if item is example_inputs else f"example_inputs[{position}]"
             raise TypeError(
                 f"{where} is {type(item).__name__}; export needs {accepted}. Received "
                 f"{describe(example_inputs)}."
             )
         tensors.append(item if device is None else item.to(device))
     return tuple(tensors)
-
-
-def _device_of(network: nn.Module) -> torch.device | None:
-    for tensor in (*network.parameters(), *network.buffers()):
-        return tensor.device
-    return None
 
 
 def _check_not_sharded(network: nn.Module) -> None:
@@ -178,17 +162,18 @@ def _check_runs(network: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
         with torch.no_grad():
             network(*inputs)
     except Exception as error:
+        name = distributed.class_name(network)
         problem = (
             f"{type(error).__name__}: {_first_lines(str(error))}{_user_location(error, network)}"
         )
         if distributed.is_collective_failure(error):
             raise RuntimeError(
-                f"{distributed.class_name(network)}'s forward made a collective that failed, before any "
-                f"export: {problem}. Export runs forward on rank 0 alone; a forward that needs "
-                "the other processes cannot be exported as it is."
+                f"{name}'s forward made a collective that failed, before any export: {problem}. "
+                "Export runs forward on rank 0 alone; a forward that needs the other processes "
+                "cannot be exported as it is."
             ) from error
         raise RuntimeError(
-            f"{distributed.class_name(network)} fails on example_inputs {describe(list(inputs))} before any "
+            f"{name} fails on example_inputs {describe(list(inputs))} before any "
             f"export: {problem}. If example_inputs are not what forward takes, pass them as it "
             "does (one tensor per positional argument, the shapes and dtypes of a real batch); "
             "if they are, the line named is where forward itself fails."
@@ -208,12 +193,6 @@ def _batch_of_two(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     return tuple(torch.cat([tensor, tensor]) if tensor.dim() > 0 else tensor for tensor in inputs)
 
 
-def _dynamic_batch_shapes(inputs: tuple[torch.Tensor, ...]) -> tuple[dict | None, ...]:
-    # Dim.DYNAMIC (not Dim.AUTO): if forward fixes the batch size, export fails and says so, instead of
-    # silently writing a program that rejects every other batch size.
-    return tuple({0: torch.export.Dim.DYNAMIC} if tensor.dim() > 0 else None for tensor in inputs)
-
-
 def _first_lines(message: str, limit: int = 400) -> str:
     """The first non-empty line of torch's message, with the ``- ...`` detail lines that follow it."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
@@ -227,44 +206,19 @@ def _first_lines(message: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _network_files(network: nn.Module) -> set[str]:
-    """The source files of the classes ``network`` is made of: where its ``forward`` code lives."""
-    files = set()
+def _user_location(error: BaseException, network: nn.Module) -> str:
+    """`` (at file:line in function: `code`)`` for the line of the network's code that failed, or ``""``.
+
+    The deepest frame in a file that defines one of the network's modules, torch's
+    own excepted: the line of ``forward`` to change.
+    """
+    own = set()
     for module in network.modules():
         filename = getattr(sys.modules.get(type(module).__module__), "__file__", None)
-        if filename:
-            files.add(os.path.abspath(filename))
-    return files
-
-
-def _is_user_file(filename: str) -> bool:
-    """Code the user (or a model library) wrote: not torch and its helpers, this module or the stdlib."""
-    if filename.startswith("<frozen"):  # the import system
-        return False
-    filename = os.path.abspath(filename)
-    if filename.startswith(_TORCH_DIR + os.sep) or filename == os.path.abspath(__file__):
-        return False
-    site = next((marker for marker in _SITE_MARKERS if marker in filename), None)
-    if site is not None:
-        package = filename.split(site, 1)[1].split(os.sep, 1)[0]
-        return package not in _TORCH_HELPERS
-    return not filename.startswith(_STDLIB_DIR + os.sep)
-
-
-def _user_location(error: BaseException, network: nn.Module) -> str:
-    """`` (at file:line in function: `code`)`` for the line of the user's code that failed, or ``""``.
-
-    The deepest frame in a file that defines one of the network's modules is
-    preferred (it is the line of ``forward`` to change); otherwise the deepest
-    frame outside torch and the standard library.
-    """
-    frames = [
-        frame
-        for frame in traceback.extract_tb(error.__traceback__)
-        if _is_user_file(frame.filename)
-    ]
-    own = _network_files(network)
-    frames = [frame for frame in frames if os.path.abspath(frame.filename) in own] or frames
+        if filename and not os.path.abspath(filename).startswith(_TORCH_DIR):
+            own.add(os.path.abspath(filename))
+    frames = traceback.extract_tb(error.__traceback__)
+    frames = [frame for frame in frames if os.path.abspath(frame.filename) in own]
     if not frames:
         return ""
     frame = frames[-1]
@@ -272,31 +226,30 @@ def _user_location(error: BaseException, network: nn.Module) -> str:
     return f" (at {frame.filename}:{frame.lineno} in {frame.name}{code})"
 
 
-def _advice(message: str, dynamic_batch: bool) -> str:
+def _explain(network: nn.Module, error: BaseException, dynamic_batch: bool) -> str:
+    """torch.export's failure in a sentence: the operation, the network's line, what to change."""
+    message = str(error)
     if "data-dependent" in message or "data dependent" in message:
-        return (
+        advice = (
             "forward branches on, or sizes a tensor by, the values of a tensor (`if x.sum() > 0`, "
             "`.item()`, `int(tensor)`), while an exported program is one graph for every input. "
             "Write value-dependent branches with torch.cond(pred, true_fn, false_fn, (x,)) or "
             "torch.where, or move that logic out of forward."
         )
-    if dynamic_batch and ("specialized" in message or "Constraints violated" in message):
-        return (
+    elif dynamic_batch and ("specialized" in message or "Constraints violated" in message):
+        advice = (
             "forward fixes the batch size (e.g. x.view(4, -1) or a shape check against the example's "
             "batch), so the program cannot take any batch size. Use x.shape[0] or -1 instead of a "
             "constant, or pass dynamic_batch=False to export for the example's batch size only."
         )
-    return (
-        "torch.export traces forward with symbolic tensors: it needs tensor operations, not Python "
-        "that inspects tensor values, does I/O or calls libraries that do not accept tensors. Change "
-        "the line above, or try torch.export.draft_export(network, example_inputs) to list every "
-        "problem at once."
-    )
-
-
-def _explain(network: nn.Module, error: BaseException, dynamic_batch: bool) -> str:
-    message = str(error)
+    else:
+        advice = (
+            "torch.export traces forward with symbolic tensors: it needs tensor operations, not Python "
+            "that inspects tensor values, does I/O or calls libraries that do not accept tensors. Change "
+            "the line above, or try torch.export.draft_export(network, example_inputs) to list every "
+            "problem at once."
+        )
     return (
         f"torch.export could not export {type(network).__name__}: {type(error).__name__}: "
-        f"{_first_lines(message)}{_user_location(error, network)}. {_advice(message, dynamic_batch)}"
+        f"{_first_lines(message)}{_user_location(error, network)}. {advice}"
     )

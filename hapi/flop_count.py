@@ -9,6 +9,7 @@ activations, ...) count zero. ``custom_ops`` counts any other module type.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -16,9 +17,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from hapi.summary import example_args, forward_once, network_device, print_table, shapes
+from hapi.summary import (
+    example_args,
+    forward_once,
+    leaf_modules,
+    network_device,
+    print_table,
+    shapes,
+)
 
 CountFn = Callable[[nn.Module, tuple, Any], Any]
+_UNSET = object()
 
 
 def _first_tensor(value: Any) -> torch.Tensor:
@@ -35,127 +44,67 @@ def _conv(m: nn.Module, x: tuple, y: Any) -> int:
     return _first_tensor(y).numel() * per_output
 
 
-def _batch_norm(m: nn.Module, x: tuple, y: Any) -> int:
-    return 2 * x[0].numel()  # normalise and scale, in eval mode
-
-
-def _leaky_relu(m: nn.Module, x: tuple, y: Any) -> int:
-    return x[0].numel()
-
-
-def _linear(m: nn.Module, x: tuple, y: Any) -> int:
-    return m.in_features * _first_tensor(y).numel()
-
-
-def _avg_pool(m: nn.Module, x: tuple, y: Any) -> int:
-    return _first_tensor(y).numel()
-
-
-def _adaptive_avg_pool(dims: int) -> CountFn:
-    """The count of an adaptive average pooling over the last ``dims`` dimensions."""
-
-    def count(m: nn.Module, x: tuple, y: Any) -> int:
-        out = _first_tensor(y)
-        kernel = math.prod(i // o for i, o in zip(x[0].shape[-dims:], out.shape[-dims:]))
-        return (kernel + 1) * out.numel()  # the adds of a window, and one division
-
-    return count
-
-
-def _zero(m: nn.Module, x: tuple, y: Any) -> int:
-    return 0
+def _adaptive_avg_pool(dims: int, m: nn.Module, x: tuple, y: Any) -> int:
+    """An adaptive average pooling over the last ``dims`` dimensions."""
+    out = _first_tensor(y)
+    kernel = math.prod(i // o for i, o in zip(x[0].shape[-dims:], out.shape[-dims:]))
+    return (kernel + 1) * out.numel()  # the adds of a window, and one division
 
 
 # Paddle's table (paddle/hapi/dynamic_flops.py register_hooks), in torch's names. BatchNorm
 # of every rank counts as Paddle counts BatchNorm2D; torch's other dropouts count as Dropout.
+_COUNTS_BY_NAME: dict[str, CountFn] = {
+    "Conv1d Conv2d Conv3d ConvTranspose1d ConvTranspose2d ConvTranspose3d": _conv,
+    # normalise and scale, in eval mode
+    "BatchNorm1d BatchNorm2d BatchNorm3d": lambda m, x, y: 2 * x[0].numel(),
+    "ReLU ReLU6 Dropout Dropout1d Dropout2d Dropout3d AlphaDropout": lambda m, x, y: 0,
+    "LeakyReLU": lambda m, x, y: x[0].numel(),
+    "Linear": lambda m, x, y: m.in_features * _first_tensor(y).numel(),
+    "AvgPool1d AvgPool2d AvgPool3d": lambda m, x, y: _first_tensor(y).numel(),
+    **{f"AdaptiveAvgPool{d}d": functools.partial(_adaptive_avg_pool, d) for d in (1, 2, 3)},
+}
 COUNTERS: dict[type, CountFn] = {
-    **dict.fromkeys(
-        (
-            nn.Conv1d,
-            nn.Conv2d,
-            nn.Conv3d,
-            nn.ConvTranspose1d,
-            nn.ConvTranspose2d,
-            nn.ConvTranspose3d,
-        ),
-        _conv,
-    ),
-    **dict.fromkeys((nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d), _batch_norm),
-    **dict.fromkeys(
-        (
-            nn.ReLU,
-            nn.ReLU6,
-            nn.Dropout,
-            nn.Dropout1d,
-            nn.Dropout2d,
-            nn.Dropout3d,
-            nn.AlphaDropout,
-        ),
-        _zero,
-    ),
-    nn.LeakyReLU: _leaky_relu,
-    nn.Linear: _linear,
-    **dict.fromkeys((nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d), _avg_pool),
-    nn.AdaptiveAvgPool1d: _adaptive_avg_pool(1),
-    nn.AdaptiveAvgPool2d: _adaptive_avg_pool(2),
-    nn.AdaptiveAvgPool3d: _adaptive_avg_pool(3),
+    getattr(nn, name): count for names, count in _COUNTS_BY_NAME.items() for name in names.split()
 }
 
 
-def _counter(module: nn.Module, custom_ops: Mapping[type, CountFn]) -> tuple[CountFn | None, bool]:
-    """``(function, is_custom)`` for the module's type or its nearest base class that has one.
+def _counter(module: nn.Module, counters: Mapping[type, CountFn]) -> CountFn | None:
+    """The count function of the module's type or of its nearest base class that has one.
 
-    A subclass (a user's ``Conv2d`` with weight standardisation) counts as its base; an entry
-    of ``custom_ops`` wins over a built-in one at the same class.
+    A subclass (a user's ``Conv2d`` with weight standardisation) counts as its base.
     """
-    for cls in type(module).__mro__:
-        if cls in custom_ops:
-            return custom_ops[cls], True
-        if cls in COUNTERS:
-            return COUNTERS[cls], False
-    return None, False
+    return next((counters[cls] for cls in type(module).__mro__ if cls in counters), None)
 
 
-def _check_custom_ops(custom_ops: Any) -> Mapping[type, CountFn]:
-    if custom_ops is None:
-        return {}
-    if not isinstance(custom_ops, Mapping) or not all(
-        isinstance(k, type) and issubclass(k, nn.Module) and callable(v)
-        for k, v in custom_ops.items()
+def _counters(custom_ops: Any) -> dict[type, CountFn]:
+    """:data:`COUNTERS` with ``custom_ops`` over them (a custom entry wins at the same class)."""
+    if custom_ops is not None and (
+        not isinstance(custom_ops, Mapping)
+        or not all(
+            isinstance(k, type) and issubclass(k, nn.Module) and callable(v)
+            for k, v in custom_ops.items()
+        )
     ):
         raise TypeError(
             "custom_ops must map module classes to functions fn(module, inputs, output) that "
             "return the module's FLOPs (or add them to module.total_ops, as Paddle's do), e.g. "
             f"{{nn.LeakyReLU: count_leaky_relu}}; received {custom_ops!r}."
         )
-    return custom_ops
-
-
-class _Record:
-    """What one leaf module did in the example forward pass."""
-
-    __slots__ = ("ops", "inputs", "output")
-
-    def __init__(self) -> None:
-        self.ops = 0
-        self.inputs = "-"
-        self.output = "-"
+    custom = {cls: functools.partial(_run_custom, fn) for cls, fn in (custom_ops or {}).items()}
+    return {**COUNTERS, **custom}
 
 
 def _run_custom(fn: CountFn, module: nn.Module, inputs: tuple, output: Any) -> int:
     """A user's count function, returning its count or adding it to ``module.total_ops``."""
-    had = "total_ops" in module.__dict__
-    previous = module.__dict__.get("total_ops")
+    previous = module.__dict__.get("total_ops", _UNSET)
     module.__dict__["total_ops"] = 0  # Paddle's functions do ``m.total_ops += n``
     try:
         returned = fn(module, inputs, output)
-        added = module.__dict__["total_ops"]
+        return int(module.__dict__["total_ops"]) + (0 if returned is None else int(returned))
     finally:
-        if had:
+        module.__dict__.pop("total_ops", None)
+        if previous is not _UNSET:
             module.__dict__["total_ops"] = previous
-        else:
-            module.__dict__.pop("total_ops", None)
-    return int(added) + (int(returned) if returned is not None else 0)
 
 
 def count_flops(
@@ -172,7 +121,7 @@ def count_flops(
             f"flops needs a torch.nn.Module; received {type(network).__name__}. Pass your "
             "network, e.g. hapi.flops(LeNet(), (1, 1, 28, 28)), or call model.flops(...)."
         )
-    custom_ops = _check_custom_ops(custom_ops)
+    counters = _counters(custom_ops)
     device = network_device(network) if device is None else device
     args = example_args(input_size, None, input, device)
     if args is None:
@@ -180,41 +129,24 @@ def count_flops(
             "flops needs example inputs to run the network once: give input_size, e.g. "
             "flops(net, (1, 1, 28, 28)), or input= with the tensor(s) themselves."
         )
-    records: dict[nn.Module, _Record] = {}
-    uncounted: list[str] = []
-    hooks = []
+    records: dict[nn.Module, tuple[str, str, int]] = {}  # inputs, output, FLOPs
 
     def hook(module: nn.Module, inputs: tuple, output: Any) -> None:
-        record = records.setdefault(module, _Record())
-        record.inputs, record.output = shapes(inputs), shapes(_first_tensor(output))
-        fn, is_custom = _counter(module, custom_ops)
-        if is_custom:
-            record.ops += _run_custom(fn, module, inputs, output)
-        elif fn is not None:
-            record.ops += fn(module, inputs, output)
+        count = _counter(module, counters)
+        ops = records.get(module, ("", "", 0))[2] + (count(module, inputs, output) if count else 0)
+        records[module] = (shapes(inputs), shapes(_first_tensor(output)), ops)
 
-    leaves = [(n, m) for n, m in network.named_modules() if not list(m.children())]
-    for _, module in leaves:
-        hooks.append(module.register_forward_hook(hook))
-    try:
-        forward_once(network, args, input_size)
-    finally:
-        for handle in hooks:
-            handle.remove()
-    rows = []
-    total_ops = total_params = 0
-    for name, module in leaves:
-        record = records.get(module)
-        if record is None:
+    forward_once(network, args, input_size, hook)
+    rows, uncounted = [], []
+    for name, module in leaf_modules(network):
+        if module not in records:
             continue  # not run by this forward pass: neither FLOPs nor parameters
         params = sum(p.numel() for p in module.parameters())
-        total_ops += record.ops
-        total_params += params
         rows.append(
-            (name or type(network).__name__, record.inputs, record.output, params, record.ops)
+            (name or type(network).__name__, *records[module][:2], params, records[module][2])
         )
         kind = type(module).__name__
-        if _counter(module, custom_ops)[0] is None and kind not in uncounted:
+        if _counter(module, counters) is None and kind not in uncounted:
             uncounted.append(kind)
     if print_detail:
         print_table(("Layer Name", "Input Shape", "Output Shape", "Params", "Flops"), rows)
@@ -223,7 +155,8 @@ def count_flops(
             f"No count function for {', '.join(uncounted)}: counted as zero FLOPs "
             "(custom_ops={Type: fn(module, inputs, output)} counts them)."
         )
-    print(f"Total Flops: {total_ops}     Total Params: {total_params}")
+    total_ops = sum(row[4] for row in rows)
+    print(f"Total Flops: {total_ops}     Total Params: {sum(row[3] for row in rows)}")
     return total_ops
 
 

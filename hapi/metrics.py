@@ -14,6 +14,7 @@ the last batch's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import sys
 import warnings
@@ -50,13 +51,11 @@ def _metric_types() -> tuple[type, ...]:
 
 
 def _is_collection(metric: Any) -> bool:
-    torchmetrics = sys.modules.get("torchmetrics")
-    return torchmetrics is not None and isinstance(metric, torchmetrics.MetricCollection)
+    return isinstance(metric, _metric_types()[1:])
 
 
 def _is_accuracy(metric: Any) -> bool:
-    accuracy = sys.modules.get("hapi.accuracy")
-    return accuracy is not None and isinstance(metric, accuracy.Accuracy)
+    return isinstance(metric, getattr(sys.modules.get("hapi.accuracy"), "Accuracy", ()))
 
 
 def _snake_case(name: str) -> str:
@@ -91,14 +90,9 @@ def normalise_metrics(metrics: Any) -> dict[str, Any]:
     """
     if metrics is None:
         return {}
-    if (
-        isinstance(metrics, (list, tuple))
-        and metrics
-        and all(
-            isinstance(per_output, (list, tuple, dict)) or per_output is None
-            for per_output in metrics
-        )
-    ):
+    nested = (list, tuple, dict, type(None))
+    per_output = isinstance(metrics, (list, tuple)) and all(isinstance(m, nested) for m in metrics)
+    if metrics and per_output:
         # One list per output (Keras' multi-output form): metrics[i] sees output i and label i.
         named = {}
         for position, per_output in enumerate(metrics):
@@ -113,7 +107,7 @@ def normalise_metrics(metrics: Any) -> dict[str, Any]:
                 raise TypeError(f"metric names must be non-empty strings; received key {key!r}.")
             named[key] = _check_metric(metric, f"[{key!r}]")
         return named
-    if isinstance(metrics, _metric_types()) or isinstance(metrics, type):
+    if isinstance(metrics, (*_metric_types(), type)):
         metrics = [metrics]
     if not isinstance(metrics, (list, tuple)):
         _check_metric(metrics, "")
@@ -129,8 +123,12 @@ def normalise_metrics(metrics: Any) -> dict[str, Any]:
     return named
 
 
-def _output_pair(outputs: list, labels: list, position: int, key: str) -> tuple[list, list]:
-    """Output ``position`` and label ``position``, for a per-output metric."""
+def _output_pair(metric: Any, key: str, outputs: list, labels: list) -> tuple[list, list]:
+    """What ``metric.update`` gets: every output and label, or output ``i`` and label ``i`` for a
+    metric of output ``i``."""
+    position = getattr(metric, "_hapi_output", None)
+    if position is None:
+        return outputs, labels
     if position >= len(outputs) or position >= len(labels):
         raise ValueError(
             f"The metric {key!r} is for output {position}, but a batch gave {len(outputs)} outputs "
@@ -146,14 +144,7 @@ class MetricSet:
     def __init__(self, metrics: dict[str, Any], with_loss: bool) -> None:
         self.metrics = metrics
         self.with_loss = with_loss
-        self._loss_sum: torch.Tensor | None = None
-        self._samples = 0
-        # Figures a step of the user's own returns (``train_step``/``eval_step``):
-        # sums weighted by batch size, like the loss.
-        self._figure_sums: dict[str, torch.Tensor] = {}
-        # The sum of the weights the figures were weighted by, once a step returned a
-        # ``"weight"`` (tokens, say); until then (and always without one) the sample count.
-        self._weight_sum: torch.Tensor | None = None
+        self.reset()
         # False while a user's step runs the pass: it hands back figures, not the
         # outputs and labels the metrics need (set by the loop, alike on every process).
         self.use_metrics = True
@@ -177,11 +168,7 @@ class MetricSet:
         names = (["loss"] if self.with_loss else []) + sorted(self._figure_sums)
         for key, metric in self.metrics.items() if self.use_metrics else ():
             if _is_accuracy(metric):
-                names += (
-                    [key]
-                    if metric.names() == [metric.name]
-                    else [f"{key}_top{k}" for k in metric.topk]
-                )
+                names += [key + name[len(metric.name) :] for name in metric.names()]
             elif _is_collection(metric):
                 names += list(metric.keys(keep_base=False))
             else:
@@ -209,16 +196,13 @@ class MetricSet:
     def state_dict(self) -> dict[str, Any]:
         """A copy of the running sums of the pass in progress (for a resume mid-epoch): the
         pass goes on adding to its own tensors."""
-
-        def on_cpu(value: Any) -> Any:
-            if torch.is_tensor(value):
-                return value.to("cpu", copy=True)
-            return [v.to("cpu", copy=True) for v in value]
-
+        on_cpu = functools.partial(_moved, device="cpu", copy=True)
+        # None while no step returned a weight: the weights are then the sample count.
+        weight_sum = self._weight_sum if torch.is_tensor(self._weight_sum) else None
         return {
             "loss_sum": None if self._loss_sum is None else on_cpu(self._loss_sum),
             "samples": self._samples,
-            "weight_sum": None if self._weight_sum is None else on_cpu(self._weight_sum),
+            "weight_sum": None if weight_sum is None else on_cpu(weight_sum),
             "figures": {name: on_cpu(total) for name, total in self._figure_sums.items()},
             "metrics": [
                 {name: on_cpu(value) for name, value in metric.metric_state.items()}
@@ -227,35 +211,29 @@ class MetricSet:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        device = next(
-            (
-                t.device
-                for m in _leaves(self.metrics.values())
-                for t in m.metric_state.values()
-                if torch.is_tensor(t)
-            ),
-            torch.device("cpu"),
-        )
-        self._loss_sum = None if state["loss_sum"] is None else state["loss_sum"].to(device)
+        leaves = _leaves(self.metrics.values())
+        states = [t for m in leaves for t in m.metric_state.values() if torch.is_tensor(t)]
+        device = states[0].device if states else torch.device("cpu")
+        loss_sum, weight_sum = state["loss_sum"], state.get("weight_sum")
+        self._loss_sum = None if loss_sum is None else loss_sum.to(device)
         self._samples = int(state["samples"])
-        weight_sum = state.get("weight_sum")
-        self._weight_sum = None if weight_sum is None else weight_sum.to(device)
+        self._weight_sum = self._samples if weight_sum is None else weight_sum.to(device)
         self._figure_sums = {
             name: total.to(device) for name, total in state.get("figures", {}).items()
         }
-        for metric, saved in zip(_leaves(self.metrics.values()), state["metrics"]):
+        for metric, saved in zip(leaves, state["metrics"]):
             for name, value in saved.items():
-                setattr(
-                    metric,
-                    name,
-                    value.to(device) if torch.is_tensor(value) else [v.to(device) for v in value],
-                )
+                setattr(metric, name, _moved(value, device))
 
     def reset(self) -> None:
-        self._loss_sum = None
+        self._loss_sum: torch.Tensor | None = None
         self._samples = 0
-        self._figure_sums = {}
-        self._weight_sum = None
+        # Figures a step of the user's own returns (``train_step``/``eval_step``):
+        # sums weighted by batch size, like the loss.
+        self._figure_sums: dict[str, torch.Tensor] = {}
+        # What the figures were weighted by: the sample count, or the sum of the
+        # ``"weight"`` a step returned (tokens, say), a tensor on its device from then on.
+        self._weight_sum: int | torch.Tensor = 0
         for metric in self.metrics.values():
             metric.reset()
 
@@ -271,13 +249,9 @@ class MetricSet:
         if loss is not None:
             self._add_loss(loss, batch_size)
         self._samples += batch_size
+        self._weight_sum = self._weight_sum + batch_size
         for key, metric in self.metrics.items():
-            position = getattr(metric, "_hapi_output", None)
-            pair = (
-                (outputs, labels)
-                if position is None
-                else _output_pair(outputs, labels, position, key)
-            )
+            pair = _output_pair(metric, key, outputs, labels)
             try:
                 metric.update(*pair[0], *pair[1])
             except TypeError as error:
@@ -289,16 +263,13 @@ class MetricSet:
                     "with its output and its label."
                 ) from error
 
-    def _add_loss(self, loss: torch.Tensor, batch_size: int | torch.Tensor) -> None:
+    def _add_loss(self, loss: torch.Tensor, weight: int | torch.Tensor) -> None:
         """The batch's loss into the running sum (``with_loss`` from then on: a network or a
         user's step may bring a loss although ``prepare`` got none)."""
         self.with_loss = True
         if self._loss_sum is None:
             self._loss_sum = torch.zeros((), dtype=torch.float32, device=loss.device)
-        if torch.is_tensor(batch_size):  # a step's "weight"
-            self._loss_sum.add_(loss * batch_size.to(loss.device))
-        else:
-            self._loss_sum.add_(loss, alpha=batch_size)  # one in-place op, on the device
+        _add_weighted(self._loss_sum, loss, weight)
 
     @torch.no_grad()
     def update_figures(self, figures: dict[str, Any], batch_size: int) -> None:
@@ -309,19 +280,12 @@ class MetricSet:
         pass's figures are per token (the sum of value * weight over the sum of
         the weights, over every process).
         """
+        weight = batch_size
         if "weight" in figures:
             figures = dict(figures)
             weight = _weight_of(figures.pop("weight"))
-            if self._weight_sum is None:  # earlier batches weigh their sample count
-                self._weight_sum = torch.full(
-                    (), float(self._samples), dtype=torch.float64, device=weight.device
-                )
-            self._weight_sum.add_(weight.to(self._weight_sum.device))
-            self.add_figures(figures, weight)
-        else:
-            if self._weight_sum is not None:
-                self._weight_sum.add_(batch_size)
-            self.add_figures(figures, batch_size)
+        self._weight_sum = self._weight_sum + weight  # a tensor weight stays on its device
+        self.add_figures(figures, weight)
         self._samples += batch_size
 
     @torch.no_grad()
@@ -335,18 +299,13 @@ class MetricSet:
                     f"train_step/eval_step returned {name!r} with {value.numel()} elements; "
                     "return scalars (a float or a one-element tensor) to log."
                 )
+            value = value.reshape(())
             if name == "loss":
-                self._add_loss(value.reshape(()).float(), batch_size)
+                self._add_loss(value.float(), batch_size)
                 continue
-            total = self._figure_sums.get(name)
-            if total is None:
-                total = self._figure_sums[name] = torch.zeros(
-                    (), dtype=torch.float64, device=value.device
-                )
-            if torch.is_tensor(batch_size):
-                total.add_(value.reshape(()).double() * batch_size.to(total.device))
-            else:
-                total.add_(value.reshape(()).double(), alpha=batch_size)
+            if name not in self._figure_sums:
+                self._figure_sums[name] = torch.zeros((), dtype=torch.float64, device=value.device)
+            _add_weighted(self._figure_sums[name], value.double(), batch_size)
 
     def compute(self, sync: bool = True) -> dict[str, float]:
         """Means over every sample since :meth:`reset`.
@@ -354,17 +313,12 @@ class MetricSet:
         With ``sync`` (a collective: every process must call it) the figures
         cover every process's samples; without, only this process's.
         """
-        loss_sum = (
-            self._loss_sum if self._loss_sum is not None else torch.zeros((), dtype=torch.float64)
-        )
         figure_names = sorted(self._figure_sums)  # the same on every process: the same step code
-        samples = torch.tensor(float(self._samples), dtype=torch.float64)
+        sums = (self._loss_sum, self._samples, self._weight_sum)
         totals = torch.stack(
             [
-                loss_sum.double().cpu(),
-                samples,
-                samples if self._weight_sum is None else self._weight_sum.cpu(),
-                *(self._figure_sums[name].cpu() for name in figure_names),
+                torch.as_tensor(0 if value is None else value, dtype=torch.float64).cpu()
+                for value in (*sums, *(self._figure_sums[name] for name in figure_names))
             ]
         )
         if sync:
@@ -372,11 +326,9 @@ class MetricSet:
         self.counted = int(totals[1].item())
         if self.counted == 0:
             return {}
-        results: dict[str, float] = {}
-        if self.with_loss:
-            results["loss"] = (totals[0] / totals[2]).item()
-        for position, name in enumerate(figure_names, start=3):
-            results[name] = (totals[position] / totals[2]).item()
+        means = (totals / totals[2]).tolist()  # per sample, or per unit of a step's weight
+        results: dict[str, float] = {"loss": means[0]} if self.with_loss else {}
+        results.update(zip(figure_names, means[3:]))
         if not self.use_metrics:
             return results
         self._sync.enabled = sync
@@ -402,6 +354,21 @@ class MetricSet:
         return results
 
 
+def _add_weighted(total: torch.Tensor, value: torch.Tensor, weight: int | torch.Tensor) -> None:
+    """``total += value * weight`` in place, on ``total``'s device: no host sync per batch."""
+    if torch.is_tensor(weight):  # a step's "weight"
+        total.add_(value * weight.to(total.device))
+    else:
+        total.add_(value, alpha=weight)
+
+
+def _moved(value: Any, device: Any, copy: bool = False) -> Any:
+    """A running sum or a metric state (a tensor, or a list of them) on ``device``."""
+    if torch.is_tensor(value):
+        return value.to(device, copy=copy)
+    return [v.to(device, copy=copy) for v in value]
+
+
 def _weight_of(value: Any) -> torch.Tensor:
     """A step's ``"weight"``: a non-negative scalar (a number or a one-element tensor), kept on
     its device (a token count summed on the GPU is not read back per batch)."""
@@ -421,13 +388,7 @@ def _weight_of(value: Any) -> torch.Tensor:
 
 def _leaves(metrics: Any) -> list[Any]:
     """The Metric objects, looking inside MetricCollections."""
-    found = []
-    for metric in metrics:
-        if _is_collection(metric):
-            found += _leaves(metric.values())
-        else:
-            found.append(metric)
-    return found
+    return [leaf for m in metrics for leaf in (_leaves(m.values()) if _is_collection(m) else [m])]
 
 
 def _to_float(value: Any, name: str) -> float:

@@ -8,7 +8,7 @@ the network (no gradients, every module's train/eval mode and the global RNG lef
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -61,13 +61,15 @@ def _parse(size: Any, input_size: Any) -> Any:
     )
 
 
-def _parse_dtype(value: Any) -> torch.dtype:
-    if isinstance(value, torch.dtype):
+def _dtypes(value: Any) -> Any:
+    """``dtype=``: ``None``, a ``torch.dtype`` or its name, or a (nested) list of them."""
+    if value is None or isinstance(value, torch.dtype):
         return value
-    if isinstance(value, str):
-        found = getattr(torch, value.removeprefix("torch."), None)
-        if isinstance(found, torch.dtype):
-            return found
+    if isinstance(value, (list, tuple)):
+        return [_dtypes(v) for v in value]
+    found = getattr(torch, value.removeprefix("torch."), None) if isinstance(value, str) else None
+    if isinstance(found, torch.dtype):
+        return found
     raise TypeError(
         f"dtype must be a torch.dtype or its name (e.g. torch.int64 or 'int64'), one for all "
         f"inputs or a list with one per input; received {value!r}."
@@ -91,14 +93,6 @@ def _zeros(parsed: Any, dtype: Any, device: torch.device) -> Any:
             )
         return type(parsed)(_zeros(p, d, device) for p, d in zip(parsed, dtype))
     return type(parsed)(_zeros(p, dtype, device) for p in parsed)
-
-
-def _dtypes(value: Any) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, (list, tuple)):
-        return [_dtypes(v) for v in value]
-    return _parse_dtype(value)
 
 
 def example_args(input_size: Any, dtype: Any, input: Any, device: torch.device) -> list[Any] | None:
@@ -137,28 +131,40 @@ def network_device(network: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def forward_once(network: nn.Module, args: list[Any], input_size: Any) -> None:
-    """Runs ``network(*args)`` in eval mode without gradients; restores each module's mode.
+def leaf_modules(network: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, module)`` for every module with no children: the layers a table lists."""
+    return [
+        (name, module) for name, module in network.named_modules() if not list(module.children())
+    ]
 
-    Eval mode, as Paddle does: dropout stays off and BatchNorm's running statistics keep
-    their values. Each module gets back its own mode (a frozen BatchNorm inside a training
-    network stays in eval). A failing forward says which example inputs it was given.
+
+def forward_once(
+    network: nn.Module, args: list[Any], input_size: Any, hook: Callable[..., None]
+) -> None:
+    """Runs ``network(*args)`` in eval mode without gradients, ``hook`` on every leaf module.
+
+    ``hook(module, inputs, output)`` is a forward hook, removed afterwards. Eval mode, as
+    Paddle does: dropout stays off and BatchNorm's running statistics keep their values.
+    Each module gets back its own mode (a frozen BatchNorm inside a training network stays
+    in eval). A failing forward says which example inputs it was given.
     """
     modes = [(module, module.training) for module in network.modules()]
+    hooks = [module.register_forward_hook(hook) for _, module in leaf_modules(network)]
     network.eval()
     try:
         with torch.no_grad():
-            try:
-                network(*args)
-            except Exception as error:
-                given = "input=" if input_size is None else f"input_size={input_size!r}"
-                if hasattr(error, "add_note"):  # Python 3.11+
-                    error.add_note(
-                        f"(raised by the example forward pass of {type(network).__name__} on "
-                        f"inputs of shapes {shapes(args)} built from {given})"
-                    )
-                raise
+            network(*args)
+    except Exception as error:
+        given = "input=" if input_size is None else f"input_size={input_size!r}"
+        if hasattr(error, "add_note"):  # Python 3.11+
+            error.add_note(
+                f"(raised by the example forward pass of {type(network).__name__} on "
+                f"inputs of shapes {shapes(args)} built from {given})"
+            )
+        raise
     finally:
+        for handle in hooks:
+            handle.remove()
         for module, training in modes:
             module.training = training
 
@@ -176,10 +182,7 @@ def shapes(value: Any) -> str:
 
 def print_table(headers: tuple[str, ...], rows: list[tuple]) -> int:
     """Prints a ruled table; returns its width for the lines printed after it."""
-    widths = [
-        max(len(headers[i]), *(len(str(row[i])) for row in rows)) if rows else len(headers[i])
-        for i in range(len(headers))
-    ]
+    widths = [max(len(str(value)) for value in column) for column in zip(headers, *rows)]
     line = "-" * (sum(widths) + 2 * (len(headers) - 1))
     print(line)
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
@@ -191,11 +194,7 @@ def print_table(headers: tuple[str, ...], rows: list[tuple]) -> int:
 
 
 def summarize(
-    network: nn.Module,
-    input_size: Any,
-    dtype: Any,
-    device: torch.device,
-    input: Any = None,
+    network: nn.Module, input_size: Any, dtype: Any, device: torch.device, input: Any = None
 ) -> dict[str, int]:
     """Print a table of layers and return ``{"total_params", "trainable_params"}``.
 
@@ -203,30 +202,21 @@ def summarize(
     forward pass uses it, so they are the same with and without ``input_size``.
     """
     args = example_args(input_size, dtype, input, device)
-    leaves = [
-        (name, module) for name, module in network.named_modules() if not list(module.children())
-    ]
-    seen: dict[str, tuple[str, str]] = {}
+    seen: dict[nn.Module, tuple[str, str]] = {}
+
+    def record(module: nn.Module, inputs: tuple, output: Any) -> None:
+        seen[module] = (shapes(inputs), shapes(output))
+
     if args is not None:
-        hooks = [
-            module.register_forward_hook(
-                lambda _m, ins, out, name=name: seen.__setitem__(name, (shapes(ins), shapes(out)))
-            )
-            for name, module in leaves
-        ]
-        try:
-            forward_once(network, args, input_size)
-        finally:
-            for hook in hooks:
-                hook.remove()
+        forward_once(network, args, input_size, record)
     rows = [
         (
             name or type(network).__name__,
             type(module).__name__,
-            *seen.get(name, ("-", "-")),
+            *seen.get(module, ("-", "-")),
             f"{sum(p.numel() for p in module.parameters(recurse=False)):,}",
         )
-        for name, module in leaves
+        for name, module in leaf_modules(network)
     ]
     total = sum(p.numel() for p in network.parameters())
     trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)

@@ -15,7 +15,6 @@ from torch.utils.data import Dataset
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _NUM_CLASSES = 10
-_MODES = ("train", "test")
 
 
 class DatasetError(RuntimeError):
@@ -55,37 +54,36 @@ def default_data_dirs(name: str, system_dir: str | os.PathLike | None = None) ->
         ``[$HAPI_DATA_HOME/<name> (when set), ~/.cache/hapi/<name>, system_dir
         (when given)]`` as ``Path`` objects.
     """
-    dirs = []
     data_home = os.environ.get("HAPI_DATA_HOME")
-    if data_home:
-        dirs.append(Path(data_home).expanduser() / name)
+    dirs = [Path(data_home).expanduser() / name] if data_home else []
     dirs.append(Path.home() / ".cache" / "hapi" / name)
-    if system_dir is not None:
-        dirs.append(Path(system_dir))
-    return dirs
+    return dirs if system_dir is None else [*dirs, Path(system_dir)]
 
 
-def _download_dir(name: str, root: str | os.PathLike | None) -> Path:
-    if root is not None:
-        return Path(root).expanduser()
-    data_home = os.environ.get("HAPI_DATA_HOME")
-    if data_home:
-        return Path(data_home).expanduser() / name
-    return Path.home() / ".cache" / "hapi" / name
+def _bad_file(path: Path, what: str, hint: str, todo: str = "Delete it and get good files.") -> Any:
+    """The :class:`DatasetError` for a file that is there but wrong: the file, what, what to do."""
+    return DatasetError(f"{path}: {what}. {todo} {hint}", path)
 
 
-def _find_file(directory: Path, stem: str) -> Path | None:
-    for candidate in (directory / f"{stem}.gz", directory / stem):
-        if candidate.is_file():
-            return candidate
+def _damaged(error: BaseException) -> str:
+    """Why gzip or tar gave up, for a message (a truncated stream often says nothing)."""
+    return f"({type(error).__name__}: {str(error) or 'truncated'})"
+
+
+def _first_bad_label(labels: np.ndarray) -> int | None:
+    """The index of the first label outside ``0..9``, or ``None`` when all are classes."""
+    if len(labels) and int(labels.max()) >= _NUM_CLASSES:
+        return int(np.argmax(labels >= _NUM_CLASSES))
     return None
 
 
 class _ImageDataset(Dataset):
     """What every reader here shares: arguments, uint8 storage, float items, whole batches.
 
-    Subclasses set the class attributes and implement :meth:`_load`. Images
-    stay uint8 (a quarter of float32's memory) and become float only when
+    Subclasses set the class attributes and implement ``_load(root, download)``, which
+    finds (or fetches) and checks the files and returns ``(uint8 images, labels, the
+    directory they came from)``; ``_get_files`` says what to fetch for :meth:`_hint`.
+    Images stay uint8 (a quarter of float32's memory) and become float only when
     accessed, one item or one batch at a time.
     """
 
@@ -94,6 +92,7 @@ class _ImageDataset(Dataset):
     mirrors: list[str] = []
     download_timeout: float = 30.0
     classes: list[str] = []
+    _get_files: str = ""  # what to fetch and put where the files are looked for
 
     def __init__(
         self,
@@ -102,7 +101,7 @@ class _ImageDataset(Dataset):
         transform: Callable[[torch.Tensor], object] | None = None,
         download: bool = False,
     ):
-        if mode not in _MODES:
+        if mode not in ("train", "test"):
             raise ValueError(
                 f"{type(self).__name__}: mode must be 'train' or 'test'; received {mode!r}."
             )
@@ -112,12 +111,10 @@ class _ImageDataset(Dataset):
         self.images = torch.from_numpy(images)  # uint8, one row per sample
         self.labels = torch.from_numpy(labels.astype(np.int64))  # int64 [N]
 
-    def _load(self, root, download: bool) -> tuple[np.ndarray, np.ndarray, Path]:
-        """Find (or fetch) and check the files: ``(uint8 images, labels, directory they came from)``."""
-        raise NotImplementedError
-
     def _as_float(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 images ``[B, ...]`` as float32 ``[B, C, H, W]`` in ``[0, 1]``."""
+        if self.images.dim() == 3:  # grey images are stored without a channel axis
+            images = images.unsqueeze(1)
         return images.to(torch.float32).div_(255.0)
 
     def __len__(self) -> int:
@@ -177,14 +174,29 @@ class _ImageDataset(Dataset):
             f"{type(self).__name__}(mode={self.mode!r}, len={len(self)}, root={str(self.root)!r})"
         )
 
+    def _hint(self, offer_download: bool = True) -> str:
+        """How to get good files: the end of every message about missing or bad ones."""
+        return (
+            f"To get the data: {self._get_files} in $HAPI_DATA_HOME/{self.name}, "
+            f"~/.cache/hapi/{self.name} or a directory passed as root="
+            + (", or pass download=True." if offer_download else ".")
+        )
+
+    def _not_found(self, what: str, tried: list[Path]) -> FileNotFoundError:
+        listed = "\n".join(f"  {d}" for d in tried)
+        return FileNotFoundError(
+            f"{type(self).__name__}(mode={self.mode!r}): {what}. Tried:\n{listed}\n{self._hint()}"
+        )
+
     def _search_dirs(self, root) -> list[Path]:
         if root is not None:
             root = Path(root).expanduser()
             return [root, root / self.name]
         return default_data_dirs(self.name, self.system_dir)
 
-    def _hint(self, offer_download: bool = True) -> str:
-        raise NotImplementedError
+    def _download_dir(self, root) -> Path:
+        """Where ``download=True`` puts files: ``root``, else the first default directory."""
+        return Path(root).expanduser() if root is not None else default_data_dirs(self.name)[0]
 
 
 def _fetch(
@@ -201,10 +213,8 @@ def _fetch(
     from hapi.checkpoint import atomic_write
 
     path = target / filename
-    urls, last_error = [], None
-    for base in dataset.mirrors:
-        url = base.rstrip("/") + "/" + filename
-        urls.append(url)
+    urls, last_error = [base.rstrip("/") + "/" + filename for base in dataset.mirrors], None
+    for url in urls:
         try:
             with urllib.request.urlopen(url, timeout=dataset.download_timeout) as response:
                 data = response.read()

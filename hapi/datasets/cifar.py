@@ -2,44 +2,35 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import tarfile
 import zlib
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 
 from hapi.datasets.base import (
     _GZIP_MAGIC,
-    _NUM_CLASSES,
     DatasetError,
-    _download_dir,
+    _bad_file,
+    _damaged,
     _fetch,
+    _first_bad_label,
     _ImageDataset,
     _read_bytes,
 )
 
-_CIFAR_SIDE = 32
-_CIFAR_RECORD = (
-    1 + 3 * _CIFAR_SIDE * _CIFAR_SIDE
-)  # 3073: a label byte, then the red, green, blue planes
-_CIFAR_TARBALL = "cifar-10-binary.tar.gz"
-_CIFAR_DIR = "cifar-10-batches-bin"
-_CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
-_CIFAR_FILES = {
-    "train": tuple(f"data_batch_{i}.bin" for i in range(1, 6)),
-    "test": ("test_batch.bin",),
-}
-_CIFAR_OTHER_MEMBERS = ("batches.meta.txt", "readme.html")
+_SIDE = 32
+_RECORD = 1 + 3 * _SIDE * _SIDE  # 3073: a label byte, then the red, green, blue planes
+_TARBALL = "cifar-10-binary.tar.gz"
+_DIR = "cifar-10-batches-bin"
+_URL = "https://www.cs.toronto.edu/~kriz/" + _TARBALL
+_FILES = {"train": tuple(f"data_batch_{i}.bin" for i in range(1, 6)), "test": ("test_batch.bin",)}
+_BATCHES = _FILES["train"] + _FILES["test"]
 # Names from the Python (pickle) release, refused with directions to the binary one.
-_CIFAR_PYTHON_NAMES = (
-    "cifar-10-python.tar.gz",
-    "cifar-10-batches-py",
-    "data_batch_1",
-    "test_batch",
-)
+_PYTHON_NAMES = ("cifar-10-python.tar.gz", "cifar-10-batches-py", "data_batch_1", "test_batch")
 
 
 class Cifar10(_ImageDataset):
@@ -82,128 +73,86 @@ class Cifar10(_ImageDataset):
     name = "cifar-10"
     system_dir = "/usr/share/datasets/cifar-10"
     mirrors = ["https://www.cs.toronto.edu/~kriz/"]
-    classes = [
-        "airplane",
-        "automobile",
-        "bird",
-        "cat",
-        "deer",
-        "dog",
-        "frog",
-        "horse",
-        "ship",
-        "truck",
-    ]
+    _get_files = (
+        f"download the binary release {_URL} (not cifar-10-python.tar.gz) and put it, "
+        f"or the {_DIR} directory extracted from it,"
+    )
+    classes = "airplane automobile bird cat deer dog frog horse ship truck".split()
 
     def _load(self, root, download: bool) -> tuple[np.ndarray, np.ndarray, Path]:
-        names = _CIFAR_FILES[self.mode]
-        hint = self._hint()
-        location = self._locate(root, download)
-        if location is None:  # nothing local, download=True
-            target = _download_dir(self.name, root)
-            every = (
-                _CIFAR_FILES["train"] + _CIFAR_FILES["test"]
-            )  # the tarball serves both modes: check both
-            parsed = _fetch(
-                self,
-                _CIFAR_TARBALL,
-                target,
-                lambda data, path: _read_cifar_tarball(io.BytesIO(data), path, every, hint),
-            )
-            return (*_join_batches([parsed[n] for n in names]), target)
-        directory, tarball = location
-        if tarball is None:
-            batches = [
-                _parse_cifar(_read_bytes(directory / n, hint), directory / n, hint) for n in names
-            ]
+        names, hint = _FILES[self.mode], self._hint()
+        directory, tarball = self._locate(root, download)
+        if (
+            directory is None
+        ):  # nothing local, download=True: the tarball serves both modes, check both
+            directory = self._download_dir(root)
+            check = functools.partial(_read_tarball, names=_BATCHES, hint=hint)
+            parsed = _fetch(self, _TARBALL, directory, check)
+        elif tarball is not None:
+            parsed = _read_tarball(_read_bytes(tarball, hint), tarball, names, hint)
         else:
-            try:
-                with open(tarball, "rb") as handle:
-                    parsed = _read_cifar_tarball(handle, tarball, names, hint)
-            except OSError as error:
-                raise DatasetError(
-                    f"{tarball}: cannot be read ({error}). {hint}", tarball
-                ) from error
-            batches = [parsed[n] for n in names]
-        return (*_join_batches(batches), directory)
+            parsed = {
+                n: _parse_cifar(_read_bytes(directory / n, hint), directory / n, hint)
+                for n in names
+            }
+        # One copy into fresh, writable, contiguous arrays (frombuffer views are read-only).
+        images, labels = zip(*(parsed[n] for n in names))
+        return np.concatenate(images), np.concatenate(labels), directory
 
-    def _locate(self, root, download: bool) -> tuple[Path, Path | None] | None:
-        """``(directory, None)`` for extracted files, ``(directory, tarball)``, or ``None`` to download."""
-        names = _CIFAR_FILES[self.mode]
-        if root is not None and Path(root).expanduser().is_file():
-            return self._root_file(Path(root).expanduser())
+    def _locate(self, root, download: bool) -> tuple[Path | None, Path | None]:
+        """``(directory, None)`` for extracted files, ``(directory, tarball)``, or ``(None, None)``
+        to download."""
+        names = _FILES[self.mode]
+        path = None if root is None else Path(root).expanduser()
+        if path is not None and path.is_file():
+            if path.name in _PYTHON_NAMES:
+                raise _python_release_error(str(path), path, self._hint())
+            if path.suffix == ".bin":
+                raise ValueError(
+                    f"{type(self).__name__}: root={str(path)!r} is one batch file; pass the directory "
+                    f"that holds all of them, {str(path.parent)!r}, or the {_TARBALL} tarball."
+                )
+            return path.parent, path  # any other file is read as the tarball, whatever its name
         tried: list[Path] = []
-        python_release: list[Path] = []
         for base in self._search_dirs(root):
-            for directory in (base, base / _CIFAR_DIR):
+            for directory in (base, base / _DIR):
                 tried.append(directory)
                 present = [n for n in names if (directory / n).is_file()]
-                if present and len(present) < len(
-                    names
-                ):  # a broken extraction is an error, not a miss
-                    missing = [n for n in names if n not in present]
+                missing = [n for n in names if n not in present]
+                if present and missing:  # a broken extraction is an error, not a miss
                     raise DatasetError(
                         f"{directory / missing[0]}: missing; {directory} has {', '.join(present)} but not "
-                        f"{', '.join(missing)}, so the extraction of {_CIFAR_TARBALL} is incomplete. "
+                        f"{', '.join(missing)}, so the extraction of {_TARBALL} is incomplete. "
                         f"Extract the tarball again, or delete {directory}. {self._hint()}",
                         directory / missing[0],
                     )
                 if present:
                     return directory, None
-                python_release += [
-                    directory / n for n in _CIFAR_PYTHON_NAMES if (directory / n).exists()
-                ]
-            tarball = base / _CIFAR_TARBALL
-            tried.append(tarball)
-            if tarball.is_file():
-                return base, tarball
+            tried.append(base / _TARBALL)
+            if tried[-1].is_file():
+                return base, tried[-1]
         if download:
-            return None
+            return None, None
+        python_release = [d / n for d in tried for n in _PYTHON_NAMES if (d / n).exists()]
         if python_release:
-            raise _python_release_error(
-                ", ".join(map(str, python_release)), python_release[0], self._hint()
-            )
-        listed = "\n".join(f"  {d}" for d in tried)
-        raise FileNotFoundError(
-            f"{type(self).__name__}(mode={self.mode!r}): found neither {', '.join(names)} "
-            f"nor {_CIFAR_TARBALL}. Tried:\n{listed}\n{self._hint()}"
-        )
-
-    def _root_file(self, path: Path) -> tuple[Path, Path]:
-        if path.name in _CIFAR_PYTHON_NAMES:
-            raise _python_release_error(str(path), path, self._hint())
-        if path.suffix == ".bin":
-            raise ValueError(
-                f"{type(self).__name__}: root={str(path)!r} is one batch file; pass the directory "
-                f"that holds all of them, {str(path.parent)!r}, or the {_CIFAR_TARBALL} tarball."
-            )
-        return path.parent, path  # any other file is read as the tarball, whatever its name
-
-    def _hint(self, offer_download: bool = True) -> str:
-        return (
-            f"To get the data: download the binary release {_CIFAR_URL} (not cifar-10-python.tar.gz) "
-            f"and put it, or the {_CIFAR_DIR} directory extracted from it, in $HAPI_DATA_HOME/{self.name}, "
-            f"~/.cache/hapi/{self.name} or a directory passed as root="
-            + (", or pass download=True." if offer_download else ".")
-        )
-
-
-# -- IDX parsing -------------------------------------------------------------------
+            what = ", ".join(map(str, python_release))
+            raise _python_release_error(what, python_release[0], self._hint())
+        raise self._not_found(f"found neither {', '.join(names)} nor {_TARBALL}", tried)
 
 
 def _python_release_error(what: str, path: Path, hint: str) -> DatasetError:
     return DatasetError(
         f"{what}: this is the CIFAR-10 Python release, whose batches are pickles; torch-hapi does not "
         f"unpickle data files (unpickling runs code from the file). It reads the binary release, "
-        f"{_CIFAR_TARBALL}. {hint}",
+        f"{_TARBALL}. {hint}",
         path,
     )
 
 
-def _read_cifar_tarball(
-    handle: BinaryIO, path: Path, names: tuple[str, ...], hint: str
+def _read_tarball(
+    data: bytes, path: Path, names: tuple[str, ...], hint: str
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Parse the batches ``names`` of a ``cifar-10-binary.tar.gz`` read from ``handle``.
+    """Parse the batches ``names`` of a ``cifar-10-binary.tar.gz`` whose bytes are ``data``.
 
     One pass over the stream (tarfile's ``r|`` mode: a gzip'ed tar cannot seek
     back cheaply), nothing written to disk, and read to the end so that gzip's
@@ -213,19 +162,15 @@ def _read_cifar_tarball(
     """
 
     def fail(what: str) -> DatasetError:
-        return DatasetError(f"{path}: {what}. Delete it and download it again. {hint}", path)
+        return _bad_file(path, what, hint, "Delete it and download it again.")
 
-    if handle.read(2) != _GZIP_MAGIC:
+    if data[:2] != _GZIP_MAGIC:
         raise fail("not a gzip file, so not cifar-10-binary.tar.gz")
-    handle.seek(0)
-    wanted = {f"{_CIFAR_DIR}/{n}": n for n in names}
-    allowed = {_CIFAR_DIR} | {
-        f"{_CIFAR_DIR}/{n}"
-        for n in _CIFAR_FILES["train"] + _CIFAR_FILES["test"] + _CIFAR_OTHER_MEMBERS
-    }
+    wanted = {f"{_DIR}/{n}": n for n in names}
+    allowed = {_DIR} | {f"{_DIR}/{n}" for n in (*_BATCHES, "batches.meta.txt", "readme.html")}
     payloads: dict[str, bytes] = {}
     try:
-        with gzip.GzipFile(fileobj=handle, mode="rb") as stream:
+        with gzip.GzipFile(fileobj=io.BytesIO(data), mode="rb") as stream:
             with tarfile.open(fileobj=stream, mode="r|") as archive:
                 for member in archive:
                     member_name = member.name.removeprefix("./").rstrip("/")
@@ -234,7 +179,7 @@ def _read_cifar_tarball(
                     if member_name not in allowed:
                         raise fail(
                             f"unexpected member {member.name!r}; the binary release holds only "
-                            f"{_CIFAR_DIR}/ with the six .bin batches, batches.meta.txt and readme.html"
+                            f"{_DIR}/ with the six .bin batches, batches.meta.txt and readme.html"
                         )
                     if member_name not in wanted:
                         continue
@@ -243,14 +188,11 @@ def _read_cifar_tarball(
                     if member_name in payloads:
                         raise fail(f"member {member_name} appears twice")
                     payloads[member_name] = archive.extractfile(member).read()
-            while stream.read(
-                1 << 20
-            ):  # the rest of the stream: GzipFile checks CRC and length at its end
+            # The rest of the stream: GzipFile checks CRC and length at its end.
+            while stream.read(1 << 20):
                 pass
     except (tarfile.TarError, OSError, EOFError, zlib.error) as error:
-        raise fail(
-            f"damaged gzip or tar data ({type(error).__name__}: {str(error) or 'truncated'})"
-        ) from error
+        raise fail(f"damaged gzip or tar data {_damaged(error)}") from error
     missing = [m for m in wanted if m not in payloads]
     if missing:
         raise fail(f"member {', '.join(missing)} missing from the archive")
@@ -264,28 +206,23 @@ def _parse_cifar(
 
     def fail(what: str) -> DatasetError:
         if member is None:
-            return DatasetError(f"{path}: {what}. Delete it and get good files. {hint}", path)
+            return _bad_file(path, what, hint)
         return DatasetError(
             f"{path} (member {member}): {what}. Delete {path.name} and download it again. {hint}",
             path,
         )
 
     if not data:
-        raise fail(f"empty, expected records of {_CIFAR_RECORD} bytes")
-    if len(data) % _CIFAR_RECORD:
+        raise fail(f"empty, expected records of {_RECORD} bytes")
+    if len(data) % _RECORD:
         raise fail(
-            f"length {len(data)} is not a multiple of {_CIFAR_RECORD} bytes per record "
-            f"(1 label byte + {_CIFAR_RECORD - 1} pixel bytes): truncated, or not a CIFAR-10 binary batch"
+            f"length {len(data)} is not a multiple of {_RECORD} bytes per record "
+            f"(1 label byte + {_RECORD - 1} pixel bytes): truncated, or not a CIFAR-10 binary batch"
         )
-    records = np.frombuffer(data, dtype=np.uint8).reshape(-1, _CIFAR_RECORD)
+    records = np.frombuffer(data, dtype=np.uint8).reshape(-1, _RECORD)
     labels = records[:, 0]
-    if int(labels.max()) >= _NUM_CLASSES:
-        bad = int(np.argmax(labels >= _NUM_CLASSES))
-        raise fail(f"record {bad} has label {int(labels[bad])} outside 0..{_NUM_CLASSES - 1}")
+    bad = _first_bad_label(labels)
+    if bad is not None:
+        raise fail(f"record {bad} has label {int(labels[bad])} outside 0..9")
     # Each record's pixels are the red, then green, then blue 32x32 plane, row-major: already [3, 32, 32].
-    return records[:, 1:].reshape(-1, 3, _CIFAR_SIDE, _CIFAR_SIDE), labels
-
-
-def _join_batches(batches: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    # One copy into fresh, writable, contiguous arrays (frombuffer views are read-only).
-    return np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
+    return records[:, 1:].reshape(-1, 3, _SIDE, _SIDE), labels

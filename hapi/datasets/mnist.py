@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import zlib
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from hapi.datasets.base import (
     _GZIP_MAGIC,
-    _NUM_CLASSES,
     DatasetError,
-    _download_dir,
+    _bad_file,
+    _damaged,
     _fetch,
-    _find_file,
+    _first_bad_label,
     _ImageDataset,
     _read_bytes,
 )
@@ -29,67 +29,50 @@ _STEMS = {
 }
 
 
+def _find_file(directory: Path, stem: str) -> Path | None:
+    """``stem.gz`` (preferred) or ``stem`` in ``directory``, or ``None``."""
+    return next((p for p in (directory / f"{stem}.gz", directory / stem) if p.is_file()), None)
+
+
 class _IDXDataset(_ImageDataset):
     """Shared reader for MNIST-format data sets; subclasses set the class attributes."""
 
-    def _as_float(self, images: torch.Tensor) -> torch.Tensor:
-        return super()._as_float(
-            images.unsqueeze(1)
-        )  # grey images are stored without a channel axis
+    _get_files = (
+        f"put the four files ({', '.join(f'{s}.gz' for pair in _STEMS.values() for s in pair)})"
+    )
 
     def _load(self, root, download: bool) -> tuple[np.ndarray, np.ndarray, Path]:
         image_path, label_path = self._locate(root, download)
-        images = _read_idx(image_path, _IMAGE_MAGIC, self._hint())  # uint8 [N, 28, 28]
-        labels = _read_idx(label_path, _LABEL_MAGIC, self._hint())
+        hint = self._hint()
+        images = _parse_idx(_read_bytes(image_path, hint), image_path, _IMAGE_MAGIC, hint)
+        labels = _parse_idx(_read_bytes(label_path, hint), label_path, _LABEL_MAGIC, hint)
         if len(images) != len(labels):
             raise DatasetError(
                 f"{image_path} holds {len(images)} images but {label_path} holds {len(labels)} labels; "
-                f"the two files do not belong together. {self._hint()}",
+                f"the two files do not belong together. {hint}",
                 label_path,
             )
         return images, labels, image_path.parent
 
-    # -- finding and fetching files -------------------------------------------------
-
-    def _locate(self, root, download: bool) -> tuple[Path, Path]:
+    def _locate(self, root, download: bool) -> list[Path]:
+        """The image and label files: the first directory searched that holds both, else fetched."""
         stems = _STEMS[self.mode]
         tried = self._search_dirs(root)
         for directory in tried:
             found = [_find_file(directory, stem) for stem in stems]
             if all(found):
-                return found[0], found[1]
-        if download:
-            return self._download(_download_dir(self.name, root), stems)
-        listed = "\n".join(f"  {d}" for d in tried)
-        names = " and ".join(f"{s}.gz" for s in stems)
-        raise FileNotFoundError(
-            f"{type(self).__name__}(mode={self.mode!r}): no directory holds {names} "
-            f"(or the same names without .gz). Tried:\n{listed}\n{self._hint()}"
-        )
-
-    def _download(self, target: Path, stems) -> tuple[Path, Path]:
-        paths = []
-        for stem in stems:
-            path = _find_file(target, stem)
-            if path is None:
-                magic = _IMAGE_MAGIC if "images" in stem else _LABEL_MAGIC
-                path = target / f"{stem}.gz"
-                _fetch(
-                    self,
-                    path.name,
-                    target,
-                    lambda data, where, magic=magic: _parse_idx(data, where, magic, self._hint()),
-                )
-            paths.append(path)
-        return paths[0], paths[1]
-
-    def _hint(self, offer_download: bool = True) -> str:
-        files = ", ".join(f"{s}.gz" for pair in _STEMS.values() for s in pair)
-        return (
-            f"To get the data: put the four files ({files}) in $HAPI_DATA_HOME/{self.name}, "
-            f"~/.cache/hapi/{self.name} or a directory passed as root="
-            + (", or pass download=True." if offer_download else ".")
-        )
+                return found
+        if not download:
+            names = " and ".join(f"{s}.gz" for s in stems)
+            raise self._not_found(
+                f"no directory holds {names} (or the same names without .gz)", tried
+            )
+        target = self._download_dir(root)
+        for stem, magic in zip(stems, (_IMAGE_MAGIC, _LABEL_MAGIC)):
+            if _find_file(target, stem) is None:
+                check = functools.partial(_parse_idx, magic=magic, hint=self._hint())
+                _fetch(self, f"{stem}.gz", target, check)
+        return [_find_file(target, stem) for stem in stems]
 
 
 class FashionMNIST(_IDXDataset):
@@ -119,18 +102,9 @@ class FashionMNIST(_IDXDataset):
         "https://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
         "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
     ]
-    classes = [
-        "T-shirt/top",
-        "Trouser",
-        "Pullover",
-        "Dress",
-        "Coat",
-        "Sandal",
-        "Shirt",
-        "Sneaker",
-        "Bag",
-        "Ankle boot",
-    ]
+    classes = "T-shirt/top,Trouser,Pullover,Dress,Coat,Sandal,Shirt,Sneaker,Bag,Ankle boot".split(
+        ","
+    )
 
     def _hint(self, offer_download: bool = True) -> str:
         return (
@@ -169,48 +143,37 @@ class MNIST(_IDXDataset):
     classes = [str(digit) for digit in range(10)]
 
 
-def _read_idx(path: Path, magic: int, hint: str) -> np.ndarray:
-    return _parse_idx(_read_bytes(path, hint), path, magic, hint)
-
-
 def _parse_idx(data: bytes, path: Path, magic: int, hint: str) -> np.ndarray:
     """Decompress (when ``path`` ends in .gz) and check one IDX file; images -> [N, 28, 28], labels -> [N]."""
-
-    def fail(what: str) -> DatasetError:
-        return DatasetError(f"{path}: {what}. Delete it and get good files. {hint}", path)
-
     if str(path).endswith(".gz"):
         if data[:2] != _GZIP_MAGIC:
-            raise fail("not a gzip file although its name ends in .gz")
+            raise _bad_file(path, "not a gzip file although its name ends in .gz", hint)
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as error:
-            raise fail(
-                f"damaged gzip data ({type(error).__name__}: {str(error) or 'truncated'})"
-            ) from error
+            raise _bad_file(path, f"damaged gzip data {_damaged(error)}", hint) from error
     is_images = magic == _IMAGE_MAGIC
     header = 16 if is_images else 8
     if len(data) < header:
-        raise fail(f"only {len(data)} bytes, shorter than the {header}-byte IDX header")
-    fields = np.frombuffer(data, dtype=">u4", count=header // 4)
-    if int(fields[0]) != magic:
+        what = f"only {len(data)} bytes, shorter than the {header}-byte IDX header"
+        raise _bad_file(path, what, hint)
+    fields = [int(field) for field in np.frombuffer(data, dtype=">u4", count=header // 4)]
+    if fields[0] != magic:
         kind = "image" if is_images else "label"
-        raise fail(f"magic number {int(fields[0])}, expected {magic} for an IDX {kind} file")
-    count = int(fields[1])
-    if is_images and (int(fields[2]), int(fields[3])) != (_SIDE, _SIDE):
-        raise fail(f"images are {int(fields[2])}x{int(fields[3])}, expected {_SIDE}x{_SIDE}")
+        raise _bad_file(
+            path, f"magic number {fields[0]}, expected {magic} for an IDX {kind} file", hint
+        )
+    count = fields[1]
+    if is_images and fields[2:] != [_SIDE, _SIDE]:
+        raise _bad_file(path, f"images are {fields[2]}x{fields[3]}, expected {_SIDE}x{_SIDE}", hint)
     expected = header + count * (_SIDE * _SIDE if is_images else 1)
     if len(data) != expected:
-        raise fail(
-            f"{len(data)} bytes after decompression, but its header ({count} items) implies {expected}"
-        )
+        what = f"{len(data)} bytes after decompression, but its header ({count} items) implies {expected}"
+        raise _bad_file(path, what, hint)
     array = np.frombuffer(data, dtype=np.uint8, offset=header)
     if is_images:
         return array.reshape(count, _SIDE, _SIDE).copy()  # copy: frombuffer arrays are read-only
-    if count and int(array.max()) >= _NUM_CLASSES:
-        bad = int(np.argmax(array >= _NUM_CLASSES))
-        raise fail(f"label {int(array[bad])} at index {bad}, expected labels 0..{_NUM_CLASSES - 1}")
+    bad = _first_bad_label(array)
+    if bad is not None:
+        raise _bad_file(path, f"label {int(array[bad])} at index {bad}, expected labels 0..9", hint)
     return array
-
-
-# -- CIFAR-10 binary parsing -------------------------------------------------------
