@@ -21,11 +21,18 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, default_collate
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    TensorDataset,
+    default_collate,
+    get_worker_info,
+)
 
 from hapi import distributed
 from hapi.callbacks.checks import require_int
-from hapi.seeded_loader import SeededLoader, may_draw_random_numbers
+from hapi.rng import seeded_streams
 
 ACCEPTED = (
     "a torch.utils.data.Dataset or any map-style data set (__len__ and __getitem__(int), e.g. a "
@@ -141,7 +148,7 @@ class Samples(Dataset):
     """A list of samples (tuples or dicts) as a data set.
 
     Indexing a list draws no random numbers, so its batches need no seeds
-    (:mod:`hapi.seeded_loader`); ``__getitems__`` fetches a batch in one call.
+    (:class:`SeededDataset`); ``__getitems__`` fetches a batch in one call.
     """
 
     draws_random_numbers = False
@@ -366,18 +373,19 @@ def make_loader(
     pin_memory = device.type == "cuda" and resident is dataset  # pinned only for host data
     dataset = resident
     training = role == "train_data"
-    sampler = (
-        distributed.train_sampler(dataset, shuffle, seed)
+    share = (
+        {"batch_sampler": distributed.train_sampler(dataset, shuffle, seed, batch_size, drop_last)}
         if training
-        else distributed.eval_sampler(dataset)
+        else {
+            "sampler": distributed.eval_sampler(dataset),
+            "batch_size": batch_size,
+            "drop_last": drop_last,
+        }
     )
     loader = _loader(
         dataset,
         training=training,
-        seed=seed,
-        batch_size=batch_size,
-        sampler=sampler,
-        drop_last=drop_last,
+        **share,
         num_workers=num_workers,
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0 and not training,
@@ -386,20 +394,71 @@ def make_loader(
     return _checked(loader, role, batch_size, drop_last)
 
 
-def _loader(dataset: Any, *, training: bool, seed: int, **options: Any) -> DataLoader:
+def may_draw_random_numbers(dataset: Any) -> bool:
+    """Whether loading ``dataset`` could draw random numbers (unknown data sets: yes).
+
+    A data set says it never does with a false ``draws_random_numbers``
+    attribute, as :class:`TensorBatches` and hapi's image data sets without a
+    transform do.
+    """
+    return bool(getattr(dataset, "draws_random_numbers", True))
+
+
+class SeededDataset(Dataset):
+    """A map-style data set whose batches load under the seed their indices carry.
+
+    Why: augmentation in ``__getitem__`` (random noise, crops, flips) draws
+    random numbers while a batch loads. With a plain DataLoader those draws
+    depend on everything drawn before them: in the main process on the
+    model's own draws and on the loop fetching batch s+1 before the backup at
+    step s is taken; in worker processes on which worker got which batch,
+    which starts afresh when a resumed epoch starts mid-way. Here each
+    training batch's loading draws from streams seeded by (fit seed, epoch,
+    batch position, rank) alone (the seed :class:`hapi.distributed.EpochBatches`
+    tags its indices with): torch's, Python's and NumPy's generators are
+    seeded with it before the fetch, in the main process (handing torch's
+    stream back to the model afterwards) or in a worker. The same batch then
+    gets the same random numbers in a resumed run, whatever the number of
+    workers.
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: list) -> Any:
+        seed = getattr(indices, "seed", None)
+        if seed is None:
+            return self._fetch(indices)
+        # A worker draws only for loading; the main process gives the model its torch stream back.
+        with seeded_streams(seed, hand_back_torch=get_worker_info() is None):
+            return self._fetch(indices)
+
+    def _fetch(self, indices: list) -> Any:
+        getitems = getattr(self.dataset, "__getitems__", None)
+        return getitems(indices) if getitems else [self.dataset[index] for index in indices]
+
+
+def _loader(dataset: Any, *, training: bool, **options: Any) -> DataLoader:
     """The DataLoader of one role; a training one seeds each batch's loading when it may draw.
 
     Every loader gets its own generator: iterating data must not draw from
     torch's global one, which the model's dropout uses. Training workers start
     afresh each epoch (not persistent), and each training batch that may draw
-    random numbers loads under its own seed (:mod:`hapi.seeded_loader`), so a
+    random numbers loads under its own seed (:class:`SeededDataset`), so a
     resumed run gets the same random transforms.
     """
-    picker = options.get("sampler", options.get("batch_sampler"))
-    generator = getattr(picker, "loader_generator", None) if training else None
+    batches = options.get("batch_sampler")
+    batches = batches if isinstance(batches, distributed.EpochBatches) else None
+    generator = batches.loader_generator if training and batches is not None else None
     options["generator"] = generator or torch.Generator()
-    if training and may_draw_random_numbers(dataset):
-        return SeededLoader(dataset, **options)
+    if batches is not None and batches.training and may_draw_random_numbers(dataset):
+        dataset = SeededDataset(dataset)
     return DataLoader(dataset, **options)
 
 
@@ -412,17 +471,16 @@ def _resharded(loader: DataLoader, role: str, seed: int, force: bool = False) ->
     """
     training = role == "train_data"
     share = distributed.reshard(loader, training=training, seed=seed, force=force)
-    return loader if share is None else rebuilt(loader, share, training=training, seed=seed)
+    return loader if share is None else rebuilt(loader, share, training=training)
 
 
-def rebuilt(loader: DataLoader, share: dict[str, Any], *, training: bool, seed: int) -> DataLoader:
+def rebuilt(loader: DataLoader, share: dict[str, Any], *, training: bool) -> DataLoader:
     """``loader`` read through another sampler (``share``: DataLoader keywords that pick it),
     with the same data set, workers, collate function, memory pinning and timeouts."""
-    dataset = loader.dataset.dataset if isinstance(loader, SeededLoader) else loader.dataset
+    dataset = loader.dataset
     return _loader(
-        dataset,
+        dataset.dataset if isinstance(dataset, SeededDataset) else dataset,
         training=training,
-        seed=seed,
         **share,
         num_workers=loader.num_workers,
         collate_fn=loader.collate_fn,

@@ -3,7 +3,7 @@
 ``batch_size`` is an int, or Paddle's pair ``(train, eval)``
 (:func:`batch_sizes`). The data seed orders the shuffle of every epoch and
 seeds the loading of batches that may draw random numbers
-(:mod:`hapi.seeded_loader`). It is the only number torch-hapi itself draws
+(:class:`hapi.data.SeededDataset`). It is the only number torch-hapi itself draws
 from the global generators in a fit, and it is drawn only when the run
 needs it (:func:`needs_seed`): one ``int64`` in ``[0, 2**31 - 1)`` from
 torch's global CPU generator, on rank 0 (broadcast to the others), when
@@ -27,8 +27,7 @@ from typing import Any
 from torch.utils.data import DataLoader, IterableDataset
 
 from hapi import distributed
-from hapi.data import as_dataset
-from hapi.seeded_loader import may_draw_random_numbers
+from hapi.data import as_dataset, may_draw_random_numbers
 
 
 def batch_sizes(batch_size: Any) -> tuple[int, int]:

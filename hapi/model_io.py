@@ -22,7 +22,7 @@ from hapi.checkpoint import matching as state_match
 from hapi.rng import global_state
 
 # The position of a file written before torch-hapi recorded the epoch's order.
-_UNKNOWN_POSITION = {"order": {"kind": "unknown"}, "inherited": False, "items": None}
+_UNKNOWN_POSITION = {"kind": "unknown"}
 _PLAIN = (type(None), bool, int, float, str)
 
 

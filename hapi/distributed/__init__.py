@@ -66,22 +66,15 @@ from hapi.distributed.group import (
 from hapi.distributed.group import launched_is_main as is_main
 from hapi.distributed.group import launched_rank as rank
 from hapi.distributed.group import launched_world_size as world_size
-from hapi.distributed.positions import (
-    consumed_items,
-    loader_batch_size,
-    resumable,
-    set_epoch,
-    set_seed,
-    skip_items,
-)
 from hapi.distributed.samplers import (
-    BatchSamplerShard,
     ContiguousShardSampler,
-    ResumableSampler,
-    SamplerShard,
+    EpochBatches,
+    epoch_batches,
     eval_sampler,
     index_sampler,
+    loader_batch_size,
     reshard,
+    set_epoch,
     train_sampler,
 )
 from hapi.distributed.strategies import DDP, FSDP, Strategy

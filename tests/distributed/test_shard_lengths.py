@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-import torch
 from torch.utils.data import Sampler
 
-from hapi.distributed.samplers import ResumableSampler, SamplerShard, strided_share
+from hapi.distributed.samplers import EpochBatches, permutation, user_stream
 
 WORLDS = [2, 3, 4]
 LENGTHS = [1, 2, 3, 4, 5, 6, 7, 10, 11, 13]
@@ -31,53 +30,65 @@ def _check_shares(shares: list[list], expected_items: list, whole: list, world: 
     assert set(padding) <= set(whole)
 
 
-@pytest.mark.parametrize("world", WORLDS)
-@pytest.mark.parametrize("length", [0, *LENGTHS])
-def test_strided_share_gives_every_rank_as_many_and_covers_every_item(world, length):
-    whole = [f"item{i}" for i in range(length + 5)]
-    for start in (0, 5):  # the whole order, and what is left of it after 5 items
-        rest = whole[start : start + length]
-        shares = [strided_share(rest, whole, world, r) for r in range(world)]
-        _check_shares(shares, rest, whole, world)
-        # rank r's k-th item is the k-th N-item group's r-th: one process's order, strided
-        assert [s[k] for k in range(len(rest) // world) for s in shares] == rest[
-            : len(rest) // world * world
-        ]
+def _samplers(draw, length: int, world: int, training: bool = True) -> list[EpochBatches]:
+    return [
+        EpochBatches(
+            draw, length, batch_size=1, seed=3, training=training, num_replicas=world, rank=r
+        )
+        for r in range(world)
+    ]
 
 
-class _Dataset(torch.utils.data.Dataset):
-    def __init__(self, length: int) -> None:
-        self.length = length
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> int:
-        return index
+def _read(sampler: EpochBatches) -> list:
+    return [index for batch in sampler for index in batch]
 
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_resumable_sampler_lengths_match_what_each_rank_reads(world, length, shuffle):
-    data = _Dataset(length)
-    samplers = [
-        ResumableSampler(data, num_replicas=world, rank=r, shuffle=shuffle, seed=3)
-        for r in range(world)
-    ]
+def test_shares_and_lengths_match_what_each_rank_reads_also_for_a_resumed_rest(
+    world, length, shuffle
+):
+    samplers = _samplers(permutation(length, shuffle), length, world)
     for epoch in (0, 1):
         for sampler in samplers:
             sampler.set_epoch(epoch)
-        _check_shares([list(s) for s in samplers], list(range(length)), range(length), world)
-        assert all(len(s) == -(-length // world) for s in samplers)
-    for skip in range(length):  # a resumed epoch: the rest of the epoch's order
+        order = samplers[0].stream()
+        shares = [_read(s) for s in samplers]
+        _check_shares(shares, order, order, world)
+        assert [len(s) for s in samplers] == [len(share) for share in shares]
+        # rank r's k-th item is the k-th N-item group's r-th: one process's order, strided
+        assert [s[k] for k in range(length // world) for s in shares] == order[
+            : length // world * world
+        ]
+    for done in range(length):  # a resumed epoch: the rest of the epoch's order
         for sampler in samplers:
-            sampler.skip_next(skip)
-        lengths = [len(s) for s in samplers]
-        order = samplers[0].order()
-        shares = [list(s) for s in samplers]
-        assert lengths == [len(share) for share in shares]
-        _check_shares(shares, order[skip:], order, world)
+            sampler.resume(1, order[done:], order[:world], done)
+        shares = [_read(s) for s in samplers]
+        assert [len(s) for s in samplers] == [len(share) for share in shares]
+        _check_shares(shares, order[done:], order, world)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("batches", [1, 2, 3])
+def test_a_rest_resumed_on_as_many_processes_reads_what_the_uninterrupted_run_read(world, batches):
+    length, size = 23, 2
+    draw = permutation(length, True)
+    whole = [
+        EpochBatches(draw, length, batch_size=size, seed=9, num_replicas=world, rank=r)
+        for r in range(world)
+    ]
+    uninterrupted = [[list(b) for b in s] for s in whole]
+    state = whole[0].state(batches)
+    resumed = [
+        EpochBatches(draw, length, batch_size=size, seed=9, num_replicas=world, rank=r)
+        for r in range(world)
+    ]
+    for r, sampler in enumerate(resumed):
+        sampler.resume(0, state["rest"], state["padding"], batches)
+        assert [list(b) for b in sampler] == uninterrupted[r][batches:]
+        # each batch loads under the seed of its position in the epoch
+        assert [b.seed for b in sampler] == [b.seed for b in whole[r]][batches:]
 
 
 class _Odd(Sampler[int]):
@@ -95,21 +106,19 @@ class _Odd(Sampler[int]):
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("length", LENGTHS)
-def test_sampler_shard_lengths_match_what_each_rank_reads(world, length):
+def test_a_users_sampler_is_split_in_training_and_read_once_in_evaluation(world, length):
     user = _Odd(length)
-    train = [SamplerShard(user, world, r, seed=5, training=True) for r in range(world)]
-    shares = [list(s) for s in train]
+    train = _samplers(user_stream(user), length, world)
+    shares = [_read(s) for s in train]
     assert [len(s) for s in train] == [len(share) for share in shares]
     _check_shares(shares, user.indices, user.indices, world)
-    for skip in range(length):
+    for done in range(length):
         for shard in train:
-            shard.skip_next(skip)
-        lengths = [len(s) for s in train]
-        shares = [list(s) for s in train]
-        assert lengths == [len(share) for share in shares]
-        _check_shares(shares, user.indices[skip:], user.indices, world)
+            shard.resume(0, user.indices[done:], user.indices[:world], done)
+        shares = [_read(s) for s in train]
+        assert [len(s) for s in train] == [len(share) for share in shares]
+        _check_shares(shares, user.indices[done:], user.indices, world)
     # evaluation: contiguous, unpadded, each index once
-    evaluation = [SamplerShard(user, world, r, seed=5, training=False) for r in range(world)]
-    read = [i for s in evaluation for i in s]
-    assert read == user.indices
-    assert [len(s) for s in evaluation] == [len(list(s)) for s in evaluation]
+    evaluation = _samplers(user_stream(user), length, world, training=False)
+    assert [i for s in evaluation for i in _read(s)] == user.indices
+    assert [len(s) for s in evaluation] == [len(_read(s)) for s in evaluation]

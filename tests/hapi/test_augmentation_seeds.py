@@ -1,7 +1,7 @@
 """Random augmentation in __getitem__ under fit: new noise every epoch, the same noise in a rerun.
 
 Each training batch loads under a seed made from (fit seed, epoch, position,
-rank) (hapi/seeded_loader.py). Resume tests compare a resumed run with an
+rank) (hapi.data.SeededDataset). Resume tests compare a resumed run with an
 uninterrupted one using the same seeds, where a seed that forgot the epoch
 would go unnoticed; every epoch would then repeat epoch 0's augmentation.
 """
@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from hapi import Model
-from hapi.seeded_loader import SeededBatches
+from hapi.distributed import EpochBatches
 
 SAMPLES = 8
 BATCH = 4
@@ -65,13 +65,19 @@ def test_the_same_sample_gets_new_noise_each_epoch_and_the_same_noise_in_a_secon
 
 
 def test_batch_seeds_depend_on_the_epoch_the_position_and_the_rank():
-    def seeds(seed=7, epoch=0, rank=0, first_position=0):
-        batches = [[0, 1], [2, 3], [4, 5]]
-        return [b.seed for b in SeededBatches(batches, seed, epoch, rank, first_position)]
+    def seeds(seed=7, epoch=0, rank=0, done=0):
+        stream = [[i] for i in range(6)]  # a batch sampler's batches, split over 2 processes
+        sampler = EpochBatches(
+            lambda *_: stream, 6, batch_size=None, seed=seed, num_replicas=2, rank=rank
+        )
+        sampler.set_epoch(epoch)
+        if done:  # a resumed epoch: the rest of the stream, from batch `done` of each process
+            sampler.resume(epoch, stream[2 * done :], stream[:2], done)
+        return [b.seed for b in sampler]
 
     assert seeds() == seeds()
     assert len(set(seeds())) == 3
     assert not set(seeds()) & set(seeds(epoch=1))
     assert not set(seeds()) & set(seeds(rank=1))
     assert not set(seeds()) & set(seeds(seed=8))
-    assert seeds(first_position=1) == seeds()[1:] + seeds(first_position=3)[:1]
+    assert seeds(done=1) == seeds()[1:]

@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from hapi import distributed
 from hapi.data import Batch, ExplainingCollate, TensorBatches, make_loader
 from hapi.datasets import FashionMNIST
+from hapi.distributed.samplers import permutation
 
 
 class PerSample(Dataset):
@@ -80,12 +81,10 @@ def test_each_rank_gets_its_shard_as_whole_batches():
     data = TensorBatches(x, torch.arange(20))
     seen = []
     for rank in (0, 1):
-        sampler = distributed.ResumableSampler(
-            data, num_replicas=2, rank=rank, shuffle=True, seed=5
+        batches = distributed.EpochBatches(
+            permutation(20, True), 20, batch_size=4, seed=5, num_replicas=2, rank=rank
         )
-        loader = DataLoader(
-            data, batch_size=4, sampler=sampler, collate_fn=ExplainingCollate("train_data")
-        )
+        loader = DataLoader(data, batch_sampler=batches, collate_fn=ExplainingCollate("train_data"))
         seen.append([int(i) for _, labels in loader for i in labels])
     assert sorted(seen[0] + seen[1]) == list(range(20)) and not set(seen[0]) & set(seen[1])
 
