@@ -122,7 +122,7 @@ class _ImageDataset(Dataset):
 
     @property
     def draws_random_numbers(self) -> bool:
-        """Only a transform can draw (see :mod:`hapi.seeded_loader`); the images are fixed."""
+        """Only a transform can draw (see :class:`hapi.data.SeededDataset`); the images are fixed."""
         return self.transform is not None
 
     def __getitem__(self, index):
