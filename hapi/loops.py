@@ -10,7 +10,7 @@ Read top to bottom, ``fit_loop`` is the whole of training::
         every eval_steps optimizer steps (mid-epoch, when asked): an evaluation
         every eval_freq epochs (epoch % eval_freq == 0, as in Paddle):
             on_eval_begin / on_eval_batch_* / on_eval_end
-        on_epoch_end(epoch, train figures + val_ figures)
+        on_epoch_end(epoch, train logs + val_ logs)
         stop when any process set model.stop_training (checked at the epoch end,
         and every log_freq steps when a batch callback could set it; after every
         batch on one process, where asking costs nothing), or num_iters is reached
@@ -83,7 +83,7 @@ class _StopCheck:
     flag is agreed (one all-reduce) every ``every`` batches (``log_freq``), as
     ``stop_training`` is, and only among the first ``before`` batches, which
     every process has and none ends with (an evaluation's shards may differ by
-    a batch, and its last batch reduces the figures: any other collective
+    a batch, and its last batch reduces the logs: any other collective
     there would pair with the wrong one). Where a length is unknown (iterable
     data) each process reads its own flag: no collective, so none can hang.
     """
@@ -119,15 +119,15 @@ def _limit(steps: int | None, num_iters: int | None) -> int | None:
     return num_iters if steps is None else min(steps, num_iters)
 
 
-def _figures_due(step: int, is_last: bool, log_freq: int) -> bool:
+def _logs_due(step: int, is_last: bool, log_freq: int) -> bool:
     return is_last or (step + 1) % log_freq == 0
 
 
-def _batch_logs(batch_size: int, figures: dict[str, float] | None, metrics: MetricSet) -> dict:
-    """``batch_size``; with figures, also ``samples``, the count they cover."""
-    if figures is None:
+def _batch_logs(batch_size: int, logs: dict[str, float] | None, metrics: MetricSet) -> dict:
+    """``batch_size``; with logs, also ``samples``, the count they cover."""
+    if logs is None:
         return {"batch_size": batch_size}
-    return {"batch_size": batch_size, "samples": metrics.counted, **figures}
+    return {"batch_size": batch_size, "samples": metrics.counted, **logs}
 
 
 def _accumulation(step: int, is_last: bool, every: int, steps: int | None) -> tuple[bool, float]:
@@ -222,13 +222,13 @@ def _evaluate_in_fit(
     model: Any, parts: Parts, loader: Iterable, cbks: CallbackList, log_freq: int
 ) -> dict[str, float]:
     """An evaluation during fit (each ``eval_steps`` optimizer steps, or the epoch's): one
-    model's statistics everywhere, and the training figures set aside meanwhile, so that
+    model's statistics everywhere, and the training logs set aside meanwhile, so that
     they carry on after it and a save made during it keeps them."""
     distributed.sync_from_main(parts.stepper.eval_network)
     with parts.metrics.set_aside():
-        figures = evaluate_loop(parts, loader, cbks, log_freq=log_freq, num_iters=None, model=model)
+        logs = evaluate_loop(parts, loader, cbks, log_freq=log_freq, num_iters=None, model=model)
     parts.stepper.network.train()
-    return figures
+    return logs
 
 
 def _train_epoch(
@@ -258,19 +258,19 @@ def _train_epoch(
         def before_update() -> None:
             cbks.on_before_optimizer_step(step)
 
-    # Two collectives run mid-epoch only for batch callbacks: reading the figures
+    # Two collectives run mid-epoch only for batch callbacks: reading the logs
     # (for on_train_batch_end) and agreeing on a stop request (only a batch
     # callback can make one mid-epoch). Every process must run them alike, also
     # when a script gives a batch callback to one process only.
-    read_figures = distributed.any_true(notify_end)
+    read_logs = distributed.any_true(notify_end)
     check_stop = distributed.any_true(notify_begin or notify_end)
     single_process = distributed.world_size() == 1  # asking after every batch costs nothing
     stepper.network.train()
     metrics.use_metrics = parts.train_step is None
     if first_step == 0:
-        metrics.reset()  # a resumed epoch keeps the running figures restored with it
+        metrics.reset()  # a resumed epoch keeps the running logs restored with it
     done = 0
-    figures: dict[str, float] | None = None  # the last figures read, if read after the last batch
+    logs: dict[str, float] | None = None  # the last logs read, if read after the last batch
     for step, (batch, is_last) in enumerate(
         with_last(loader, None if steps is None else max(steps - first_step, 0)), start=first_step
     ):
@@ -280,7 +280,7 @@ def _train_epoch(
         if parts.train_step is not None:  # the user's own step: it updates, we count and log
             batch = splitter.to_device(batch)
             batch_size = splitter.length(batch)
-            metrics.update_figures(_figures_of(parts.train_step(batch), "train_step"), batch_size)
+            metrics.update_logs(_logs_of(parts.train_step(batch), "train_step"), batch_size)
             stepper.end_own_step()
             update = True
         else:
@@ -292,38 +292,38 @@ def _train_epoch(
             batch_size = batch_length(inputs, labels)
             metrics.update(loss, outputs, labels, batch_size)
             if stepper.loss_parts:  # per-output losses
-                metrics.add_figures(stepper.loss_parts, batch_size)
+                metrics.add_logs(stepper.loss_parts, batch_size)
         model.step += int(update)
         model.epoch_step = step + 1
         done = step + 1 - first_step
-        # Every process runs the same number of training steps, so figures read
+        # Every process runs the same number of training steps, so logs read
         # here can be reduced across processes, and a stop request agreed on.
         # Nobody listening (verbose=0, no batch callback): both wait for the end.
-        due = _figures_due(step, is_last, log_freq)
-        figures = _train_figures(stepper, metrics) if due and (read_figures or is_last) else None
+        due = _logs_due(step, is_last, log_freq)
+        logs = _train_logs(stepper, metrics) if due and (read_logs or is_last) else None
         if after_update is not None and update:
             after_update(is_last)
         if notify_end:
-            cbks.on_train_batch_end(step, _batch_logs(batch_size, figures, metrics))
+            cbks.on_train_batch_end(step, _batch_logs(batch_size, logs, metrics))
         if is_last or (
             check_stop and (due or single_process) and distributed.any_true(model.stop_training)
         ):
             break
-    return (figures if figures is not None else _train_figures(stepper, metrics)), done
+    return (logs if logs is not None else _train_logs(stepper, metrics)), done
 
 
-def _train_figures(stepper: Stepper, metrics: MetricSet) -> dict[str, float]:
-    """The running figures, and ``grad_norm`` (the last update's, before clipping) when clipping."""
-    figures = metrics.compute()
+def _train_logs(stepper: Stepper, metrics: MetricSet) -> dict[str, float]:
+    """The running logs, and ``grad_norm`` (the last update's, before clipping) when clipping."""
+    logs = metrics.compute()
     if stepper.grad_norm is not None:
-        figures["grad_norm"] = float(stepper.grad_norm)
-    return figures
+        logs["grad_norm"] = float(stepper.grad_norm)
+    return logs
 
 
-def _figures_of(returned: Any, step_name: str) -> dict[str, Any]:
+def _logs_of(returned: Any, step_name: str) -> dict[str, Any]:
     if not isinstance(returned, dict):
         raise TypeError(
-            f"{step_name} must return a dict of figures to log, e.g. {{'loss': loss}}; "
+            f"{step_name} must return a dict of logs to log, e.g. {{'loss': loss}}; "
             f"received {type(returned).__name__}."
         )
     return returned
@@ -338,7 +338,7 @@ def evaluate_loop(
     num_iters: int | None,
     model: Any = None,
 ) -> dict[str, float]:
-    """One pass over evaluation data; returns the figures over all of it (over the batches
+    """One pass over evaluation data; returns the logs over all of it (over the batches
     seen, when a callback set ``model.stop_evaluating``)."""
     stepper, metrics, splitter = parts.stepper, parts.metrics, parts.splitter
     notify_begin = cbks.wants("on_eval_batch_begin")
@@ -357,7 +357,7 @@ def evaluate_loop(
     stepper.network.eval()
     metrics.reset()
     metrics.use_metrics = parts.eval_step is None
-    figures: dict[str, float] | None = None
+    logs: dict[str, float] | None = None
     with stepper.gathered():  # shards may differ by a batch: no collective per batch
         for step, (batch, is_last) in enumerate(with_last(loader, _limit(steps, num_iters))):
             is_last = is_last or step + 1 == num_iters
@@ -367,28 +367,24 @@ def evaluate_loop(
                 batch = splitter.to_device(batch)
                 batch_size = splitter.length(batch)
                 with torch.no_grad():
-                    metrics.update_figures(
-                        _figures_of(parts.eval_step(batch), "eval_step"), batch_size
-                    )
+                    metrics.update_logs(_logs_of(parts.eval_step(batch), "eval_step"), batch_size)
             else:
                 inputs, labels = splitter.split(batch)
                 loss, outputs = stepper.evaluate(inputs, labels, no_labels)
                 batch_size = batch_length(inputs, labels)
                 metrics.update(loss, outputs, labels, batch_size)
                 if loss is not None and stepper.loss_parts:
-                    metrics.add_figures(stepper.loss_parts, batch_size)
-            # Running figures stay local, and only the last batch's are reduced
+                    metrics.add_logs(stepper.loss_parts, batch_size)
+            # Running logs stay local, and only the last batch's are reduced
             # (each process has one).
-            figures = (
-                metrics.compute(sync=is_last) if _figures_due(step, is_last, log_freq) else None
-            )
-            cbks.on_eval_batch_end(step, _batch_logs(batch_size, figures, metrics))
+            logs = metrics.compute(sync=is_last) if _logs_due(step, is_last, log_freq) else None
+            cbks.on_eval_batch_end(step, _batch_logs(batch_size, logs, metrics))
             if is_last:
                 break
             if stop_check is not None and stop_check(step, model.stop_evaluating):
-                stopped = True  # the figures so far, over every process (one collective)
+                stopped = True  # the logs so far, over every process (one collective)
                 break
-    results = figures if figures is not None and not stopped else metrics.compute()
+    results = logs if logs is not None and not stopped else metrics.compute()
     cbks.on_eval_end(results)
     return results
 

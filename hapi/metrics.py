@@ -165,7 +165,7 @@ class MetricSet:
 
     def names(self) -> list[str]:
         """The logged names, ``"loss"`` first (known before any data is seen)."""
-        names = (["loss"] if self.with_loss else []) + sorted(self._figure_sums)
+        names = (["loss"] if self.with_loss else []) + sorted(self._log_sums)
         for key, metric in self.metrics.items() if self.use_metrics else ():
             if _is_accuracy(metric):
                 names += [key + name[len(metric.name) :] for name in metric.names()]
@@ -203,7 +203,7 @@ class MetricSet:
             "loss_sum": None if self._loss_sum is None else on_cpu(self._loss_sum),
             "samples": self._samples,
             "weight_sum": None if weight_sum is None else on_cpu(weight_sum),
-            "figures": {name: on_cpu(total) for name, total in self._figure_sums.items()},
+            "figures": {name: on_cpu(total) for name, total in self._log_sums.items()},
             "metrics": [
                 {name: on_cpu(value) for name, value in metric.metric_state.items()}
                 for metric in _leaves(self.metrics.values())
@@ -218,7 +218,7 @@ class MetricSet:
         self._loss_sum = None if loss_sum is None else loss_sum.to(device)
         self._samples = int(state["samples"])
         self._weight_sum = self._samples if weight_sum is None else weight_sum.to(device)
-        self._figure_sums = {
+        self._log_sums = {
             name: total.to(device) for name, total in state.get("figures", {}).items()
         }
         for metric, saved in zip(leaves, state["metrics"]):
@@ -230,7 +230,7 @@ class MetricSet:
         self._samples = 0
         # Figures a step of the user's own returns (``train_step``/``eval_step``):
         # sums weighted by batch size, like the loss.
-        self._figure_sums: dict[str, torch.Tensor] = {}
+        self._log_sums: dict[str, torch.Tensor] = {}
         # What the figures were weighted by: the sample count, or the sum of the
         # ``"weight"`` a step returned (tokens, say), a tensor on its device from then on.
         self._weight_sum: int | torch.Tensor = 0
@@ -272,7 +272,7 @@ class MetricSet:
         _add_weighted(self._loss_sum, loss, weight)
 
     @torch.no_grad()
-    def update_figures(self, figures: dict[str, Any], batch_size: int) -> None:
+    def update_logs(self, figures: dict[str, Any], batch_size: int) -> None:
         """Accumulate one batch of a user's step: ``loss`` and any other named scalars.
 
         A ``"weight"`` entry (not logged) weighs this batch's figures instead of
@@ -285,11 +285,11 @@ class MetricSet:
             figures = dict(figures)
             weight = _weight_of(figures.pop("weight"))
         self._weight_sum = self._weight_sum + weight  # a tensor weight stays on its device
-        self.add_figures(figures, weight)
+        self.add_logs(figures, weight)
         self._samples += batch_size
 
     @torch.no_grad()
-    def add_figures(self, figures: dict[str, Any], batch_size: int | torch.Tensor) -> None:
+    def add_logs(self, figures: dict[str, Any], batch_size: int | torch.Tensor) -> None:
         """Named scalars of a batch already counted by :meth:`update` (each output's loss, say),
         weighted by ``batch_size``: a count, or a scalar tensor (a step's ``"weight"``)."""
         for name, value in figures.items():
@@ -303,9 +303,9 @@ class MetricSet:
             if name == "loss":
                 self._add_loss(value.float(), batch_size)
                 continue
-            if name not in self._figure_sums:
-                self._figure_sums[name] = torch.zeros((), dtype=torch.float64, device=value.device)
-            _add_weighted(self._figure_sums[name], value.double(), batch_size)
+            if name not in self._log_sums:
+                self._log_sums[name] = torch.zeros((), dtype=torch.float64, device=value.device)
+            _add_weighted(self._log_sums[name], value.double(), batch_size)
 
     def compute(self, sync: bool = True) -> dict[str, float]:
         """Means over every sample since :meth:`reset`.
@@ -313,12 +313,12 @@ class MetricSet:
         With ``sync`` (a collective: every process must call it) the figures
         cover every process's samples; without, only this process's.
         """
-        figure_names = sorted(self._figure_sums)  # the same on every process: the same step code
+        figure_names = sorted(self._log_sums)  # the same on every process: the same step code
         sums = (self._loss_sum, self._samples, self._weight_sum)
         totals = torch.stack(
             [
                 torch.as_tensor(0 if value is None else value, dtype=torch.float64).cpu()
-                for value in (*sums, *(self._figure_sums[name] for name in figure_names))
+                for value in (*sums, *(self._log_sums[name] for name in figure_names))
             ]
         )
         if sync:

@@ -959,7 +959,7 @@ class Model(ModelFiles):
         inputs_, labels_ = self._splitter.user_batch(inputs, labels)
         loss, outputs = parts.stepper.train(inputs_, labels_, update=update)
         self.step += int(update)
-        return self._batch_figures(parts, loss, outputs, labels_)
+        return self._one_batch_logs(parts, loss, outputs, labels_)
 
     def eval_batch(self, inputs: Any, labels: Any = None) -> dict[str, float]:
         """Evaluate one batch, with no gradients and the network in eval mode.
@@ -979,7 +979,7 @@ class Model(ModelFiles):
         parts.stepper.network.eval()
         inputs_, labels_ = self._splitter.user_batch(inputs, labels)
         loss, outputs = parts.stepper.evaluate(inputs_, labels_, self._splitter.n_labels == 0)
-        return self._batch_figures(parts, loss, outputs, labels_)
+        return self._one_batch_logs(parts, loss, outputs, labels_)
 
     def predict_batch(self, inputs: Any) -> list[torch.Tensor]:
         """The network's outputs for one batch of inputs (eval mode, no gradients).
@@ -997,7 +997,7 @@ class Model(ModelFiles):
         return [o.cpu() for o in parts.stepper.predict(inputs_)]
 
     @staticmethod
-    def _batch_figures(
+    def _one_batch_logs(
         parts: Parts, loss: torch.Tensor | None, outputs: list, labels: list
     ) -> dict[str, float]:
         """Figures of this batch alone (Paddle keeps running ones; one batch is clearer)."""

@@ -229,7 +229,7 @@ def restore_fit(
     :class:`CheckpointError` naming it.
     """
     _check_fit(file, saved)
-    own = distributed.own(saved["per_rank"])
+    own = distributed.this_process_part(saved["per_rank"])
     if own is not None:
         where = f"'per_rank'[{distributed.rank()}]"
         with restoring(file, f"{where}['rng']"):
@@ -238,9 +238,8 @@ def restore_fit(
             metrics.load_state_dict(own["metrics"])
             metrics.compute(sync=False)  # a running sum of another shape fails here, not later
     callbacks = list(callbacks)
-    # fit(resume_from=...) adds the callback that does the resuming: it is no difference.
-    names = [name for name, _ in saved["callbacks"] if name != "ResumeFrom"]
-    ours = [type(c).__name__ for c in callbacks if type(c).__name__ != "ResumeFrom"]
+    names = [name for name, _ in saved["callbacks"]]
+    ours = [type(c).__name__ for c in callbacks]
     if names != ours:
         warnings.warn(
             f"Resuming from {file!r}: its callbacks {names} differ from this fit's {ours}; "

@@ -44,9 +44,9 @@ from hapi.distributed.collectives import (
     gather_objects,
     is_collective_failure,
     on_main,
-    own,
     shared_seed,
     sync_from_main,
+    this_process_part,
 )
 from hapi.distributed.ddp import class_name, unwrap, wrap
 from hapi.distributed.env import DistributedSetupError

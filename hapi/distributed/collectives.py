@@ -96,7 +96,7 @@ def gather_objects(value: Any) -> list[Any]:
     return gathered
 
 
-def own(per_rank: list[Any]) -> Any:
+def this_process_part(per_rank: list[Any]) -> Any:
     """This process's entry of a per-rank list, or None if another world size wrote it."""
     return per_rank[rank()] if len(per_rank) == world_size() else None
 

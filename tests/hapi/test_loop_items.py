@@ -258,11 +258,11 @@ def test_weighted_sums_travel_in_the_state_dict():
     model.prepare(torch.optim.SGD(model.parameters(), lr=0.0))
     metrics = model._metrics
     metrics.reset()
-    metrics.update_figures({"loss": 1.0, "weight": 3}, 2)
+    metrics.update_logs({"loss": 1.0, "weight": 3}, 2)
     state = metrics.state_dict()
     metrics.reset()
     metrics.load_state_dict(state)
-    metrics.update_figures({"loss": 5.0}, 1)  # no weight: its sample count
+    metrics.update_logs({"loss": 5.0}, 1)  # no weight: its sample count
     assert metrics.compute(sync=False)["loss"] == pytest.approx((1.0 * 3 + 5.0 * 1) / 4)
     assert metrics.counted == 3  # samples, not weights
 
