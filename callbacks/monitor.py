@@ -21,8 +21,9 @@ import warnings
 from numbers import Real
 from typing import Any
 
+from hapi.arguments import require_int  # noqa: F401 -- other callbacks import it from here
+
 from .base import Callback
-from .checks import require_int  # noqa: F401 -- other callbacks import it from here
 
 # Substrings of a monitored name that mean "higher is better" in mode="auto".
 _MAX_HINTS = ("acc", "auc", "precision", "recall", "f1", "score")

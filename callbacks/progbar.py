@@ -61,8 +61,9 @@ import sys
 import time
 from typing import Any
 
+from hapi.arguments import require_int
+
 from .base import Callback
-from .checks import require_int
 
 _NOT_FIGURES = ("batch_size", "samples", "step")
 _BEGIN_HOOKS = ("on_train_batch_begin", "on_eval_batch_begin", "on_predict_batch_begin")

@@ -31,7 +31,7 @@ from torch.utils.data import (
 )
 
 from hapi import distributed
-from hapi.callbacks.checks import require_int
+from hapi.arguments import require_int
 from hapi.rng import seeded_streams
 
 ACCEPTED = (

@@ -23,9 +23,9 @@ from tqdm import tqdm
 
 from hapi import distributed
 from hapi.amp import AMP_DTYPES, make_scaler, parse_amp
+from hapi.arguments import require_int
 from hapi.batches import BatchSplitter, batch_length
 from hapi.callbacks import Callback, CallbackList, History
-from hapi.callbacks.checks import require_int
 from hapi.callbacks.run import callbacks_for_run
 from hapi.data import make_loader, num_batches
 from hapi.fit_data import as_source, batch_sizes, fit_seed

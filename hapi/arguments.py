@@ -1,7 +1,7 @@
 """The one check of count-like arguments, for hapi and callbacks alike (one message format).
 
-It lives in ``callbacks`` because ``callbacks`` imports of ``hapi`` only the public
-names of ``hapi.checkpoint`` (its files), while ``hapi`` may import ``callbacks``.
+A leaf module of hapi's (it imports nothing of hapi), so that the callbacks can use it
+as they use the checkpoint package's helpers, and the core takes nothing from them.
 """
 
 from __future__ import annotations
