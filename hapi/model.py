@@ -27,8 +27,7 @@ from hapi.arguments import require_int
 from hapi.batches import BatchSplitter, batch_length
 from hapi.callbacks import Callback, CallbackList, History
 from hapi.callbacks.run import callbacks_for_run
-from hapi.data import make_loader, num_batches
-from hapi.fit_data import as_source, batch_sizes, fit_seed
+from hapi.data import as_source, batch_sizes, fit_seed, make_loader, num_batches
 from hapi.flop_count import count_flops
 from hapi.loops import Parts, evaluate_loop, fit_loop, predict_loop
 from hapi.metrics import MetricSet, normalise_metrics

@@ -1,7 +1,7 @@
 """What fit, evaluate and predict draw from the global generators: nothing a run does not need.
 
 A fit draws one int64 from torch's global generator when it starts, and only when it shuffles
-or its data set may draw random numbers while loading (hapi/fit_data.py); evaluate and predict
+or its data set may draw random numbers while loading (hapi/data.py); evaluate and predict
 draw nothing. So a network with dropout trained by fit(shuffle=False) equals a hand loop
 seeded alike, weights bit for bit.
 """
