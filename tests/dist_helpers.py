@@ -60,11 +60,34 @@ def run_bounded(
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
+class _Cold:
+    """The commands themselves, for HAPI_TESTS_COLD=1: every process started cold."""
+
+    @staticmethod
+    def python(argv, timeout, env, cwd):
+        try:
+            done = run_bounded([sys.executable, *map(str, argv)], timeout, env, cwd=cwd)
+        except AssertionError as error:
+            return -9, str(error), "", True
+        return done.returncode, done.stdout, done.stderr, False
+
+    @staticmethod
+    def torchrun(args, timeout, env, cwd):
+        return _Cold.python(["-m", "torch.distributed.run", *args], timeout, env, cwd)
+
+
+def _launcher():
+    """The warm launcher, or with HAPI_TESTS_COLD=1 in the environment, the commands (to
+    check now and then that nothing passes only because processes are forked)."""
+    return _Cold if os.environ.get("HAPI_TESTS_COLD") == "1" else warm_launcher.server(child_env())
+
+
 def torchrun(args: list[str], timeout: float = 180, check: bool = True, **env: str):
-    """``torchrun *args``, its agent forked from a warm interpreter (see warm_launcher)."""
+    """``torchrun *args``, its agent and workers forked from a warm interpreter (see
+    warm_launcher)."""
     command = [sys.executable, "-m", "torch.distributed.run", *args]
     launch_env = child_env(**env)
-    returncode, stdout, stderr, timed_out = warm_launcher.server(child_env()).run(
+    returncode, stdout, stderr, timed_out = _launcher().torchrun(
         args, timeout, launch_env, cwd=os.getcwd()
     )
     if timed_out:
@@ -78,6 +101,22 @@ def torchrun(args: list[str], timeout: float = 180, check: bool = True, **env: s
             f"{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
         )
     return result
+
+
+def python(
+    argv: list, timeout: float, env: dict[str, str], cwd: str | os.PathLike | None = None
+) -> subprocess.CompletedProcess:
+    """``python *argv`` (argv[0]: a script) as :func:`run_bounded` runs it, forked from a
+    warm interpreter (see warm_launcher); a timeout kills it with everything it started."""
+    command = [sys.executable, *map(str, argv)]
+    returncode, stdout, stderr, timed_out = _launcher().python(
+        argv, timeout, env, cwd=cwd or os.getcwd()
+    )
+    if timed_out:
+        raise AssertionError(
+            f"{' '.join(command)} did not finish in {timeout} s:\n{stdout[-3000:]}\n{stderr[-5000:]}"
+        )
+    return subprocess.CompletedProcess(command, returncode, stdout, stderr)
 
 
 def main_process_report(stdout: str) -> dict:

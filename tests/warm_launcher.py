@@ -1,16 +1,30 @@
-"""torchrun's own agent, forked from a warm interpreter instead of started cold.
+"""Python processes for the tests, forked from a warm interpreter instead of started cold.
 
-Every ``python -m torch.distributed.run ...`` pays ``import torch`` (about 1.9 s of CPU on
-the 2-core test machine) in the agent before its workers even start, and the test suite
-launches torchrun well over a hundred times. A small server process imports
-``torch.distributed.run`` once; for each launch it forks, and the child runs torchrun's
-``main`` with the launch's arguments, environment, working directory and output files:
-the same agent code, rendezvous, worker processes and exit codes as the command line, so
-the tests still exercise torchrun for real. The workers are started by the agent as
-always, as fresh interpreters.
+Every ``python ...`` pays ``import torch`` (about 2 s of CPU on the 2-core test machine)
+before it does anything, and the test suite starts several hundred: torchrun agents,
+their workers, and single-process training scripts. A small server process imports
+``torch.distributed.run`` once and then forks, for each launch:
 
-One launch at a time per server (tests launch one after another); a test that needs two
-agents at once starts them as commands (``dist_helpers.two_machines``).
+* a torchrun agent (:meth:`WarmPython.torchrun`): the child runs torchrun's ``main`` with
+  the launch's arguments, environment, working directory and output files -- the same
+  agent code, rendezvous, restarts and exit codes as the command line, so the tests still
+  exercise torchrun for real;
+* each worker that agent starts: torchrun's ``SubprocessHandler`` is patched, in the
+  agent only, to ask the server over a Unix socket for a fork instead of running
+  ``python -u script ...``; the agent watches, signals and reaps it as it would its
+  ``Popen`` (process id, ``poll``, ``wait``, ``killpg`` of its session);
+* a plain script run (:meth:`WarmPython.python`), as ``python script ...``.
+
+A forked script starts as a fresh interpreter would for what the tests can see: its
+own session, standard streams, working directory, environment, ``sys.argv``,
+``sys.path`` (the script's folder, then ``PYTHONPATH``, then the installation's),
+unbuffered output under ``PYTHONUNBUFFERED``/``-u``, torch's thread count from
+``OMP_NUM_THREADS``, Python's and NumPy's global random state drawn anew, and a normal
+interpreter exit (threads joined, ``atexit`` handlers run, an uncaught exception's
+traceback and exit status 1). What it cannot redo: string hashing keeps the server's
+seed, and the libraries the server imported (torch, NumPy, torchmetrics, pytest) are
+imported already; hapi is not. ``tests/distributed/
+test_warm_launcher.py`` compares each kind with the cold command.
 """
 
 from __future__ import annotations
@@ -27,52 +41,228 @@ import threading
 import time
 
 _SERVER = r"""
-import json, os, sys, traceback
-import torch.distributed.run as torchrun  # the import every cold launch pays again
+import io, json, os, random, runpy, select, selectors, socket, subprocess, sys, traceback
+import torch
+import torch.distributed.run as torchrun
+# What the tests' scripts import besides torch, paid once here (seconds per process):
+import numpy, pytest, torchmetrics, torch.distributed.checkpoint, torch.distributed.fsdp
+from torch.distributed.elastic.multiprocessing.subprocess_handler import (
+    subprocess_handler as handlers,
+)
 
 replies = os.fdopen(int(sys.argv[1]), "w", buffering=1)
-for line in sys.stdin:
-    request = json.loads(line)
-    sys.stdout.flush(); sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
+SOCKET = sys.argv[2]
+_own = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+BASE_PATH = [p for p in sys.path[1:] if p not in _own]  # the installation's part
+
+
+def read_message(conn, timeout=None):
+    ready, _, _ = select.select([conn], [], [], timeout)
+    return json.loads(conn.recv(1 << 20) or "null") if ready else None
+
+
+class WarmWorker:
+    # What torchrun's SubprocessHandler uses of the Popen of "python -u script ...".
+
+    def __init__(self, args, env, stdout, stderr):
+        self.args = list(args)
+        self.returncode = None
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._conn.connect(SOCKET)
+        fds = [0, stdout.fileno() if stdout else 1, stderr.fileno() if stderr else 2]
+        request = {"argv": self.args[2:], "env": env, "cwd": os.getcwd(), "unbuffered": True}
+        socket.send_fds(self._conn, [json.dumps(request).encode()], fds)
+        self.pid = read_message(self._conn)["pid"]
+
+    def poll(self):
+        return self.wait(0, raise_on_timeout=False)
+
+    def wait(self, timeout=None, raise_on_timeout=True):
+        if self.returncode is None:
+            reply = read_message(self._conn, timeout)
+            if reply is not None:
+                self.returncode = reply["returncode"]
+                self._conn.close()
+            elif raise_on_timeout:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig):
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self):
+        self.send_signal(9)
+
+    def terminate(self):
+        self.send_signal(15)
+
+
+_cold_popen = handlers.SubprocessHandler._popen
+
+
+def _warm_popen(self, args, env):
+    if len(args) > 2 and args[0] == sys.executable and args[1] == "-u" and args[2][:1] != "-":
+        return WarmWorker(args, env, self._stdout, self._stderr)
+    return _cold_popen(self, args, env)  # torchrun --module, --no-python: a real command
+
+
+def become(request, fds):
+    # Turn this forked child into the process the request describes (see the module doc).
+    os.setsid()  # its own session and process group, as Popen(start_new_session=True)
+    for target, fd in enumerate(fds):
+        if fd != target:
+            os.dup2(fd, target)
+            os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    if "OMP_NUM_THREADS" in os.environ:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    random.seed()
+    numpy.random.seed()
+
+
+def forget_server():
+    # In a forked child: drop the server's sockets and descriptors.
+    selector.close()
+    listener.close()
+    replies.close()
+    for pidfd, (_, where) in children.items():
+        os.close(pidfd)
+        if where is not None:
+            where.close()
+
+
+def run_agent(request):
+    code = 1
+    try:
+        stdout, stderr = (os.open(request[k], os.O_WRONLY | os.O_TRUNC) for k in ("stdout", "stderr"))
+        become(request, [os.open(os.devnull, os.O_RDONLY), stdout, stderr])
+        sys.argv = ["torchrun", *request["args"]]
+        handlers.SubprocessHandler._popen = _warm_popen
         try:
-            os.setsid()  # its own process group, as a command started in a new session
-            replies.close()
-            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-            for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-                os.dup2(os.open(path, os.O_WRONLY | os.O_TRUNC), fd)
-            os.chdir(request["cwd"])
-            os.environ.clear()
-            os.environ.update(request["env"])
-            sys.argv = ["torchrun", *request["args"]]
+            torchrun.main(request["args"])
+            code = 0
+        except SystemExit as stop:  # as the interpreter turns it into an exit status
+            if stop.code is None or isinstance(stop.code, int):
+                code = stop.code or 0
+            else:
+                print(stop.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+    finally:
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(code)
+
+
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+listener.bind(SOCKET)
+listener.listen(64)
+selector = selectors.DefaultSelector()
+selector.register(0, selectors.EVENT_READ, "request")
+selector.register(listener, selectors.EVENT_READ, "worker")
+children = {}  # pidfd -> (pid, where its exit status goes: None for the test, else a socket)
+pending = b""
+script = None  # set in a forked child that is to run a script
+while script is None:
+    for key, _ in selector.select():
+        started = None
+        if key.data == "request":  # from the test process: one JSON line per launch
+            chunk = os.read(0, 1 << 20)
+            if not chunk:
+                sys.exit(0)
+            pending += chunk
+            while b"\n" in pending and script is None:
+                line, pending = pending.split(b"\n", 1)
+                request = json.loads(line)
+                sys.stdout.flush(); sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    forget_server()
+                    if request["kind"] == "torchrun":
+                        run_agent(request)
+                    fds = [os.open(os.devnull, os.O_RDONLY)] + [
+                        os.open(request[k], os.O_WRONLY | os.O_TRUNC) for k in ("stdout", "stderr")
+                    ]
+                    script = request, fds
+                    break
+                replies.write(json.dumps({"pid": pid}) + "\n")
+                started = pid, None
+        elif key.data == "worker":  # from an agent: start one of its workers
+            conn, _ = listener.accept()
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            request = json.loads(message)
+            pid = os.fork()
+            if pid == 0:
+                forget_server()
+                conn.close()
+                script = request, fds
+                break
+            for fd in fds:
+                os.close(fd)
             try:
-                torchrun.main(request["args"])
-                code = 0
-            except SystemExit as stop:  # as the interpreter turns it into an exit status
-                if stop.code is None or isinstance(stop.code, int):
-                    code = stop.code or 0
-                else:
-                    print(stop.code, file=sys.stderr)
-            except BaseException:
-                traceback.print_exc()
-        finally:
-            sys.stdout.flush(); sys.stderr.flush()
-            os._exit(code)
-    replies.write(json.dumps({"pid": pid}) + "\n")
-    _, status = os.waitpid(pid, 0)
-    replies.write(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}) + "\n")
+                conn.send(json.dumps({"pid": pid}).encode())
+            except OSError:
+                pass
+            started = pid, conn
+        else:  # a child exited
+            pid, where = children.pop(key.fd)
+            selector.unregister(key.fd)
+            os.close(key.fd)
+            reply = json.dumps({"returncode": os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])})
+            if where is None:
+                replies.write(reply + "\n")
+            else:
+                try:
+                    where.send(reply.encode())
+                except OSError:
+                    pass  # the agent is gone
+                where.close()
+        if started is not None:
+            pidfd = os.pidfd_open(started[0])
+            children[pidfd] = started
+            selector.register(pidfd, selectors.EVENT_READ, "child")
+        if script is not None:
+            break
+
+del listener, selector, children, replies
+request, fds = script
+become(request, fds)
+del script, fds
+path, *rest = request["argv"]
+sys.argv = [path, *rest]
+sys.path[:] = [
+    os.path.dirname(os.path.realpath(path)),
+    *(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p),
+    *BASE_PATH,
+]
+unbuffered = request["unbuffered"] or bool(os.environ.get("PYTHONUNBUFFERED"))
+encoding = {"encoding": sys.__stdout__.encoding, "errors": sys.__stdout__.errors}
+sys.stdin = sys.__stdin__ = open(0, "r", closefd=False, encoding=encoding["encoding"])
+sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+    open(1, "wb", buffering=0 if unbuffered else -1, closefd=False),
+    write_through=unbuffered, **encoding
+)
+sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+    open(2, "wb", buffering=0 if unbuffered else -1, closefd=False),
+    line_buffering=True, write_through=unbuffered, encoding=encoding["encoding"],
+    errors="backslashreplace",
+)
+del path, rest, request, encoding, unbuffered
+runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-class WarmTorchrun:
-    """A server that forks torchrun agents from an interpreter that imported torch once."""
+class WarmPython:
+    """A server that forks torchrun agents, their workers and scripts from an interpreter
+    that imported torch once."""
 
     def __init__(self, env: dict[str, str]) -> None:
+        self._folder = tempfile.mkdtemp(prefix="warm-python-")
         read_end, write_end = os.pipe()
         self._server = subprocess.Popen(
-            [sys.executable, "-c", _SERVER, str(write_end)],
+            [sys.executable, "-c", _SERVER, str(write_end), os.path.join(self._folder, "socket")],
             stdin=subprocess.PIPE,
             text=True,
             env=env,
@@ -94,30 +284,51 @@ class WarmTorchrun:
             except subprocess.TimeoutExpired:
                 self._server.kill()
         self._replies.close()
+        for name in os.listdir(self._folder):
+            os.unlink(os.path.join(self._folder, name))
+        os.rmdir(self._folder)
 
-    def run(
+    def torchrun(
         self, args: list[str], timeout: float, env: dict[str, str], cwd: str | os.PathLike
     ) -> tuple[int, str, str, bool]:
         """(exit code, stdout, stderr, timed out) of ``torchrun *args``."""
-        with self._lock, tempfile.TemporaryDirectory(prefix="warm-torchrun-") as folder:
+        return self._run("torchrun", args, timeout, env, cwd)
+
+    run = torchrun  # the name the tests have used
+
+    def python(
+        self, argv: list[str], timeout: float, env: dict[str, str], cwd: str | os.PathLike
+    ) -> tuple[int, str, str, bool]:
+        """(exit code, stdout, stderr, timed out) of ``python *argv`` (argv[0]: a script)."""
+        return self._run("python", argv, timeout, env, cwd)
+
+    def _run(
+        self, kind: str, args: list[str], timeout: float, env: dict[str, str], cwd
+    ) -> tuple[int, str, str, bool]:
+        with self._lock, tempfile.TemporaryDirectory(prefix="warm-run-") as folder:
             stdout_path = os.path.join(folder, "stdout")
             stderr_path = os.path.join(folder, "stderr")
             for path in (stdout_path, stderr_path):
                 open(path, "w").close()
+            args = [str(arg) for arg in args]
             request = {
-                "args": [str(arg) for arg in args],
+                "kind": kind,
+                "args": args,
+                "argv": args,
                 "env": env,
-                "cwd": os.fspath(cwd),
+                "cwd": os.path.abspath(cwd),
                 "stdout": stdout_path,
                 "stderr": stderr_path,
+                "unbuffered": False,
             }
             self._server.stdin.write(json.dumps(request) + "\n")
             self._server.stdin.flush()
-            pid = self._reply(deadline=time.monotonic() + 30)["pid"]
+            self._reply(deadline=time.monotonic() + 30)  # {"pid": ...}
             reply = self._reply(deadline=time.monotonic() + timeout)
             timed_out = reply is None
             if timed_out:
-                _kill_tree(pid)
+                # Its workers are the server's children, not the agent's: kill all but the server.
+                _kill_tree(self._server.pid, spare_root=True)
                 reply = self._reply(deadline=time.monotonic() + 30)
             with open(stdout_path) as out, open(stderr_path) as err:
                 return (reply or {}).get("returncode", -9), out.read(), err.read(), timed_out
@@ -131,7 +342,7 @@ class WarmTorchrun:
             if ready:
                 line = self._replies.readline()
                 if not line:
-                    raise RuntimeError("the warm torchrun server exited")
+                    raise RuntimeError("the warm python server exited")
                 return json.loads(line)
 
 
@@ -149,28 +360,28 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _kill_tree(pid: int) -> None:
-    """SIGKILL the agent and every process under it: torchrun starts each worker in a
-    session of its own, so killing the agent's group would leave them running."""
+def _kill_tree(pid: int, spare_root: bool = False) -> None:
+    """SIGKILL ``pid`` (unless spared) and every process under it: torchrun starts each
+    worker in a session of its own, so killing a process group would leave some running."""
     pending, tree = [pid], []
     while pending:
         current = pending.pop()
         tree.append(current)
         pending.extend(_children(current))
-    for member in tree:
+    for member in tree[1:] if spare_root else tree:
         try:
             os.kill(member, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
 
-_server: WarmTorchrun | None = None
+_server: WarmPython | None = None
 
 
-def server(env: dict[str, str]) -> WarmTorchrun:
+def server(env: dict[str, str]) -> WarmPython:
     """This test process's server, started on first use (again if it died)."""
     global _server
     if _server is None or not _server.alive():
-        _server = WarmTorchrun(env)
+        _server = WarmPython(env)
         atexit.register(_server.close)
     return _server
