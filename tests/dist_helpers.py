@@ -103,7 +103,7 @@ def torchrun(args: list[str], timeout: float = 180, check: bool = True, **env: s
     return result
 
 
-def python(
+def run_python(
     argv: list, timeout: float, env: dict[str, str], cwd: str | os.PathLike | None = None
 ) -> subprocess.CompletedProcess:
     """``python *argv`` (argv[0]: a script) as :func:`run_bounded` runs it, forked from a

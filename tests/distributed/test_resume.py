@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 from conftest import TinyNet, make_tiny_data
-from dist_helpers import WORKER, child_env, run_bounded, torchrun, two_machines
+from dist_helpers import WORKER, child_env, run_python, torchrun, two_machines
 from torch import nn
 
 from callbacks import BackupAndRestore
@@ -22,15 +22,11 @@ MID_EPOCH_KILL = 10  # the last backup before it, at step 9, lies mid-epoch (bat
 
 
 def _run(out, *args, **env):
-    return run_bounded(
-        [sys.executable, str(SCRIPT), str(out), *map(str, args)], 120, child_env(**env)
-    )
+    return run_python([str(SCRIPT), str(out), *map(str, args)], 120, child_env(**env))
 
 
 def _run_script(script, out, *args, **env):
-    result = run_bounded(
-        [sys.executable, str(script), str(out), *map(str, args)], 120, child_env(**env)
-    )
+    result = run_python([str(script), str(out), *map(str, args)], 120, child_env(**env))
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 import warm_launcher
-from dist_helpers import child_env, python, run_bounded
+from dist_helpers import child_env, run_bounded, run_python
 
 SCRIPT = """
 import os, sys, time
@@ -91,8 +91,8 @@ def test_a_warm_script_run_matches_the_command(tmp_path, fail):
     env = child_env(PROBE="here", **({"FAIL": fail} if fail else {}))
     argv = [str(script), "an argument"]
     cold = run_bounded([sys.executable, *argv], 120, env, cwd=tmp_path)
-    warm = python(argv, 120, env, cwd=tmp_path)
-    again = python(argv, 120, env, cwd=tmp_path)
+    warm = run_python(argv, 120, env, cwd=tmp_path)
+    again = run_python(argv, 120, env, cwd=tmp_path)
     assert warm.returncode == cold.returncode == {None: 0, "raise": 1, "exit": 3}[fail]
     assert warm.stdout == cold.stdout
     assert cold.stdout.splitlines() == [
