@@ -8,6 +8,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
 
 import torch
 import warm_launcher
@@ -82,13 +83,19 @@ def _launcher():
     return _Cold if os.environ.get("HAPI_TESTS_COLD") == "1" else warm_launcher.server(child_env())
 
 
-def torchrun(args: list[str], timeout: float = 180, check: bool = True, **env: str):
+def torchrun(
+    args: list[str],
+    timeout: float = 180,
+    check: bool = True,
+    cwd: str | os.PathLike | None = None,
+    **env: str,
+):
     """``torchrun *args``, its agent and workers forked from a warm interpreter (see
     warm_launcher)."""
     command = [sys.executable, "-m", "torch.distributed.run", *args]
     launch_env = child_env(**env)
     returncode, stdout, stderr, timed_out = _launcher().torchrun(
-        args, timeout, launch_env, cwd=os.getcwd()
+        args, timeout, launch_env, cwd=cwd or os.getcwd()
     )
     if timed_out:
         raise AssertionError(
@@ -155,35 +162,48 @@ def two_machines(
 ) -> list[str]:
     """Two torchrun agents, one process each, meeting through a c10d rendezvous on
     127.0.0.1 as two machines would; node N runs ``script_args[N]``. Returns their
-    outputs once both have exited with 0."""
-    agents = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes=2",
-                "--nproc_per_node=1",
-                f"--node-rank={node}",
-                *options,
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{port}",
-                f"--rdzv-id={rdzv_id}",
-                *arguments,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=child_env(**env),
-            start_new_session=True,
-        )
+    outputs (stdout, then stderr) once both have exited with 0."""
+    launcher = _launcher()
+    args = [
+        [
+            "--nnodes=2",
+            "--nproc_per_node=1",
+            f"--node-rank={node}",
+            *options,
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            f"--rdzv-id={rdzv_id}",
+            *arguments,
+        ]
         for node, arguments in enumerate(script_args)
     ]
-    try:
-        outputs = [agent.communicate(timeout=timeout)[0] for agent in agents]
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                os.killpg(agent.pid, signal.SIGKILL)
-    assert [agent.returncode for agent in agents] == [0, 0], outputs
+    if launcher is _Cold:
+        agents = [
+            subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", *node_args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=child_env(**env),
+                start_new_session=True,
+            )
+            for node_args in args
+        ]
+        try:
+            outputs = [agent.communicate(timeout=timeout)[0] for agent in agents]
+        finally:
+            for agent in agents:
+                if agent.poll() is None:
+                    os.killpg(agent.pid, signal.SIGKILL)
+        returncodes = [agent.returncode for agent in agents]
+    else:
+        launches = [
+            launcher.start("torchrun", node_args, child_env(**env), os.getcwd())
+            for node_args in args
+        ]
+        deadline = time.monotonic() + timeout
+        done = [launcher.wait(launch, max(deadline - time.monotonic(), 1)) for launch in launches]
+        returncodes = [returncode for returncode, _, _, _ in done]
+        outputs = [stdout + stderr for _, stdout, stderr, _ in done]
+    assert returncodes == [0, 0], outputs
     return outputs

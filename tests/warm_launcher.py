@@ -33,6 +33,7 @@ import atexit
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,8 +118,8 @@ def become(request, fds):
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    if "OMP_NUM_THREADS" in os.environ:
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    # A fresh torch reads OMP_NUM_THREADS, else uses every core it may run on.
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0))))
     random.seed()
     numpy.random.seed()
 
@@ -210,7 +211,8 @@ while script is None:
             pid, where = children.pop(key.fd)
             selector.unregister(key.fd)
             os.close(key.fd)
-            reply = json.dumps({"returncode": os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])})
+            status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            reply = json.dumps({"pid": pid, "returncode": status})
             if where is None:
                 replies.write(reply + "\n")
             else:
@@ -272,6 +274,7 @@ class WarmPython:
         os.close(write_end)
         self._replies = os.fdopen(read_end, "r", buffering=1)
         self._lock = threading.Lock()
+        self._exited: dict[int, int] = {}  # process id -> exit status, not yet collected
 
     def alive(self) -> bool:
         return self._server.poll() is None
@@ -292,7 +295,7 @@ class WarmPython:
         self, args: list[str], timeout: float, env: dict[str, str], cwd: str | os.PathLike
     ) -> tuple[int, str, str, bool]:
         """(exit code, stdout, stderr, timed out) of ``torchrun *args``."""
-        return self._run("torchrun", args, timeout, env, cwd)
+        return self.wait(self.start("torchrun", args, env, cwd), timeout)
 
     run = torchrun  # the name the tests have used
 
@@ -300,38 +303,61 @@ class WarmPython:
         self, argv: list[str], timeout: float, env: dict[str, str], cwd: str | os.PathLike
     ) -> tuple[int, str, str, bool]:
         """(exit code, stdout, stderr, timed out) of ``python *argv`` (argv[0]: a script)."""
-        return self._run("python", argv, timeout, env, cwd)
+        return self.wait(self.start("python", argv, env, cwd), timeout)
 
-    def _run(
-        self, kind: str, args: list[str], timeout: float, env: dict[str, str], cwd
-    ) -> tuple[int, str, str, bool]:
-        with self._lock, tempfile.TemporaryDirectory(prefix="warm-run-") as folder:
-            stdout_path = os.path.join(folder, "stdout")
-            stderr_path = os.path.join(folder, "stderr")
-            for path in (stdout_path, stderr_path):
-                open(path, "w").close()
-            args = [str(arg) for arg in args]
-            request = {
-                "kind": kind,
-                "args": args,
-                "argv": args,
-                "env": env,
-                "cwd": os.path.abspath(cwd),
-                "stdout": stdout_path,
-                "stderr": stderr_path,
-                "unbuffered": False,
-            }
+    def start(self, kind: str, args: list, env: dict[str, str], cwd) -> tuple[int, str]:
+        """Starts ``torchrun *args`` or ``python *args`` (``kind``) without waiting for it
+        (several may run at once, as two machines' agents); returns what :meth:`wait` takes."""
+        folder = tempfile.mkdtemp(prefix="warm-run-")
+        for name in ("stdout", "stderr"):
+            open(os.path.join(folder, name), "w").close()
+        args = [str(arg) for arg in args]
+        request = {
+            "kind": kind,
+            "args": args,
+            "argv": args,
+            "env": env,
+            "cwd": os.path.abspath(cwd),
+            "stdout": os.path.join(folder, "stdout"),
+            "stderr": os.path.join(folder, "stderr"),
+            "unbuffered": False,
+        }
+        with self._lock:
             self._server.stdin.write(json.dumps(request) + "\n")
             self._server.stdin.flush()
-            self._reply(deadline=time.monotonic() + 30)  # {"pid": ...}
-            reply = self._reply(deadline=time.monotonic() + timeout)
-            timed_out = reply is None
-            if timed_out:
-                # Its workers are the server's children, not the agent's: kill all but the server.
-                _kill_tree(self._server.pid, spare_root=True)
-                reply = self._reply(deadline=time.monotonic() + 30)
-            with open(stdout_path) as out, open(stderr_path) as err:
-                return (reply or {}).get("returncode", -9), out.read(), err.read(), timed_out
+            while True:  # the next reply without an exit status is this one's process id
+                reply = self._reply(deadline=time.monotonic() + 60)
+                if reply is None:
+                    raise RuntimeError("the warm python server did not start the process")
+                if "returncode" not in reply:
+                    return reply["pid"], folder
+                self._exited[reply["pid"]] = reply["returncode"]
+
+    def wait(self, launch: tuple[int, str], timeout: float) -> tuple[int, str, str, bool]:
+        """(exit code, stdout, stderr, timed out) of a :meth:`start`; at the time limit, it
+        is killed with every other process the server started (its workers are the
+        server's children, not the agent's)."""
+        pid, folder = launch
+        timed_out = False
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while pid not in self._exited:
+                reply = self._reply(deadline)
+                if reply is None:
+                    if timed_out:
+                        break  # not even SIGKILL ended it in 30 s
+                    timed_out = True
+                    _kill_tree(self._server.pid, spare_root=True)
+                    deadline = time.monotonic() + 30
+                elif "returncode" in reply:
+                    self._exited[reply["pid"]] = reply["returncode"]
+        with (
+            open(os.path.join(folder, "stdout")) as out,
+            open(os.path.join(folder, "stderr")) as err,
+        ):
+            outputs = out.read(), err.read()
+        shutil.rmtree(folder, ignore_errors=True)
+        return self._exited.pop(pid, -9), *outputs, timed_out
 
     def _reply(self, deadline: float) -> dict | None:
         while True:
