@@ -83,6 +83,17 @@ def _launcher():
     return _Cold if os.environ.get("HAPI_TESTS_COLD") == "1" else warm_launcher.server(child_env())
 
 
+def torchrun_command() -> str:
+    """A command line that stands in for ``torchrun`` where a script the tests run starts it
+    (examples/multi_machine.sh's TORCHRUN): its agents and workers are forked warm."""
+    launcher = _launcher()
+    if launcher is _Cold:
+        return f"{sys.executable} -m torch.distributed.run"
+    client = pathlib.Path(__file__).resolve().parent / "warm_torchrun.py"
+    launcher.wait_ready()
+    return f"{sys.executable} {client} {launcher.socket}"
+
+
 def torchrun(
     args: list[str],
     timeout: float = 180,

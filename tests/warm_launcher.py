@@ -13,7 +13,10 @@ their workers, and single-process training scripts. A small server process impor
   agent only, to ask the server over a Unix socket for a fork instead of running
   ``python -u script ...``; the agent watches, signals and reaps it as it would its
   ``Popen`` (process id, ``poll``, ``wait``, ``killpg`` of its session);
-* a plain script run (:meth:`WarmPython.python`), as ``python script ...``.
+* a plain script run (:meth:`WarmPython.python`), as ``python script ...``;
+* a torchrun agent asked for by ``python tests/warm_torchrun.py SOCKET ARGS...``, a
+  command that stands in for ``torchrun ARGS...`` where a script the tests run starts
+  torchrun itself (``dist_helpers.torchrun_command``).
 
 A forked script starts as a fresh interpreter would for what the tests can see: its
 own session, standard streams, working directory, environment, ``sys.argv``,
@@ -135,11 +138,14 @@ def forget_server():
             where.close()
 
 
-def run_agent(request):
+def run_agent(request, fds=None):
     code = 1
     try:
-        stdout, stderr = (os.open(request[k], os.O_WRONLY | os.O_TRUNC) for k in ("stdout", "stderr"))
-        become(request, [os.open(os.devnull, os.O_RDONLY), stdout, stderr])
+        if fds is None:
+            fds = [os.open(os.devnull, os.O_RDONLY)] + [
+                os.open(request[k], os.O_WRONLY | os.O_TRUNC) for k in ("stdout", "stderr")
+            ]
+        become(request, fds)
         sys.argv = ["torchrun", *request["args"]]
         handlers.SubprocessHandler._popen = _warm_popen
         try:
@@ -160,6 +166,7 @@ def run_agent(request):
 listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 listener.bind(SOCKET)
 listener.listen(64)
+replies.write(json.dumps({"ready": True}) + "\n")
 selector = selectors.DefaultSelector()
 selector.register(0, selectors.EVENT_READ, "request")
 selector.register(listener, selectors.EVENT_READ, "worker")
@@ -190,7 +197,7 @@ while script is None:
                     break
                 replies.write(json.dumps({"pid": pid}) + "\n")
                 started = pid, None
-        elif key.data == "worker":  # from an agent: start one of its workers
+        elif key.data == "worker":  # from an agent: one of its workers; or warm_torchrun.py
             conn, _ = listener.accept()
             message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
             request = json.loads(message)
@@ -198,6 +205,8 @@ while script is None:
             if pid == 0:
                 forget_server()
                 conn.close()
+                if request.get("kind") == "torchrun":
+                    run_agent(request, fds)
                 script = request, fds
                 break
             for fd in fds:
@@ -263,8 +272,9 @@ class WarmPython:
     def __init__(self, env: dict[str, str]) -> None:
         self._folder = tempfile.mkdtemp(prefix="warm-python-")
         read_end, write_end = os.pipe()
+        self.socket = os.path.join(self._folder, "socket")  # for warm_torchrun.py
         self._server = subprocess.Popen(
-            [sys.executable, "-c", _SERVER, str(write_end), os.path.join(self._folder, "socket")],
+            [sys.executable, "-c", _SERVER, str(write_end), self.socket],
             stdin=subprocess.PIPE,
             text=True,
             env=env,
@@ -275,6 +285,7 @@ class WarmPython:
         self._replies = os.fdopen(read_end, "r", buffering=1)
         self._lock = threading.Lock()
         self._exited: dict[int, int] = {}  # process id -> exit status, not yet collected
+        self._ready = False
 
     def alive(self) -> bool:
         return self._server.poll() is None
@@ -322,6 +333,7 @@ class WarmPython:
             "stderr": os.path.join(folder, "stderr"),
             "unbuffered": False,
         }
+        self.wait_ready()
         with self._lock:
             self._server.stdin.write(json.dumps(request) + "\n")
             self._server.stdin.flush()
@@ -332,6 +344,15 @@ class WarmPython:
                 if "returncode" not in reply:
                     return reply["pid"], folder
                 self._exited[reply["pid"]] = reply["returncode"]
+
+    def wait_ready(self) -> None:
+        """Returns once the server has imported what it imports and listens on its socket."""
+        with self._lock:
+            if not self._ready:
+                reply = self._reply(deadline=time.monotonic() + 600)
+                if reply != {"ready": True}:
+                    raise RuntimeError(f"the warm python server did not start: {reply}")
+                self._ready = True
 
     def wait(self, launch: tuple[int, str], timeout: float) -> tuple[int, str, str, bool]:
         """(exit code, stdout, stderr, timed out) of a :meth:`start`; at the time limit, it
