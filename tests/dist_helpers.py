@@ -8,6 +8,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
 
 import torch
 import warm_launcher
@@ -60,12 +61,52 @@ def run_bounded(
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
-def torchrun(args: list[str], timeout: float = 180, check: bool = True, **env: str):
-    """``torchrun *args``, its agent forked from a warm interpreter (see warm_launcher)."""
+class _Cold:
+    """The commands themselves, for HAPI_TESTS_COLD=1: every process started cold."""
+
+    @staticmethod
+    def python(argv, timeout, env, cwd):
+        try:
+            done = run_bounded([sys.executable, *map(str, argv)], timeout, env, cwd=cwd)
+        except AssertionError as error:
+            return -9, str(error), "", True
+        return done.returncode, done.stdout, done.stderr, False
+
+    @staticmethod
+    def torchrun(args, timeout, env, cwd):
+        return _Cold.python(["-m", "torch.distributed.run", *args], timeout, env, cwd)
+
+
+def _launcher():
+    """The warm launcher, or with HAPI_TESTS_COLD=1 in the environment, the commands (to
+    check now and then that nothing passes only because processes are forked)."""
+    return _Cold if os.environ.get("HAPI_TESTS_COLD") == "1" else warm_launcher.server(child_env())
+
+
+def torchrun_command() -> str:
+    """A command line that stands in for ``torchrun`` where a script the tests run starts it
+    (examples/multi_machine.sh's TORCHRUN): its agents and workers are forked warm."""
+    launcher = _launcher()
+    if launcher is _Cold:
+        return f"{sys.executable} -m torch.distributed.run"
+    client = pathlib.Path(__file__).resolve().parent / "warm_torchrun.py"
+    launcher.wait_ready()
+    return f"{sys.executable} {client} {launcher.socket}"
+
+
+def torchrun(
+    args: list[str],
+    timeout: float = 180,
+    check: bool = True,
+    cwd: str | os.PathLike | None = None,
+    **env: str,
+):
+    """``torchrun *args``, its agent and workers forked from a warm interpreter (see
+    warm_launcher)."""
     command = [sys.executable, "-m", "torch.distributed.run", *args]
     launch_env = child_env(**env)
-    returncode, stdout, stderr, timed_out = warm_launcher.server(child_env()).run(
-        args, timeout, launch_env, cwd=os.getcwd()
+    returncode, stdout, stderr, timed_out = _launcher().torchrun(
+        args, timeout, launch_env, cwd=cwd or os.getcwd()
     )
     if timed_out:
         raise AssertionError(
@@ -78,6 +119,22 @@ def torchrun(args: list[str], timeout: float = 180, check: bool = True, **env: s
             f"{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
         )
     return result
+
+
+def run_python(
+    argv: list, timeout: float, env: dict[str, str], cwd: str | os.PathLike | None = None
+) -> subprocess.CompletedProcess:
+    """``python *argv`` (argv[0]: a script) as :func:`run_bounded` runs it, forked from a
+    warm interpreter (see warm_launcher); a timeout kills it with everything it started."""
+    command = [sys.executable, *map(str, argv)]
+    returncode, stdout, stderr, timed_out = _launcher().python(
+        argv, timeout, env, cwd=cwd or os.getcwd()
+    )
+    if timed_out:
+        raise AssertionError(
+            f"{' '.join(command)} did not finish in {timeout} s:\n{stdout[-3000:]}\n{stderr[-5000:]}"
+        )
+    return subprocess.CompletedProcess(command, returncode, stdout, stderr)
 
 
 def main_process_report(stdout: str) -> dict:
@@ -116,35 +173,48 @@ def two_machines(
 ) -> list[str]:
     """Two torchrun agents, one process each, meeting through a c10d rendezvous on
     127.0.0.1 as two machines would; node N runs ``script_args[N]``. Returns their
-    outputs once both have exited with 0."""
-    agents = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes=2",
-                "--nproc_per_node=1",
-                f"--node-rank={node}",
-                *options,
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{port}",
-                f"--rdzv-id={rdzv_id}",
-                *arguments,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=child_env(**env),
-            start_new_session=True,
-        )
+    outputs (stdout, then stderr) once both have exited with 0."""
+    launcher = _launcher()
+    args = [
+        [
+            "--nnodes=2",
+            "--nproc_per_node=1",
+            f"--node-rank={node}",
+            *options,
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            f"--rdzv-id={rdzv_id}",
+            *arguments,
+        ]
         for node, arguments in enumerate(script_args)
     ]
-    try:
-        outputs = [agent.communicate(timeout=timeout)[0] for agent in agents]
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                os.killpg(agent.pid, signal.SIGKILL)
-    assert [agent.returncode for agent in agents] == [0, 0], outputs
+    if launcher is _Cold:
+        agents = [
+            subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", *node_args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=child_env(**env),
+                start_new_session=True,
+            )
+            for node_args in args
+        ]
+        try:
+            outputs = [agent.communicate(timeout=timeout)[0] for agent in agents]
+        finally:
+            for agent in agents:
+                if agent.poll() is None:
+                    os.killpg(agent.pid, signal.SIGKILL)
+        returncodes = [agent.returncode for agent in agents]
+    else:
+        launches = [
+            launcher.start("torchrun", node_args, child_env(**env), os.getcwd())
+            for node_args in args
+        ]
+        deadline = time.monotonic() + timeout
+        done = [launcher.wait(launch, max(deadline - time.monotonic(), 1)) for launch in launches]
+        returncodes = [returncode for returncode, _, _, _ in done]
+        outputs = [stdout + stderr for _, stdout, stderr, _ in done]
+    assert returncodes == [0, 0], outputs
     return outputs

@@ -11,10 +11,9 @@ from __future__ import annotations
 import importlib
 import pathlib
 import re
-import sys
 
 import pytest
-from dist_helpers import child_env, run_bounded
+from dist_helpers import child_env, run_python
 from idx_files import make_mnist_dir
 
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
@@ -132,8 +131,8 @@ def data_home(tmp_path_factory):
 def test_benchmark_prints_its_table(script, data_home):
     arguments, rows = CASES[script]
     # Run from benchmarks/, as docs/benchmarks.md says; each script finds common.py beside it.
-    result = run_bounded(
-        [sys.executable, str(BENCHMARKS / script), *arguments],
+    result = run_python(
+        [str(BENCHMARKS / script), *arguments],
         timeout=240,
         env=child_env(HAPI_DATA_HOME=str(data_home)),
         cwd=BENCHMARKS,

@@ -12,7 +12,7 @@ import pathlib
 import sys
 
 import pytest
-from dist_helpers import child_env, run_bounded
+from dist_helpers import child_env, run_python
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
@@ -34,8 +34,8 @@ CHECKS = [
 def cpu_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check") / "lines.jsonl"
     # From the repository root with PYTHONPATH=., as docs/benchmarks.md tells the GPU machine.
-    result = run_bounded(
-        [sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--out", str(out)],
+    result = run_python(
+        [str(SCRIPT), "--device", "cpu", "--quick", "--out", str(out)],
         timeout=300,
         env=child_env(PYTHONPATH="."),
         cwd=REPO,

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
-from dist_helpers import WORKER, assert_close_lists, child_env, read_ranks, run_bounded, torchrun
+from dist_helpers import WORKER, assert_close_lists, child_env, read_ranks, run_python, torchrun
 
 SCRIPT = WORKER.parent / "dict_script.py"
 
@@ -14,7 +13,7 @@ SCRIPT = WORKER.parent / "dict_script.py"
 def test_dict_batches_on_two_processes_equal_one_at_the_global_batch(tmp_path):
     one = tmp_path / "one"
     one.mkdir()
-    result = run_bounded([sys.executable, str(SCRIPT), str(one), "16"], 120, child_env())
+    result = run_python([str(SCRIPT), str(one), "16"], 120, child_env())
     assert result.returncode == 0, result.stderr[-3000:]
     reference = json.loads((one / "dict.rank0.json").read_text())
     torchrun(["--standalone", "--nproc_per_node=2", str(SCRIPT), str(tmp_path), "8"])

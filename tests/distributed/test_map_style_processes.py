@@ -4,10 +4,9 @@ and score like 1 process at 2b: they are sharded exactly like a Dataset."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
-from dist_helpers import WORKER, assert_close_lists, child_env, read_ranks, run_bounded, torchrun
+from dist_helpers import WORKER, assert_close_lists, child_env, read_ranks, run_python, torchrun
 
 SCRIPT = WORKER.parent / "map_style_script.py"
 
@@ -16,7 +15,7 @@ def test_map_style_data_on_two_processes_equals_one_at_the_global_batch(tmp_path
     """The old code refused both kinds of data on any number of processes."""
     one = tmp_path / "one"
     one.mkdir()
-    result = run_bounded([sys.executable, str(SCRIPT), str(one), "16"], 120, child_env())
+    result = run_python([str(SCRIPT), str(one), "16"], 120, child_env())
     assert result.returncode == 0, result.stderr[-3000:]
     reference = json.loads((one / "map_style.rank0.json").read_text())
     torchrun(["--standalone", "--nproc_per_node=2", str(SCRIPT), str(tmp_path), "8"])

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 from conftest import TinyNet, make_tiny_data
-from dist_helpers import WORKER, child_env, run_bounded, torchrun, two_machines
+from dist_helpers import WORKER, child_env, run_python, torchrun, two_machines
 from torch import nn
 
 from callbacks import BackupAndRestore
@@ -22,15 +22,11 @@ MID_EPOCH_KILL = 10  # the last backup before it, at step 9, lies mid-epoch (bat
 
 
 def _run(out, *args, **env):
-    return run_bounded(
-        [sys.executable, str(SCRIPT), str(out), *map(str, args)], 120, child_env(**env)
-    )
+    return run_python([str(SCRIPT), str(out), *map(str, args)], 120, child_env(**env))
 
 
 def _run_script(script, out, *args, **env):
-    result = run_bounded(
-        [sys.executable, str(script), str(out), *map(str, args)], 120, child_env(**env)
-    )
+    result = run_python([str(script), str(out), *map(str, args)], 120, child_env(**env))
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -46,11 +42,19 @@ def _assert_same_run(resumed, reference):
         assert resumed[key] == reference[key], key
 
 
-def test_one_process_killed_mid_epoch_resumes_exactly(tmp_path):
-    reference_dir, crash_dir = tmp_path / "reference", tmp_path / "crash"
-    reference_dir.mkdir(), crash_dir.mkdir()
-    assert _run(reference_dir).returncode == 0
+@pytest.fixture(scope="module")
+def plain_references(tmp_path_factory):
+    """Uninterrupted runs without augmentation, on 1 and on 2 processes (torchrun), shared by
+    the tests that kill and resume the same runs."""
+    one, two = tmp_path_factory.mktemp("plain_one"), tmp_path_factory.mktemp("plain_two")
+    assert _run(one).returncode == 0
+    torchrun(["--standalone", "--nproc_per_node=2", str(SCRIPT), str(two)])
+    return one, two
 
+
+def test_one_process_killed_mid_epoch_resumes_exactly(tmp_path, plain_references):
+    reference_dir, crash_dir = plain_references[0], tmp_path / "crash"
+    crash_dir.mkdir()
     killed = _run(crash_dir, KILL_AT_STEP)
     assert killed.returncode == 17, killed.stderr[-3000:]  # os._exit in the middle of epoch 2
     assert (crash_dir / "backup" / "backup.pt").exists()
@@ -64,10 +68,9 @@ def test_one_process_killed_mid_epoch_resumes_exactly(tmp_path):
     assert not _result(crash_dir)["backup_left"]  # removed once training ended
 
 
-def test_two_processes_restarted_by_torchrun_resume_exactly(tmp_path):
-    reference_dir, crash_dir = tmp_path / "reference", tmp_path / "crash"
-    reference_dir.mkdir(), crash_dir.mkdir()
-    torchrun(["--standalone", "--nproc_per_node=2", str(SCRIPT), str(reference_dir)])
+def test_two_processes_restarted_by_torchrun_resume_exactly(tmp_path, plain_references):
+    reference_dir, crash_dir = plain_references[1], tmp_path / "crash"
+    crash_dir.mkdir()
     result = torchrun(
         [
             "--standalone",
@@ -144,15 +147,13 @@ def test_random_augmentation_resumes_exactly_on_two_processes(
 
 
 def test_two_machines_without_a_shared_file_system_resume_from_the_latest_backup(
-    tmp_path, free_port
+    tmp_path, free_port, plain_references
 ):
     """Each "machine" (a torchrun agent) runs in its own directory, so a backup is seen
     only where rank 0 wrote it. After rank 1 dies, the agents meet again and may swap
     ranks (the healthy node restarts for free, the other spends its restart): both must
     resume from the latest backup, wherever it lies, and end as if never interrupted."""
-    reference_dir = tmp_path / "reference"
-    reference_dir.mkdir()
-    torchrun(["--standalone", "--nproc_per_node=2", str(SCRIPT), str(reference_dir)])
+    reference_dir = plain_references[1]
     machines = [tmp_path / "machine0", tmp_path / "machine1"]
     for directory in machines:
         directory.mkdir()

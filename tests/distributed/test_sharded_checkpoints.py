@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
-from dist_helpers import WORKER, child_env, run_bounded, torchrun
+from dist_helpers import WORKER, child_env, run_python, torchrun
 
 SCRIPT = WORKER.parent / "sharded_script.py"
 
@@ -16,7 +15,7 @@ def _facts(out, name):
 
 
 def _one_process(*args):
-    result = run_bounded([sys.executable, str(SCRIPT), *map(str, args)], 120, child_env())
+    result = run_python([str(SCRIPT), *map(str, args)], 120, child_env())
     assert result.returncode == 0, result.stderr[-4000:]
 
 

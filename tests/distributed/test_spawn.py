@@ -6,12 +6,11 @@ import json
 import os
 import pathlib
 import re
-import sys
 import time
 
 import pytest
 import torch
-from dist_helpers import WORKER, child_env, run_bounded
+from dist_helpers import WORKER, child_env, run_python
 
 from hapi.launch import _visible_devices, resolve_nprocs, spawn
 
@@ -21,7 +20,7 @@ SCRIPT = WORKER.parent / "spawn_script.py"
 def test_seed_usages_fn_only_args_nprocs_and_log_dir(tmp_path):
     env = child_env()
     del env["OMP_NUM_THREADS"]  # spawn shares the cores out itself
-    result = run_bounded([sys.executable, str(SCRIPT), "usages", str(tmp_path)], 180, env)
+    result = run_python([str(SCRIPT), "usages", str(tmp_path)], 180, env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for tag in ("plain", "nprocs"):  # spawn(train): one process per CPU core (2 here); nprocs=2
         records = [json.loads((tmp_path / f"{tag}.rank{r}.json").read_text()) for r in (0, 1)]
@@ -37,7 +36,7 @@ def test_seed_usages_fn_only_args_nprocs_and_log_dir(tmp_path):
 
 def test_a_failing_child_makes_spawn_raise_its_error_promptly(tmp_path):
     started = time.monotonic()
-    result = run_bounded([sys.executable, str(SCRIPT), "fail", str(tmp_path)], 120, child_env())
+    result = run_python([str(SCRIPT), "fail", str(tmp_path)], 120, child_env())
     elapsed = time.monotonic() - started
     assert result.returncode != 0
     assert (
@@ -51,7 +50,7 @@ def test_children_that_die_get_their_cause_and_existing_log_files_named(tmp_path
     env = child_env(SPAWN_SCRIPT_UNGUARDED=str(tmp_path / "unguarded"))
     (tmp_path / "hidden").mkdir()  # a log_dir used before: its old output is not this run's
     (tmp_path / "hidden" / "workerlog.0").write_text("an earlier run's output\n")
-    result = run_bounded([sys.executable, str(SCRIPT), "dies", str(tmp_path)], 180, env)
+    result = run_python([str(SCRIPT), "dies", str(tmp_path)], 180, env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     messages = json.loads((tmp_path / "messages.json").read_text())
     # No __main__ guard: every child died importing the script, before any output was redirected.

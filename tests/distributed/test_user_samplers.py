@@ -13,7 +13,7 @@ import math
 import sys
 
 import pytest
-from dist_helpers import WORKER, assert_close_lists, child_env, read_ranks, run_bounded, torchrun
+from dist_helpers import WORKER, assert_close_lists, child_env, read_ranks, run_python, torchrun
 
 SCRIPT = WORKER.parent / "samplers_script.py"
 sys.path.insert(0, str(WORKER.parent))
@@ -25,7 +25,7 @@ TRAIN = set(samplers_script.TRAIN_INDICES)
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     out = tmp_path_factory.mktemp("one")
-    result = run_bounded([sys.executable, str(SCRIPT), str(out)], 120, child_env())
+    result = run_python([str(SCRIPT), str(out)], 120, child_env())
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads((out / "samplers.rank0.json").read_text())
 

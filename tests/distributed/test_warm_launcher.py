@@ -1,6 +1,8 @@
-"""The tests' warm torchrun launch behaves as the ``torchrun`` command: the same worker output,
-the same exit status on success and on a failing rank, the launch's working directory and
-environment, and a hung job killed with all its workers at the time limit."""
+"""The tests' warm launches behave as the commands: ``torchrun`` (its agent and workers
+forked) gives the same worker output, the same exit status on success and on a failing
+rank, the launch's working directory and environment, and a hung job is killed with all
+its workers at the time limit; ``python script`` (forked) gives the same output, paths,
+exit status, traceback, thread joins and ``atexit`` handlers, and fresh random draws."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import time
 
 import pytest
 import warm_launcher
-from dist_helpers import child_env, run_bounded
+from dist_helpers import child_env, run_bounded, run_python
 
 SCRIPT = """
 import os, sys, time
@@ -66,3 +68,41 @@ def test_a_hung_job_is_killed_with_its_workers_at_the_limit(tmp_path):
         assert (
             not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
         )
+
+
+PLAIN = """
+import atexit, os, random, sys, threading, time
+import numpy, torch
+print(sys.argv, sys.path[0], os.getcwd(), os.environ["PROBE"], torch.get_num_threads())
+print("draws", random.random(), numpy.random.random(), file=sys.stderr)
+atexit.register(lambda: print("atexit ran"))
+threading.Thread(target=lambda: (time.sleep(0.3), print("thread joined"))).start()
+if os.environ.get("FAIL") == "raise":
+    raise ValueError("boom")
+if os.environ.get("FAIL") == "exit":
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("fail", [None, "raise", "exit"])
+def test_a_warm_script_run_matches_the_command(tmp_path, fail):
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN)
+    env = child_env(PROBE="here", **({"FAIL": fail} if fail else {}))
+    argv = [str(script), "an argument"]
+    cold = run_bounded([sys.executable, *argv], 120, env, cwd=tmp_path)
+    warm = run_python(argv, 120, env, cwd=tmp_path)
+    again = run_python(argv, 120, env, cwd=tmp_path)
+    assert warm.returncode == cold.returncode == {None: 0, "raise": 1, "exit": 3}[fail]
+    assert warm.stdout == cold.stdout
+    assert cold.stdout.splitlines() == [
+        f"{[str(script), 'an argument']} {tmp_path} {tmp_path} here 1",
+        "thread joined",
+        "atexit ran",
+    ]
+    if fail == "raise":
+        for run in (cold, warm):
+            assert run.stderr.strip().splitlines()[-1] == "ValueError: boom"
+            assert f'File "{script}", line 9, in <module>' in run.stderr
+    draws = [run.stderr.split("draws ")[1].split()[:2] for run in (warm, again)]
+    assert draws[0][0] != draws[1][0] and draws[0][1] != draws[1][1]  # drawn anew, as a fresh start

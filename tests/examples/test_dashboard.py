@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from dist_helpers import run_python
 from idx_files import make_mnist_dir
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -138,22 +139,11 @@ def test_visualdl_dashboard_shows_hapitrain_scalars(tmp_path, free_port):
     out = tmp_path / "out"
     logdir = out / "visualdl_log"
     for version in ("version_0", "version_1"):
-        trained = subprocess.run(
-            [
-                sys.executable,
-                str(EXAMPLE),
-                "--data-root",
-                str(data),
-                "--num-iters",
-                "3",
-                "--output",
-                str(out),
-            ],
+        trained = run_python(
+            [str(EXAMPLE), "--data-root", str(data), "--num-iters", "3", "--output", str(out)],
+            120,
+            {**os.environ, "PYTHONUNBUFFERED": "1"},
             cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         assert trained.returncode == 0, trained.stdout + trained.stderr
         assert f"VisualDL log: {logdir / version} (visualdl --logdir {logdir} " in trained.stdout

@@ -4,9 +4,8 @@ processes under torchrun, then loaded on 1 process, where it evaluates to the sa
 from __future__ import annotations
 
 import pathlib
-import sys
 
-from dist_helpers import child_env, main_process_report, run_bounded, torchrun
+from dist_helpers import child_env, main_process_report, run_python, torchrun
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "fsdp_train.py"
 
@@ -22,8 +21,8 @@ def test_sharded_on_two_processes_loads_on_one(tmp_path):
     assert (checkpoint / "checkpoint.pt").is_file()
     assert len(list(checkpoint.glob("shards-*/__*_0.distcp"))) == 2  # one file per process
 
-    one = run_bounded(
-        [sys.executable, str(EXAMPLE), "--load", str(checkpoint), "--epochs", "0"],
+    one = run_python(
+        [str(EXAMPLE), "--load", str(checkpoint), "--epochs", "0"],
         120,
         child_env(),
         cwd=tmp_path,

@@ -7,17 +7,14 @@ runs them as printed there (torchrun with two Gloo processes) and compares.
 from __future__ import annotations
 
 import pathlib
-import sys
 
-from dist_helpers import child_env, main_process_report, run_bounded, torchrun
+from dist_helpers import child_env, main_process_report, run_python, torchrun
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "global_batch.py"
 
 
 def test_two_processes_at_half_the_batch_equal_one_at_the_global_batch(tmp_path):
-    one = run_bounded(
-        [sys.executable, str(EXAMPLE), "--batch-size", "32"], 120, child_env(), cwd=tmp_path
-    )
+    one = run_python([str(EXAMPLE), "--batch-size", "32"], 120, child_env(), cwd=tmp_path)
     assert one.returncode == 0, one.stdout + one.stderr
     two = torchrun(["--standalone", "--nproc_per_node=2", str(EXAMPLE), "--batch-size", "16"])
     alone, together = main_process_report(one.stdout), main_process_report(two.stdout)

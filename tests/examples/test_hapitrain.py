@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
-from dist_helpers import main_process_report
+from dist_helpers import main_process_report, run_python, torchrun
 from idx_files import make_mnist_dir
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -17,14 +15,12 @@ EXAMPLE = ROOT / "examples" / "hapitrain.py"
 REAL_DATA = pathlib.Path("/usr/share/datasets/fashion-mnist")
 
 
-def _run(args, cwd, timeout, launcher=()):
-    result = subprocess.run(
-        [sys.executable, *launcher, str(EXAMPLE), *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+def _run(args, cwd, timeout, torchrun_args=()):
+    """The example's output, run as ``python`` or with ``torchrun *torchrun_args``."""
+    if torchrun_args:
+        return torchrun([*torchrun_args, str(EXAMPLE), *args], timeout, cwd=cwd).stdout
+    result = run_python(
+        [str(EXAMPLE), *args], timeout, {**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=cwd
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
@@ -92,7 +88,7 @@ def test_hapitrain_unchanged_under_torchrun_with_two_processes(tmp_path):
         ["--output", str(tmp_path / "out")],
         tmp_path,
         600,
-        launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"),
+        torchrun_args=("--standalone", "--nproc_per_node=2"),
     )
     assert "Distributed training on 2 processes: batch_size 64 per process, global batch 128" in out
     assert out.count("Epoch 1/1") == 1 and "step 469/469 - loss: " in out

@@ -14,12 +14,11 @@ import importlib
 import json
 import math
 import pathlib
-import sys
 
 import pytest
 import torch
 from cifar_files import write_cifar_binary
-from dist_helpers import child_env, run_bounded, torchrun
+from dist_helpers import child_env, run_bounded, torchrun, torchrun_command
 from idx_files import make_mnist_dir
 from torch import nn
 
@@ -152,7 +151,7 @@ def test_multi_machine_script_runs_hapitrain_on_two_agents(mnist, tmp_path, free
     env = child_env(
         PORT=str(free_port),
         RDZV_ID="seed-test",
-        TORCHRUN=f"{sys.executable} -m torch.distributed.run",
+        TORCHRUN=torchrun_command(),
     )
     result = run_bounded(
         [
