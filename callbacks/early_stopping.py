@@ -41,7 +41,9 @@ class EarlyStopping(MonitorCallback):
             ``model.network``, as Keras 3 does: the best of the monitored
             epochs, even when none beat ``baseline``; the first monitored
             epoch's when no value improved on it (all NaN). If the figure was
-            never logged, the last weights stay.
+            never logged, the last weights stay. The best weights are kept as
+            ``model.get_weights()`` gives them: a full copy in CPU memory on
+            every process, also under FSDP (where taking it gathers the shards).
         verbose: print "Epoch N: early stopping", what was restored and where
             the best model was saved, at the end of training (main process).
         save_best_model: Paddle's switch: each time the figure improves (and

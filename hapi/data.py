@@ -463,15 +463,15 @@ def _loader(dataset: Any, *, training: bool, **options: Any) -> DataLoader:
     return DataLoader(dataset, **options)
 
 
-def _resharded(loader: DataLoader, role: str, seed: int, force: bool = False) -> DataLoader:
+def _resharded(loader: DataLoader, role: str, seed: int) -> DataLoader:
     """A user's DataLoader, rebuilt with this process's share when there are several.
 
-    Kept as given on one process (unless ``force``) and where
+    Kept as given on one process and where
     :func:`hapi.distributed.reshard` says so; otherwise rebuilt (:func:`rebuilt`)
     with the sampler that keeps its meaning.
     """
     training = role == "train_data"
-    share = distributed.reshard(loader, training=training, seed=seed, force=force)
+    share = distributed.reshard(loader, training=training, seed=seed)
     return loader if share is None else rebuilt(loader, share, training=training)
 
 

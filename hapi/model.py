@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import math
 import os
@@ -204,7 +205,7 @@ class Model(ModelFiles):
         """
         return self._given_optimizers
 
-    def get_weights(self) -> dict[str, torch.Tensor]:
+    def get_weights(self) -> dict[str, Any]:
         """The network's weights as full, plain CPU tensors, whatever the strategy (Keras' name).
 
         A copy that later training leaves as it is: what ``EarlyStopping``
@@ -216,10 +217,13 @@ class Model(ModelFiles):
 
         Returns:
             The network's ``state_dict`` keys (no ``module.`` prefix) mapped to
-            CPU tensors.
+            CPU tensors (a module's extra state, such as ``get_extra_state``
+            returns, is deep-copied as it is).
         """
         return {
             key: value.detach().to("cpu", copy=True)
+            if torch.is_tensor(value)
+            else copy.deepcopy(value)
             for key, value in distributed.full_state_dict(self._network).items()
         }
 

@@ -82,7 +82,7 @@ class TrainData:
             return resumed[1]()
         distributed.set_epoch(self.loader, epoch)
         self._serve(self.loader, 0)
-        if self.kind == "given":
+        if self.kind in ("given", "iterable"):  # what a resume replays the epoch from
             self._epoch_start = self._states()
         return self.loader
 
@@ -129,7 +129,7 @@ class TrainData:
             shared.update(sampler.state(batches - self._first_step))
         elif kind == "given":
             shared.update(
-                epoch_start=self._epoch_start, done=batches * (self.given.batch_size or 1)
+                epoch_start=self._epoch_start, done=batches * (self._given_batch_size() or 1)
             )
         own = {"epoch_start": self._epoch_start, "generators": generator_states(self._generators)}
         return shared, own
@@ -153,6 +153,7 @@ class TrainData:
         new epoch on another number of processes; ``"restart"``: the epoch
         starts again), and the reason where it is not exact.
         """
+        self._resumed = None  # a later file (a backup after resume_from's) wins whole
         self._check_position(shared, own, first_rank, epoch_step)
         sampler = distributed.epoch_batches(self.loader)
         if sampler is not None:
@@ -165,7 +166,7 @@ class TrainData:
             sampler.resume(epoch, shared["rest"], shared["padding"], epoch_step)
             self._resumed = (epoch, lambda: self._served(self.loader, epoch_step))
             return epoch_step, "exact", None
-        if own is not None and kind == self.kind == "given":
+        if own is not None and kind == self.kind and kind in ("given", "iterable"):
             self._resumed = (epoch, lambda: self._replay(own, epoch, epoch_step))
             reason = self.inexact_reason()
             return epoch_step, "exact" if reason is None else "inexact", reason
@@ -273,10 +274,20 @@ class TrainData:
     def _in_units(self, rest: list) -> tuple[list | None, str | None]:
         """``rest`` if this run reads its units (samples, or a batch sampler's batches)."""
         sampler = distributed.epoch_batches(self.loader)
-        whole_batches = (self.given.batch_size if sampler is None else sampler.batch_size) is None
+        whole_batches = (
+            self._given_batch_size() if sampler is None else sampler.batch_size
+        ) is None
         if rest and isinstance(rest[0], list) != whole_batches:
             return None, "the checkpoint's run split the epoch into other units (batches, samples)"
         return rest, None
+
+    def _given_batch_size(self) -> int | None:
+        """Samples per batch of the user's loader; ``None`` where its items are whole batches
+        of a batch sampler of the user's own (torch's ``BatchSampler`` batches samples)."""
+        given = self.given
+        if given.batch_size is None and not isinstance(given.batch_sampler, BatchSampler):
+            return None
+        return distributed.loader_batch_size(given)
 
     def _given_stream(self, epoch: int) -> list:
         """The stream of the user's loader as torch's DataLoader iterator draws it: the
@@ -286,7 +297,7 @@ class TrainData:
         torch.empty((), dtype=torch.int64).random_(generator=given.generator)
         batches = given.batch_sampler if given.batch_sampler is not None else given.sampler
         stream = list(batches)
-        if given.batch_size is not None and isinstance(batches, BatchSampler):
+        if isinstance(batches, BatchSampler):
             return list(itertools.chain.from_iterable(stream))
         return stream
 
@@ -298,8 +309,10 @@ class TrainData:
             sampler = distributed.EpochBatches(
                 lambda seed, epoch: [],
                 0,
-                batch_size=self.given.batch_size,
-                drop_last=bool(self.given.drop_last),
+                batch_size=self._given_batch_size(),
+                drop_last=bool(
+                    getattr(self.given.batch_sampler, "drop_last", self.given.drop_last)
+                ),
                 seed=self.seed,
             )
             loader = rebuilt(self.given, {"batch_sampler": sampler}, training=True)

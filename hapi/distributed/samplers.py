@@ -20,9 +20,9 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
+from hapi.distributed import group
 from hapi.distributed.env import DistributedSetupError
 from hapi.distributed.group import rank, world_size
-from hapi.distributed.group import rank as _rank
 from hapi.rng import mix, seeded_streams
 
 
@@ -78,8 +78,8 @@ class EpochBatches(Sampler[list]):
             seed,
             training,
         )
-        self.num_replicas = world_size() if num_replicas is None else num_replicas
-        self.rank = _rank() if rank is None else rank
+        self.num_replicas = group.world_size() if num_replicas is None else num_replicas
+        self.rank = group.rank() if rank is None else rank
         # The DataLoader draws its workers' base seed from this generator, not torch's global
         # one: iterating the data never shifts the numbers the model draws (dropout), and a
         # resumed epoch gets the same worker seeds.
@@ -235,7 +235,7 @@ def _length(sampler: Any, what: str) -> int:
         ) from None
 
 
-def reshard(loader: DataLoader, training: bool, seed: int, force: bool = False) -> dict | None:
+def reshard(loader: DataLoader, training: bool, seed: int) -> dict | None:
     """How to rebuild a user's DataLoader so this process reads only its share.
 
     ``None`` keeps the loader as given: on one process, for iterable data
@@ -254,13 +254,10 @@ def reshard(loader: DataLoader, training: bool, seed: int, force: bool = False) 
     * a batch sampler of the user's own (not torch's ``BatchSampler``) is
       kept whole, and its batches are split.
 
-    ``force`` rebuilds the loader on one process too (a run resumed from
-    several processes continues their order).
-
     Raises:
         DistributedSetupError: the sampler cannot be split (no length).
     """
-    if (world_size() == 1 and not force) or isinstance(loader.dataset, IterableDataset):
+    if world_size() == 1 or isinstance(loader.dataset, IterableDataset):
         return None
     batches = loader.batch_sampler  # None when the user turned automatic batching off
     inner = index_sampler(loader)

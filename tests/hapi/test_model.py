@@ -387,3 +387,18 @@ def test_get_weights_is_a_cpu_copy_and_set_weights_puts_it_back():
         model.set_weights({k: v for k, v in list(before.items())[1:]})
     with pytest.raises(TypeError, match="dict of tensors"):
         model.set_weights(list(before.values()))
+
+
+def test_get_weights_copies_a_modules_extra_state_too():
+    class WithExtra(nn.Linear):
+        def get_extra_state(self):
+            return {"scale": 3}
+
+        def set_extra_state(self, state):
+            self.scale = state["scale"]
+
+    model = Model(nn.Sequential(WithExtra(3, 2)))
+    weights = model.get_weights()
+    assert weights["0._extra_state"] == {"scale": 3}
+    model.set_weights(weights)
+    assert model.network[0].scale == 3
