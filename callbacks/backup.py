@@ -25,8 +25,8 @@ class BackupAndRestore(Callback):
 
     When the same script starts again (by hand, or when ``torchrun
     --max-restarts`` restarts the workers), ``fit`` finds the backup
-    (:meth:`restore_backup`) before its first batch and continues from it: the final weights equal those of a
-    run never interrupted. The backup is deleted when training ends normally,
+    (:meth:`restore_backup`) before its first batch and continues from it:
+    the final weights equal those of a run never interrupted. The backup is deleted when training ends normally,
     unless ``delete_checkpoint=False``: the file it wrote (and the hidden
     spare beside it), and, under FSDP, the sharded backup's manifest and
     shards directories -- never anything else in ``backup_dir``. Then

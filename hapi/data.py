@@ -536,8 +536,7 @@ def with_last(iterable: Iterable, length: int | None = None) -> Iterator[tuple[A
     yield current, True
 
 
-# -- what fit decides about its data before any loader is built ----------------------------
-# What ``fit`` decides about its data before any loader is built: batch sizes and the data seed.
+# -- what fit decides about its data before any loader is built: batch sizes, the data seed --
 #
 # ``batch_size`` is an int, or Paddle's pair ``(train, eval)``
 # (:func:`batch_sizes`). The data seed orders the shuffle of every epoch and

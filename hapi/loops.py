@@ -323,7 +323,7 @@ def _train_logs(stepper: Stepper, metrics: MetricSet) -> dict[str, float]:
 def _logs_of(returned: Any, step_name: str) -> dict[str, Any]:
     if not isinstance(returned, dict):
         raise TypeError(
-            f"{step_name} must return a dict of logs to log, e.g. {{'loss': loss}}; "
+            f"{step_name} must return a dict of the values to log, e.g. {{'loss': loss}}; "
             f"received {type(returned).__name__}."
         )
     return returned

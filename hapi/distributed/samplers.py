@@ -22,7 +22,6 @@ from torch.utils.data import (
 
 from hapi.distributed import group
 from hapi.distributed.env import DistributedSetupError
-from hapi.distributed.group import rank, world_size
 from hapi.rng import mix, seeded_streams
 
 
@@ -218,9 +217,9 @@ def train_sampler(
 
 def eval_sampler(dataset: Any) -> Sampler | None:
     """Sampler for evaluation/prediction: no sample twice, none left out."""
-    if world_size() == 1:
+    if group.world_size() == 1:
         return None
-    return ContiguousShardSampler(len(dataset), world_size(), rank())
+    return ContiguousShardSampler(len(dataset), group.world_size(), group.rank())
 
 
 def _length(sampler: Any, what: str) -> int:
@@ -229,7 +228,7 @@ def _length(sampler: Any, what: str) -> int:
     except TypeError:
         raise DistributedSetupError(
             f"The DataLoader's {what} {type(sampler).__name__} has no length, so torch-hapi cannot "
-            f"split what it yields across {world_size()} processes (it may never end). Give it a "
+            f"split what it yields across {group.world_size()} processes (it may never end). Give it a "
             "__len__, or give the DataLoader a sampler that knows the rank (e.g. "
             "DistributedSampler) and keep the same number of batches on every process."
         ) from None
@@ -257,7 +256,7 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> dict | None:
     Raises:
         DistributedSetupError: the sampler cannot be split (no length).
     """
-    if world_size() == 1 or isinstance(loader.dataset, IterableDataset):
+    if group.world_size() == 1 or isinstance(loader.dataset, IterableDataset):
         return None
     batches = loader.batch_sampler  # None when the user turned automatic batching off
     inner = index_sampler(loader)
@@ -279,17 +278,21 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> dict | None:
     if batches is None:
         raise DistributedSetupError(
             "This DataLoader was built with batch_size=None (no automatic batching), so its items "
-            f"are whole batches that torch-hapi cannot split across {world_size()} processes. Give "
+            f"are whole batches that torch-hapi cannot split across {group.world_size()} processes. Give "
             "it a batch_size, or a batch_sampler (torch-hapi then deals its batches out whole)."
         )
     if batch_size is None:
         raise DistributedSetupError(
             "This DataLoader has a rank-aware batch_sampler without a batch_size, which torch-hapi "
-            f"cannot split across {world_size()} processes. Give it a sampler that knows the rank "
+            f"cannot split across {group.world_size()} processes. Give it a sampler that knows the rank "
             "(e.g. BatchSampler(DistributedSampler(dataset), batch_size, drop_last)), or pass the "
             "Dataset and batch_size to fit()."
         )
-    drop_last = loader.drop_last if loader.batch_size is not None else batches.drop_last
+    drop_last = (
+        loader.drop_last
+        if loader.batch_size is not None
+        else bool(getattr(batches, "drop_last", False))
+    )
     if rank_aware or _plain_order(inner):
         if not training:
             sampler = eval_sampler(loader.dataset)

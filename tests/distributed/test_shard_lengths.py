@@ -122,3 +122,32 @@ def test_a_users_sampler_is_split_in_training_and_read_once_in_evaluation(world,
     evaluation = _samplers(user_stream(user), length, world, training=False)
     assert [i for s in evaluation for i in _read(s)] == user.indices
     assert [len(s) for s in evaluation] == [len(_read(s)) for s in evaluation]
+
+
+def test_evaluating_with_a_rank_aware_batch_sampler_without_drop_last(monkeypatch):
+    """A batch sampler that knows epochs (Paddle's DistributedBatchSampler style) but has no
+    drop_last is read for evaluation in samples, none dropped."""
+    import torch
+
+    from hapi.distributed import group
+    from hapi.distributed.samplers import reshard
+
+    class EpochAwareBatches:
+        batch_size = 2
+
+        def set_epoch(self, epoch):
+            pass
+
+        def __iter__(self):
+            return iter([[0, 1], [2, 3]])
+
+        def __len__(self):
+            return 2
+
+    monkeypatch.setattr(group, "world_size", lambda: 2)
+    monkeypatch.setattr(group, "rank", lambda: 1)
+    dataset = torch.utils.data.TensorDataset(torch.arange(5))
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=EpochAwareBatches())
+    share = reshard(loader, training=False, seed=0)
+    assert share["batch_size"] == 2 and share["drop_last"] is False
+    assert list(share["sampler"]) == [3, 4]
