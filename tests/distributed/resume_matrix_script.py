@@ -46,7 +46,14 @@ import numpy as np
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.utils.data import DataLoader, Dataset, SubsetRandomSampler, WeightedRandomSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    RandomSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
@@ -70,7 +77,8 @@ class Cell:
     ``save_freq`` optimizer steps.
     """
 
-    data: str  # tensors, dataset, loader_shuffle, subset, subset_gen, batch_sampler, weighted
+    data: str  # tensors, dataset, loader_shuffle, subset, subset_gen, batch_sampler, weighted,
+    # torch_batch_sampler (torch's BatchSampler given as batch_sampler=: read in samples)
     before: int  # processes of the crashed run
     after: int  # processes of the resumed run
     crash: str  # mid_epoch, mid_accumulation, eval_boundary, after_save, epoch1
@@ -136,6 +144,7 @@ CELLS = {
     ),  # ep 0 @ 4, killed after batch 4 (the first of its group)
     # 1 -> 2
     "subset_gen-1to2-epoch1": Cell("subset_gen", 1, 2, "epoch1", 3, 14),  # ep 1 @ 3
+    "torch_batch_sampler-1to2-mid_epoch": Cell("torch_batch_sampler", 1, 2, "mid_epoch", 3, 8),
     "tensors-w2-1to2-mid_accumulation": Cell(
         "tensors", 1, 2, "mid_accumulation", 2, 3, workers=2, accumulate=2
     ),  # 6 updates an epoch; ep 0 @ 4, killed after batch 6 (the first of its group)
@@ -148,6 +157,9 @@ CELLS = {
     "loader_shuffle-2to1to1-mid_epoch": Cell(
         "loader_shuffle", 2, 1, "mid_epoch", 2, 3, kill_rank=1, again=7
     ),  # ep 0 @ 2 (of 2 processes); then ep 0 @ 6, 4 batches into the rest on one process
+    "torch_batch_sampler-2to1to1-mid_epoch": Cell(
+        "torch_batch_sampler", 2, 1, "mid_epoch", 2, 3, kill_rank=1, again=7
+    ),
     # ep 1 @ 2
 }
 
@@ -230,6 +242,9 @@ def train_data(cell: Cell):
         return DataLoader(dataset, batch_size=BATCH, sampler=sampler, **options)
     if cell.data == "batch_sampler":
         return DataLoader(dataset, batch_sampler=UserBatches(SAMPLES, BATCH), **options)
+    if cell.data == "torch_batch_sampler":
+        batches = BatchSampler(RandomSampler(dataset), BATCH, drop_last=False)
+        return DataLoader(dataset, batch_sampler=batches, **options)
     if cell.data == "weighted":
         weights = torch.linspace(1.0, 3.0, SAMPLES)
         # Without replacement, every sample is drawn once an epoch, in a weighted order.

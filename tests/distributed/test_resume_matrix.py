@@ -34,6 +34,10 @@ subset_gen-1to2-epoch1                SubsetRandom    1 -> 2     in epoch 1
 tensors-w2-1to2-mid_accumulation      (x, y) tensors  1 -> 2     mid-accumulation     2 workers
 weighted-2to3-mid_epoch               Weighted...     2 -> 3     mid-epoch
 loader_shuffle-2to3-epoch1            DataLoader      2 -> 3     in epoch 1
+torch_batch_sampler-1to2-mid_epoch    DataLoader      1 -> 2     mid-epoch
+                                      (BatchSampler)
+torch_batch_sampler-2to1to1-mid_epoch DataLoader      2 -> 1     mid-epoch, then      again
+                                      (BatchSampler)  -> 1       again on 1
 ====================================  ==============  =========  ===================  =====
 
 Why this subset: every data kind appears at least once with the number of processes
