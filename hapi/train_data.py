@@ -162,7 +162,8 @@ class TrainData:
         if epoch_step == 0:  # the next epoch starts afresh from the restored states
             return 0, "exact" if own is not None else "fresh", None
         kind = shared.get("kind", "unknown")
-        if own is not None and kind == self.kind == "batches" and "rest" in shared:
+        same_units = "rest" in shared and self._in_units(shared["rest"])[0] is not None
+        if own is not None and kind == self.kind == "batches" and same_units:
             sampler.resume(epoch, shared["rest"], shared["padding"], epoch_step)
             self._resumed = (epoch, lambda: self._served(self.loader, epoch_step))
             return epoch_step, "exact", None
@@ -324,6 +325,8 @@ def _check_units(name: str, units: Any, length: int | None) -> None:
     """A stream's units as a run writes them: sample indices, or batches of them."""
     if not isinstance(units, list):
         raise ValueError(f"{name!r} is {type(units).__name__}, not a list of sample indices")
+    if len({isinstance(unit, list) for unit in units}) > 1:
+        raise ValueError(f"{name!r} mixes sample indices and batches of them")
     for unit in units:
         for index in unit if isinstance(unit, list) else [unit]:
             if (

@@ -91,3 +91,18 @@ def test_a_resumed_epoch_on_as_many_processes_reads_what_the_uninterrupted_one_r
     again = _train_data(data, seed)
     assert again.resume(shared, own, own, 1, 2)[:2] == (2, "exact")
     assert _read(again, 1) == whole[2:] and again.steps == len(whole)
+
+
+def test_a_rest_in_other_units_restarts_the_epoch_and_a_mixed_one_is_refused():
+    """Whole batches where this run reads samples (a changed DataLoader, or a crafted file)
+    restart the epoch instead of failing batches later; a mix of the two is no run's."""
+    data = (torch.arange(20).unsqueeze(1).float(), torch.zeros(20, dtype=torch.long))
+    first = _train_data(data)
+    _read(first, 0, 2)
+    shared, own = first.position(2)
+    batches = _train_data(data)
+    step, outcome, reason = batches.resume(dict(shared, rest=[[1, 2], [3]]), own, own, 0, 2)
+    assert (step, outcome) == (0, "restart") and "other units" in reason
+    assert len(_read(batches, 0)) == 5
+    with pytest.raises(ValueError, match="'rest' mixes sample indices and batches"):
+        _train_data(data).resume(dict(shared, rest=[1, [2, 3]]), own, own, 0, 2)
