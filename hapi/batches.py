@@ -118,10 +118,11 @@ class BatchSplitter:
         ]
 
     def split(self, batch: Any, need_labels: bool = True) -> tuple[list[Any], list[Any]]:
+        """A batch already on the device (:meth:`to_device`) as ``(inputs, labels)``."""
         if not isinstance(batch, (tuple, list)):  # tuples first: the common case costs one check
             if isinstance(batch, dict) or isinstance(batch, Mapping):  # dict: no ABC check
                 return self._split_dict(batch, need_labels)
-            return self._to_device([batch]), []
+            return [batch], []
         batch = list(batch)
         if self.n_inputs is not None:
             inputs = batch[: self.n_inputs]
@@ -147,14 +148,15 @@ class BatchSplitter:
                 f"A batch of {len(batch)} elements leaves no network inputs with "
                 f"Model(inputs={self.n_inputs}, labels={self.n_labels})."
             )
-        return self._to_device(inputs), (self._to_device(labels) if need_labels else [])
+        return inputs, (labels if need_labels else [])
 
     def to_device(self, batch: Any) -> Any:
-        """The batch on the device, its structure kept (for a step of the user's own)."""
+        """The batch on the device, its structure kept (what every step receives)."""
         if torch.is_tensor(batch):
             return self._to_device([batch])[0]
         if isinstance(batch, (tuple, list)):
-            return type(batch)(self._to_device(batch))
+            moved = self._to_device(batch)
+            return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
         if isinstance(batch, Mapping):
             moved = dict(zip(batch, self._to_device(batch.values())))
             if type(batch) is dict:
@@ -197,8 +199,8 @@ class BatchSplitter:
                 f"A {type(batch).__name__} batch with keys {sorted(batch)} leaves no network "
                 f"inputs: every key is a label key ({keys})."
             )
-        inputs = KeywordInputs(zip(features, self._to_device(features.values())))
-        labels = self._to_device(batch[key] for key in keys if key in batch) if need_labels else []
+        inputs = KeywordInputs(features)
+        labels = [batch[key] for key in keys if key in batch] if need_labels else []
         return [inputs], labels
 
 

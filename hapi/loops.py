@@ -33,25 +33,10 @@ from typing import Any, Callable, Iterable
 import torch
 
 from hapi import distributed
-from hapi.batches import BatchSplitter, batch_length
 from hapi.callbacks import CallbackList
 from hapi.data import exact_length, num_batches, with_last
-from hapi.metrics import MetricSet
-from hapi.steps import Stepper, as_list
+from hapi.steps import as_list
 from hapi.train_data import TrainData
-
-
-@dataclass
-class Parts:
-    """What every loop needs from the Model, built once per call."""
-
-    stepper: Stepper
-    metrics: MetricSet
-    splitter: BatchSplitter
-    # Steps of the user's own (a Model subclass overriding them), or None.
-    train_step: Callable[[Any], Any] | None = None
-    eval_step: Callable[[Any], Any] | None = None
-    predict_step: Callable[[Any], Any] | None = None
 
 
 @dataclass
@@ -123,7 +108,7 @@ def _logs_due(step: int, is_last: bool, log_freq: int) -> bool:
     return is_last or (step + 1) % log_freq == 0
 
 
-def _batch_logs(batch_size: int, logs: dict[str, float] | None, metrics: MetricSet) -> dict:
+def _batch_logs(batch_size: int, logs: dict[str, float] | None, metrics: Any) -> dict:
     """``batch_size``; with logs, also ``samples``, the count they cover."""
     if logs is None:
         return {"batch_size": batch_size}
@@ -147,7 +132,6 @@ def _accumulation(step: int, is_last: bool, every: int, steps: int | None) -> tu
 
 def fit_loop(
     model: Any,
-    parts: Parts,
     train_data: TrainData,
     eval_loader: Iterable | None,
     cbks: CallbackList,
@@ -165,16 +149,17 @@ def fit_loop(
     ``restore`` puts an interrupted fit's state back (a resume) after ``on_train_begin``,
     which may reset what it restores, and before the loop reads the counters."""
     logs: dict[str, float] = {}
-    if parts.train_step is None and parts.stepper.nothing_trainable():
+    stepper = model._stepper
+    if not model._overrides("train_step") and stepper.nothing_trainable():
         warnings.warn(
-            f"fit(): no parameter of {distributed.class_name(parts.stepper.eval_network)} "
+            f"fit(): no parameter of {distributed.class_name(stepper.eval_network)} "
             "requires a gradient (every one has requires_grad=False), so nothing will be "
             "updated: the loss and metrics are computed and reported, the weights stay as "
             "they are (as Keras trains a model with trainable=False). Set requires_grad=True "
             "on the parameters to train, and give them to the optimizer.",
             stacklevel=3,
         )
-    parts.stepper.optimizer.zero_grad(set_to_none=True)  # nothing left from a stopped accumulation
+    stepper.optimizer.zero_grad(set_to_none=True)  # nothing left from a stopped accumulation
     cbks.on_train_begin()
     restore()  # model.epoch / model.epoch_step: where the loop starts
     budget = _Budget(
@@ -190,11 +175,10 @@ def fit_loop(
         def evaluate_after_update(is_last: bool) -> None:
             # Every eval_steps optimizer steps; not twice in a row at the epoch's end.
             if model.step % eval_steps == 0 and not (is_last and ends_with_evaluation):
-                _evaluate_in_fit(model, parts, eval_loader, cbks, log_freq)
+                _evaluate_in_fit(model, eval_loader, cbks, log_freq)
 
         logs, batches_done = _train_epoch(
             model,
-            parts,
             batches,
             train_data.steps,
             cbks,
@@ -207,7 +191,7 @@ def fit_loop(
             else evaluate_after_update,
         )
         if ends_with_evaluation:
-            val_logs = _evaluate_in_fit(model, parts, eval_loader, cbks, log_freq)
+            val_logs = _evaluate_in_fit(model, eval_loader, cbks, log_freq)
             logs.update({f"val_{name}": value for name, value in val_logs.items()})
         model.epoch, model.epoch_step = epoch + 1, 0
         cbks.on_epoch_end(epoch, logs)
@@ -219,21 +203,20 @@ def fit_loop(
 
 
 def _evaluate_in_fit(
-    model: Any, parts: Parts, loader: Iterable, cbks: CallbackList, log_freq: int
+    model: Any, loader: Iterable, cbks: CallbackList, log_freq: int
 ) -> dict[str, float]:
     """An evaluation during fit (each ``eval_steps`` optimizer steps, or the epoch's): one
     model's statistics everywhere, and the training logs set aside meanwhile, so that
     they carry on after it and a save made during it keeps them."""
-    distributed.sync_from_main(parts.stepper.eval_network)
-    with parts.metrics.set_aside():
-        logs = evaluate_loop(parts, loader, cbks, log_freq=log_freq, num_iters=None, model=model)
-    parts.stepper.network.train()
+    distributed.sync_from_main(model._stepper.eval_network)
+    with model._metrics.set_aside():
+        logs = evaluate_loop(model, loader, cbks, log_freq=log_freq, num_iters=None)
+    model._stepper.network.train()
     return logs
 
 
 def _train_epoch(
     model: Any,
-    parts: Parts,
     loader: Iterable,
     epoch_steps: int | None,
     cbks: CallbackList,
@@ -248,16 +231,10 @@ def _train_epoch(
     resuming mid-epoch), to ``stop_step`` (``num_iters``' end) or the epoch's end
     (``epoch_steps`` batches, when known); ``after_update(is_last)`` follows each update,
     before ``on_train_batch_end``, so that callbacks there see the step with its evaluation."""
-    stepper, metrics, splitter = parts.stepper, parts.metrics, parts.splitter
+    stepper, metrics, splitter = model._stepper, model._metrics, model._splitter
     steps = _limit(epoch_steps, stop_step)
     notify_begin = cbks.wants("on_train_batch_begin")
     notify_end = cbks.wants("on_train_batch_end")
-    before_update = None
-    if cbks.wants("on_before_optimizer_step"):
-
-        def before_update() -> None:
-            cbks.on_before_optimizer_step(step)
-
     # Two collectives run mid-epoch only for batch callbacks: reading the logs
     # (for on_train_batch_end) and agreeing on a stop request (only a batch
     # callback can make one mid-epoch). Every process must run them alike, also
@@ -266,7 +243,7 @@ def _train_epoch(
     check_stop = distributed.any_true(notify_begin or notify_end)
     single_process = distributed.world_size() == 1  # asking after every batch costs nothing
     stepper.network.train()
-    metrics.use_metrics = parts.train_step is None
+    metrics.use_metrics = not model._overrides("train_step")
     if first_step == 0:
         metrics.reset()  # a resumed epoch keeps the running logs restored with it
     done = 0
@@ -277,22 +254,11 @@ def _train_epoch(
         is_last = is_last or step + 1 == stop_step
         if notify_begin:
             cbks.on_train_batch_begin(step)
-        if parts.train_step is not None:  # the user's own step: it updates, we count and log
-            batch = splitter.to_device(batch)
-            batch_size = splitter.length(batch)
-            metrics.update_logs(_logs_of(parts.train_step(batch), "train_step"), batch_size)
-            stepper.end_own_step()
-            update = True
-        else:
-            inputs, labels = splitter.split(batch)
-            update, loss_scale = _accumulation(step, is_last, accumulate, steps)
-            loss, outputs = stepper.train(
-                inputs, labels, loss_scale=loss_scale, update=update, before_update=before_update
-            )
-            batch_size = batch_length(inputs, labels)
-            metrics.update(loss, outputs, labels, batch_size)
-            if stepper.loss_parts:  # per-output losses
-                metrics.add_logs(stepper.loss_parts, batch_size)
+        stepper.accumulation = _accumulation(step, is_last, accumulate, steps)
+        update = stepper.accumulation[0]
+        batch = splitter.to_device(batch)
+        batch_size = _step_logs(model.train_step(batch), "train_step", metrics, splitter, batch)
+        stepper.end_step()
         model.step += int(update)
         model.epoch_step = step + 1
         done = step + 1 - first_step
@@ -312,7 +278,7 @@ def _train_epoch(
     return (logs if logs is not None else _train_logs(stepper, metrics)), done
 
 
-def _train_logs(stepper: Stepper, metrics: MetricSet) -> dict[str, float]:
+def _train_logs(stepper: Any, metrics: Any) -> dict[str, float]:
     """The running logs, and ``grad_norm`` (the last update's, before clipping) when clipping."""
     logs = metrics.compute()
     if stepper.grad_norm is not None:
@@ -320,61 +286,54 @@ def _train_logs(stepper: Stepper, metrics: MetricSet) -> dict[str, float]:
     return logs
 
 
-def _logs_of(returned: Any, step_name: str) -> dict[str, Any]:
+def _step_logs(returned: Any, step_name: str, metrics: Any, splitter: Any, batch: Any) -> int:
+    """Log what a step of the user's own returned (the built-in steps update the metrics
+    themselves and return ``None``); the batch's sample count."""
+    batch_size = splitter.length(batch)
+    if returned is None:
+        return batch_size
     if not isinstance(returned, dict):
         raise TypeError(
             f"{step_name} must return a dict of the values to log, e.g. {{'loss': loss}}; "
             f"received {type(returned).__name__}."
         )
-    return returned
+    metrics.update_logs(returned, batch_size)
+    return batch_size
 
 
 def evaluate_loop(
-    parts: Parts,
+    model: Any,
     loader: Iterable,
     cbks: CallbackList,
     *,
     log_freq: int,
     num_iters: int | None,
-    model: Any = None,
 ) -> dict[str, float]:
     """One pass over evaluation data; returns the logs over all of it (over the batches
     seen, when a callback set ``model.stop_evaluating``)."""
-    stepper, metrics, splitter = parts.stepper, parts.metrics, parts.splitter
+    stepper, metrics, splitter = model._stepper, model._metrics, model._splitter
     notify_begin = cbks.wants("on_eval_batch_begin")
     steps = exact_length(loader)
-    stop_check = None
-    if model is not None:
-        model.stop_evaluating = False  # as Keras: each evaluation starts afresh
-        stop_check = _StopCheck.for_pass(
-            notify_begin or cbks.wants("on_eval_batch_end"), _limit(steps, num_iters), log_freq
-        )
-    no_labels = splitter.n_labels == 0  # Model(labels=0): the loss scores the outputs alone
+    model.stop_evaluating = False  # as Keras: each evaluation starts afresh
+    stop_check = _StopCheck.for_pass(
+        notify_begin or cbks.wants("on_eval_batch_end"), _limit(steps, num_iters), log_freq
+    )
     stopped = False
     cbks.on_eval_begin(
         {"steps": _limit(num_batches(loader), num_iters), "metrics": metrics.names()}
     )
     stepper.network.eval()
     metrics.reset()
-    metrics.use_metrics = parts.eval_step is None
+    metrics.use_metrics = not model._overrides("eval_step")
     logs: dict[str, float] | None = None
-    with stepper.gathered():  # shards may differ by a batch: no collective per batch
+    # Shards may differ by a batch: no collective per batch.
+    with stepper.gathered(), torch.no_grad():
         for step, (batch, is_last) in enumerate(with_last(loader, _limit(steps, num_iters))):
             is_last = is_last or step + 1 == num_iters
             if notify_begin:
                 cbks.on_eval_batch_begin(step)
-            if parts.eval_step is not None:
-                batch = splitter.to_device(batch)
-                batch_size = splitter.length(batch)
-                with torch.no_grad():
-                    metrics.update_logs(_logs_of(parts.eval_step(batch), "eval_step"), batch_size)
-            else:
-                inputs, labels = splitter.split(batch)
-                loss, outputs = stepper.evaluate(inputs, labels, no_labels)
-                batch_size = batch_length(inputs, labels)
-                metrics.update(loss, outputs, labels, batch_size)
-                if loss is not None and stepper.loss_parts:
-                    metrics.add_logs(stepper.loss_parts, batch_size)
+            batch = splitter.to_device(batch)
+            batch_size = _step_logs(model.eval_step(batch), "eval_step", metrics, splitter, batch)
             # Running logs stay local, and only the last batch's are reduced
             # (each process has one).
             logs = metrics.compute(sync=is_last) if _logs_due(step, is_last, log_freq) else None
@@ -390,44 +349,30 @@ def evaluate_loop(
 
 
 def predict_loop(
-    parts: Parts,
-    loader: Iterable,
-    cbks: CallbackList,
-    *,
-    model: Any = None,
-    log_freq: int = 10,
+    model: Any, loader: Iterable, cbks: CallbackList, *, log_freq: int = 10
 ) -> list[list[torch.Tensor]]:
     """The network's outputs over the data, per output a list of CPU batches (those seen,
     when a callback set ``model.stop_predicting``)."""
-    stepper, splitter = parts.stepper, parts.splitter
+    stepper, splitter = model._stepper, model._splitter
     notify_begin = cbks.wants("on_predict_batch_begin")
-    stop_check = None
-    if model is not None:
-        model.stop_predicting = False
-        stop_check = _StopCheck.for_pass(
-            notify_begin or cbks.wants("on_predict_batch_end"), exact_length(loader), log_freq
-        )
+    model.stop_predicting = False
+    stop_check = _StopCheck.for_pass(
+        notify_begin or cbks.wants("on_predict_batch_end"), exact_length(loader), log_freq
+    )
     cbks.on_predict_begin({"steps": num_batches(loader)})
     stepper.network.eval()
     per_output: list[list[torch.Tensor]] = []
-    with stepper.gathered():
+    with stepper.gathered(), torch.no_grad():
         for step, batch in enumerate(loader):
             if notify_begin:
                 cbks.on_predict_batch_begin(step)
-            if parts.predict_step is not None:
-                batch = splitter.to_device(batch)
-                with torch.no_grad():
-                    outputs = as_list(parts.predict_step(batch))
-                batch_size = splitter.length(batch)
-            else:
-                inputs, _ = splitter.split(batch, need_labels=False)
-                outputs = stepper.predict(inputs)
-                batch_size = batch_length(inputs, [])
+            batch = splitter.to_device(batch)
+            outputs = as_list(model.predict_step(batch))
             if not per_output:
                 per_output = [[] for _ in outputs]
             for store, output in zip(per_output, outputs):
                 store.append(output.cpu() if torch.is_tensor(output) else output)
-            cbks.on_predict_batch_end(step, {"batch_size": batch_size})
+            cbks.on_predict_batch_end(step, {"batch_size": splitter.length(batch)})
             if stop_check is not None and stop_check(step, model.stop_predicting):
                 break
     cbks.on_predict_end()

@@ -30,7 +30,7 @@ from hapi.callbacks import Callback, CallbackList, History
 from hapi.callbacks.run import callbacks_for_run
 from hapi.data import as_source, batch_sizes, fit_seed, make_loader, num_batches
 from hapi.flop_count import count_flops
-from hapi.loops import Parts, evaluate_loop, fit_loop, predict_loop
+from hapi.loops import evaluate_loop, fit_loop, predict_loop
 from hapi.metrics import MetricSet, normalise_metrics
 from hapi.model_io import ModelFiles
 from hapi.seed import streams_for_training
@@ -406,7 +406,8 @@ class Model(ModelFiles):
             self._scaler.load_state_dict(self._pending_scaler_state)
             self._pending_scaler_state = None
 
-    def _parts(self, purpose: str) -> Parts:
+    def _stepper_for(self, purpose: str) -> Stepper:
+        """The step's parts, checked ready for ``purpose`` and built (DDP, compile) on first need."""
         if self._metrics is None:
             raise RuntimeError(
                 f"{purpose}() needs a prepared model: call model.prepare(optimizer=..., "
@@ -463,21 +464,15 @@ class Model(ModelFiles):
                 self._strategy,
                 *self._clipping,
             )
-        steps = {
-            name: getattr(self, name)
-            for name in ("train_step", "eval_step", "predict_step")
-            if self._overrides(name)
-        }
-        return Parts(self._stepper, self._metrics, self._splitter, **steps)
+        return self._stepper
 
-    def _prediction_parts(self) -> Parts:
+    def _prediction_stepper(self) -> Stepper:
+        """Prediction needs no ``prepare``: then a step with no loss and no optimizer."""
         if self._metrics is not None:
-            return self._parts("predict")
-        return Parts(
-            Stepper(self._network, self.device, strategy=self._strategy),
-            MetricSet({}, False),
-            self._splitter,
-        )
+            return self._stepper_for("predict")
+        if self._stepper is None:
+            self._stepper = Stepper(self._network, self.device, strategy=self._strategy)
+        return self._stepper
 
     def summary(
         self, input_size: Any = None, dtype: Any = None, input: Any = None
@@ -707,7 +702,7 @@ class Model(ModelFiles):
                                     callbacks=[callbacks.EarlyStopping(patience=2)])
                 history.history["val_loss"]  # one float per epoch
         """
-        parts = self._parts("fit")
+        self._stepper_for("fit")
         for name, value in (
             ("epochs", epochs),
             ("eval_freq", eval_freq),
@@ -724,7 +719,7 @@ class Model(ModelFiles):
                 f"resume_from must be the path of a checkpoint saved during fit; received "
                 f"{type(resume_from).__name__}."
             )
-        if accumulate_grad_batches != 1 and parts.train_step is not None:
+        if accumulate_grad_batches != 1 and self._overrides("train_step"):
             raise ValueError(
                 f"fit(accumulate_grad_batches={accumulate_grad_batches}) with a train_step of "
                 f"your own ({type(self).__name__}): your step decides when to update; "
@@ -785,7 +780,6 @@ class Model(ModelFiles):
         try:
             fit_loop(
                 self,
-                parts,
                 train,
                 eval_loader,
                 cbks,
@@ -867,7 +861,7 @@ class Model(ModelFiles):
             ValueError: ``log_freq``/``num_iters`` not positive ints, or an
                 unknown ``verbose``.
         """
-        parts = self._parts("evaluate")
+        self._stepper_for("evaluate")
         require_int("evaluate", "log_freq", log_freq)
         require_int("evaluate", "num_iters", num_iters, allow_none=True)
         _check_verbose(verbose)
@@ -881,9 +875,7 @@ class Model(ModelFiles):
             num_workers=num_workers,
         )
         self._same_model_everywhere()
-        return evaluate_loop(
-            parts, loader, cbks, log_freq=log_freq, num_iters=num_iters, model=self
-        )
+        return evaluate_loop(self, loader, cbks, log_freq=log_freq, num_iters=num_iters)
 
     def predict(
         self,
@@ -918,7 +910,7 @@ class Model(ModelFiles):
         Raises:
             ValueError: an unknown ``verbose``.
         """
-        parts = self._prediction_parts()
+        self._prediction_stepper()
         _check_verbose(verbose)
         loader, cbks = self._run_setup(
             test_data,
@@ -930,7 +922,7 @@ class Model(ModelFiles):
             num_workers=num_workers,
         )
         self._same_model_everywhere()
-        outputs = predict_loop(parts, loader, cbks, model=self)
+        outputs = predict_loop(self, loader, cbks)
         if stack_outputs:
             return [
                 torch.cat(batches) if batches and torch.is_tensor(batches[0]) else batches
@@ -957,12 +949,13 @@ class Model(ModelFiles):
         Raises:
             RuntimeError: ``prepare`` was not called or gave no optimizer.
         """
-        parts = self._parts("train_batch")
-        parts.stepper.network.train()
+        stepper = self._stepper_for("train_batch")
+        stepper.network.train()
         inputs_, labels_ = self._splitter.user_batch(inputs, labels)
-        loss, outputs = parts.stepper.train(inputs_, labels_, update=update)
+        loss, outputs = stepper.train(inputs_, labels_, update=update)
+        stepper.end_step()
         self.step += int(update)
-        return self._one_batch_logs(parts, loss, outputs, labels_)
+        return self._one_batch_logs(loss, outputs, labels_)
 
     def eval_batch(self, inputs: Any, labels: Any = None) -> dict[str, float]:
         """Evaluate one batch, with no gradients and the network in eval mode.
@@ -978,11 +971,11 @@ class Model(ModelFiles):
         Raises:
             RuntimeError: ``prepare`` was not called.
         """
-        parts = self._parts("eval_batch")
-        parts.stepper.network.eval()
+        stepper = self._stepper_for("eval_batch")
+        stepper.network.eval()
         inputs_, labels_ = self._splitter.user_batch(inputs, labels)
-        loss, outputs = parts.stepper.evaluate(inputs_, labels_, self._splitter.n_labels == 0)
-        return self._one_batch_logs(parts, loss, outputs, labels_)
+        loss, outputs = stepper.evaluate(inputs_, labels_, self._splitter.n_labels == 0)
+        return self._one_batch_logs(loss, outputs, labels_)
 
     def predict_batch(self, inputs: Any) -> list[torch.Tensor]:
         """The network's outputs for one batch of inputs (eval mode, no gradients).
@@ -994,30 +987,37 @@ class Model(ModelFiles):
         Returns:
             A list with one CPU tensor per network output.
         """
-        parts = self._prediction_parts()
-        parts.stepper.network.eval()
+        stepper = self._prediction_stepper()
+        stepper.network.eval()
         inputs_, _ = self._splitter.user_batch(inputs, None)
-        return [o.cpu() for o in parts.stepper.predict(inputs_)]
+        return [o.cpu() for o in stepper.predict(inputs_)]
 
-    @staticmethod
     def _one_batch_logs(
-        parts: Parts, loss: torch.Tensor | None, outputs: list, labels: list
+        self, loss: torch.Tensor | None, outputs: list, labels: list
     ) -> dict[str, float]:
         """Figures of this batch alone (Paddle keeps running ones; one batch is clearer)."""
         if not labels:
             return {} if loss is None else {"loss": loss.item()}
-        parts.metrics.reset()
-        parts.metrics.update(loss, outputs, labels, batch_length(outputs, labels))
-        return parts.metrics.compute(sync=False)  # this process's batch: no collective
+        self._metrics.reset()
+        self._metrics.use_metrics = True
+        self._metrics.update(loss, outputs, labels, batch_length(outputs, labels))
+        return self._metrics.compute(sync=False)  # this process's batch: no collective
 
     def _overrides(self, name: str) -> bool:
         return getattr(type(self), name) is not getattr(Model, name)
 
-    # -- a step of your own (Keras' train_step, Lightning's training_step) ------------
-    def train_step(self, batch: Any) -> dict[str, Any]:
-        """Override in a subclass to write the training step yourself (Keras' ``train_step``).
+    # -- the steps: built in, or your own (Keras' train_step, Lightning's training_step) ----
+    def train_step(self, batch: Any) -> dict[str, Any] | None:
+        """One training batch: the built-in step, or yours in a subclass (Keras' ``train_step``).
 
-        For what the built-in step cannot express: a GAN's two optimizers,
+        The built-in step splits the batch into inputs and labels, runs the
+        network under ``amp``'s autocast, computes the loss, back-propagates
+        (scaled over ``accumulate_grad_batches``) and, when the batch ends an
+        accumulation group, updates the optimizer (callbacks'
+        ``on_before_optimizer_step``, clipping); it updates the loss and
+        ``prepare``'s metrics itself and returns ``None``.
+
+        Override it for what the built-in step cannot express: a GAN's two optimizers,
         several losses, state carried between batches (truncated BPTT). Run
         ``self.network``, compute losses, call :meth:`backward` and
         :meth:`optimizer_step` for each optimizer in ``self.optimizers``, and
@@ -1053,13 +1053,25 @@ class Model(ModelFiles):
                         self.optimizer_step(self.optimizers["g"])
                         return {"d_loss": d_loss, "g_loss": g_loss}
         """
-        raise NotImplementedError  # never called unless overridden (see _parts)
+        stepper = self._stepper
+        inputs, labels = self._splitter.split(batch)
+        update, loss_scale = stepper.accumulation
+        loss, outputs = stepper.train(
+            inputs,
+            labels,
+            loss_scale=loss_scale,
+            update=update,
+            before_update=self._before_update(),
+        )
+        self._update_metrics(loss, outputs, labels, inputs)
+        return None
 
-    def eval_step(self, batch: Any) -> dict[str, Any]:
-        """Override to evaluate a batch yourself (used by ``evaluate`` and ``fit``'s evaluations).
+    def eval_step(self, batch: Any) -> dict[str, Any] | None:
+        """One evaluation batch (``evaluate`` and ``fit``'s evaluations): built in, or yours.
 
-        Runs under ``torch.no_grad()`` with the network in eval mode, for
-        figures the built-in loss and metrics cannot give.
+        Runs under ``torch.no_grad()`` with the network in eval mode. The
+        built-in step scores the batch with the loss and ``prepare``'s metrics
+        and returns ``None``; override it for figures they cannot give.
 
         Args:
             batch: the loader's batch on the model's device, as the data gives it.
@@ -1069,13 +1081,17 @@ class Model(ModelFiles):
             their means over the whole data (across processes too) are what
             ``evaluate`` returns.
         """
-        raise NotImplementedError
+        inputs, labels = self._splitter.split(batch)
+        loss, outputs = self._stepper.evaluate(inputs, labels, self._splitter.n_labels == 0)
+        self._update_metrics(loss, outputs, labels, inputs)
+        return None
 
     def predict_step(self, batch: Any) -> Any:
-        """Override to predict a batch yourself (used by ``predict``).
+        """One prediction batch (``predict``): the network's outputs on its inputs, or yours.
 
-        Runs under ``torch.no_grad()`` with the network in eval mode, e.g. to
-        decode, post-process or return several outputs.
+        Runs under ``torch.no_grad()`` with the network in eval mode. The
+        built-in step drops the batch's labels and returns the network's
+        outputs; override it to decode, post-process or return other outputs.
 
         Args:
             batch: the loader's batch on the model's device, as the data gives it.
@@ -1084,7 +1100,24 @@ class Model(ModelFiles):
             A tensor, or a list/tuple of tensors (one per output), whose first
             dimension is the batch; ``predict`` collects them in data-set order.
         """
-        raise NotImplementedError
+        inputs, _ = self._splitter.split(batch, need_labels=False)
+        return self._stepper.predict(inputs)
+
+    def _update_metrics(
+        self, loss: torch.Tensor | None, outputs: list, labels: list, inputs: list
+    ) -> None:
+        """The built-in steps' running loss and metrics (and per-output losses) on one batch."""
+        size = batch_length(inputs, labels)
+        self._metrics.update(loss, outputs, labels, size)
+        if loss is not None and self._stepper.loss_parts:
+            self._metrics.add_logs(self._stepper.loss_parts, size)
+
+    def _before_update(self) -> Any:
+        """The callbacks' ``on_before_optimizer_step``, called before each update in a fit."""
+        run = self._fit_run
+        if run is None or not run.callbacks.wants("on_before_optimizer_step"):
+            return None
+        return lambda: run.callbacks.on_before_optimizer_step(self.epoch_step)
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` inside a :meth:`train_step` of your own.
@@ -1095,7 +1128,7 @@ class Model(ModelFiles):
         Args:
             loss: a scalar tensor to back-propagate.
         """
-        self._parts("train_step").stepper.backward(loss)
+        self._stepper_for("train_step").backward(loss)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Update with ``optimizer`` inside a :meth:`train_step` of your own.
@@ -1119,14 +1152,7 @@ class Model(ModelFiles):
                 f"optimizers given to prepare() ({sorted(self._optimizers)}); pass one of "
                 "self.optimizers."
             )
-        run = self._fit_run
-        before_update = None
-        if run is not None and run.callbacks.wants("on_before_optimizer_step"):
-
-            def before_update() -> None:
-                run.callbacks.on_before_optimizer_step(self.epoch_step)
-
-        self._parts("train_step").stepper.update(chosen, before_update, average=True)
+        self._stepper_for("train_step").update(chosen, self._before_update(), average=True)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The ``amp`` autocast context ``prepare`` chose, for the forward of your own steps.
@@ -1135,7 +1161,7 @@ class Model(ModelFiles):
             A context manager: ``with self.autocast(): out = self.network(x)``;
             a no-op without ``amp``.
         """
-        return self._parts("train_step").stepper.autocast()
+        return self._stepper_for("train_step").autocast()
 
 
 # Keras' names for what Model does under another name.

@@ -167,6 +167,9 @@ class Stepper:
     grad_norm: torch.Tensor | None = None
     # With per-output losses, the last batch's parts by name (output_<i>_loss).
     loss_parts: dict[str, torch.Tensor] = field(default_factory=dict)
+    # Set by fit for the batch in progress: whether it updates, and its share of the loss.
+    accumulation: tuple[bool, float] = (True, 1.0)
+    scaled_update: bool = False  # the fp16 scaler stepped since its last update
 
     def __post_init__(self) -> None:
         if self.eval_network is None:
@@ -314,10 +317,11 @@ class Stepper:
             parameters += [p for group in self.optimizer.param_groups for p in group["params"]]
         return not any(p.requires_grad for p in parameters)
 
-    def end_own_step(self) -> None:
-        """After a user's ``train_step``: the fp16 scale moves once per step, however many updates."""
-        if self.scaler is not None:
+    def end_step(self) -> None:
+        """After a training step: the fp16 scale moves once, however many optimizers it updated."""
+        if self.scaled_update:
             self.scaler.update()
+            self.scaled_update = False
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()``, through the gradient scaler under fp16 (for a user's own step)."""
@@ -346,10 +350,7 @@ class Stepper:
         self._clip(parameters)
         if self.scaler is not None:
             self.scaler.step(optimizer)
-            if (
-                not average
-            ):  # a user's step may update several optimizers: the loop updates the scale
-                self.scaler.update()
+            self.scaled_update = True
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -192,12 +192,12 @@ def test_samples_that_are_user_dicts_are_batched_and_split_like_dicts():
 
 @pytest.mark.parametrize("kind", [UserDict, Features, Encoding], ids=lambda k: k.__name__)
 def test_a_mapping_batch_is_moved_to_the_device_key_by_key(kind):
-    """Split for the built-in step, and whole (its type kept) for a train_step of one's own;
-    the old code left a non-dict batch where it was (the "meta" device shows it on a CPU)."""
+    """Whole (its type kept) for every step, then split by key for the built-in one; an old
+    version left a non-dict batch where it was (the "meta" device shows it on a CPU)."""
     splitter = BatchSplitter(torch.device("meta"), None, None)
     batch = kind({"input_ids": torch.ones(2, 3), "labels": torch.zeros(2)})
-    (inputs,), (labels,) = splitter.split(batch)
-    assert set(inputs) == {"input_ids"} and inputs["input_ids"].is_meta and labels.is_meta
     moved = splitter.to_device(batch)
     assert type(moved) is kind and all(value.is_meta for value in moved.values())
+    (inputs,), (labels,) = splitter.split(moved)
+    assert set(inputs) == {"input_ids"} and inputs["input_ids"].is_meta and labels.is_meta
     assert BatchSplitter.length(batch) == 2
