@@ -42,10 +42,10 @@ def _average_through_shared_memory(wrapped: nn.Module, trained: list[nn.Paramete
     See :mod:`hapi.distributed.shared_memory`. Every step is a collective
     that every process calls, in the same order, whatever its own verdict, so
     all take the same decision and none is left waiting: every process's
-    verdict, machine (hostname, boot id) and process id are gathered; when all
-    can, rank 0 reserves the buffer (or finds no room), every process maps it
-    and checks it is rank 0's, and then that it sees every other process's
-    writes. The hook is installed only when all of this succeeded everywhere.
+    verdict, machine (hostname, boot id) and process id are gathered, with the
+    buffer rank 0 reserved if it can take part (or found no room for); when
+    all can, every process maps it and checks it is rank 0's, and then that it
+    sees every other process's writes. The hook is installed only when all of this succeeded everywhere.
     An unexpected error on any rank is raised on every rank. One machine is
     proven (same hostname and boot id, then the shared writes), not assumed
     from ``LOCAL_WORLD_SIZE``; a launcher's ``LOCAL_WORLD_SIZE`` other than the
@@ -57,40 +57,35 @@ def _average_through_shared_memory(wrapped: nn.Module, trained: list[nn.Paramete
     if dist.get_backend() != "gloo":  # the same on every rank
         return f"the backend is {dist.get_backend()}, not gloo"
     facts = _everyone(lambda: _local_facts(wrapped.module, trained))
-    reason = _why_not(facts)
-    if reason is not None:
-        return reason
-    numel, world = facts[0]["numel"], world_size()
-    reservation = _everyone(lambda: shared_memory.reserve(numel, world) if rank() == 0 else None)[0]
-    if reservation is None:
-        return f"rank 0 found no memory for the {numel * 8 * world} bytes of the buffer"
-    peers = [(fact["pid"], fact["start"]) for fact in facts]
-    mapped: list[shared_memory.SharedMemoryAllReduce] = []
+    reservation, mapped = facts[0]["reservation"], []
 
     def attach() -> str | None:
+        peers = [(fact["pid"], fact["start"]) for fact in facts]
         try:
-            mapped.append(
-                shared_memory.SharedMemoryAllReduce(
-                    reservation, rank(), peers, timeout().total_seconds()
-                )
+            state = shared_memory.SharedMemoryAllReduce(
+                reservation, rank(), peers, timeout().total_seconds()
             )
         except OSError as error:  # not rank 0's memory after all: another machine or namespace
             return str(error)
+        mapped.append(state)
         return None
 
     try:
+        reason = _why_not(facts)
+        if reason is not None or reservation is None:
+            size = facts[0]["numel"] * 8 * len(facts)
+            return reason or f"rank 0 found no memory for the {size} bytes of the buffer"
         refusals = _everyone(attach)  # returns once every process has tried to map it
     finally:
-        if rank() == 0:
+        if reservation is not None and rank() == 0:
             shared_memory.release(reservation)
     refused = [
         f"rank {r} could not map rank 0's buffer: {why}" for r, why in enumerate(refusals) if why
     ]
     if not refused:
-        unseen = [
-            r for r, seen in enumerate(_everyone(lambda: mapped[0].everyone_attached())) if not seen
-        ]
-        if unseen:
+        seen = _everyone(lambda: mapped[0].everyone_attached())
+        if not all(seen):
+            unseen = [r for r, saw in enumerate(seen) if not saw]
             refused = [f"rank(s) {unseen} do not see every process's writes in the buffer"]
     if refused:
         for state in mapped:
@@ -101,7 +96,8 @@ def _average_through_shared_memory(wrapped: nn.Module, trained: list[nn.Paramete
 
 
 def _local_facts(network: nn.Module, trained: list[nn.Parameter]) -> dict[str, Any]:
-    """What every process needs to know of this one to decide together."""
+    """What every process needs to know of this one to decide together; on rank 0, when it
+    can take part, also the buffer it reserved (released by the caller)."""
     reason = shared_memory.reason_not_to_use(network, trained)
     local_world = env_int("LOCAL_WORLD_SIZE", -1)  # set by launchers; -1 where they were not used
     if reason is None and local_world not in (-1, world_size()):
@@ -109,16 +105,11 @@ def _local_facts(network: nn.Module, trained: list[nn.Parameter]) -> dict[str, A
             f"LOCAL_WORLD_SIZE={local_world} says the {world_size()} processes are not all "
             "on one machine"
         )
-    host, boot_id = shared_memory.machine_identity()
-    pid, start = shared_memory.process_identity()
-    return {
-        "reason": reason,
-        "host": host,
-        "boot_id": boot_id,
-        "pid": pid,
-        "start": start,
-        "numel": sum(p.numel() for p in trained),
-    }
+    numel = sum(p.numel() for p in trained)
+    reserved = None
+    if rank() == 0 and reason is None:
+        reserved = shared_memory.reserve(numel, world_size())
+    return {"reason": reason, "numel": numel, "reservation": reserved, **shared_memory.identity()}
 
 
 def _why_not(facts: list[dict[str, Any]]) -> str | None:
