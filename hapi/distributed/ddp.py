@@ -158,15 +158,3 @@ def _release(wrapped: weakref.ref) -> None:
 def unwrap(network: nn.Module) -> nn.Module:
     """The user's module inside whatever :func:`wrap` returned."""
     return network.module if isinstance(network, nn.parallel.DistributedDataParallel) else network
-
-
-def class_name(network: nn.Module) -> str:
-    """The name of the user's class of ``network``, for messages: through DDP, torch.compile
-    and FSDP's class swap (``fully_shard`` turns a ``Net`` into an ``FSDPNet``)."""
-    module = unwrap(getattr(network, "_orig_mod", network))
-    module = unwrap(getattr(module, "_orig_mod", module))
-    if not type(module).__name__.startswith("FSDP"):
-        return type(module).__name__
-    from torch.distributed.fsdp import FSDPModule  # only when the name says FSDP
-
-    return next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule)).__name__

@@ -48,12 +48,11 @@ def _is_dtensor(tensor: Any) -> bool:
     return module is not None and isinstance(tensor, module.DTensor)
 
 
-def _fsdp_units(network: nn.Module) -> list[nn.Module]:
-    """The modules of ``network`` that ``fully_shard`` made units, the network first if it is one."""
+def _unit_class() -> tuple[type, ...]:
+    """``(FSDPModule,)``, the class of the units ``fully_shard`` made, or ``()`` (which no module is
+    an instance of) where FSDP was never imported: the second argument of isinstance/issubclass."""
     module = sys.modules.get("torch.distributed.fsdp")
-    return (
-        [] if module is None else [m for m in network.modules() if isinstance(m, module.FSDPModule)]
-    )
+    return () if module is None else (module.FSDPModule,)
 
 
 def check_wrap(wrap: Any) -> tuple[type, ...] | None:
@@ -115,17 +114,12 @@ def _shared_outside(network: nn.Module, module: nn.Module) -> list[str]:
     """Names (in ``network``) of ``module``'s parameters that a module outside it also holds."""
     inside = {id(m) for m in module.modules()}
     own = {id(p) for p in module.parameters()}
-    outside = [
-        (n, m) for n, m in network.named_modules(remove_duplicate=False) if id(m) not in inside
-    ]
-    return sorted(
-        {
-            f"{owner_name}.{name}".lstrip(".")
-            for owner_name, owner in outside
-            for name, parameter in owner.named_parameters(recurse=False, remove_duplicate=False)
-            if id(parameter) in own
-        }
-    )
+    names = set()
+    for owner_name, owner in network.named_modules(remove_duplicate=False):
+        for name, parameter in owner.named_parameters(recurse=False, remove_duplicate=False):
+            if id(parameter) in own and id(owner) not in inside:
+                names.add(f"{owner_name}.{name}" if owner_name else name)
+    return sorted(names)
 
 
 def _children_first(network: nn.Module, modules: list[nn.Module]) -> list[nn.Module]:
@@ -204,8 +198,7 @@ def sharded_parameters(network: nn.Module) -> list[str]:
 
 def is_sharded(network: nn.Module) -> bool:
     """Whether :func:`shard` sharded ``network`` (not on one process, nor before training)."""
-    units = _fsdp_units(network)
-    return bool(units) and units[0] is network
+    return isinstance(network, _unit_class())
 
 
 def full_state_dict(network: nn.Module) -> dict[str, torch.Tensor]:
@@ -342,11 +335,15 @@ def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
 
 def _user_class(cls: type) -> type:
     """The class FSDP subclassed for a unit (``FSDPLinear`` -> ``Linear``); others unchanged."""
-    from torch.distributed.fsdp import FSDPModule  # a unit exists: FSDP is imported
+    return next(c for c in cls.__mro__ if not issubclass(c, _unit_class()))
 
-    while issubclass(cls, FSDPModule):
-        cls = next(base for base in cls.__bases__ if base is not FSDPModule)
-    return cls
+
+def class_name(network: nn.Module) -> str:
+    """The name of the user's class of ``network``, for messages: through DDP, torch.compile
+    and FSDP's class swap (``fully_shard`` turns a ``Net`` into an ``FSDPNet``)."""
+    module = unwrap(getattr(network, "_orig_mod", network))
+    module = unwrap(getattr(module, "_orig_mod", module))
+    return _user_class(type(module)).__name__
 
 
 def _is_fsdp_hook(hook: Any) -> bool:
@@ -417,7 +414,7 @@ def gathered(network: nn.Module) -> Iterator[None]:
     Evaluation shards may differ by a batch between processes; with the
     weights gathered once, each runs its own batches. Resharded on the way out.
     """
-    units = _fsdp_units(network)
+    units = [m for m in network.modules() if isinstance(m, _unit_class())]
     for unit in units:
         unit.set_reshard_after_forward(False, recurse=False)
         unit.unshard()
@@ -439,10 +436,5 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> torch.Ten
 
 def local_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     """Bytes this process holds of ``tensors`` (its shards, for DTensors)."""
-    total = 0
-    for tensor in tensors:
-        if tensor is None:
-            continue
-        local = tensor.to_local() if _is_dtensor(tensor) else tensor
-        total += local.numel() * local.element_size()
-    return total
+    local = [t.to_local() if _is_dtensor(t) else t for t in tensors if t is not None]
+    return sum(t.numel() * t.element_size() for t in local)

@@ -1,8 +1,10 @@
-"""The default process group: joining it, leaving it, and this process's place in it."""
+"""The default process group: joining it, leaving it, and this process's place in it; and the
+group of background saves."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import os
 import sys
@@ -125,17 +127,16 @@ def backend_name(device: str | torch.device | None = None) -> str:
                 f"HAPI_BACKEND={requested!r} is not a backend torch-hapi uses; choose 'nccl' "
                 "(CUDA GPUs) or 'gloo' (CPU), or unset it to choose automatically."
             )
-        if requested == "nccl" and not torch.cuda.is_available():
-            raise DistributedSetupError(
-                "HAPI_BACKEND=nccl asks for NCCL, which needs CUDA GPUs, but "
-                "torch.cuda.is_available() is False on this machine. Unset HAPI_BACKEND (Gloo "
-                "is chosen on CPU) or run on machines with GPUs."
-            )
         if requested == "nccl" and not on_cuda:
+            why = (
+                f"the Model was given device={str(device)!r}"
+                if torch.cuda.is_available()
+                else "torch.cuda.is_available() is False on this machine"
+            )
             raise DistributedSetupError(
-                f"HAPI_BACKEND=nccl asks for NCCL, which reduces CUDA tensors only, but the Model "
-                f"was given device={str(device)!r}. Unset HAPI_BACKEND (Gloo is chosen for CPU "
-                "models) or give the Model a CUDA device."
+                "HAPI_BACKEND=nccl asks for NCCL, which needs CUDA GPUs and reduces CUDA tensors "
+                f"only, but {why}. Unset HAPI_BACKEND (Gloo is chosen for CPU models) or train "
+                "on CUDA GPUs."
             )
         return requested
     return "nccl" if on_cuda else "gloo"
@@ -182,7 +183,13 @@ def setup(device: str | torch.device | None = None) -> None:
             f"{os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}: {error}. Likely cause: {hint}."
         ) from error
     _created_group = True
-    sys.excepthook = _note_uncaught_exception(sys.excepthook)
+    excepthook = sys.excepthook
+
+    def note_then_report(*args: Any) -> None:  # the process dies of an uncaught exception
+        note_failure()
+        excepthook(*args)
+
+    sys.excepthook = note_then_report
     atexit.register(teardown)
 
 
@@ -204,7 +211,12 @@ def teardown() -> None:
     global _created_group
     if _created_group and _active():
         if not _dying_of_an_exception:
-            _leave_together()
+            # A peer that died or never came: destroy anyway.
+            with contextlib.suppress(Exception):
+                if dist.get_backend() == "gloo":
+                    dist.monitored_barrier(timeout=timeout())
+                else:
+                    dist.barrier()
         for release in _releases:
             release()
         gc.collect()  # what held the group's work goes now, while the interpreter can free it
@@ -212,16 +224,6 @@ def teardown() -> None:
         if not _dying_of_an_exception:
             leave_attempt_store(timeout())
     _created_group = False
-
-
-def _leave_together() -> None:
-    try:
-        if dist.get_backend() == "gloo":
-            dist.monitored_barrier(timeout=timeout())
-        else:
-            dist.barrier()
-    except Exception:  # noqa: BLE001 -- a peer that died or never came: destroy anyway
-        pass
 
 
 _dying_of_an_exception = False
@@ -251,14 +253,25 @@ def note_failure() -> None:
     _dying_of_an_exception = True
 
 
-def _note_uncaught_exception(excepthook: Any) -> Any:
-    """``sys.excepthook`` that first notes the process is dying of an exception."""
+_background: dist.ProcessGroup | None = None
 
-    def hook(*args: Any) -> None:
-        note_failure()
-        excepthook(*args)
 
-    return hook
+def background_group() -> dist.ProcessGroup | None:
+    """A Gloo group of its own for saves running in the background; ``None`` on one process.
+
+    torch runs a group's collectives in the order each process issues them. A
+    background thread (a checkpoint written beside training) issues its own at
+    any time, so on the default group they would interleave with training's
+    and pair up wrongly across processes; on a group of their own they never
+    meet training's. Created by every process at its first background save,
+    which they make together (creating a group is itself a collective).
+    """
+    global _background
+    if world_size() == 1:
+        return None
+    if _background is None:
+        _background = dist.new_group(backend="gloo", timeout=timeout())
+    return _background
 
 
 def default_device(requested: str | torch.device | None = None) -> torch.device:
