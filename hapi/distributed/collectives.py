@@ -7,7 +7,7 @@ from typing import Any, Callable, TypeVar
 import torch
 import torch.distributed as dist
 
-from hapi.distributed.group import is_main, local_rank, rank, world_size
+from hapi.distributed.group import local_rank, rank, world_size
 
 Result = TypeVar("Result")
 
@@ -191,6 +191,23 @@ def sync_from_main(module: Any, parameters: bool = False) -> None:
             _through_one_tensor(members, _broadcast)
 
 
+def attempt(
+    action: Callable[[], Result], here: bool = True
+) -> tuple[Result | None, Exception | None]:
+    """``(action(), None)``, or ``(None, error)`` when it raised; ``(None, None)`` unless ``here``.
+
+    For work done on some processes that every process must learn the fate
+    of: the error is handed on (to a collective), not raised, so this process
+    still joins the collective the others wait in.
+    """
+    if not here:
+        return None, None
+    try:
+        return action(), None
+    except Exception as error:  # noqa: BLE001 -- every rank must learn of it
+        return None, error
+
+
 def on_main(
     action: Callable[[], Result], failed_elsewhere: Callable[[], Exception]
 ) -> Result | None:
@@ -200,12 +217,7 @@ def on_main(
     error, the others ``failed_elsewhere()``, so none goes on believing the
     work was done.
     """
-    result, failure = None, None
-    if is_main():
-        try:
-            result = action()
-        except Exception as error:  # noqa: BLE001 -- every rank must learn of it
-            failure = error
+    result, failure = attempt(action, here=rank() == 0)
     if any_true(failure is not None):  # also the barrier: all wait for the action
         if failure is not None:
             raise failure
@@ -227,12 +239,7 @@ def broadcast_freshest(
     everywhere when no machine has a copy. An error in ``read`` is raised
     on its machine and ``failed_elsewhere(rank)`` on the others.
     """
-    found, failure = None, None
-    if local_rank() == 0:
-        try:
-            found = read()
-        except Exception as error:  # noqa: BLE001 -- every rank must learn of it
-            failure = error
+    found, failure = attempt(read, here=local_rank() == 0)
     per_rank = gather_objects((None if found is None else found[0], failure is not None))
     if failure is not None:
         raise failure
@@ -245,9 +252,8 @@ def broadcast_freshest(
     if not copies:
         return None
     source = -max(copies)[1]
-    sending = rank() == source
-    payload = broadcast_bytes(found[1] if sending else None, source)
-    return payload, (found[2] if sending else None)
+    _, payload, parsed = found if rank() == source else (None, None, None)
+    return broadcast_bytes(payload, source), parsed
 
 
 def is_collective_failure(error: BaseException) -> bool:

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hapi.distributed import shared_memory
-from hapi.distributed.collectives import gather_objects
+from hapi.distributed.collectives import attempt, gather_objects
 from hapi.distributed.env import env_int, timeout
 from hapi.distributed.group import rank, release_at_teardown, world_size
 
@@ -66,7 +66,7 @@ def _average_through_shared_memory(wrapped: nn.Module, trained: list[nn.Paramete
                 reservation, rank(), peers, timeout().total_seconds()
             )
         except OSError as error:  # not rank 0's memory after all: another machine or namespace
-            return str(error)
+            return f"could not map rank 0's buffer: {error}"
         mapped.append(state)
         return None
 
@@ -79,18 +79,13 @@ def _average_through_shared_memory(wrapped: nn.Module, trained: list[nn.Paramete
     finally:
         if reservation is not None and rank() == 0:
             shared_memory.release(reservation)
-    refused = [
-        f"rank {r} could not map rank 0's buffer: {why}" for r, why in enumerate(refusals) if why
-    ]
-    if not refused:
-        seen = _everyone(lambda: mapped[0].everyone_attached())
-        if not all(seen):
-            unseen = [r for r, saw in enumerate(seen) if not saw]
-            refused = [f"rank(s) {unseen} do not see every process's writes in the buffer"]
-    if refused:
+    if not any(refusals):  # then every process has written its id: does each see the others'?
+        unseen = "does not see every process's writes in the buffer"
+        refusals = _everyone(lambda: None if mapped[0].everyone_attached() else unseen)
+    if any(refusals):
         for state in mapped:
             state.close()
-        return "; ".join(refused)
+        return "; ".join(f"rank {r} {why}" for r, why in enumerate(refusals) if why)
     wrapped.register_comm_hook(mapped[0], shared_memory.average_hook)
     return None
 
@@ -130,10 +125,7 @@ def _why_not(facts: list[dict[str, Any]]) -> str | None:
 def _everyone(compute: Callable[[], Any]) -> list[Any]:
     """Every rank's ``compute()`` (picklable), in rank order. An exception on any rank is
     raised on every rank, so no rank is left waiting for a collective the failed one skips."""
-    try:
-        mine, failure = compute(), None
-    except Exception as error:  # noqa: BLE001 -- whatever it is, the other ranks must learn of it
-        mine, failure = None, error
+    mine, failure = attempt(compute)
     message = None if failure is None else f"{type(failure).__name__}: {failure}"
     gathered = gather_objects((mine, message))
     failed = [(r, text) for r, (_, text) in enumerate(gathered) if text is not None]

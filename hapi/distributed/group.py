@@ -107,11 +107,6 @@ def world_size() -> int:
     return dist.get_world_size() if _active() else 1
 
 
-def is_main() -> bool:
-    """True on the one process that prints and writes files."""
-    return rank() == 0
-
-
 def backend_name(device: str | torch.device | None = None) -> str:
     """``HAPI_BACKEND`` if set, else NCCL for CUDA and Gloo for anything else.
 
@@ -127,16 +122,17 @@ def backend_name(device: str | torch.device | None = None) -> str:
                 f"HAPI_BACKEND={requested!r} is not a backend torch-hapi uses; choose 'nccl' "
                 "(CUDA GPUs) or 'gloo' (CPU), or unset it to choose automatically."
             )
-        if requested == "nccl" and not on_cuda:
-            why = (
-                f"the Model was given device={str(device)!r}"
-                if torch.cuda.is_available()
-                else "torch.cuda.is_available() is False on this machine"
-            )
+        if requested == "nccl" and not torch.cuda.is_available():
             raise DistributedSetupError(
-                "HAPI_BACKEND=nccl asks for NCCL, which needs CUDA GPUs and reduces CUDA tensors "
-                f"only, but {why}. Unset HAPI_BACKEND (Gloo is chosen for CPU models) or train "
-                "on CUDA GPUs."
+                "HAPI_BACKEND=nccl asks for NCCL, which needs CUDA GPUs, but "
+                "torch.cuda.is_available() is False on this machine. Unset HAPI_BACKEND (Gloo "
+                "is chosen on CPU) or run on machines with GPUs."
+            )
+        if requested == "nccl" and not on_cuda:
+            raise DistributedSetupError(
+                f"HAPI_BACKEND=nccl asks for NCCL, which reduces CUDA tensors only, but the Model "
+                f"was given device={str(device)!r}. Unset HAPI_BACKEND (Gloo is chosen for CPU "
+                "models) or give the Model a CUDA device."
             )
         return requested
     return "nccl" if on_cuda else "gloo"

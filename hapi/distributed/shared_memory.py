@@ -220,9 +220,8 @@ class SharedMemoryAllReduce:
     def everyone_attached(self) -> bool:
         """Whether this process sees every process's id in its line and rank 0's token: once all
         have mapped the buffer, proof that they share one memory."""
-        return bytes(self._mapping[:_TOKEN_BYTES]) == self._token and self.lines[
-            :, _PID
-        ].tolist() == [pid for pid, _ in self.peers]
+        pids_seen, pids = self.lines[:, _PID].tolist(), [pid for pid, _ in self.peers]
+        return bytes(self._mapping[:_TOKEN_BYTES]) == self._token and pids_seen == pids
 
     def close(self) -> None:
         """Unmap the buffer (the state is unusable afterwards)."""

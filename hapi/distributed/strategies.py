@@ -20,7 +20,7 @@ from torch import nn
 
 from hapi.distributed import ddp, fsdp
 from hapi.distributed.env import DistributedSetupError
-from hapi.distributed.group import is_main, world_size
+from hapi.distributed.group import rank, world_size
 
 
 @contextlib.contextmanager
@@ -72,12 +72,12 @@ class Strategy:
         """
         if not fsdp.is_sharded(network):
             return lambda: network
-        state = fsdp.gather_state_dict(network, keep=is_main())
+        state = self._full_state_dict(network)
         return lambda: fsdp.plain_copy(network, state)
 
     def _full_state_dict(self, network: nn.Module) -> dict[str, torch.Tensor]:
         """The weights as full tensors (on rank 0 at least; a collective under FSDP)."""
-        return fsdp.gather_state_dict(network, keep=is_main())
+        return fsdp.gather_state_dict(network, keep=rank() == 0)
 
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and vars(self) == vars(other)
