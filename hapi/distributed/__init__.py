@@ -49,12 +49,7 @@ from hapi.distributed.collectives import (
 )
 from hapi.distributed.ddp import unwrap, wrap
 from hapi.distributed.env import DistributedSetupError
-from hapi.distributed.fsdp import (
-    class_name,
-    full_state_dict,
-    load_full_state_dict,
-    sharded_parameters,
-)
+from hapi.distributed.fsdp import full_state_dict, load_full_state_dict, sharded_parameters
 from hapi.distributed.group import (
     backend_name,
     background_group,
@@ -82,7 +77,7 @@ from hapi.distributed.samplers import (
     set_epoch,
     train_sampler,
 )
-from hapi.distributed.strategies import DDP, FSDP, Strategy
+from hapi.distributed.strategies import DDP, FSDP, Strategy, class_name
 from hapi.distributed.strategies import resolve as resolve_strategy
 
 # What a user's script may call. Everything else imported above serves hapi's own modules: it

@@ -305,7 +305,7 @@ def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
     def copy_module(module: nn.Module) -> nn.Module:
         if id(module) in copies:  # a module used twice stays one module
             return copies[id(module)]
-        cls = _user_class(type(module))
+        cls = user_class(type(module))
         twin = copies[id(module)] = cls.__new__(cls)
         # Not torch's composable-API state (FSDP's state and registry), nor shard()'s own note.
         fields = {
@@ -333,17 +333,9 @@ def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
     return copy_module(network)
 
 
-def _user_class(cls: type) -> type:
+def user_class(cls: type) -> type:
     """The class FSDP subclassed for a unit (``FSDPLinear`` -> ``Linear``); others unchanged."""
     return next(c for c in cls.__mro__ if not issubclass(c, _unit_class()))
-
-
-def class_name(network: nn.Module) -> str:
-    """The name of the user's class of ``network``, for messages: through DDP, torch.compile
-    and FSDP's class swap (``fully_shard`` turns a ``Net`` into an ``FSDPNet``)."""
-    module = unwrap(getattr(network, "_orig_mod", network))
-    module = unwrap(getattr(module, "_orig_mod", module))
-    return _user_class(type(module)).__name__
 
 
 def _is_fsdp_hook(hook: Any) -> bool:

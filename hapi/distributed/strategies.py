@@ -40,6 +40,14 @@ def _no_sync(wrapped: nn.Module, skip_gradient_sync: bool) -> Iterator[None]:
             wrapped.set_requires_gradient_sync(True)
 
 
+def class_name(network: nn.Module) -> str:
+    """The name of the user's class of ``network``, for messages: through DDP, torch.compile
+    and FSDP's class swap (``fully_shard`` turns a ``Net`` into an ``FSDPNet``)."""
+    module = ddp.unwrap(getattr(network, "_orig_mod", network))
+    module = ddp.unwrap(getattr(module, "_orig_mod", module))
+    return fsdp.user_class(type(module)).__name__
+
+
 class Strategy:
     """The interface, with the behaviour of a network every process holds whole.
 
