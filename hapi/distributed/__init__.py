@@ -31,7 +31,6 @@ peer that is alive but stuck at most ``HAPI_DIST_TIMEOUT`` seconds (default
 
 # ruff: noqa: F401  (imported for hapi's own modules; see __all__ below)
 
-from hapi.distributed.background import background_group
 from hapi.distributed.collectives import (
     SyncFlag,
     all_reduce_sum,
@@ -48,11 +47,12 @@ from hapi.distributed.collectives import (
     sync_from_main,
     this_process_part,
 )
-from hapi.distributed.ddp import class_name, unwrap, wrap
+from hapi.distributed.ddp import unwrap, wrap
 from hapi.distributed.env import DistributedSetupError
 from hapi.distributed.fsdp import full_state_dict, load_full_state_dict, sharded_parameters
 from hapi.distributed.group import (
     backend_name,
+    background_group,
     default_device,
     local_rank,
     note_failure,
@@ -77,7 +77,7 @@ from hapi.distributed.samplers import (
     set_epoch,
     train_sampler,
 )
-from hapi.distributed.strategies import DDP, FSDP, Strategy
+from hapi.distributed.strategies import DDP, FSDP, Strategy, class_name
 from hapi.distributed.strategies import resolve as resolve_strategy
 
 # What a user's script may call. Everything else imported above serves hapi's own modules: it

@@ -7,7 +7,7 @@ from typing import Any, Callable, TypeVar
 import torch
 import torch.distributed as dist
 
-from hapi.distributed.group import is_main, local_rank, rank, world_size
+from hapi.distributed.group import local_rank, rank, world_size
 
 Result = TypeVar("Result")
 
@@ -19,10 +19,7 @@ def shared_seed() -> int:
     script makes the data order reproducible.
     """
     seed = torch.randint(0, 2**31 - 1, (), dtype=torch.int64)
-    if world_size() > 1:
-        seed = _on_collective_device(seed)
-        dist.broadcast(seed, src=0)
-    return int(seed.item())
+    return int((_broadcast(seed) if world_size() > 1 else seed).item())
 
 
 def _on_collective_device(tensor: torch.Tensor) -> torch.Tensor:
@@ -30,6 +27,22 @@ def _on_collective_device(tensor: torch.Tensor) -> torch.Tensor:
     if dist.get_backend() == "nccl":
         return tensor.to(torch.device("cuda", torch.cuda.current_device()))
     return tensor.cpu()
+
+
+def _broadcast(tensor: torch.Tensor, source: int = 0) -> torch.Tensor:
+    """Rank ``source``'s ``tensor``, on the collective device (``tensor`` itself, if it is there)."""
+    on_device = _on_collective_device(tensor)
+    dist.broadcast(on_device, src=source)
+    return on_device
+
+
+def _through_one_tensor(
+    tensors: list[torch.Tensor], collective: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
+    """Each of ``tensors`` overwritten by its part of ``collective`` run once on them all, flat."""
+    flat = collective(torch.cat([t.detach().reshape(-1) for t in tensors]))
+    for tensor, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+        tensor.copy_(part.view_as(tensor))
 
 
 _BROADCAST_PIECE_BYTES = 64 * 2**20
@@ -45,9 +58,7 @@ def broadcast_bytes(payload: bytes | None, source: int = 0) -> bytes | None:
         return payload
     sending = rank() == source
     size = torch.tensor(len(payload) if sending and payload is not None else -1, dtype=torch.int64)
-    size = _on_collective_device(size)
-    dist.broadcast(size, src=source)
-    total = int(size.item())
+    total = int(_broadcast(size, source).item())
     if total < 0:
         return None
     received = bytearray(payload if sending else total)
@@ -58,8 +69,7 @@ def broadcast_bytes(payload: bytes | None, source: int = 0) -> bytes | None:
             offset=start,
             count=min(_BROADCAST_PIECE_BYTES, total - start),
         )
-        on_device = _on_collective_device(piece)
-        dist.broadcast(on_device, src=source)
+        on_device = _broadcast(piece, source)
         if not sending and on_device is not piece:
             piece.copy_(on_device)
     return bytes(received)
@@ -133,15 +143,9 @@ def average_gradients(parameters: list[torch.Tensor]) -> None:
     for parameter in used:
         if parameter.grad is None:
             parameter.grad = torch.zeros_like(parameter)
-    if not used:
-        return
-    flat = torch.cat([p.grad.reshape(-1).to(torch.float32) for p in used])
-    flat = all_reduce_sum(flat) / world_size()
-    offset = 0
-    for parameter in used:
-        count = parameter.grad.numel()
-        parameter.grad.copy_(flat[offset : offset + count].view_as(parameter.grad))
-        offset += count
+    if used:
+        grads = [p.grad for p in used]
+        _through_one_tensor(grads, lambda flat: all_reduce_sum(flat.float()) / world_size())
 
 
 class SyncFlag:
@@ -184,12 +188,24 @@ def sync_from_main(module: Any, parameters: bool = False) -> None:
         groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
     with torch.no_grad():
         for members in groups.values():
-            flat = _on_collective_device(torch.cat([t.detach().reshape(-1) for t in members]))
-            dist.broadcast(flat, src=0)
-            offset = 0
-            for tensor in members:
-                tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
-                offset += tensor.numel()
+            _through_one_tensor(members, _broadcast)
+
+
+def attempt(
+    action: Callable[[], Result], here: bool = True
+) -> tuple[Result | None, Exception | None]:
+    """``(action(), None)``, or ``(None, error)`` when it raised; ``(None, None)`` unless ``here``.
+
+    For work done on some processes that every process must learn the fate
+    of: the error is handed on (to a collective), not raised, so this process
+    still joins the collective the others wait in.
+    """
+    if not here:
+        return None, None
+    try:
+        return action(), None
+    except Exception as error:  # noqa: BLE001 -- every rank must learn of it
+        return None, error
 
 
 def on_main(
@@ -201,12 +217,7 @@ def on_main(
     error, the others ``failed_elsewhere()``, so none goes on believing the
     work was done.
     """
-    result, failure = None, None
-    if is_main():
-        try:
-            result = action()
-        except Exception as error:  # noqa: BLE001 -- every rank must learn of it
-            failure = error
+    result, failure = attempt(action, here=rank() == 0)
     if any_true(failure is not None):  # also the barrier: all wait for the action
         if failure is not None:
             raise failure
@@ -228,12 +239,7 @@ def broadcast_freshest(
     everywhere when no machine has a copy. An error in ``read`` is raised
     on its machine and ``failed_elsewhere(rank)`` on the others.
     """
-    found, failure = None, None
-    if local_rank() == 0:
-        try:
-            found = read()
-        except Exception as error:  # noqa: BLE001 -- every rank must learn of it
-            failure = error
+    found, failure = attempt(read, here=local_rank() == 0)
     per_rank = gather_objects((None if found is None else found[0], failure is not None))
     if failure is not None:
         raise failure
@@ -246,9 +252,8 @@ def broadcast_freshest(
     if not copies:
         return None
     source = -max(copies)[1]
-    sending = rank() == source
-    payload = broadcast_bytes(found[1] if sending else None, source)
-    return payload, (found[2] if sending else None)
+    _, payload, parsed = found if rank() == source else (None, None, None)
+    return broadcast_bytes(payload, source), parsed
 
 
 def is_collective_failure(error: BaseException) -> bool:

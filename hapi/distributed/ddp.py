@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hapi.distributed import shared_memory
-from hapi.distributed.collectives import gather_objects
+from hapi.distributed.collectives import attempt, gather_objects
 from hapi.distributed.env import env_int, timeout
 from hapi.distributed.group import rank, release_at_teardown, world_size
 
@@ -42,10 +42,10 @@ def _average_through_shared_memory(wrapped: nn.Module, trained: list[nn.Paramete
     See :mod:`hapi.distributed.shared_memory`. Every step is a collective
     that every process calls, in the same order, whatever its own verdict, so
     all take the same decision and none is left waiting: every process's
-    verdict, machine (hostname, boot id) and process id are gathered; when all
-    can, rank 0 reserves the buffer (or finds no room), every process maps it
-    and checks it is rank 0's, and then that it sees every other process's
-    writes. The hook is installed only when all of this succeeded everywhere.
+    verdict, machine (hostname, boot id) and process id are gathered, with the
+    buffer rank 0 reserved if it can take part (or found no room for); when
+    all can, every process maps it and checks it is rank 0's, and then that it
+    sees every other process's writes. The hook is installed only when all of this succeeded everywhere.
     An unexpected error on any rank is raised on every rank. One machine is
     proven (same hostname and boot id, then the shared writes), not assumed
     from ``LOCAL_WORLD_SIZE``; a launcher's ``LOCAL_WORLD_SIZE`` other than the
@@ -57,51 +57,42 @@ def _average_through_shared_memory(wrapped: nn.Module, trained: list[nn.Paramete
     if dist.get_backend() != "gloo":  # the same on every rank
         return f"the backend is {dist.get_backend()}, not gloo"
     facts = _everyone(lambda: _local_facts(wrapped.module, trained))
-    reason = _why_not(facts)
-    if reason is not None:
-        return reason
-    numel, world = facts[0]["numel"], world_size()
-    reservation = _everyone(lambda: shared_memory.reserve(numel, world) if rank() == 0 else None)[0]
-    if reservation is None:
-        return f"rank 0 found no memory for the {numel * 8 * world} bytes of the buffer"
-    peers = [(fact["pid"], fact["start"]) for fact in facts]
-    mapped: list[shared_memory.SharedMemoryAllReduce] = []
+    reservation, mapped = facts[0]["reservation"], []
 
     def attach() -> str | None:
+        peers = [(fact["pid"], fact["start"]) for fact in facts]
         try:
-            mapped.append(
-                shared_memory.SharedMemoryAllReduce(
-                    reservation, rank(), peers, timeout().total_seconds()
-                )
+            state = shared_memory.SharedMemoryAllReduce(
+                reservation, rank(), peers, timeout().total_seconds()
             )
         except OSError as error:  # not rank 0's memory after all: another machine or namespace
-            return str(error)
+            return f"could not map rank 0's buffer: {error}"
+        mapped.append(state)
         return None
 
     try:
+        reason = _why_not(facts)
+        if reason is not None or reservation is None:
+            size = facts[0]["numel"] * 8 * len(facts)
+            return reason or f"rank 0 found no memory for the {size} bytes of the buffer"
         refusals = _everyone(attach)  # returns once every process has tried to map it
     finally:
-        if rank() == 0:
+        if reservation is not None and rank() == 0:
             shared_memory.release(reservation)
-    refused = [
-        f"rank {r} could not map rank 0's buffer: {why}" for r, why in enumerate(refusals) if why
-    ]
-    if not refused:
-        unseen = [
-            r for r, seen in enumerate(_everyone(lambda: mapped[0].everyone_attached())) if not seen
-        ]
-        if unseen:
-            refused = [f"rank(s) {unseen} do not see every process's writes in the buffer"]
-    if refused:
+    if not any(refusals):  # then every process has written its id: does each see the others'?
+        unseen = "does not see every process's writes in the buffer"
+        refusals = _everyone(lambda: None if mapped[0].everyone_attached() else unseen)
+    if any(refusals):
         for state in mapped:
             state.close()
-        return "; ".join(refused)
+        return "; ".join(f"rank {r} {why}" for r, why in enumerate(refusals) if why)
     wrapped.register_comm_hook(mapped[0], shared_memory.average_hook)
     return None
 
 
 def _local_facts(network: nn.Module, trained: list[nn.Parameter]) -> dict[str, Any]:
-    """What every process needs to know of this one to decide together."""
+    """What every process needs to know of this one to decide together; on rank 0, when it
+    can take part, also the buffer it reserved (released by the caller)."""
     reason = shared_memory.reason_not_to_use(network, trained)
     local_world = env_int("LOCAL_WORLD_SIZE", -1)  # set by launchers; -1 where they were not used
     if reason is None and local_world not in (-1, world_size()):
@@ -109,16 +100,11 @@ def _local_facts(network: nn.Module, trained: list[nn.Parameter]) -> dict[str, A
             f"LOCAL_WORLD_SIZE={local_world} says the {world_size()} processes are not all "
             "on one machine"
         )
-    host, boot_id = shared_memory.machine_identity()
-    pid, start = shared_memory.process_identity()
-    return {
-        "reason": reason,
-        "host": host,
-        "boot_id": boot_id,
-        "pid": pid,
-        "start": start,
-        "numel": sum(p.numel() for p in trained),
-    }
+    numel = sum(p.numel() for p in trained)
+    reserved = None
+    if rank() == 0 and reason is None:
+        reserved = shared_memory.reserve(numel, world_size())
+    return {"reason": reason, "numel": numel, "reservation": reserved, **shared_memory.identity()}
 
 
 def _why_not(facts: list[dict[str, Any]]) -> str | None:
@@ -139,10 +125,7 @@ def _why_not(facts: list[dict[str, Any]]) -> str | None:
 def _everyone(compute: Callable[[], Any]) -> list[Any]:
     """Every rank's ``compute()`` (picklable), in rank order. An exception on any rank is
     raised on every rank, so no rank is left waiting for a collective the failed one skips."""
-    try:
-        mine, failure = compute(), None
-    except Exception as error:  # noqa: BLE001 -- whatever it is, the other ranks must learn of it
-        mine, failure = None, error
+    mine, failure = attempt(compute)
     message = None if failure is None else f"{type(failure).__name__}: {failure}"
     gathered = gather_objects((mine, message))
     failed = [(r, text) for r, (_, text) in enumerate(gathered) if text is not None]
@@ -167,15 +150,3 @@ def _release(wrapped: weakref.ref) -> None:
 def unwrap(network: nn.Module) -> nn.Module:
     """The user's module inside whatever :func:`wrap` returned."""
     return network.module if isinstance(network, nn.parallel.DistributedDataParallel) else network
-
-
-def class_name(network: nn.Module) -> str:
-    """The name of the user's class of ``network``, for messages: through DDP, torch.compile
-    and FSDP's class swap (``fully_shard`` turns a ``Net`` into an ``FSDPNet``)."""
-    module = unwrap(getattr(network, "_orig_mod", network))
-    module = unwrap(getattr(module, "_orig_mod", module))
-    if not type(module).__name__.startswith("FSDP"):
-        return type(module).__name__
-    from torch.distributed.fsdp import FSDPModule  # only when the name says FSDP
-
-    return next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule)).__name__

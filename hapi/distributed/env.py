@@ -110,20 +110,13 @@ def launcher_place() -> tuple[int, int]:
     asked before (and outside) the setup that reports such errors, and a
     question like "am I the main process?" must not fail.
     """
-    if os.environ.get("WORLD_SIZE"):
-        world, place = _quiet_int("WORLD_SIZE"), _quiet_int("RANK")
-    else:
-        world, place = _quiet_int("SLURM_STEP_NUM_TASKS"), _quiet_int("SLURM_PROCID")
-    if world is None or world <= 1 or place is None or not 0 <= place < world:
-        return 0, 1
-    return place, world
-
-
-def _quiet_int(name: str) -> int | None:
+    slurm = not os.environ.get("WORLD_SIZE")
     try:
-        return int(os.environ.get(name, ""))
-    except ValueError:
-        return None
+        world = env_int("SLURM_STEP_NUM_TASKS" if slurm else "WORLD_SIZE", 1)
+        place = env_int("SLURM_PROCID" if slurm else "RANK", -1)
+    except DistributedSetupError:
+        return 0, 1
+    return (place, world) if 0 <= place < world else (0, 1)
 
 
 def tasks_per_node(text: str) -> list[int]:

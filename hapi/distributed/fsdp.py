@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -48,12 +48,11 @@ def _is_dtensor(tensor: Any) -> bool:
     return module is not None and isinstance(tensor, module.DTensor)
 
 
-def _fsdp_units(network: nn.Module) -> list[nn.Module]:
-    """The modules of ``network`` that ``fully_shard`` made units, the network first if it is one."""
+def _unit_class() -> tuple[type, ...]:
+    """``(FSDPModule,)``, the class of the units ``fully_shard`` made, or ``()`` (which no module is
+    an instance of) where FSDP was never imported: the second argument of isinstance/issubclass."""
     module = sys.modules.get("torch.distributed.fsdp")
-    return (
-        [] if module is None else [m for m in network.modules() if isinstance(m, module.FSDPModule)]
-    )
+    return () if module is None else (module.FSDPModule,)
 
 
 def check_wrap(wrap: Any) -> tuple[type, ...] | None:
@@ -89,10 +88,12 @@ def selected_units(network: nn.Module, wrap: Any) -> list[nn.Module]:
     classes = check_wrap(wrap)
     if wrap is None:
         chosen = [child for child in network.children() if any(True for _ in child.parameters())]
-    elif classes is None:
-        chosen = [m for m in network.modules() if m is not network and wrap(m)]
     else:
-        chosen = [m for m in network.modules() if m is not network and isinstance(m, classes)]
+        chosen = [
+            m
+            for m in network.modules()
+            if m is not network and (wrap(m) if classes is None else isinstance(m, classes))
+        ]
     shared = {id(m): names for m in chosen if (names := _shared_outside(network, m))}
     if shared and wrap is not None:
         where = {id(m): name for name, m in network.named_modules(remove_duplicate=False)}
@@ -113,14 +114,12 @@ def _shared_outside(network: nn.Module, module: nn.Module) -> list[str]:
     """Names (in ``network``) of ``module``'s parameters that a module outside it also holds."""
     inside = {id(m) for m in module.modules()}
     own = {id(p) for p in module.parameters()}
-    names = []
+    names = set()
     for owner_name, owner in network.named_modules(remove_duplicate=False):
-        if id(owner) in inside:
-            continue
         for name, parameter in owner.named_parameters(recurse=False, remove_duplicate=False):
-            if id(parameter) in own:
-                names.append(f"{owner_name}.{name}" if owner_name else name)
-    return sorted(set(names))
+            if id(parameter) in own and id(owner) not in inside:
+                names.add(f"{owner_name}.{name}" if owner_name else name)
+    return sorted(names)
 
 
 def _children_first(network: nn.Module, modules: list[nn.Module]) -> list[nn.Module]:
@@ -160,60 +159,36 @@ def shard(
             "model.parameters()."
         )
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import (
-        CPUOffloadPolicy,
-        MixedPrecisionPolicy,
-        OffloadPolicy,
-        fully_shard,
-    )
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     sync_from_main(network, parameters=True)  # one starting model, whatever each rank initialised
     saved_optimizer = optimizer.state_dict() if optimizer is not None and optimizer.state else None
-    mesh = init_device_mesh(device.type, (world_size(),))
-    policy = (
-        MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
-        if amp_dtype is not None
-        else MixedPrecisionPolicy()
-    )
-    offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if cpu_offload else OffloadPolicy()
-    options = {
-        "mesh": mesh,
+    options: dict[str, Any] = {
+        "mesh": init_device_mesh(device.type, (world_size(),)),
         "reshard_after_forward": reshard_after_forward,
-        "mp_policy": policy,
-        "offload_policy": offload,
     }
+    if cpu_offload:
+        options["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
     units = selected_units(network, wrap)
     if amp_dtype is not None:
         # Normalisation layers keep float32 weights, as under autocast on one process,
         # which runs them in float32 (and batch_norm refuses bfloat16 weights beside
         # float32 running statistics).
-        norms = [
-            m
-            for m in network.modules()
-            if isinstance(m, _NORMS) and m is not network and m not in units
-        ]
-        units = _children_first(network, units + norms)
+        norms = [m for m in network.modules() if isinstance(m, _NORMS) and m is not network]
+        units = _children_first(network, units + [m for m in norms if m not in units])
+    mixed = MixedPrecisionPolicy(amp_dtype, None if amp_dtype is None else torch.float32)
     for unit in [*units, network]:
-        keep_float32 = amp_dtype is not None and isinstance(unit, _NORMS)
-        fully_shard(
-            unit, **{**options, "mp_policy": MixedPrecisionPolicy()} if keep_float32 else options
-        )
+        policy = MixedPrecisionPolicy() if isinstance(unit, _NORMS) else mixed
+        fully_shard(unit, mp_policy=policy, **options)
         unit._hapi_reshard_after_forward = reshard_after_forward  # restored after gathered()
-    if optimizer is not None:
-        _point_at_shards(network, optimizer, names)
+    if optimizer is not None:  # its groups, moved from the replaced parameters to the shards
+        current = dict(network.named_parameters())
+        for group in optimizer.param_groups:
+            group["params"] = [current[names[id(p)]] for p in group["params"]]
+        optimizer.state.clear()
         if saved_optimizer is not None:
             load_optimizer_state(network, optimizer, saved_optimizer)
     return network
-
-
-def _point_at_shards(
-    network: nn.Module, optimizer: torch.optim.Optimizer, names: dict[int, str]
-) -> None:
-    """The optimizer's parameter groups, moved from the replaced parameters to the sharded ones."""
-    current = dict(network.named_parameters())
-    for group in optimizer.param_groups:
-        group["params"] = [current[names[id(p)]] for p in group["params"]]
-    optimizer.state.clear()
 
 
 def sharded_parameters(network: nn.Module) -> list[str]:
@@ -223,8 +198,7 @@ def sharded_parameters(network: nn.Module) -> list[str]:
 
 def is_sharded(network: nn.Module) -> bool:
     """Whether :func:`shard` sharded ``network`` (not on one process, nor before training)."""
-    units = _fsdp_units(network)
-    return bool(units) and units[0] is network
+    return isinstance(network, _unit_class())
 
 
 def full_state_dict(network: nn.Module) -> dict[str, torch.Tensor]:
@@ -322,34 +296,25 @@ def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
     none of FSDP's; tied parameters stay tied. ``network`` is not changed.
     """
     device = next((t.device for t in [*network.parameters(), *network.buffers()]), None)
-    names: dict[int, list[str]] = {}
+    copies: dict[int, Any] = {}  # by id: each parameter's and each module's copy
     for name, parameter in network.named_parameters(remove_duplicate=False):
-        names.setdefault(id(parameter), []).append(name)
-    copies: dict[int, Any] = {}
-
-    def full(parameter: nn.Parameter) -> nn.Parameter:
-        if id(parameter) not in copies:
-            found = [state[name] for name in names.get(id(parameter), []) if name in state]
-            if not found:
-                raise KeyError(
-                    f"the gathered state has no entry for parameter(s) "
-                    f"{names.get(id(parameter), ['(unnamed)'])}"
-                )
-            tensor = found[0].to(device) if device is not None else found[0]
-            copies[id(parameter)] = nn.Parameter(
-                tensor.detach().clone(), requires_grad=parameter.requires_grad
-            )
-        return copies[id(parameter)]
+        if id(parameter) not in copies:  # tied parameters stay tied
+            full = state[name].to(device).detach().clone()
+            copies[id(parameter)] = nn.Parameter(full, requires_grad=parameter.requires_grad)
 
     def copy_module(module: nn.Module) -> nn.Module:
         if id(module) in copies:  # a module used twice stays one module
             return copies[id(module)]
-        cls = _user_class(type(module))
-        twin = cls.__new__(cls)
-        copies[id(module)] = twin
-        fields = {k: v for k, v in vars(module).items() if not _is_fsdp_field(k)}
+        cls = user_class(type(module))
+        twin = copies[id(module)] = cls.__new__(cls)
+        # Not torch's composable-API state (FSDP's state and registry), nor shard()'s own note.
+        fields = {
+            k: v
+            for k, v in vars(module).items()
+            if not k.startswith("__composable_api_") and k != "_hapi_reshard_after_forward"
+        }
         fields["_parameters"] = {
-            k: None if p is None else full(p) for k, p in module._parameters.items()
+            k: p if p is None else copies[id(p)] for k, p in module._parameters.items()
         }
         fields["_buffers"] = {
             k: None if b is None else b.detach().clone() for k, b in module._buffers.items()
@@ -368,18 +333,9 @@ def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
     return copy_module(network)
 
 
-def _user_class(cls: type) -> type:
+def user_class(cls: type) -> type:
     """The class FSDP subclassed for a unit (``FSDPLinear`` -> ``Linear``); others unchanged."""
-    from torch.distributed.fsdp import FSDPModule  # a unit exists: FSDP is imported
-
-    while issubclass(cls, FSDPModule):
-        cls = next(base for base in cls.__bases__ if base is not FSDPModule)
-    return cls
-
-
-def _is_fsdp_field(key: str) -> bool:
-    # torch's composable-API state (FSDP's state and registry) and shard()'s own note
-    return key.startswith("__composable_api_") or key == "_hapi_reshard_after_forward"
+    return next(c for c in cls.__mro__ if not issubclass(c, _unit_class()))
 
 
 def _is_fsdp_hook(hook: Any) -> bool:
@@ -392,6 +348,17 @@ def _parameter_names(network: nn.Module, optimizer: torch.optim.Optimizer) -> li
     """Each optimized parameter's name, in the order torch numbers them in a state dict."""
     names = {id(p): name for name, p in network.named_parameters()}
     return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def _renumber(state: dict[str, Any], key: Callable[[Any], Any]) -> dict[str, Any]:
+    """An optimizer state with each parameter's key (its number or its name) replaced by ``key(it)``."""
+    return {
+        "state": {key(k): value for k, value in state.get("state", {}).items()},
+        "param_groups": [
+            {**group, "params": [key(k) for k in group["params"]]}
+            for group in state.get("param_groups", [])
+        ],
+    }
 
 
 def full_optimizer_state(network: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -407,13 +374,7 @@ def full_optimizer_state(network: nn.Module, optimizer: torch.optim.Optimizer) -
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     by_name = get_optimizer_state_dict(network, optimizer, options=options)
     numbers = {name: index for index, name in enumerate(_parameter_names(network, optimizer))}
-    return {
-        "state": {numbers[name]: value for name, value in by_name.get("state", {}).items()},
-        "param_groups": [
-            {**group, "params": [numbers[name] for name in group["params"]]}
-            for group in by_name.get("param_groups", [])
-        ],
-    }
+    return _renumber(by_name, numbers.__getitem__)
 
 
 def load_optimizer_state(
@@ -431,18 +392,11 @@ def load_optimizer_state(
             f"it holds {saved_count} parameters in {len(state['param_groups'])} group(s), "
             f"the optimizer {len(names)} in {len(optimizer.param_groups)}"
         )
-    by_name = {
-        "state": {names[int(index)]: value for index, value in state["state"].items()},
-        "param_groups": [
-            {**group, "params": [names[int(i)] for i in group["params"]]}
-            for group in state["param_groups"]
-        ],
-    }
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(
-        network, optimizer, by_name, options=StateDictOptions(full_state_dict=True)
-    )
+    by_name = _renumber(state, lambda index: names[int(index)])
+    options = StateDictOptions(full_state_dict=True)
+    set_optimizer_state_dict(network, optimizer, by_name, options=options)
 
 
 @contextlib.contextmanager
@@ -452,7 +406,7 @@ def gathered(network: nn.Module) -> Iterator[None]:
     Evaluation shards may differ by a batch between processes; with the
     weights gathered once, each runs its own batches. Resharded on the way out.
     """
-    units = _fsdp_units(network)
+    units = [m for m in network.modules() if isinstance(m, _unit_class())]
     for unit in units:
         unit.set_reshard_after_forward(False, recurse=False)
         unit.unshard()
@@ -474,10 +428,5 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> torch.Ten
 
 def local_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     """Bytes this process holds of ``tensors`` (its shards, for DTensors)."""
-    total = 0
-    for tensor in tensors:
-        if tensor is None:
-            continue
-        local = tensor.to_local() if _is_dtensor(tensor) else tensor
-        total += local.numel() * local.element_size()
-    return total
+    local = [t.to_local() if _is_dtensor(t) else t for t in tensors if t is not None]
+    return sum(t.numel() * t.element_size() for t in local)

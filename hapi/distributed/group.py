@@ -1,8 +1,10 @@
-"""The default process group: joining it, leaving it, and this process's place in it."""
+"""The default process group: joining it, leaving it, and this process's place in it; and the
+group of background saves."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import os
 import sys
@@ -105,11 +107,6 @@ def world_size() -> int:
     return dist.get_world_size() if _active() else 1
 
 
-def is_main() -> bool:
-    """True on the one process that prints and writes files."""
-    return rank() == 0
-
-
 def backend_name(device: str | torch.device | None = None) -> str:
     """``HAPI_BACKEND`` if set, else NCCL for CUDA and Gloo for anything else.
 
@@ -182,7 +179,13 @@ def setup(device: str | torch.device | None = None) -> None:
             f"{os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}: {error}. Likely cause: {hint}."
         ) from error
     _created_group = True
-    sys.excepthook = _note_uncaught_exception(sys.excepthook)
+    excepthook = sys.excepthook
+
+    def note_then_report(*args: Any) -> None:  # the process dies of an uncaught exception
+        note_failure()
+        excepthook(*args)
+
+    sys.excepthook = note_then_report
     atexit.register(teardown)
 
 
@@ -204,7 +207,12 @@ def teardown() -> None:
     global _created_group
     if _created_group and _active():
         if not _dying_of_an_exception:
-            _leave_together()
+            # A peer that died or never came: destroy anyway.
+            with contextlib.suppress(Exception):
+                if dist.get_backend() == "gloo":
+                    dist.monitored_barrier(timeout=timeout())
+                else:
+                    dist.barrier()
         for release in _releases:
             release()
         gc.collect()  # what held the group's work goes now, while the interpreter can free it
@@ -212,16 +220,6 @@ def teardown() -> None:
         if not _dying_of_an_exception:
             leave_attempt_store(timeout())
     _created_group = False
-
-
-def _leave_together() -> None:
-    try:
-        if dist.get_backend() == "gloo":
-            dist.monitored_barrier(timeout=timeout())
-        else:
-            dist.barrier()
-    except Exception:  # noqa: BLE001 -- a peer that died or never came: destroy anyway
-        pass
 
 
 _dying_of_an_exception = False
@@ -251,14 +249,25 @@ def note_failure() -> None:
     _dying_of_an_exception = True
 
 
-def _note_uncaught_exception(excepthook: Any) -> Any:
-    """``sys.excepthook`` that first notes the process is dying of an exception."""
+_background: dist.ProcessGroup | None = None
 
-    def hook(*args: Any) -> None:
-        note_failure()
-        excepthook(*args)
 
-    return hook
+def background_group() -> dist.ProcessGroup | None:
+    """A Gloo group of its own for saves running in the background; ``None`` on one process.
+
+    torch runs a group's collectives in the order each process issues them. A
+    background thread (a checkpoint written beside training) issues its own at
+    any time, so on the default group they would interleave with training's
+    and pair up wrongly across processes; on a group of their own they never
+    meet training's. Created by every process at its first background save,
+    which they make together (creating a group is itself a collective).
+    """
+    global _background
+    if world_size() == 1:
+        return None
+    if _background is None:
+        _background = dist.new_group(backend="gloo", timeout=timeout())
+    return _background
 
 
 def default_device(requested: str | torch.device | None = None) -> torch.device:

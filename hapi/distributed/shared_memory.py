@@ -65,6 +65,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -94,12 +95,9 @@ def reason_not_to_use(network: nn.Module, parameters: list[nn.Parameter]) -> str
     ]
     if missing:
         return f"this Python's os module lacks {', '.join(missing)}"
+    plain = (torch.float32, "cpu")
     others = sorted(
-        {
-            f"{p.dtype} on {p.device}"
-            for p in parameters
-            if p.device.type != "cpu" or p.dtype != torch.float32
-        }
+        {f"{p.dtype} on {p.device}" for p in parameters if (p.dtype, p.device.type) != plain}
     )
     if others:
         return f"parameters are {', '.join(others)}; the buffer holds float32 CPU gradients"
@@ -117,21 +115,17 @@ def reason_not_to_use(network: nn.Module, parameters: list[nn.Parameter]) -> str
     return None
 
 
-def machine_identity() -> tuple[str, str]:
-    """This machine's hostname and boot id (``""`` where it cannot be read): processes
-    that report the same pair run under one kernel."""
+def identity() -> dict[str, Any]:
+    """This process's id and start time (in clock ticks since boot; -1 where unknown), which
+    together name it even after the id is reused, and its machine's hostname and boot id
+    (``""`` where it cannot be read): processes that report the same pair run under one kernel."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as file:
             boot_id = file.read().strip()
     except OSError:
         boot_id = ""
-    return socket.gethostname(), boot_id
-
-
-def process_identity() -> tuple[int, int]:
-    """This process's id and start time (in clock ticks since boot; -1 where unknown):
-    together they name it, even after the id is reused."""
-    return os.getpid(), _start_time(os.getpid()) or -1
+    start = _start_time(os.getpid()) or -1
+    return {"host": socket.gethostname(), "boot_id": boot_id, "pid": os.getpid(), "start": start}
 
 
 @dataclass(frozen=True)
@@ -157,20 +151,19 @@ def reserve(numel: int, world: int) -> Reservation | None:
     ``None`` where the memory cannot be had (``posix_fallocate`` fails here,
     instead of a process being killed by SIGBUS when it first writes a
     gradient). The caller closes the descriptor with :func:`release` once
-    every process has mapped it.
+    every process has mapped it. (A token short of its bytes is caught where
+    it is checked, by every process that maps the buffer.)
     """
     token = secrets.token_bytes(_TOKEN_BYTES)
     name = f"hapi-allreduce-{token[:8].hex()}"
+    descriptor = None
     try:
         descriptor = os.memfd_create(name, os.MFD_CLOEXEC)
-    except OSError:
-        return None
-    try:
         os.posix_fallocate(descriptor, 0, _size(numel, world))
-        if os.pwrite(descriptor, token, 0) != _TOKEN_BYTES:
-            raise OSError(f"short write of the token to {name}")
+        os.pwrite(descriptor, token, 0)
     except OSError:
-        os.close(descriptor)
+        if descriptor is not None:
+            os.close(descriptor)
         return None
     return Reservation(os.getpid(), descriptor, name, token, numel, world)
 
@@ -183,11 +176,13 @@ def release(reservation: Reservation) -> None:
 class SharedMemoryAllReduce:
     """The state of the hook: the mapped buffer, this process's row, the call count.
 
-    Maps rank 0's buffer through :attr:`Reservation.path`, checking that it
-    is that buffer, and writes this process's id into its line. ``peers`` is
-    every rank's :func:`process_identity`; each must be visible here (the same
-    machine and process namespace). Raises ``OSError`` where any of this fails:
-    the processes then keep Gloo's all-reduce.
+    Maps rank 0's buffer through :attr:`Reservation.path`, after checking that
+    it is that buffer: a memfd of that name (not whatever that descriptor
+    number means in some other process), of that size, holding rank 0's
+    token. Writes this process's id into its line. ``peers`` is every rank's
+    ``(pid, start)`` from :func:`identity`; each must be visible here (the
+    same machine and process namespace). Raises ``OSError`` where any of this
+    fails: the processes then keep Gloo's all-reduce.
     """
 
     def __init__(
@@ -195,44 +190,42 @@ class SharedMemoryAllReduce:
     ) -> None:
         self.world, self.rank, self.timeout_s = reservation.world, rank, timeout_s
         self.numel, self.peers, self.calls = reservation.numel, list(peers), 0
-        if len(self.peers) != self.world:
-            raise ValueError(
-                f"peers must name the buffer's {self.world} processes; received "
-                f"{len(self.peers)}: {self.peers}"
-            )
         for other, (pid, start) in enumerate(self.peers):
             if _start_time(pid) != start:
                 raise OSError(
                     f"rank {other}'s process {pid} (started at tick {start}) is not visible "
                     "in this process's /proc: another machine, container or process namespace"
                 )
-        size = _size(self.numel, self.world)
-        self._mapping = _map_checked(reservation, size)
-        self._token = reservation.token
-        self.lines = np.ndarray(
-            (self.world, _LINE // 8), np.int64, buffer=self._mapping, offset=_LINE
-        )
-        self.rows = torch.from_numpy(
-            np.ndarray(
-                (2, self.world, self.numel),
-                np.float32,
-                buffer=self._mapping,
-                offset=_rows_offset(self.world),
-            )
-        )
-        self._published = self.lines[:, _PUBLISHED]
+        path, size, self._token = reservation.path, _size(self.numel, self.world), reservation.token
+        target = os.readlink(path)
+        if target != f"/memfd:{reservation.name} (deleted)":
+            raise OSError(f"{path} is {target!r}, not rank 0's buffer {reservation.name}")
+        descriptor = os.open(path, os.O_RDWR)
+        try:
+            actual = os.fstat(descriptor).st_size
+            if actual != size:
+                raise OSError(f"{path} holds {actual} bytes, not the buffer's {size}")
+            self._mapping = mmap.mmap(descriptor, size)
+        finally:
+            os.close(descriptor)
+        if bytes(self._mapping[:_TOKEN_BYTES]) != self._token:
+            self._mapping.close()
+            raise OSError(f"{path} does not hold rank 0's token: not the same memory")
+        self.lines = np.ndarray((self.world, _LINE // 8), np.int64, self._mapping, offset=_LINE)
+        offset, floats = _LINE * (1 + self.world), 2 * self.world * self.numel
+        rows = torch.frombuffer(self._mapping, dtype=torch.float32, count=floats, offset=offset)
+        self.rows = rows.view(2, self.world, self.numel)
         self.lines[rank, _PID] = os.getpid()
 
     def everyone_attached(self) -> bool:
         """Whether this process sees every process's id in its line and rank 0's token: once all
         have mapped the buffer, proof that they share one memory."""
-        return bytes(self._mapping[:_TOKEN_BYTES]) == self._token and self.lines[
-            :, _PID
-        ].tolist() == [pid for pid, _ in self.peers]
+        pids_seen, pids = self.lines[:, _PID].tolist(), [pid for pid, _ in self.peers]
+        return bytes(self._mapping[:_TOKEN_BYTES]) == self._token and pids_seen == pids
 
     def close(self) -> None:
         """Unmap the buffer (the state is unusable afterwards)."""
-        del self.rows, self.lines, self._published
+        del self.rows, self.lines
         self._mapping.close()
 
     def average(self, gradients: torch.Tensor) -> torch.Tensor:
@@ -262,7 +255,15 @@ class SharedMemoryAllReduce:
         self._wait_for_everyone()
         counts = self.lines[:, _COUNT + half]
         if (counts != count).any():
-            self._raise_mismatch(count, counts.tolist())
+            counts = counts.tolist()
+            other = next(r for r, theirs in enumerate(counts) if theirs != count)
+            raise RuntimeError(
+                f"Rank {self.rank} averages a gradient bucket of {count} elements, but rank {other} "
+                f"published {counts[other]} for the same call ({self.calls}; every rank's: {counts}): "
+                "the processes' DDP buckets differ, so their gradients cannot be added element by "
+                "element. Every process must train the same network with the same trainable parameters "
+                "(same requires_grad, same order); HAPI_SHM_ALLREDUCE=0 uses Gloo's all-reduce instead."
+            )
         flat = gradients.view(-1)
         if self.world == 1:
             flat.copy_(rows[0])
@@ -274,7 +275,7 @@ class SharedMemoryAllReduce:
         return gradients
 
     def _wait_for_everyone(self) -> None:
-        spins, published, calls = 0, self._published, self.calls
+        spins, published, calls = 0, self.lines[:, _PUBLISHED], self.calls
         while (published < calls).any():
             spins += 1
             if spins < _SPINS_BEFORE_YIELD:
@@ -283,37 +284,25 @@ class SharedMemoryAllReduce:
             now = time.monotonic()
             if spins == _SPINS_BEFORE_YIELD:
                 deadline, next_check = now + self.timeout_s, now + _PEER_CHECK_S
-            elif now >= next_check:
-                self._raise_if_a_peer_died()
-                next_check = now + _PEER_CHECK_S
-                if now > deadline:
-                    missing = [r for r in range(self.world) if published[r] < calls]
+                continue
+            if now < next_check:
+                continue
+            next_check = now + _PEER_CHECK_S
+            for other, (pid, start) in enumerate(self.peers):
+                if published[other] < calls and _start_time(pid) != start:
                     raise RuntimeError(
-                        f"Rank {self.rank} waited {self.timeout_s:.0f} s for the gradients of rank(s) "
-                        f"{missing}, which never arrived: those processes run but stopped or hang "
-                        "elsewhere. Check their output; HAPI_DIST_TIMEOUT sets this limit."
+                        f"Rank {self.rank} was waiting for the gradients of rank {other} (process "
+                        f"{pid}), which is no longer running: it died or was killed. Its output "
+                        "says why; this process stops too rather than wait for it. Restart the "
+                        "job (a launcher such as torchrun restarts it with --max-restarts)."
                     )
-
-    def _raise_if_a_peer_died(self) -> None:
-        for other in range(self.world):
-            pid, start = self.peers[other]
-            if self._published[other] < self.calls and _start_time(pid) != start:
+            if now > deadline:
+                missing = [r for r in range(self.world) if published[r] < calls]
                 raise RuntimeError(
-                    f"Rank {self.rank} was waiting for the gradients of rank {other} (process {pid}), "
-                    f"which is no longer running: it died or was killed. Its output says why; this "
-                    "process stops too rather than wait for it. Restart the job (a launcher such as "
-                    "torchrun restarts it with --max-restarts)."
+                    f"Rank {self.rank} waited {self.timeout_s:.0f} s for the gradients of rank(s) "
+                    f"{missing}, which never arrived: those processes run but stopped or hang "
+                    "elsewhere. Check their output; HAPI_DIST_TIMEOUT sets this limit."
                 )
-
-    def _raise_mismatch(self, count: int, counts: list[int]) -> None:
-        other = next(r for r, theirs in enumerate(counts) if theirs != count)
-        raise RuntimeError(
-            f"Rank {self.rank} averages a gradient bucket of {count} elements, but rank {other} "
-            f"published {counts[other]} for the same call ({self.calls}; every rank's: {counts}): "
-            "the processes' DDP buckets differ, so their gradients cannot be added element by "
-            "element. Every process must train the same network with the same trainable parameters "
-            "(same requires_grad, same order); HAPI_SHM_ALLREDUCE=0 uses Gloo's all-reduce instead."
-        )
 
 
 def average_hook(state, bucket):  # no annotations: DDP checks them, and this module's are strings
@@ -322,28 +311,6 @@ def average_hook(state, bucket):  # no annotations: DDP checks them, and this mo
     future: torch.futures.Future = torch.futures.Future()
     future.set_result(state.average(bucket.buffer()))
     return future
-
-
-def _map_checked(reservation: Reservation, size: int) -> mmap.mmap:
-    """The buffer at ``reservation.path`` mapped, after checking that it is rank 0's: a memfd of
-    that name (not whatever that descriptor number means in some other process), of that size,
-    holding rank 0's token."""
-    path = reservation.path
-    target = os.readlink(path)
-    if target != f"/memfd:{reservation.name} (deleted)":
-        raise OSError(f"{path} is {target!r}, not rank 0's buffer {reservation.name}")
-    descriptor = os.open(path, os.O_RDWR)
-    try:
-        actual = os.fstat(descriptor).st_size
-        if actual != size:
-            raise OSError(f"{path} holds {actual} bytes, not the buffer's {size}")
-        mapping = mmap.mmap(descriptor, size)
-    finally:
-        os.close(descriptor)
-    if bytes(mapping[:_TOKEN_BYTES]) != reservation.token:
-        mapping.close()
-        raise OSError(f"{path} does not hold rank 0's token: not the same memory")
-    return mapping
 
 
 def _start_time(pid: int) -> int | None:
@@ -362,11 +329,7 @@ def _start_time(pid: int) -> int | None:
     return None if state in (b"Z", b"X", b"x") else start  # Z, X: exited, not yet reaped
 
 
-def _rows_offset(world: int) -> int:
-    """Bytes before the rows: the header line and one line per process."""
-    return _LINE * (1 + world)
-
-
 def _size(numel: int, world: int) -> int:
-    """Bytes of the buffer: the lines, then two halves of one float32 row per process."""
-    return _rows_offset(world) + 2 * world * numel * 4
+    """Bytes of the buffer: a header line and one line per process, then two halves of one
+    float32 row per process."""
+    return _LINE * (1 + world) + 2 * world * numel * 4

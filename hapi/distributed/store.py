@@ -250,8 +250,6 @@ def _sockaddr_text(sockaddr: int) -> str | None:
         family = ctypes.c_ushort.from_address(sockaddr).value
     else:  # the BSDs and macOS: a length byte, then a one-byte family
         family = ctypes.c_ubyte.from_address(sockaddr + 1).value
-    if family == socket.AF_INET:
-        return socket.inet_ntop(socket.AF_INET, ctypes.string_at(sockaddr + 4, 4))
-    if family == socket.AF_INET6:
-        return socket.inet_ntop(socket.AF_INET6, ctypes.string_at(sockaddr + 8, 16))
-    return None
+    # Where the address lies in the struct, and its length.
+    offset, size = {socket.AF_INET: (4, 4), socket.AF_INET6: (8, 16)}.get(family, (0, 0))
+    return socket.inet_ntop(family, ctypes.string_at(sockaddr + offset, size)) if size else None

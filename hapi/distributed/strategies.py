@@ -20,80 +20,7 @@ from torch import nn
 
 from hapi.distributed import ddp, fsdp
 from hapi.distributed.env import DistributedSetupError
-from hapi.distributed.group import is_main, world_size
-
-
-class Strategy:
-    """The interface, with the behaviour of a network every process holds whole."""
-
-    name = "strategy"
-
-    @property
-    def _shards_weights(self) -> bool:
-        """Whether each process holds only a shard of the weights (then backups are sharded too)."""
-        return False
-
-    def _wrap_network(
-        self,
-        network: nn.Module,
-        device: torch.device,
-        optimizer: torch.optim.Optimizer | None,
-        amp_dtype: torch.dtype | None,
-    ) -> nn.Module:
-        """The module training runs (``network`` itself on one process)."""
-        return network
-
-    # The methods below serve every strategy: each asks the network how it is spread (plain, in
-    # DDP, or sharded by FSDP), so FSDP before its network is sharded is the plain behaviour.
-
-    def _no_sync(
-        self, wrapped: nn.Module, skip_gradient_sync: bool
-    ) -> contextlib.AbstractContextManager:
-        """Inside: a backward keeps its gradients local (an accumulation step)."""
-        return _no_sync(wrapped, skip_gradient_sync)
-
-    def _gathered(self, network: nn.Module) -> contextlib.AbstractContextManager:
-        """Inside: every process holds the full weights (evaluation, prediction)."""
-        return fsdp.gathered(network)
-
-    def _check_own_step(self, model_class: str) -> None:
-        """Refuse a ``train_step`` of the user's own where this strategy cannot run one."""
-
-    def _inference_network(self, network: nn.Module) -> Callable[[], nn.Module]:
-        """What rank 0 exports, as a function to call there once every process has called this.
-
-        The network itself where each process holds it whole. Where it is
-        sharded, the full weights are gathered here (a collective) and the
-        function builds a plain copy, whose forward needs no other process.
-        """
-        if not fsdp.is_sharded(network):
-            return lambda: network
-        state = fsdp.gather_state_dict(network, keep=is_main())
-        return lambda: fsdp.plain_copy(network, state)
-
-    def _clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
-        """Clip to a total L2 norm over every gradient; returns the norm before clipping."""
-        return fsdp.clip_grad_norm(parameters, max_norm)
-
-    def _full_state_dict(self, network: nn.Module) -> dict[str, torch.Tensor]:
-        """The weights as full tensors (on rank 0 at least; a collective under FSDP)."""
-        return fsdp.gather_state_dict(network, keep=is_main())
-
-    def _load_state_dict(
-        self, network: nn.Module, state: dict[str, torch.Tensor], strict: bool
-    ) -> None:
-        fsdp.load_full_state_dict(network, state, strict)
-
-    def _full_optimizer_state(
-        self, network: nn.Module, optimizer: torch.optim.Optimizer
-    ) -> dict[str, Any]:
-        """``optimizer.state_dict()``'s layout: full tensors, parameters numbered."""
-        return fsdp.full_optimizer_state(network, optimizer)
-
-    def _load_optimizer_state(
-        self, network: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
-    ) -> None:
-        fsdp.load_optimizer_state(network, optimizer, state)
+from hapi.distributed.group import rank, world_size
 
 
 @contextlib.contextmanager
@@ -111,6 +38,62 @@ def _no_sync(wrapped: nn.Module, skip_gradient_sync: bool) -> Iterator[None]:
     finally:
         if sharded:
             wrapped.set_requires_gradient_sync(True)
+
+
+def class_name(network: nn.Module) -> str:
+    """The name of the user's class of ``network``, for messages: through DDP, torch.compile
+    and FSDP's class swap (``fully_shard`` turns a ``Net`` into an ``FSDPNet``)."""
+    module = ddp.unwrap(getattr(network, "_orig_mod", network))
+    module = ddp.unwrap(getattr(module, "_orig_mod", module))
+    return fsdp.user_class(type(module)).__name__
+
+
+class Strategy:
+    """The interface, with the behaviour of a network every process holds whole.
+
+    Each method asks the network how it is spread (plain, in DDP, or sharded by
+    FSDP), so FSDP before its network is sharded is the plain behaviour.
+    """
+
+    _shards_weights = False  # whether each process holds only a shard (backups are then sharded)
+
+    # Inside: a backward keeps its gradients local (an accumulation step).
+    _no_sync = staticmethod(_no_sync)
+    # Inside: every process holds the full weights (evaluation, prediction).
+    _gathered = staticmethod(fsdp.gathered)
+    # Clip to a total L2 norm over every gradient; returns the norm before clipping.
+    _clip_grad_norm = staticmethod(fsdp.clip_grad_norm)
+    _load_state_dict = staticmethod(fsdp.load_full_state_dict)
+    # ``optimizer.state_dict()``'s layout: full tensors, parameters numbered.
+    _full_optimizer_state = staticmethod(fsdp.full_optimizer_state)
+    _load_optimizer_state = staticmethod(fsdp.load_optimizer_state)
+
+    def _check_own_step(self, model_class: str) -> None:
+        """Refuse a ``train_step`` of the user's own where this strategy cannot run one."""
+
+    def _inference_network(self, network: nn.Module) -> Callable[[], nn.Module]:
+        """What rank 0 exports, as a function to call there once every process has called this.
+
+        The network itself where each process holds it whole. Where it is
+        sharded, the full weights are gathered here (a collective) and the
+        function builds a plain copy, whose forward needs no other process.
+        """
+        if not fsdp.is_sharded(network):
+            return lambda: network
+        state = self._full_state_dict(network)
+        return lambda: fsdp.plain_copy(network, state)
+
+    def _full_state_dict(self, network: nn.Module) -> dict[str, torch.Tensor]:
+        """The weights as full tensors (on rank 0 at least; a collective under FSDP)."""
+        return fsdp.gather_state_dict(network, keep=rank() == 0)
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and vars(self) == vars(other)
+
+    def __repr__(self) -> str:
+        options = {**vars(self), **vars(self).get("ddp_kwargs", {})}
+        shown = ", ".join(f"{k}={v!r}" for k, v in options.items() if k != "ddp_kwargs")
+        return f"hapi.{type(self).__name__}({shown})"
 
 
 class DDP(Strategy):
@@ -138,8 +121,6 @@ class DDP(Strategy):
             ``device_ids``, ``output_device``, ``process_group``).
     """
 
-    name = "ddp"
-
     def __init__(
         self,
         find_unused_parameters: bool = False,
@@ -160,32 +141,6 @@ class DDP(Strategy):
         self.sync_batchnorm = bool(sync_batchnorm)
         self.ddp_kwargs = ddp_kwargs
 
-    def _prepare_network(self, network: nn.Module, device: torch.device) -> None:
-        """Changes made to the user's module itself before wrapping (SyncBatchNorm)."""
-        if not self.sync_batchnorm:
-            return
-        if device.type != "cuda":
-            raise DistributedSetupError(
-                f"hapi.DDP(sync_batchnorm=True) converts BatchNorm layers to torch's SyncBatchNorm, "
-                f"which runs only on GPU modules, but this Model trains on {device}. On CPU "
-                "processes leave sync_batchnorm off (each process then normalises its own batch, "
-                "and evaluation uses rank 0's statistics), or use a larger batch per process."
-            )
-        if isinstance(network, nn.modules.batchnorm._BatchNorm):
-            raise DistributedSetupError(
-                "hapi.DDP(sync_batchnorm=True) converts the BatchNorm layers inside the network, but "
-                "the network itself is a BatchNorm layer; wrap it in an nn.Sequential first."
-            )
-        for name, child in network.named_children():  # in place: model.network stays the user's
-            setattr(network, name, nn.SyncBatchNorm.convert_sync_batchnorm(child))
-
-    def _ddp_options(self) -> dict[str, Any]:
-        return {
-            "find_unused_parameters": self.find_unused_parameters,
-            "static_graph": self.static_graph,
-            **self.ddp_kwargs,
-        }
-
     def _wrap_network(
         self,
         network: nn.Module,
@@ -193,19 +148,28 @@ class DDP(Strategy):
         optimizer: torch.optim.Optimizer | None,
         amp_dtype: torch.dtype | None,
     ) -> nn.Module:
+        """The module training runs (``network`` itself on one process)."""
         if world_size() == 1:
             return network
-        self._prepare_network(network, device)
-        return ddp.wrap(network, device, self._ddp_options())
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, DDP) and vars(self) == vars(other)
-
-    def __repr__(self) -> str:
-        options = ", ".join(
-            f"{k}={v!r}" for k, v in {**vars(self), **self.ddp_kwargs}.items() if k != "ddp_kwargs"
-        )
-        return f"hapi.DDP({options})"
+        if self.sync_batchnorm:
+            if device.type != "cuda":
+                raise DistributedSetupError(
+                    "hapi.DDP(sync_batchnorm=True) converts BatchNorm layers to torch's "
+                    f"SyncBatchNorm, which runs only on GPU modules, but this Model trains on "
+                    f"{device}. On CPU processes leave sync_batchnorm off (each process then "
+                    "normalises its own batch, and evaluation uses rank 0's statistics), or use a "
+                    "larger batch per process."
+                )
+            if isinstance(network, nn.modules.batchnorm._BatchNorm):
+                raise DistributedSetupError(
+                    "hapi.DDP(sync_batchnorm=True) converts the BatchNorm layers inside the "
+                    "network, but the network itself is a BatchNorm layer; wrap it in an "
+                    "nn.Sequential first."
+                )
+            for name, child in network.named_children():  # in place: model.network stays the user's
+                setattr(network, name, nn.SyncBatchNorm.convert_sync_batchnorm(child))
+        options = {key: vars(self)[key] for key in ("find_unused_parameters", "static_graph")}
+        return ddp.wrap(network, device, {**options, **self.ddp_kwargs})
 
 
 class FSDP(Strategy):
@@ -245,8 +209,6 @@ class FSDP(Strategy):
             model.prepare(optimizer, loss, strategy=hapi.FSDP(wrap={Block}))
     """
 
-    name = "fsdp"
-
     def __init__(
         self,
         wrap: set[type] | Callable[[nn.Module], bool] | None = None,
@@ -269,15 +231,8 @@ class FSDP(Strategy):
         optimizer: torch.optim.Optimizer | None,
         amp_dtype: torch.dtype | None,
     ) -> nn.Module:
-        return fsdp.shard(
-            network,
-            device,
-            optimizer,
-            wrap=self.wrap,
-            reshard_after_forward=self.reshard_after_forward,
-            cpu_offload=self.cpu_offload,
-            amp_dtype=amp_dtype,
-        )
+        # This strategy's options are fsdp.shard's keywords.
+        return fsdp.shard(network, device, optimizer, amp_dtype=amp_dtype, **vars(self))
 
     def _check_own_step(self, model_class: str) -> None:
         if world_size() > 1:
@@ -287,15 +242,6 @@ class FSDP(Strategy):
                 "model, gradients are averaged in optimizer_step), or the built-in step with FSDP."
             )
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, FSDP) and vars(self) == vars(other)
-
-    def __repr__(self) -> str:
-        return (
-            f"hapi.FSDP(wrap={self.wrap!r}, reshard_after_forward={self.reshard_after_forward}, "
-            f"cpu_offload={self.cpu_offload})"
-        )
-
 
 def resolve(strategy: Any) -> DDP | FSDP:
     """The strategy ``prepare(strategy=...)`` asks for, as an object.
@@ -303,20 +249,16 @@ def resolve(strategy: Any) -> DDP | FSDP:
     Raises:
         ValueError / TypeError: not a strategy.
     """
-    if strategy is None or (isinstance(strategy, str) and strategy in ("auto", "ddp")):
-        chosen: DDP | FSDP = DDP()
-    elif isinstance(strategy, str) and strategy == "fsdp":
-        chosen = FSDP()
-    elif isinstance(strategy, (DDP, FSDP)):
-        chosen = strategy
-    elif isinstance(strategy, str):
+    if isinstance(strategy, (DDP, FSDP)):
+        return strategy
+    if strategy is None or isinstance(strategy, str) and strategy in ("auto", "ddp", "fsdp"):
+        return FSDP() if strategy == "fsdp" else DDP()
+    if isinstance(strategy, str):
         raise ValueError(
             f"strategy must be 'auto', 'ddp' or 'fsdp' (or hapi.DDP(...) / hapi.FSDP(...)); "
             f"received {strategy!r}."
         )
-    else:
-        raise TypeError(
-            f"strategy must be None, 'auto', 'ddp', 'fsdp', hapi.DDP(...) or hapi.FSDP(...); "
-            f"received {type(strategy).__name__}."
-        )
-    return chosen
+    raise TypeError(
+        f"strategy must be None, 'auto', 'ddp', 'fsdp', hapi.DDP(...) or hapi.FSDP(...); "
+        f"received {type(strategy).__name__}."
+    )

@@ -25,13 +25,18 @@ from hapi.distributed.shared_memory import (
     _COUNT,
     _PUBLISHED,
     SharedMemoryAllReduce,
-    process_identity,
     reason_not_to_use,
     release,
     reserve,
 )
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def process_identity() -> tuple[int, int]:
+    """This process's (pid, start time), as ddp.py passes every rank's to the state."""
+    mine = shared_memory.identity()
+    return mine["pid"], mine["start"]
 
 
 @pytest.fixture
@@ -140,9 +145,10 @@ def test_a_rank_that_never_arrives_is_named_after_the_timeout(buffers):
 
 _CHILD = """
 import pickle, sys, time
-from hapi.distributed.shared_memory import SharedMemoryAllReduce, process_identity
+from hapi.distributed.shared_memory import SharedMemoryAllReduce, identity
 reservation, parent = pickle.loads(bytes.fromhex(sys.argv[1]))
-state = SharedMemoryAllReduce(reservation, 1, [parent, process_identity()], 300.0)
+me = identity()
+state = SharedMemoryAllReduce(reservation, 1, [parent, (me["pid"], me["start"])], 300.0)
 print("mapped", flush=True)
 time.sleep(600)
 """
