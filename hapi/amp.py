@@ -30,8 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -72,8 +71,7 @@ _DTYPE_NAMES = {
 }
 
 
-@dataclass(frozen=True)
-class AmpSetting:
+class AmpSetting(NamedTuple):
     """What ``prepare(amp=...)`` chose, in torch's terms.
 
     ``name`` is ``None``, ``"bf16"`` or ``"fp16"`` (what the steps and the
@@ -83,7 +81,7 @@ class AmpSetting:
     """
 
     name: str | None = None
-    scaler_options: dict[str, Any] = field(default_factory=dict)
+    scaler_options: dict[str, Any] = {}  # never mutated: passed as **kwargs
     dynamic_scaling: bool = True
 
 

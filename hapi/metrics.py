@@ -90,15 +90,12 @@ def normalise_metrics(metrics: Any) -> dict[str, Any]:
     if metrics is None:
         return {}
     nested = (list, tuple, dict, type(None))
-    if (
-        isinstance(metrics, (list, tuple))
-        and metrics
-        and all(isinstance(m, nested) for m in metrics)
-    ):
+    per_output = isinstance(metrics, (list, tuple)) and all(isinstance(m, nested) for m in metrics)
+    if metrics and per_output:
         # One list per output (Keras' multi-output form): metrics[i] sees output i and label i.
         named = {}
-        for position, per_output in enumerate(metrics):
-            for name, metric in normalise_metrics(per_output).items():
+        for position, of_output in enumerate(metrics):
+            for name, metric in normalise_metrics(of_output).items():
                 metric._hapi_output = position  # noqa: SLF001 -- read by MetricSet.update
                 named[f"output_{position}_{name}"] = metric
         return named

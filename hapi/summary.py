@@ -107,11 +107,6 @@ def example_args(input_size: Any, dtype: Any, input: Any, device: torch.device) 
                 "Give either input_size (with dtype) or input, not both: input= is passed to "
                 "the network as it is, so its tensors already have their shapes and dtypes."
             )
-        if not (torch.is_tensor(input) or isinstance(input, (list, tuple, Mapping))):
-            raise TypeError(
-                f"input must be a tensor, a list/tuple of tensors or a dict of them (passed to "
-                f"the network as its one argument); received {type(input).__name__}."
-            )
         return [input]
     if input_size is None:
         return None
