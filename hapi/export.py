@@ -123,15 +123,8 @@ def _as_inputs(example_inputs: Any, device: torch.device | None) -> tuple[torch.
         )
     tensors = []
     for position, item in enumerate(items):
-        if isinstance(item, np.ndarray):
-            try:
-                item = torch.from_numpy(np.ascontiguousarray(item))
-            except TypeError as error:
-                raise TypeError(
-                    f"example_inputs[{position}] is a NumPy array of dtype {item.dtype}, "
-                    f"which a tensor cannot hold: {error}. Convert it to a numeric dtype "
-                    "first."
-                ) from error
+        if isinstance(item, np.ndarray):  # torch's TypeError names a dtype it cannot hold
+            item = torch.from_numpy(np.ascontiguousarray(item))
         if not torch.is_tensor(item):
             where = "example_inputs" if item is example_inputs else f"example_inputs[{position}]"
             raise TypeError(

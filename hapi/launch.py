@@ -130,11 +130,8 @@ def spawn(
         )
     count = resolve_nprocs(nprocs, visible)
     run_id = f"hapi-{uuid.uuid4().hex[:8]}"
-    logs = (
-        DefaultLogsSpecs(log_dir=log_dir, redirects=Std.ALL, tee={0: Std.ALL})
-        if log_dir
-        else DefaultLogsSpecs(log_dir=os.devnull)
-    )
+    redirect = {"redirects": Std.ALL, "tee": {0: Std.ALL}} if log_dir else {}
+    logs = DefaultLogsSpecs(log_dir=log_dir or os.devnull, **redirect)
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,

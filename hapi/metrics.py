@@ -14,6 +14,7 @@ the last batch's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import sys
 import warnings
@@ -177,25 +178,31 @@ class MetricSet:
     def state_dict(self) -> dict[str, Any]:
         """A copy of the running sums of the pass in progress (for a resume mid-epoch): the
         pass goes on adding to its own tensors."""
+        on_cpu = functools.partial(_moved, device="cpu", copy=True)
         # None while no step returned a weight: the weights are then the sample count.
         weight_sum = self._weight_sum if torch.is_tensor(self._weight_sum) else None
         return {
-            "loss_sum": _moved(self._loss_sum, "cpu", copy=True),
+            "loss_sum": None if self._loss_sum is None else on_cpu(self._loss_sum),
             "samples": self._samples,
-            "weight_sum": _moved(weight_sum, "cpu", copy=True),
-            "figures": _moved(self._log_sums, "cpu", copy=True),
-            "metrics": [_moved(m.metric_state, "cpu", copy=True) for m in _leaves(self.metrics)],
+            "weight_sum": None if weight_sum is None else on_cpu(weight_sum),
+            "figures": {name: on_cpu(total) for name, total in self._log_sums.items()},
+            "metrics": [
+                {name: on_cpu(value) for name, value in metric.metric_state.items()}
+                for metric in _leaves(self.metrics)
+            ],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         leaves = _leaves(self.metrics)
         states = [t for m in leaves for t in m.metric_state.values() if torch.is_tensor(t)]
         device = states[0].device if states else torch.device("cpu")
-        self._loss_sum = _moved(state["loss_sum"], device)
+        loss_sum, weight_sum = state["loss_sum"], state.get("weight_sum")
+        self._loss_sum = None if loss_sum is None else loss_sum.to(device)
         self._samples = int(state["samples"])
-        weight_sum = _moved(state.get("weight_sum"), device)
-        self._weight_sum = self._samples if weight_sum is None else weight_sum
-        self._log_sums = _moved(state.get("figures", {}), device)
+        self._weight_sum = self._samples if weight_sum is None else weight_sum.to(device)
+        self._log_sums = {
+            name: total.to(device) for name, total in state.get("figures", {}).items()
+        }
         for metric, saved in zip(leaves, state["metrics"]):
             for name, value in saved.items():
                 setattr(metric, name, _moved(value, device))
@@ -344,12 +351,10 @@ class MetricSet:
 
 
 def _moved(value: Any, device: Any, copy: bool = False) -> Any:
-    """A running sum or a metric state (a tensor, or a list or dict of them) on ``device``."""
-    if isinstance(value, dict):
-        return {key: _moved(item, device, copy) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_moved(item, device, copy) for item in value]
-    return None if value is None else value.to(device, copy=copy)
+    """A running sum or a metric state (a tensor, or a list of them) on ``device``."""
+    if torch.is_tensor(value):
+        return value.to(device, copy=copy)
+    return [v.to(device, copy=copy) for v in value]
 
 
 def _weight_of(value: Any) -> torch.Tensor:
