@@ -48,7 +48,6 @@ class Accuracy(torchmetrics.Metric):
                 f"topk must be positive integers, e.g. (1,) or (1, 5); received {topk!r}."
             )
         self.topk = topk
-        self.maxk = max(topk)
         self.name = name or "acc"
         self.add_state(
             "correct", default=torch.zeros(len(topk), dtype=torch.long), dist_reduce_fx="sum"
@@ -61,7 +60,7 @@ class Accuracy(torchmetrics.Metric):
         Returns:
             ``[name]`` for ``topk=(1,)``, else ``[f"{name}_top{k}" for k in topk]``.
         """
-        if len(self.topk) == 1 and self.topk[0] == 1:
+        if self.topk == (1,):
             return [self.name]
         return [f"{self.name}_top{k}" for k in self.topk]
 
@@ -76,10 +75,10 @@ class Accuracy(torchmetrics.Metric):
             ValueError: fewer than ``max(topk)`` classes, or not as many
                 labels as predictions.
         """
-        if preds.ndim < 2 or preds.shape[-1] < self.maxk:
+        if preds.ndim < 2 or preds.shape[-1] < max(self.topk):
             raise ValueError(
                 f"Accuracy(topk={self.topk}) needs class scores of shape [N, C] with C >= "
-                f"{self.maxk}; received predictions of shape {tuple(preds.shape)}."
+                f"{max(self.topk)}; received predictions of shape {tuple(preds.shape)}."
             )
         target = target.reshape(-1)
         if target.shape[0] != preds.shape[0]:
@@ -87,7 +86,7 @@ class Accuracy(torchmetrics.Metric):
                 f"Accuracy got {preds.shape[0]} predictions but {target.shape[0]} labels; "
                 "labels must be class indices of shape [N] or [N, 1]."
             )
-        top = preds.topk(self.maxk, dim=-1).indices
+        top = preds.topk(max(self.topk), dim=-1).indices
         hits = (top == target.unsqueeze(-1)).cumsum(dim=-1).clamp_(max=1).sum(dim=0)
         self.correct += hits[[k - 1 for k in self.topk]]
         self.total += target.shape[0]

@@ -30,8 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -72,8 +71,7 @@ _DTYPE_NAMES = {
 }
 
 
-@dataclass(frozen=True)
-class AmpSetting:
+class AmpSetting(NamedTuple):
     """What ``prepare(amp=...)`` chose, in torch's terms.
 
     ``name`` is ``None``, ``"bf16"`` or ``"fp16"`` (what the steps and the
@@ -83,7 +81,7 @@ class AmpSetting:
     """
 
     name: str | None = None
-    scaler_options: dict[str, Any] = field(default_factory=dict)
+    scaler_options: dict[str, Any] = {}  # never mutated: passed as **kwargs
     dynamic_scaling: bool = True
 
 
@@ -110,9 +108,9 @@ def parse_amp(amp: Any) -> AmpSetting:
     if amp is None or (isinstance(amp, str) and amp in AMP_DTYPES):
         return AmpSetting(amp)
     if isinstance(amp, str) and amp in LEVELS:
-        return _from_level(amp)
+        return _from_configs({"level": amp}, where="amp")
     if isinstance(amp, Mapping):
-        return _from_configs(amp)
+        return _from_configs(amp, where="amp['level']")
     raise ValueError(
         f"amp must be None, 'bf16' or 'fp16'; received {amp!r}. 'bf16' runs on CPU and recent "
         "GPUs without loss scaling; 'fp16' adds a gradient scaler. Paddle's levels 'O0'/'O1' "
@@ -121,22 +119,8 @@ def parse_amp(amp: Any) -> AmpSetting:
     )
 
 
-def _from_level(level: str, where: str = "amp") -> AmpSetting:
-    if level == "O0":
-        return AmpSetting(None)
-    if level == "O1":
-        return AmpSetting("fp16")
-    raise ValueError(
-        f"{where}={level!r} is Paddle's pure float16 training (the network's weights cast to "
-        "float16, the optimizer keeping float32 master copies); torch has no such switch and "
-        "torch-hapi does not fake one. Use 'O1' (or 'fp16'/'bf16'): torch.autocast runs matmuls "
-        "and convolutions in the low dtype while the weights stay float32, which is where most "
-        "of O2's speed comes from. (Under strategy='fsdp', 'fp16' also gathers the "
-        "parameters in float16 for compute while float32 shards are stepped: the closest to O2.)"
-    )
-
-
-def _from_configs(configs: Mapping) -> AmpSetting:
+def _from_configs(configs: Mapping, where: str) -> AmpSetting:
+    """A Paddle level (``where`` names it in a message) with Paddle's other amp_configs keys."""
     unknown = [key for key in configs if key not in ACCEPTED_KEYS]
     if "use_pure_fp16" in unknown:
         raise ValueError(
@@ -149,16 +133,25 @@ def _from_configs(configs: Mapping) -> AmpSetting:
             f"amp has unknown key(s) {unknown!r}. Accepted keys (Paddle's amp_configs): "
             f"{', '.join(ACCEPTED_KEYS)}."
         )
-    if not configs:
-        return AmpSetting(None)  # Paddle: an empty amp_configs is float32
     level = configs.get("level", "O1")  # Paddle: a dict without 'level' means O1
     if not isinstance(level, str) or level not in LEVELS:
         raise ValueError(
             f"amp['level'] must be 'O0', 'O1' or 'O2' (Paddle's levels); received {level!r}."
         )
-    if level == "O0":
-        return AmpSetting(None)  # Paddle ignores the other keys at O0
-    setting = _from_level(level, where="amp['level']")
+    if level == "O0" or not configs:
+        return AmpSetting(
+            None
+        )  # Paddle: O0, or an empty amp_configs, is float32 (other keys ignored)
+    if level == "O2":
+        raise ValueError(
+            f"{where}={level!r} is Paddle's pure float16 training (the network's weights cast to "
+            "float16, the optimizer keeping float32 master copies); torch has no such switch and "
+            "torch-hapi does not fake one. Use 'O1' (or 'fp16'/'bf16'): torch.autocast runs "
+            "matmuls and convolutions in the low dtype while the weights stay float32, which is "
+            "where most of O2's speed comes from. (Under strategy='fsdp', 'fp16' also gathers "
+            "the parameters in float16 for compute while float32 shards are stepped: the closest "
+            "to O2.)"
+        )
     if "use_fp16_guard" in configs:
         raise ValueError(
             "amp['use_fp16_guard'] belongs to Paddle's static-graph mode (Paddle refuses it in "
@@ -194,7 +187,7 @@ def _from_configs(configs: Mapping) -> AmpSetting:
         raise ValueError(
             f"amp['use_dynamic_loss_scaling'] must be True or False; received {dynamic!r}."
         )
-    return AmpSetting(setting.name, options, dynamic)
+    return AmpSetting("fp16", options, dynamic)
 
 
 def _is_number(value: Any) -> bool:

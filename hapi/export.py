@@ -123,15 +123,8 @@ def _as_inputs(example_inputs: Any, device: torch.device | None) -> tuple[torch.
         )
     tensors = []
     for position, item in enumerate(items):
-        if isinstance(item, np.ndarray):
-            try:
-                item = torch.from_numpy(np.ascontiguousarray(item))
-            except TypeError as error:
-                raise TypeError(
-                    f"example_inputs[{position}] is a NumPy array of dtype {item.dtype}, "
-                    f"which a tensor cannot hold: {error}. Convert it to a numeric dtype "
-                    "first."
-                ) from error
+        if isinstance(item, np.ndarray):  # torch's TypeError names a dtype it cannot hold
+            item = torch.from_numpy(np.ascontiguousarray(item))
         if not torch.is_tensor(item):
             where = "example_inputs" if item is example_inputs else f"example_inputs[{position}]"
             raise TypeError(
@@ -166,12 +159,6 @@ def _check_runs(network: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
         problem = (
             f"{type(error).__name__}: {_first_lines(str(error))}{_user_location(error, network)}"
         )
-        if distributed.is_collective_failure(error):
-            raise RuntimeError(
-                f"{name}'s forward made a collective that failed, before any export: {problem}. "
-                "Export runs forward on rank 0 alone; a forward that needs the other processes "
-                "cannot be exported as it is."
-            ) from error
         raise RuntimeError(
             f"{name} fails on example_inputs {describe(list(inputs))} before any "
             f"export: {problem}. If example_inputs are not what forward takes, pass them as it "
@@ -195,9 +182,7 @@ def _batch_of_two(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
 
 def _first_lines(message: str, limit: int = 400) -> str:
     """The first non-empty line of torch's message, with the ``- ...`` detail lines that follow it."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    if not lines:
-        return "(no message)"
+    lines = [line.strip() for line in message.splitlines() if line.strip()] or ["(no message)"]
     # torch's own hints in detail lines name its API (mark_dynamic, Dim.DYNAMIC), not export()'s: cut them.
     kept = [lines[0]] + [
         line.split(" If you're using")[0] for line in lines[1:4] if line.startswith("- ")

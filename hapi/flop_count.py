@@ -21,13 +21,11 @@ from hapi.summary import (
     example_args,
     forward_once,
     leaf_modules,
-    network_device,
     print_table,
     shapes,
 )
 
 CountFn = Callable[[nn.Module, tuple, Any], Any]
-_UNSET = object()
 
 
 def _first_tensor(value: Any) -> torch.Tensor:
@@ -96,15 +94,12 @@ def _counters(custom_ops: Any) -> dict[type, CountFn]:
 
 def _run_custom(fn: CountFn, module: nn.Module, inputs: tuple, output: Any) -> int:
     """A user's count function, returning its count or adding it to ``module.total_ops``."""
-    previous = module.__dict__.get("total_ops", _UNSET)
     module.__dict__["total_ops"] = 0  # Paddle's functions do ``m.total_ops += n``
     try:
         returned = fn(module, inputs, output)
         return int(module.__dict__["total_ops"]) + (0 if returned is None else int(returned))
     finally:
-        module.__dict__.pop("total_ops", None)
-        if previous is not _UNSET:
-            module.__dict__["total_ops"] = previous
+        del module.__dict__["total_ops"]
 
 
 def count_flops(
@@ -122,7 +117,9 @@ def count_flops(
             "network, e.g. hapi.flops(LeNet(), (1, 1, 28, 28)), or call model.flops(...)."
         )
     counters = _counters(custom_ops)
-    device = network_device(network) if device is None else device
+    if device is None:  # where the first parameter or buffer lives; the CPU for neither
+        tensors = (*network.parameters(), *network.buffers())
+        device = tensors[0].device if tensors else torch.device("cpu")
     args = example_args(input_size, None, input, device)
     if args is None:
         raise ValueError(

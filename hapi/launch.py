@@ -12,14 +12,12 @@ waiting in a collective) and :func:`spawn` raises
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
-import socket
 import tempfile
 import traceback
 import uuid
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 
 class SpawnedProcessError(RuntimeError):
@@ -41,12 +39,6 @@ _UNGUARDED = (
     "imports the script (as multiprocessing's spawn start method does), so every child "
     'called hapi.spawn again and died. Put the call under `if __name__ == "__main__":`.'
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _visible_devices(gpus: str | Sequence[int] | None) -> str | None:
@@ -77,21 +69,6 @@ def resolve_nprocs(nprocs: int, visible_devices: str | None) -> int:
     if torch.cuda.is_available():
         return torch.cuda.device_count()
     return os.cpu_count() or 1
-
-
-@contextlib.contextmanager
-def _environment(updates: dict[str, str]) -> Iterator[None]:
-    """Children inherit the parent's environment: set it for the launch only."""
-    saved = {name: os.environ.get(name) for name in updates}
-    os.environ.update(updates)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def spawn(
@@ -138,6 +115,8 @@ def spawn(
         with open(os.path.join(os.environ[_ERROR_DIR], "unguarded"), "w") as handle:
             handle.write(_UNGUARDED)
         raise RuntimeError(f"hapi.spawn in a process it started: {_UNGUARDED}")
+    from unittest import mock
+
     import torch
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -151,18 +130,15 @@ def spawn(
         )
     count = resolve_nprocs(nprocs, visible)
     run_id = f"hapi-{uuid.uuid4().hex[:8]}"
-    logs = (
-        DefaultLogsSpecs(log_dir=log_dir, redirects=Std.ALL, tee={0: Std.ALL})
-        if log_dir
-        else DefaultLogsSpecs(log_dir=os.devnull)
-    )
+    redirect = {"redirects": Std.ALL, "tee": {0: Std.ALL}} if log_dir else {}
+    logs = DefaultLogsSpecs(log_dir=log_dir or os.devnull, **redirect)
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=count,
         run_id=run_id,
         rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        rdzv_endpoint="127.0.0.1:0",  # a free port, as torchrun --standalone picks it
         rdzv_configs={"timeout": 120},
         max_restarts=0,
         monitor_interval=0.1,
@@ -178,7 +154,8 @@ def spawn(
         updates["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // count))
     with tempfile.TemporaryDirectory(prefix="hapi-spawn-") as error_dir:
         try:
-            with _environment({**updates, _ERROR_DIR: error_dir}):
+            # Children inherit the parent's environment: set for the launch only.
+            with mock.patch.dict(os.environ, {**updates, _ERROR_DIR: error_dir}):
                 return elastic_launch(config, _run_child)(fn, args)
         except ChildFailedError as error:
             failure = error
@@ -249,19 +226,20 @@ def _name_worker_logs(log_dir: str, run_id: str) -> dict[str, str]:
     from hapi.checkpoint import files
 
     written = {}  # rank -> its workerlog, when this run added output to it (not an earlier run)
-    for run_dir in glob.glob(os.path.join(glob.escape(log_dir), f"{run_id}_*")):
-        for attempt_dir in sorted(glob.glob(os.path.join(run_dir, "attempt_*"))):
-            for rank in sorted(os.listdir(attempt_dir)):
-                for stream in ("stdout.log", "stderr.log"):
-                    source = os.path.join(attempt_dir, rank, stream)
-                    if os.path.exists(source):
-                        target = os.path.join(log_dir, f"workerlog.{rank}")
-                        with (
-                            open(source, encoding="utf-8", errors="replace") as part,
-                            open(target, "a", encoding="utf-8") as log,
-                        ):
-                            if log.write(part.read()):
-                                written[rank] = target
+    run_dirs = glob.glob(os.path.join(glob.escape(log_dir), f"{run_id}_*"))
+    sources = [
+        p for d in run_dirs for p in glob.glob(os.path.join(d, "attempt_*", "*", "std*.log"))
+    ]
+    for source in sorted(sources, key=lambda path: (os.path.dirname(path), "stderr" in path)):
+        rank = os.path.basename(os.path.dirname(source))
+        target = os.path.join(log_dir, f"workerlog.{rank}")
+        with (
+            open(source, encoding="utf-8", errors="replace") as part,
+            open(target, "a", encoding="utf-8") as log,
+        ):
+            if log.write(part.read()):
+                written[rank] = target
+    for run_dir in run_dirs:
         for directory, _, _ in os.walk(run_dir, topdown=False):
             files.remove_empty_directory(directory)
     return dict(sorted(written.items()))

@@ -95,22 +95,19 @@ def normalise_metrics(metrics: Any) -> dict[str, Any]:
     if metrics and per_output:
         # One list per output (Keras' multi-output form): metrics[i] sees output i and label i.
         named = {}
-        for position, per_output in enumerate(metrics):
-            for name, metric in normalise_metrics(per_output).items():
+        for position, of_output in enumerate(metrics):
+            for name, metric in normalise_metrics(of_output).items():
                 metric._hapi_output = position  # noqa: SLF001 -- read by MetricSet.update
                 named[f"output_{position}_{name}"] = metric
         return named
     if isinstance(metrics, dict):
-        named = {}
         for key, metric in metrics.items():
             if not isinstance(key, str) or not key:
                 raise TypeError(f"metric names must be non-empty strings; received key {key!r}.")
-            named[key] = _check_metric(metric, f"[{key!r}]")
-        return named
-    if isinstance(metrics, (*_metric_types(), type)):
-        metrics = [metrics]
+            _check_metric(metric, f"[{key!r}]")
+        return dict(metrics)
     if not isinstance(metrics, (list, tuple)):
-        _check_metric(metrics, "")
+        metrics = [_check_metric(metrics, "")]
     named = {}
     for index, metric in enumerate(metrics):
         _check_metric(metric, f"[{index}]")
@@ -121,21 +118,6 @@ def normalise_metrics(metrics: Any) -> dict[str, Any]:
             name = f"{base}_{n}"
         named[name] = metric
     return named
-
-
-def _output_pair(metric: Any, key: str, outputs: list, labels: list) -> tuple[list, list]:
-    """What ``metric.update`` gets: every output and label, or output ``i`` and label ``i`` for a
-    metric of output ``i``."""
-    position = getattr(metric, "_hapi_output", None)
-    if position is None:
-        return outputs, labels
-    if position >= len(outputs) or position >= len(labels):
-        raise ValueError(
-            f"The metric {key!r} is for output {position}, but a batch gave {len(outputs)} outputs "
-            f"{describe(outputs)} and {len(labels)} labels {describe(labels)}. Give one list of metrics "
-            "per output, and one label per output (Model(labels=...) counts them)."
-        )
-    return [outputs[position]], [labels[position]]
 
 
 class MetricSet:
@@ -154,7 +136,7 @@ class MetricSet:
         # process group; we decide when (see distributed.SyncFlag) and never
         # want a cached, possibly local, value back.
         self._sync = distributed.SyncFlag()
-        for metric in _leaves(metrics.values()):
+        for metric in _leaves(self.metrics):
             metric.distributed_available_fn = self._sync
             metric.compute_with_cache = False
 
@@ -206,12 +188,12 @@ class MetricSet:
             "figures": {name: on_cpu(total) for name, total in self._log_sums.items()},
             "metrics": [
                 {name: on_cpu(value) for name, value in metric.metric_state.items()}
-                for metric in _leaves(self.metrics.values())
+                for metric in _leaves(self.metrics)
             ],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        leaves = _leaves(self.metrics.values())
+        leaves = _leaves(self.metrics)
         states = [t for m in leaves for t in m.metric_state.values() if torch.is_tensor(t)]
         device = states[0].device if states else torch.device("cpu")
         loss_sum, weight_sum = state["loss_sum"], state.get("weight_sum")
@@ -245,13 +227,27 @@ class MetricSet:
         labels: list[torch.Tensor],
         batch_size: int,
     ) -> None:
-        """Accumulate one batch; ``metric.update(*outputs, *labels)`` (under no_grad)."""
+        """Accumulate one batch; ``metric.update(*outputs, *labels)`` (under no_grad).
+
+        A metric of output ``i`` (``prepare(metrics=[[...], [...]])``) gets output ``i`` and
+        label ``i`` only.
+        """
         if loss is not None:
-            self._add_loss(loss, batch_size)
+            self.add_logs({"loss": loss}, batch_size)
         self._samples += batch_size
         self._weight_sum = self._weight_sum + batch_size
         for key, metric in self.metrics.items():
-            pair = _output_pair(metric, key, outputs, labels)
+            position = getattr(metric, "_hapi_output", None)
+            pair = (outputs, labels)
+            if position is not None and position >= min(len(outputs), len(labels)):
+                raise ValueError(
+                    f"The metric {key!r} is for output {position}, but a batch gave "
+                    f"{len(outputs)} outputs {describe(outputs)} and {len(labels)} labels "
+                    f"{describe(labels)}. Give one list of metrics per output, and one label per "
+                    "output (Model(labels=...) counts them)."
+                )
+            if position is not None:
+                pair = ([outputs[position]], [labels[position]])
             try:
                 metric.update(*pair[0], *pair[1])
             except TypeError as error:
@@ -262,14 +258,6 @@ class MetricSet:
                     "prepare(metrics=[[metrics of output 0], [metrics of output 1], ...]), each called "
                     "with its output and its label."
                 ) from error
-
-    def _add_loss(self, loss: torch.Tensor, weight: int | torch.Tensor) -> None:
-        """The batch's loss into the running sum (``with_loss`` from then on: a network or a
-        user's step may bring a loss although ``prepare`` got none)."""
-        self.with_loss = True
-        if self._loss_sum is None:
-            self._loss_sum = torch.zeros((), dtype=torch.float32, device=loss.device)
-        _add_weighted(self._loss_sum, loss, weight)
 
     @torch.no_grad()
     def update_logs(self, figures: dict[str, Any], batch_size: int) -> None:
@@ -291,21 +279,29 @@ class MetricSet:
     @torch.no_grad()
     def add_logs(self, figures: dict[str, Any], batch_size: int | torch.Tensor) -> None:
         """Named scalars of a batch already counted by :meth:`update` (each output's loss, say),
-        weighted by ``batch_size``: a count, or a scalar tensor (a step's ``"weight"``)."""
+        weighted by ``batch_size``: a count, or a scalar tensor (a step's ``"weight"``).
+
+        ``total += value * weight`` in place, on the value's device: no host sync per batch.
+        The loss sums in float32 and sets ``with_loss`` (a network or a user's step may bring
+        a loss although ``prepare`` got none); other figures sum in float64.
+        """
         for name, value in figures.items():
             value = torch.as_tensor(value).detach()
             if value.numel() != 1:
                 raise ValueError(
-                    f"train_step/eval_step returned {name!r} with {value.numel()} elements; "
-                    "return scalars (a float or a one-element tensor) to log."
+                    f"{name!r} has {value.numel()} elements where one number is logged; return "
+                    "scalars (a float or a one-element tensor) from train_step/eval_step, and "
+                    "use a loss that reduces to one number."
                 )
-            value = value.reshape(())
             if name == "loss":
-                self._add_loss(value.float(), batch_size)
-                continue
-            if name not in self._log_sums:
-                self._log_sums[name] = torch.zeros((), dtype=torch.float64, device=value.device)
-            _add_weighted(self._log_sums[name], value.double(), batch_size)
+                self.with_loss = True
+                if self._loss_sum is None:
+                    self._loss_sum = value.new_zeros((), dtype=torch.float32)
+                total = self._loss_sum
+            else:
+                total = self._log_sums.setdefault(name, value.new_zeros((), dtype=torch.float64))
+            weight = batch_size.to(total.device) if torch.is_tensor(batch_size) else batch_size
+            total.add_(value.reshape(()).to(total.dtype) * weight)
 
     def compute(self, sync: bool = True) -> dict[str, float]:
         """Means over every sample since :meth:`reset`.
@@ -354,14 +350,6 @@ class MetricSet:
         return results
 
 
-def _add_weighted(total: torch.Tensor, value: torch.Tensor, weight: int | torch.Tensor) -> None:
-    """``total += value * weight`` in place, on ``total``'s device: no host sync per batch."""
-    if torch.is_tensor(weight):  # a step's "weight"
-        total.add_(value * weight.to(total.device))
-    else:
-        total.add_(value, alpha=weight)
-
-
 def _moved(value: Any, device: Any, copy: bool = False) -> Any:
     """A running sum or a metric state (a tensor, or a list of them) on ``device``."""
     if torch.is_tensor(value):
@@ -387,17 +375,15 @@ def _weight_of(value: Any) -> torch.Tensor:
 
 
 def _leaves(metrics: Any) -> list[Any]:
-    """The Metric objects, looking inside MetricCollections."""
-    return [leaf for m in metrics for leaf in (_leaves(m.values()) if _is_collection(m) else [m])]
+    """The Metric objects of a ``{name: metric}`` dict, looking inside MetricCollections."""
+    return [leaf for m in metrics.values() for leaf in (_leaves(m) if _is_collection(m) else [m])]
 
 
 def _to_float(value: Any, name: str) -> float:
-    if torch.is_tensor(value):
-        if value.numel() != 1:
-            raise ValueError(
-                f"metric {name!r} computed a tensor of shape {tuple(value.shape)}; only "
-                "scalar metrics can be logged. Use average='micro' or 'macro' (not "
-                "average=None), or a MetricCollection of scalar metrics."
-            )
-        return float(value.item())
+    if torch.is_tensor(value) and value.numel() != 1:
+        raise ValueError(
+            f"metric {name!r} computed a tensor of shape {tuple(value.shape)}; only "
+            "scalar metrics can be logged. Use average='micro' or 'macro' (not "
+            "average=None), or a MetricCollection of scalar metrics."
+        )
     return float(value)

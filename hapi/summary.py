@@ -61,12 +61,10 @@ def _parse(size: Any, input_size: Any) -> Any:
     )
 
 
-def _dtypes(value: Any) -> Any:
-    """``dtype=``: ``None``, a ``torch.dtype`` or its name, or a (nested) list of them."""
+def _dtype(value: Any) -> torch.dtype:
+    """``dtype=`` of one input: ``None`` (float32), a ``torch.dtype`` or its name."""
     if value is None or isinstance(value, torch.dtype):
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_dtypes(v) for v in value]
+        return value or torch.float32
     found = getattr(torch, value.removeprefix("torch."), None) if isinstance(value, str) else None
     if isinstance(found, torch.dtype):
         return found
@@ -84,15 +82,15 @@ def _zeros(parsed: Any, dtype: Any, device: torch.device) -> Any:
                 f"dtype {dtype!r} is a list where the input is the single shape "
                 f"{tuple(parsed)}; give one dtype for it, e.g. 'int64'."
             )
-        return torch.zeros(parsed, dtype=torch.float32 if dtype is None else dtype, device=device)
-    if isinstance(dtype, (list, tuple)):
-        if len(dtype) != len(parsed):
-            raise ValueError(
-                f"dtype {dtype!r} has {len(dtype)} entries for {len(parsed)} inputs; give one "
-                "dtype per input, or a single dtype for all of them."
-            )
-        return type(parsed)(_zeros(p, d, device) for p, d in zip(parsed, dtype))
-    return type(parsed)(_zeros(p, dtype, device) for p in parsed)
+        return torch.zeros(parsed, dtype=_dtype(dtype), device=device)
+    if not isinstance(dtype, (list, tuple)):
+        dtype = [dtype] * len(parsed)
+    if len(dtype) != len(parsed):
+        raise ValueError(
+            f"dtype {dtype!r} has {len(dtype)} entries for {len(parsed)} inputs; give one "
+            "dtype per input, or a single dtype for all of them."
+        )
+    return type(parsed)(_zeros(p, d, device) for p, d in zip(parsed, dtype))
 
 
 def example_args(input_size: Any, dtype: Any, input: Any, device: torch.device) -> list[Any] | None:
@@ -109,11 +107,6 @@ def example_args(input_size: Any, dtype: Any, input: Any, device: torch.device) 
                 "Give either input_size (with dtype) or input, not both: input= is passed to "
                 "the network as it is, so its tensors already have their shapes and dtypes."
             )
-        if not (torch.is_tensor(input) or isinstance(input, (list, tuple, Mapping))):
-            raise TypeError(
-                f"input must be a tensor, a list/tuple of tensors or a dict of them (passed to "
-                f"the network as its one argument); received {type(input).__name__}."
-            )
         return [input]
     if input_size is None:
         return None
@@ -121,14 +114,7 @@ def example_args(input_size: Any, dtype: Any, input: Any, device: torch.device) 
         raise ValueError(f"input_size is empty ({input_size!r}). {_SHAPE_HELP}.")
     parsed = _parse(input_size, input_size)
     args = [parsed] if isinstance(parsed, torch.Size) else list(parsed)
-    return list(_zeros(args, _dtypes(dtype), device))
-
-
-def network_device(network: nn.Module) -> torch.device:
-    """Where the network's first parameter (or buffer) lives; the CPU for one with neither."""
-    for tensor in (*network.parameters(), *network.buffers()):
-        return tensor.device
-    return torch.device("cpu")
+    return list(_zeros(args, dtype, device))
 
 
 def leaf_modules(network: nn.Module) -> list[tuple[str, nn.Module]]:

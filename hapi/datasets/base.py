@@ -231,10 +231,3 @@ def _fetch(
         f"{tried}\nLast error: {last_error!r}\n{dataset._hint(offer_download=False)}",
         path,
     )
-
-
-def _read_bytes(path: Path, hint: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as error:
-        raise DatasetError(f"{path}: cannot be read ({error}). {hint}", path) from error

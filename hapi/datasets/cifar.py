@@ -19,7 +19,6 @@ from hapi.datasets.base import (
     _fetch,
     _first_bad_label,
     _ImageDataset,
-    _read_bytes,
 )
 
 _SIDE = 32
@@ -82,18 +81,15 @@ class Cifar10(_ImageDataset):
     def _load(self, root, download: bool) -> tuple[np.ndarray, np.ndarray, Path]:
         names, hint = _FILES[self.mode], self._hint()
         directory, tarball = self._locate(root, download)
-        if (
-            directory is None
-        ):  # nothing local, download=True: the tarball serves both modes, check both
+        if directory is None:  # nothing local, download=True: the tarball serves both modes
             directory = self._download_dir(root)
             check = functools.partial(_read_tarball, names=_BATCHES, hint=hint)
             parsed = _fetch(self, _TARBALL, directory, check)
         elif tarball is not None:
-            parsed = _read_tarball(_read_bytes(tarball, hint), tarball, names, hint)
+            parsed = _read_tarball(tarball.read_bytes(), tarball, names, hint)
         else:
             parsed = {
-                n: _parse_cifar(_read_bytes(directory / n, hint), directory / n, hint)
-                for n in names
+                n: _parse_cifar((directory / n).read_bytes(), directory / n, hint) for n in names
             }
         # One copy into fresh, writable, contiguous arrays (frombuffer views are read-only).
         images, labels = zip(*(parsed[n] for n in names))

@@ -17,7 +17,6 @@ from hapi.datasets.base import (
     _fetch,
     _first_bad_label,
     _ImageDataset,
-    _read_bytes,
 )
 
 _IMAGE_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dimensions
@@ -42,10 +41,26 @@ class _IDXDataset(_ImageDataset):
     )
 
     def _load(self, root, download: bool) -> tuple[np.ndarray, np.ndarray, Path]:
-        image_path, label_path = self._locate(root, download)
-        hint = self._hint()
-        images = _parse_idx(_read_bytes(image_path, hint), image_path, _IMAGE_MAGIC, hint)
-        labels = _parse_idx(_read_bytes(label_path, hint), label_path, _LABEL_MAGIC, hint)
+        """The image and label files of the first directory searched that holds both (else
+        fetched), checked."""
+        stems, hint = _STEMS[self.mode], self._hint()
+        tried = self._search_dirs(root)
+        found = next((ps for d in tried if all(ps := [_find_file(d, s) for s in stems])), None)
+        if found is None and not download:
+            names = " and ".join(f"{s}.gz" for s in stems)
+            raise self._not_found(
+                f"no directory holds {names} (or the same names without .gz)", tried
+            )
+        if found is None:
+            target = self._download_dir(root)
+            for stem, magic in zip(stems, (_IMAGE_MAGIC, _LABEL_MAGIC)):
+                if _find_file(target, stem) is None:
+                    check = functools.partial(_parse_idx, magic=magic, hint=hint)
+                    _fetch(self, f"{stem}.gz", target, check)
+            found = [_find_file(target, stem) for stem in stems]
+        image_path, label_path = found
+        images = _parse_idx(image_path.read_bytes(), image_path, _IMAGE_MAGIC, hint)
+        labels = _parse_idx(label_path.read_bytes(), label_path, _LABEL_MAGIC, hint)
         if len(images) != len(labels):
             raise DatasetError(
                 f"{image_path} holds {len(images)} images but {label_path} holds {len(labels)} labels; "
@@ -53,26 +68,6 @@ class _IDXDataset(_ImageDataset):
                 label_path,
             )
         return images, labels, image_path.parent
-
-    def _locate(self, root, download: bool) -> list[Path]:
-        """The image and label files: the first directory searched that holds both, else fetched."""
-        stems = _STEMS[self.mode]
-        tried = self._search_dirs(root)
-        for directory in tried:
-            found = [_find_file(directory, stem) for stem in stems]
-            if all(found):
-                return found
-        if not download:
-            names = " and ".join(f"{s}.gz" for s in stems)
-            raise self._not_found(
-                f"no directory holds {names} (or the same names without .gz)", tried
-            )
-        target = self._download_dir(root)
-        for stem, magic in zip(stems, (_IMAGE_MAGIC, _LABEL_MAGIC)):
-            if _find_file(target, stem) is None:
-                check = functools.partial(_parse_idx, magic=magic, hint=self._hint())
-                _fetch(self, f"{stem}.gz", target, check)
-        return [_find_file(target, stem) for stem in stems]
 
 
 class FashionMNIST(_IDXDataset):
