@@ -154,32 +154,6 @@ def open_nofollow(path: str | os.PathLike, flags: int, levels: int = 1) -> int:
     return fd
 
 
-def _fsync_directory(directory: str) -> None:
-    # Makes the rename itself durable; not possible on every platform.
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _create_temporary(directory: str, name: str) -> tuple[int, str]:
-    """A new file beside the target, created with mode 0o666 less the umask, as open() does.
-
-    Asking the kernel for that mode at creation (instead of ``mkstemp``'s 0600
-    and a ``chmod`` computed from ``os.umask``, which must briefly set the
-    umask to read it) keeps the process umask untouched: another thread
-    creating a file at that moment would get loose permissions. ``O_EXCL``
-    never opens an existing file, nor follows a link planted under the name
-    (the name is new: 48 random bits beside the machine and process).
-    """
-    _remove_orphans(directory, name)
-    temporary = os.path.join(directory, f".{name}.{_HOST}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY
-    return os.open(temporary, flags, 0o666), temporary
-
-
 # Temporaries are named by machine and process, so that a killed writer's can be told apart.
 _HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
 
@@ -196,25 +170,16 @@ def _remove_orphans(directory: str, name: str) -> None:
     if os.name != "posix":
         return
     pattern = re.compile(rf"\.{re.escape(name)}\.{re.escape(_HOST)}\.(\d+)\.[0-9a-f]{{12}}\.tmp")
-    try:
-        entries = os.listdir(directory)
-    except OSError:
-        return
-    for entry in entries:
-        match = pattern.fullmatch(entry)
-        if match and not _alive(int(match.group(1))):
-            with contextlib.suppress(OSError):  # unlink removes a link itself, never its target
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(directory):
+            match = pattern.fullmatch(entry)
+            try:
+                if match:
+                    os.kill(int(match.group(1)), 0)  # signal 0: no signal, only the question
+            except ProcessLookupError:  # unlink removes a link itself, never its target
                 os.unlink(os.path.join(directory, entry))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: no signal, only the question
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        pass
-    return True
+            except PermissionError:  # another user's process: alive
+                pass
 
 
 @contextlib.contextmanager
@@ -235,17 +200,27 @@ def atomic_write(
     (two jobs, say) and its readers never see a file half-written or mixed.
     (Reusing the replaced file's blocks for the next write was cheaper in
     kernel time, but a reader still reading that file would see it change.)
+
+    The temporary is created with mode 0o666 less the umask, as open() does,
+    without touching the process umask (another thread creating a file at
+    that moment would get loose permissions); ``O_EXCL`` never opens an
+    existing file, nor follows a link planted under its name (a new name: 48
+    random bits beside the machine and process).
     """
     if mode not in ("wb", "w"):
         raise ValueError(f"atomic_write supports mode 'wb' or 'w'; received {mode!r}.")
     path = os.fspath(path)
-    if not os.path.basename(path):
+    name = os.path.basename(path)
+    if not name:
         raise ValueError(
             f"atomic_write needs a file name; received {path!r}, a directory. Name the file."
         )
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp_path = _create_temporary(directory, os.path.basename(path))
+    _remove_orphans(directory, name)
+    tmp_path = os.path.join(directory, f".{name}.{_HOST}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY
+    fd = os.open(tmp_path, flags, 0o666)
     try:
         with os.fdopen(
             fd, mode, **({"encoding": "utf-8", "newline": ""} if mode == "w" else {})
@@ -260,7 +235,12 @@ def atomic_write(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_path)
         raise
-    _fsync_directory(directory)
+    with contextlib.suppress(OSError):  # makes the rename itself durable; not everywhere possible
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def spare_of(path: str | os.PathLike) -> str:
@@ -285,7 +265,7 @@ def link_or_copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
     )
     try:
         os.link(source, temporary, follow_symlinks=False)
-    except (OSError, NotImplementedError):
+    except (OSError, NotImplementedError):  # no hard links here: a copy
         fd = os.open(source, os.O_RDONLY | _NOFOLLOW | _BINARY)
         with atomic_write(target) as handle, os.fdopen(fd, "rb") as original:
             shutil.copyfileobj(original, handle)
@@ -307,13 +287,11 @@ def keep_as_previous(path: str | os.PathLike, previous: str | os.PathLike) -> bo
     Nothing happens when ``path`` is missing or not a regular file (a link
     planted there is never followed).
     """
-    try:
-        regular = stat.S_ISREG(os.lstat(path).st_mode)
-    except FileNotFoundError:
-        return False
-    if regular:
-        link_or_copy(path, previous)
-    return regular
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISREG(os.lstat(path).st_mode):
+            link_or_copy(path, previous)
+            return True
+    return False
 
 
 def remove_with_spare(path: str | os.PathLike) -> None:
