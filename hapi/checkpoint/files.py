@@ -306,74 +306,59 @@ def remove_with_spare(path: str | os.PathLike) -> None:
                 os.remove(name)
 
 
-@contextlib.contextmanager
-def _inside(directory: str | os.PathLike, at: int | None = None) -> Iterator[tuple[list, dict]]:
-    """The entries of ``directory`` (relative to the directory open as ``at``), and the keyword
-    that makes ``os.unlink``/``os.rmdir``/``os.lstat`` act inside it; ``([], ...)`` when it is
-    missing, not a directory, or a symbolic link, which is never followed.
+def _delete(
+    directory: str | os.PathLike, wanted: Callable[[str], Any], at: int | None = None
+) -> None:
+    """Delete the entries of ``directory`` (relative to the directory open as ``at``) whose name
+    ``wanted`` accepts: a file, or a shards directory with what torch's distributed checkpoint
+    wrote in it (its ``.metadata`` and ``__<rank>_<n>.distcp`` files), then that directory if
+    empty. A link -- as ``directory``, as an entry, or inside a shards directory -- is never
+    followed; another directory, and a file of anyone else's inside a shards one, stay.
 
-    Where the platform acts relative to an open directory (POSIX), the
-    directory stays the one opened even if a link replaces its name meanwhile.
+    Where the platform acts relative to an open directory (POSIX), the directory
+    stays the one opened even if a link replaces its name meanwhile; elsewhere
+    (Windows) names are joined to the path, once looked at.
     """
-    if os.unlink not in os.supports_dir_fd:  # Windows: names joined to the path, once looked at
-        path = os.fspath(directory)
-        with contextlib.suppress(OSError):
-            if stat.S_ISDIR(os.lstat(path).st_mode):
-                yield [os.path.join(path, name) for name in os.listdir(path)], {}
-                return
-        yield [], {}
-        return
+    relative = os.unlink in os.supports_dir_fd
     try:
-        fd = os.open(directory, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=at)
-    except OSError:
-        yield [], {}
+        if relative:
+            fd = os.open(directory, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=at)
+        elif not stat.S_ISDIR(os.lstat(directory).st_mode):
+            return
+    except OSError:  # missing, not a directory, or a link
         return
+    where = {"dir_fd": fd} if relative else {}
     try:
-        yield os.listdir(fd), {"dir_fd": fd}
+        for name in os.listdir(fd if relative else directory):
+            entry = name if relative else os.path.join(directory, name)
+            with contextlib.suppress(OSError):  # gone already, not ours to delete, or not empty
+                if wanted(name) and SHARDS_NAME.fullmatch(name):
+                    _delete(entry, _DCP_FILE.fullmatch, fd if relative else None)
+                    os.rmdir(entry, **where)
+                elif wanted(name) and not stat.S_ISDIR(os.lstat(entry, **where).st_mode):
+                    os.unlink(entry, **where)
     finally:
-        os.close(fd)
-
-
-def _remove(name: str, where: dict, directory: bool = False) -> None:
-    with contextlib.suppress(OSError):  # gone already, not ours to delete, or not empty
-        if directory:
-            os.rmdir(name, **where)
-        elif not stat.S_ISDIR(os.lstat(name, **where).st_mode):
-            os.unlink(name, **where)
+        if relative:
+            os.close(fd)
 
 
 def remove_shards(
     directory: str | os.PathLike, keep: str | None = None, only: str | None = None
 ) -> None:
     """Delete the shards directories (``shards-<16 hex>``) in ``directory``, but ``keep``
-    (or ``only`` that one: what a failed save wrote).
-
-    Only what torch's distributed checkpoint writes there is deleted (its
-    ``.metadata`` and ``__<rank>_<n>.distcp`` files), then the directory if it
-    is empty: a link -- as ``directory``, as a shards directory, or inside
-    one -- is never followed, and a file of anyone else's inside stays, with
-    its directory.
-    """
-    with _inside(directory) as (entries, where):
-        for entry in entries:
-            name = os.path.basename(entry)
-            if name == keep or not SHARDS_NAME.fullmatch(name) or only not in (None, name):
-                continue
-            with _inside(entry, where.get("dir_fd")) as (shard_files, inner):
-                for shard_file in shard_files:
-                    if _DCP_FILE.fullmatch(os.path.basename(shard_file)):
-                        _remove(shard_file, inner)
-            _remove(entry, where, directory=True)
+    (or ``only`` that one: what a failed save wrote); see :func:`_delete`."""
+    _delete(
+        directory,
+        lambda name: SHARDS_NAME.fullmatch(name) and name != keep and only in (None, name),
+    )
 
 
 def remove_sharded(directory: str | os.PathLike) -> None:
     """Delete a sharded checkpoint torch-hapi wrote: its manifest, its shards, then ``directory``
     if empty. A link as ``directory`` (or in it) is never followed: nothing is deleted through it.
     """
-    with _inside(directory) as (entries, where):
-        for entry in entries:
-            if os.path.basename(entry) in (MANIFEST, os.path.basename(spare_of(MANIFEST))):
-                _remove(entry, where)
+    # The manifest first: a deletion cut short leaves no manifest naming missing shards.
+    _delete(directory, lambda name: name in (MANIFEST, os.path.basename(spare_of(MANIFEST))))
     remove_shards(directory)
     remove_empty_directory(directory)
 

@@ -421,8 +421,6 @@ def _parse(source: IO[bytes], file: str) -> dict[str, Any]:
     """
     try:
         state = torch.load(source, map_location="cpu", weights_only=True)
-    except PermissionError:
-        raise  # names the file; not a damaged checkpoint
     except Exception as error:  # noqa: BLE001 -- a damaged file can fail anywhere in torch's reader
         if isinstance(error, pickle.UnpicklingError) and _GLOBAL.search(
             f"{error}\n{error.__context__ or ''}"
