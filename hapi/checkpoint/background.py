@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from hapi import distributed
-from hapi.checkpoint.errors import CheckpointError, write_failed
+from hapi.checkpoint.errors import CheckpointError
 
 
 class _BackgroundWrite:
@@ -83,10 +83,8 @@ class _BackgroundWrite:
                 self._done.wait()
                 self._done = None
         error, self._error = self._error, None
-        if isinstance(error, CheckpointError):
-            raise error  # it names the file and the cause
-        if error is not None:  # torch's distributed checkpoint's own errors, say
-            raise write_failed(self._target, error) from error
+        if error is not None:
+            raise error  # a CheckpointError: each write names its file and the cause
 
     def forget(self) -> None:
         """In a forked child (a DataLoader worker): the parent's write is not this process's

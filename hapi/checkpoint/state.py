@@ -131,7 +131,7 @@ def write_file(state: dict[str, Any], target: str) -> None:
             files.remove_empty_directory(directory)
         if isinstance(error, (pickle.PickleError, AttributeError, TypeError)):
             refuse_unsafe(converted, target, error)
-        if isinstance(error, (OSError, RuntimeError)) and not isinstance(error, CheckpointError):
+        if isinstance(error, Exception) and not isinstance(error, CheckpointError):
             raise write_failed(target, error) from error  # torch says a full disk as a RuntimeError
         raise
 
