@@ -36,9 +36,10 @@ the :class:`~hapi.checkpoint.CheckpointError` itself calls
 
 torch reports a failure to read or write the files (a truncated shard, a full
 disk, a link refused) as its ``CheckpointException``, a ``BaseException`` that
-``except Exception`` misses: it becomes a
+``except Exception`` misses: a failed read becomes a
 :class:`~hapi.checkpoint.CheckpointError` naming the directory and each
-process's cause.
+process's cause; a failed write is raised as it is, for
+:func:`hapi.checkpoint.save_sharded` to clean up after and say in words.
 
 Who writes the manifest is DCP's own choice: its coordinator (the process
 that also writes ``.metadata``), which :class:`_Writer` records; this module
@@ -74,7 +75,7 @@ from torch.distributed.checkpoint.state_dict import (
 from hapi import distributed
 from hapi.checkpoint import files
 from hapi.checkpoint.background import snapshot
-from hapi.checkpoint.errors import CheckpointError, write_failed
+from hapi.checkpoint.errors import CheckpointError
 from hapi.checkpoint.matching import check_state_keys
 
 _DCP = "torch.distributed.checkpoint.metadata"
@@ -244,13 +245,13 @@ def _quiet() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _as_checkpoint_error(directory: str, writing: bool) -> Iterator[None]:
-    """DCP's ``CheckpointException`` as a :class:`CheckpointError` naming ``directory`` and the causes."""
+def _reading(directory: str) -> Iterator[None]:
+    """DCP's ``CheckpointException`` as a :class:`CheckpointError` naming ``directory`` and each
+    process's cause (a failed write is said in words by :func:`hapi.checkpoint.save_sharded`)."""
     try:
-        yield
+        with _quiet():
+            yield
     except CheckpointException as error:
-        if writing:  # a full disk, a permission: said in words, an OSError too
-            raise write_failed(directory, error) from error
         causes = "; ".join(
             f"process {rank}: {type(cause).__name__}: {cause}"
             for rank, (cause, _) in sorted(error.failures.items())
@@ -332,7 +333,7 @@ def save_shards(
     writer = _Writer(directory)
     if not wait:
         optimizer_rest = snapshot(optimizer_rest)
-    with _quiet(), _as_checkpoint_error(directory, writing=True):
+    with _quiet():
         if wait:
             dcp.save(payload, storage_writer=writer)
         else:
@@ -342,8 +343,7 @@ def save_shards(
 
     def complete() -> None:
         if not wait:
-            with _as_checkpoint_error(directory, writing=True):
-                future.result()  # every process's shards written, the metadata too
+            future.result()  # every process's shards written, the metadata too
         if writer.is_coordinator:
             then_on_main(optimizer_rest)
 
@@ -360,7 +360,7 @@ def load_shards(directory: str, network: nn.Module, keys: set[str]) -> None:
     """The network's entries named in ``keys`` from ``directory``, resharded as the network is now."""
     template = {k: v for k, v in _split(get_model_state_dict(network))[0].items() if k in keys}
     payload = {"network": template}
-    with _quiet(), _as_checkpoint_error(directory, writing=False):
+    with _reading(directory):
         dcp.load(payload, storage_reader=SafeFileSystemReader(directory))
     set_model_state_dict(network, payload["network"], options=StateDictOptions(strict=False))
 
@@ -383,7 +383,7 @@ def load_optimizer_shards(
         template = get_optimizer_state_dict(network, optimizer)  # creates the state to read into
         tensors = {name: _split(values)[0] for name, values in template["state"].items()}
         payload = {"optimizer": tensors}
-        with _quiet(), _as_checkpoint_error(directory, writing=False):
+        with _reading(directory):
             dcp.load(payload, storage_reader=SafeFileSystemReader(directory))
         for name, values in payload["optimizer"].items():
             state.setdefault(name, {}).update(values)
