@@ -5,29 +5,31 @@ The modules of this package, each with one job:
 * :mod:`~hapi.checkpoint.files` -- every file written, renamed, linked or deleted, and
   every name read from a file joined to its directory (atomic writes, confinement, no
   link followed): the one module that touches files, for torch-hapi's callbacks too;
-* :mod:`~hapi.checkpoint.state` -- the file format (``FORMAT``), :func:`save_state`
-  and :func:`load_state` (which process writes, which reads, what is safe to read);
-* :mod:`~hapi.checkpoint.write` -- one file written and verified (tensors and plain
-  values only);
+* :mod:`~hapi.checkpoint.state` -- the file format (``FORMAT``), which process writes
+  and which reads, each file written and verified (tensors and plain values only) and
+  read safely (:func:`save_state`, :func:`load_state`), a sharded checkpoint's
+  directory and manifest (:func:`save_sharded`);
 * :mod:`~hapi.checkpoint.background` -- saves running beside training, and the
   snapshot that makes each capture one moment;
-* :mod:`~hapi.checkpoint.sharded` -- a sharded checkpoint's directory and manifest;
-  :mod:`~hapi.checkpoint.dcp_io` its tensors through ``torch.distributed.checkpoint``,
-  read through :mod:`~hapi.checkpoint.dcp_reader`, which runs no code from the files;
-* :mod:`~hapi.checkpoint.matching` -- a saved state against this model and optimizer.
+* :mod:`~hapi.checkpoint.dcp_io` -- a sharded checkpoint's tensors through
+  ``torch.distributed.checkpoint``, read without running code from the files;
+* :mod:`~hapi.checkpoint.matching` -- a saved state against this model and optimizer;
+* :mod:`~hapi.checkpoint.errors` -- :class:`CheckpointError`, and why a write failed.
 
 Imports go one way: this package uses :mod:`hapi.distributed` (which process writes),
 which never imports it back; the callbacks import its public names (``files``,
-``atomic_write``, ``CheckpointError``), never a module of it.
+``atomic_write``, ``CheckpointError``), never a module of it. The names below are its
+public part; ``save_shards``, ``load_shards``, ``load_optimizer_shards`` and
+``saved_shapes`` (of :mod:`~hapi.checkpoint.dcp_io`) too, imported on first use.
 """
 
+# ruff: noqa: F401  (the package's public names, for torch-hapi's modules and callbacks)
 from typing import Any
 
 from hapi.checkpoint import files
 from hapi.checkpoint.background import release_staging, wait_for_writes
 from hapi.checkpoint.errors import CheckpointError, cause_in_words
-from hapi.checkpoint.files import UnsafeNameError, atomic_write
-from hapi.checkpoint.sharded import MANIFEST, save_sharded, shards_directory
+from hapi.checkpoint.files import MANIFEST, UnsafeNameError, atomic_write
 from hapi.checkpoint.state import (
     FORMAT,
     SUFFIX,
@@ -35,34 +37,11 @@ from hapi.checkpoint.state import (
     load_freshest_state,
     load_state,
     resolve_path,
+    save_sharded,
     save_state,
+    shards_directory,
+    write_file,
 )
-from hapi.checkpoint.write import write_file
-
-__all__ = [
-    "CheckpointError",
-    "FORMAT",
-    "MANIFEST",
-    "SUFFIX",
-    "VERSION",
-    "UnsafeNameError",
-    "atomic_write",
-    "cause_in_words",
-    "files",
-    "load_freshest_state",
-    "load_optimizer_shards",
-    "load_shards",
-    "load_state",
-    "release_staging",
-    "resolve_path",
-    "save_sharded",
-    "save_shards",
-    "save_state",
-    "saved_shapes",
-    "shards_directory",
-    "wait_for_writes",
-    "write_file",
-]
 
 # A sharded checkpoint's tensors go through torch.distributed.checkpoint, whose import costs
 # about a second (DTensor, sympy) on every process: dcp_io is imported on first use.

@@ -15,6 +15,7 @@ the previous file.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import os
@@ -26,8 +27,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from hapi import distributed
-from hapi.checkpoint.errors import CheckpointError, write_failed
-from hapi.checkpoint.write import rebuild
+from hapi.checkpoint.errors import CheckpointError
 
 
 class _BackgroundWrite:
@@ -83,10 +83,8 @@ class _BackgroundWrite:
                 self._done.wait()
                 self._done = None
         error, self._error = self._error, None
-        if isinstance(error, CheckpointError):
-            raise error  # it names the file and the cause
-        if error is not None:  # torch's distributed checkpoint's own errors, say
-            raise write_failed(self._target, error) from error
+        if error is not None:
+            raise error  # a CheckpointError: each write names its file and the cause
 
     def forget(self) -> None:
         """In a forked child (a DataLoader worker): the parent's write is not this process's
@@ -176,6 +174,21 @@ def wait_if_saving() -> None:
         background.join()
 
 
+def rebuild(value: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``value`` with ``leaf(x)`` for each ``x`` that is no dict, list or tuple, the containers
+    rebuilt around the results (in order: the same state is walked the same way each time).
+
+    A dict or ``OrderedDict`` keeps its type; any other mapping becomes a dict.
+    """
+    if isinstance(value, dict):
+        rebuilt = type(value)() if type(value) in (dict, collections.OrderedDict) else {}
+        rebuilt.update((key, rebuild(item, leaf)) for key, item in value.items())
+        return rebuilt
+    if type(value) in (list, tuple):
+        return type(value)(rebuild(item, leaf) for item in value)
+    return leaf(value)
+
+
 def snapshot(value: Any) -> Any:
     """``value`` as it is now: tensors copied (to CPU memory), containers and the rest deep-copied.
 
@@ -195,7 +208,7 @@ _staged: list[torch.Tensor] = []
 
 
 def stage(state: Any) -> Any:
-    """``state`` (which passed ``write.plain``) with every tensor replaced by a CPU copy;
+    """``state`` (which passed ``state.plain``) with every tensor replaced by a CPU copy;
     training may change the originals.
 
     The copies go into the previous save's buffers where they fit (the same

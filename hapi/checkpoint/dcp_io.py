@@ -4,20 +4,42 @@ What DCP stores is tensors only -- the network's state and the tensors of
 the optimizer state, each process writing the shards it holds (replicated
 tensors once) -- in one directory per save. Everything else (optimizer
 hyper-parameters, non-tensor optimizer values, counters, RNG states) goes to
-the checkpoint's manifest, written by :mod:`hapi.checkpoint.sharded` like any file.
+the checkpoint's manifest, written by :func:`hapi.checkpoint.save_sharded` like any file.
 DCP reshards on reading: a directory saved by 2 FSDP processes loads on 1, 3,
 or under DDP, optimizer state included, since every state is named by
 parameter (fully qualified names), not by position or rank.
 
-DCP's own reader unpickles the directory's ``.metadata`` and can be told to
-``torch.load`` entries with ``weights_only=False``: reading goes through
-:class:`hapi.checkpoint.dcp_reader.SafeFileSystemReader`, which refuses both.
+Reading runs no code from the files. A shards directory holds a pickled
+``.metadata`` file and ``__<rank>_<n>.distcp`` data files. torch's ``FileSystemReader`` reads
+``.metadata`` with a plain ``pickle.load``, so a planted file can run any
+code. A second hole is further in: an entry the metadata declares as
+``BytesStorageMetadata`` is read by ``DefaultLoadPlanner.load_bytes`` with
+``torch.load(weights_only=False)``. And each stored item may name stream
+transforms (``transform_descriptors``) that torch looks up and applies.
+
+:class:`SafeFileSystemReader` closes all three: ``.metadata`` is unpickled
+with an explicit allowlist of the classes DCP itself writes, and the result is
+checked to hold tensor entries only, with no transforms, in files that lie
+inside the checkpoint directory. torch-hapi saves only tensors through DCP,
+so a checkpoint it wrote always passes. Tensor data is then read by torch
+as usual, with ``torch.load(weights_only=True)``.
+
+No file is opened through a symbolic link (:class:`NoFollowFileSystem`, which
+the writer uses too): a shards directory, a file in it, or the checkpoint
+directory holding them that is a link is refused, whenever it was planted.
+
+Note: ``torch.distributed.checkpoint.load`` (torch 2.13) catches any error
+from ``read_metadata``, falls back to the per-rank ``__<rank>.metadata`` and
+then raises an ``AssertionError`` that quotes both errors. A caller that wants
+the :class:`~hapi.checkpoint.CheckpointError` itself calls
+``read_metadata()`` first.
 
 torch reports a failure to read or write the files (a truncated shard, a full
 disk, a link refused) as its ``CheckpointException``, a ``BaseException`` that
-``except Exception`` misses: it becomes a
+``except Exception`` misses: a failed read becomes a
 :class:`~hapi.checkpoint.CheckpointError` naming the directory and each
-process's cause.
+process's cause; a failed write is raised as it is, for
+:func:`hapi.checkpoint.save_sharded` to clean up after and say in words.
 
 Who writes the manifest is DCP's own choice: its coordinator (the process
 that also writes ``.metadata``), which :class:`_Writer` records; this module
@@ -28,13 +50,20 @@ of their own (:func:`hapi.distributed.background_group`).
 from __future__ import annotations
 
 import contextlib
+import io
+import os
+import pathlib
+import pickle
 import warnings
-from typing import Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterator
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystem, _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -44,10 +73,165 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from hapi import distributed
+from hapi.checkpoint import files
 from hapi.checkpoint.background import snapshot
-from hapi.checkpoint.dcp_reader import NoFollowFileSystem, SafeFileSystemReader
-from hapi.checkpoint.errors import CheckpointError, write_failed
+from hapi.checkpoint.errors import CheckpointError
 from hapi.checkpoint.matching import check_state_keys
+
+_DCP = "torch.distributed.checkpoint.metadata"
+
+# Every global a .metadata written by torch 2.13's dcp.save holds (found by
+# unpickling real files -- plain tensors of many dtypes, 0-d to 4-d, and an
+# FSDP2 model + Adam state saved from 2 processes -- with a find_class that
+# records its calls). Each is a plain data class, a tuple subclass, an enum or
+# a constant: creating one runs no code beyond storing its fields.
+_ALLOWED: dict[tuple[str, str], Any] = {
+    (_DCP, name): getattr(dcp_metadata, name)
+    for name in (
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorStorageMetadata",
+        "TensorProperties",
+        "ChunkStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+        # Harmless (an empty data class) and found in real files; allowed here so the
+        # refusal below can name the entries that hold it.
+        "BytesStorageMetadata",
+    )
+}
+_ALLOWED[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = _StorageInfo
+_ALLOWED[("torch", "Size")] = torch.Size
+# torch.layout pickles as a call _get_layout("torch.strided"): a dict lookup
+# among torch's own layout objects (KeyError for any other name). It is the
+# only function allowed.
+_ALLOWED[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
+# Constants (never called): every dtype; layouts and memory formats by name too.
+_ALLOWED.update(
+    {
+        ("torch", name): value
+        for name, value in vars(torch).items()
+        if isinstance(value, (torch.dtype, torch.layout, torch.memory_format))
+    }
+)
+# StorageMeta.checkpoint_id is the save path, often a pathlib path: pickled as
+# pathlib.PosixPath (pathlib._local.PosixPath by Python 3.13, WindowsPath on
+# Windows). torch's load path never reads it, so it becomes a pure path, which
+# never touches the file system and builds on any OS and Python version.
+for _pure in (pathlib.PurePosixPath, pathlib.PureWindowsPath, pathlib.PurePath):
+    for _module in ("pathlib", "pathlib._local"):  # PosixPath and PurePosixPath alike
+        _ALLOWED[(_module, _pure.__name__)] = _ALLOWED[(_module, _pure.__name__[4:])] = _pure
+
+
+class _Unsafe(Exception):
+    """Raised inside the unpickler; turned into a CheckpointError that names the directory."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """An unpickler that imports nothing outside :data:`_ALLOWED`."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return _ALLOWED[(module, name)]
+        except KeyError:
+            raise _Unsafe(f"its .metadata asks to import {module}.{name}") from None
+
+
+class NoFollowFileSystem(FileSystem):
+    """torch's local file system for DCP, opening no file through a symbolic link.
+
+    A file is opened relative to its directory, and that one relative to the
+    checkpoint directory, each with ``O_NOFOLLOW``
+    (:func:`hapi.checkpoint.files.open_nofollow`): a link planted as a shard, as the
+    shards directory or as the checkpoint directory is refused, naming it.
+    """
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[IO[bytes]]:
+        flags = {"rb": os.O_RDONLY, "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC}[mode]
+        with os.fdopen(files.open_nofollow(path, flags, levels=3), mode) as stream:
+            yield stream
+
+
+class SafeFileSystemReader(dcp.FileSystemReader):
+    """``FileSystemReader`` that refuses checkpoints able to run code, instead of running it.
+
+    Use it as ``dcp.load(state, storage_reader=SafeFileSystemReader(path))``.
+    """
+
+    def __init__(self, path: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        super().__init__(path, *args, **kwargs)
+        self.fs = NoFollowFileSystem()
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """Unpickle ``.metadata`` (or ``__<rank>.metadata``) through the allowlist and check it.
+
+        Raises:
+            hapi.checkpoint.CheckpointError: the metadata imports anything DCP
+                does not write, declares non-tensor entries or stream
+                transforms, points outside the directory, is damaged, or is
+                reached through a symbolic link.
+        """
+        path, directory = self._get_metadata_path(kwargs.get("rank")), os.fspath(self.path)
+        try:
+            with self.fs.create_stream(path, "rb") as metadata_file:
+                raw = metadata_file.read()
+        except files.UnsafeNameError as error:
+            raise CheckpointError(f"Sharded checkpoint {directory!r}: {error}") from None
+        try:
+            metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
+            _check(metadata)
+        except _Unsafe as error:
+            raise CheckpointError(
+                f"Sharded checkpoint {directory!r} was not loaded: {error}. torch-hapi refuses "
+                "to run code from checkpoint files, and a checkpoint it wrote never holds this. "
+                "If you made this checkpoint, save it again with model.save(path, sharded=True) "
+                "from a trusted run."
+            ) from None
+        except Exception as error:  # noqa: BLE001 -- nothing allowed runs code: any failure is a bad file
+            raise CheckpointError(
+                f"Sharded checkpoint {directory!r} is damaged: its metadata file "
+                f"{os.fspath(path)!r} ({len(raw)} bytes) cannot be read ({type(error).__name__}: "
+                f"{error}). It was probably cut off while being copied or written. Use an earlier "
+                "checkpoint, or save it again with model.save(path, sharded=True)."
+            ) from error
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def _check(metadata: Any) -> None:
+    """Tensor entries only; stored items without transforms, in files of this directory.
+
+    Raises:
+        _Unsafe: naming what the metadata holds instead.
+    """
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
+        raise _Unsafe(f"its .metadata holds a {type(metadata).__name__}, not DCP Metadata")
+    others = [
+        key
+        for key, value in metadata.state_dict_metadata.items()
+        if not isinstance(value, TensorStorageMetadata)
+    ]
+    if others:
+        raise _Unsafe(
+            f"its .metadata declares non-tensor entries {others[:5]}, which torch would read "
+            "with torch.load(weights_only=False); torch-hapi saves tensors only"
+        )
+    storage = metadata.storage_data
+    for item in storage.values() if isinstance(storage, dict) else [storage]:
+        if not isinstance(item, _StorageInfo):
+            raise _Unsafe(f"its .metadata stores an item as a {type(item).__name__}")
+        if getattr(item, "transform_descriptors", None):
+            raise _Unsafe(
+                f"its .metadata asks for stream transforms {list(item.transform_descriptors)}"
+            )
+        if not files.is_plain_name(item.relative_path):
+            raise _Unsafe(
+                f"its .metadata points at the data file {item.relative_path!r}, "
+                "outside the checkpoint directory"
+            )
 
 
 @contextlib.contextmanager
@@ -61,13 +245,13 @@ def _quiet() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _as_checkpoint_error(directory: str, writing: bool) -> Iterator[None]:
-    """DCP's ``CheckpointException`` as a :class:`CheckpointError` naming ``directory`` and the causes."""
+def _reading(directory: str) -> Iterator[None]:
+    """DCP's ``CheckpointException`` as a :class:`CheckpointError` naming ``directory`` and each
+    process's cause (a failed write is said in words by :func:`hapi.checkpoint.save_sharded`)."""
     try:
-        yield
+        with _quiet():
+            yield
     except CheckpointException as error:
-        if writing:  # a full disk, a permission: said in words, an OSError too
-            raise write_failed(directory, error) from error
         causes = "; ".join(
             f"process {rank}: {type(cause).__name__}: {cause}"
             for rank, (cause, _) in sorted(error.failures.items())
@@ -99,7 +283,7 @@ def _named_groups(network: nn.Module, optimizer: torch.optim.Optimizer) -> list[
 class _Writer(dcp.FileSystemWriter):
     """DCP's file writer, remembering whether DCP made this process its coordinator."""
 
-    is_coordinator: bool | None = None
+    is_coordinator = False
 
     def __init__(self, path: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(path, *args, **kwargs)
@@ -149,7 +333,7 @@ def save_shards(
     writer = _Writer(directory)
     if not wait:
         optimizer_rest = snapshot(optimizer_rest)
-    with _quiet(), _as_checkpoint_error(directory, writing=True):
+    with _quiet():
         if wait:
             dcp.save(payload, storage_writer=writer)
         else:
@@ -159,36 +343,24 @@ def save_shards(
 
     def complete() -> None:
         if not wait:
-            with _as_checkpoint_error(directory, writing=True):
-                future.result()  # every process's shards written, the metadata too
-        if writer.is_coordinator is None:
-            raise RuntimeError(
-                "torch.distributed.checkpoint never set up its writer for this save; "
-                "the manifest cannot be written. Report this with your torch version."
-            )
+            future.result()  # every process's shards written, the metadata too
         if writer.is_coordinator:
             then_on_main(optimizer_rest)
 
     return complete
 
 
-def _saved(directory: str, part: str) -> dict[str, Any]:
-    """The entries of ``part`` (``network``, ``optimizer``) in a sharded checkpoint's metadata,
-    by name within it, read safely."""
-    entries = SafeFileSystemReader(directory).read_metadata().state_dict_metadata
-    return {key[len(part) + 1 :]: e for key, e in entries.items() if key.startswith(part + ".")}
-
-
 def saved_shapes(directory: str) -> dict[str, torch.Size]:
     """The network entries of a sharded checkpoint and their full shapes, read safely."""
-    return {key: entry.size for key, entry in _saved(directory, "network").items()}
+    entries = SafeFileSystemReader(directory).read_metadata().state_dict_metadata
+    return {key[8:]: entry.size for key, entry in entries.items() if key.startswith("network.")}
 
 
 def load_shards(directory: str, network: nn.Module, keys: set[str]) -> None:
     """The network's entries named in ``keys`` from ``directory``, resharded as the network is now."""
     template = {k: v for k, v in _split(get_model_state_dict(network))[0].items() if k in keys}
     payload = {"network": template}
-    with _quiet(), _as_checkpoint_error(directory, writing=False):
+    with _reading(directory):
         dcp.load(payload, storage_reader=SafeFileSystemReader(directory))
     set_model_state_dict(network, payload["network"], options=StateDictOptions(strict=False))
 
@@ -199,41 +371,22 @@ def load_optimizer_shards(
     """The optimizer state :func:`save_shards` wrote (``saved``: the manifest's part), resharded.
 
     Raises:
-        ValueError: the file's per-parameter state has other keys than this
-            optimizer's settings create (see :func:`check_state_keys`).
+        ValueError: the file's per-parameter state was kept under settings that
+            make this optimizer keep another (see :func:`check_state_keys`).
     """
     state: dict[str, dict[str, Any]] = {
         name: dict(values) for name, values in saved["plain_values"].items()
     }
-    keys = _saved_optimizer_keys(directory, saved) if saved["has_tensors"] else {}
-    parameters = dict(network.named_parameters())
-    check_state_keys(
-        optimizer,
-        [
-            [(parameters.get(name), keys.get(name)) for name in group["params"]]
-            for group in saved["param_groups"]
-        ],
-        saved["param_groups"],
-    )
+    if saved["plain_values"] or saved["has_tensors"]:
+        check_state_keys(optimizer, saved["param_groups"])
     if saved["has_tensors"]:
         template = get_optimizer_state_dict(network, optimizer)  # creates the state to read into
         tensors = {name: _split(values)[0] for name, values in template["state"].items()}
         payload = {"optimizer": tensors}
-        with _quiet(), _as_checkpoint_error(directory, writing=False):
+        with _reading(directory):
             dcp.load(payload, storage_reader=SafeFileSystemReader(directory))
         for name, values in payload["optimizer"].items():
             state.setdefault(name, {}).update(values)
     set_optimizer_state_dict(
         network, optimizer, {"state": state, "param_groups": saved["param_groups"]}
     )
-
-
-def _saved_optimizer_keys(directory: str, saved: dict[str, Any]) -> dict[str, set[str]]:
-    """Each parameter's state keys in the file: its tensors in the shards, the rest in the manifest."""
-    keys: dict[str, set[str]] = {
-        name: set(values) for name, values in saved["plain_values"].items()
-    }
-    for entry in _saved(directory, "optimizer"):
-        name, _, key = entry.rpartition(".")
-        keys.setdefault(name, set()).add(key)
-    return keys

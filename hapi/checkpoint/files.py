@@ -154,32 +154,6 @@ def open_nofollow(path: str | os.PathLike, flags: int, levels: int = 1) -> int:
     return fd
 
 
-def _fsync_directory(directory: str) -> None:
-    # Makes the rename itself durable; not possible on every platform.
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _create_temporary(directory: str, name: str) -> tuple[int, str]:
-    """A new file beside the target, created with mode 0o666 less the umask, as open() does.
-
-    Asking the kernel for that mode at creation (instead of ``mkstemp``'s 0600
-    and a ``chmod`` computed from ``os.umask``, which must briefly set the
-    umask to read it) keeps the process umask untouched: another thread
-    creating a file at that moment would get loose permissions. ``O_EXCL``
-    never opens an existing file, nor follows a link planted under the name
-    (the name is new: 48 random bits beside the machine and process).
-    """
-    _remove_orphans(directory, name)
-    temporary = os.path.join(directory, f".{name}.{_HOST}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY
-    return os.open(temporary, flags, 0o666), temporary
-
-
 # Temporaries are named by machine and process, so that a killed writer's can be told apart.
 _HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
 
@@ -196,25 +170,16 @@ def _remove_orphans(directory: str, name: str) -> None:
     if os.name != "posix":
         return
     pattern = re.compile(rf"\.{re.escape(name)}\.{re.escape(_HOST)}\.(\d+)\.[0-9a-f]{{12}}\.tmp")
-    try:
-        entries = os.listdir(directory)
-    except OSError:
-        return
-    for entry in entries:
-        match = pattern.fullmatch(entry)
-        if match and not _alive(int(match.group(1))):
-            with contextlib.suppress(OSError):  # unlink removes a link itself, never its target
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(directory):
+            match = pattern.fullmatch(entry)
+            try:
+                if match:
+                    os.kill(int(match.group(1)), 0)  # signal 0: no signal, only the question
+            except ProcessLookupError:  # unlink removes a link itself, never its target
                 os.unlink(os.path.join(directory, entry))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: no signal, only the question
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        pass
-    return True
+            except PermissionError:  # another user's process: alive
+                pass
 
 
 @contextlib.contextmanager
@@ -235,17 +200,27 @@ def atomic_write(
     (two jobs, say) and its readers never see a file half-written or mixed.
     (Reusing the replaced file's blocks for the next write was cheaper in
     kernel time, but a reader still reading that file would see it change.)
+
+    The temporary is created with mode 0o666 less the umask, as open() does,
+    without touching the process umask (another thread creating a file at
+    that moment would get loose permissions); ``O_EXCL`` never opens an
+    existing file, nor follows a link planted under its name (a new name: 48
+    random bits beside the machine and process).
     """
     if mode not in ("wb", "w"):
         raise ValueError(f"atomic_write supports mode 'wb' or 'w'; received {mode!r}.")
     path = os.fspath(path)
-    if not os.path.basename(path):
+    name = os.path.basename(path)
+    if not name:
         raise ValueError(
             f"atomic_write needs a file name; received {path!r}, a directory. Name the file."
         )
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp_path = _create_temporary(directory, os.path.basename(path))
+    _remove_orphans(directory, name)
+    tmp_path = os.path.join(directory, f".{name}.{_HOST}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY
+    fd = os.open(tmp_path, flags, 0o666)
     try:
         with os.fdopen(
             fd, mode, **({"encoding": "utf-8", "newline": ""} if mode == "w" else {})
@@ -260,7 +235,12 @@ def atomic_write(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_path)
         raise
-    _fsync_directory(directory)
+    with contextlib.suppress(OSError):  # makes the rename itself durable; not everywhere possible
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def spare_of(path: str | os.PathLike) -> str:
@@ -285,7 +265,7 @@ def link_or_copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
     )
     try:
         os.link(source, temporary, follow_symlinks=False)
-    except (OSError, NotImplementedError):
+    except (OSError, NotImplementedError):  # no hard links here: a copy
         fd = os.open(source, os.O_RDONLY | _NOFOLLOW | _BINARY)
         with atomic_write(target) as handle, os.fdopen(fd, "rb") as original:
             shutil.copyfileobj(original, handle)
@@ -307,13 +287,11 @@ def keep_as_previous(path: str | os.PathLike, previous: str | os.PathLike) -> bo
     Nothing happens when ``path`` is missing or not a regular file (a link
     planted there is never followed).
     """
-    try:
-        regular = stat.S_ISREG(os.lstat(path).st_mode)
-    except FileNotFoundError:
-        return False
-    if regular:
-        link_or_copy(path, previous)
-    return regular
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISREG(os.lstat(path).st_mode):
+            link_or_copy(path, previous)
+            return True
+    return False
 
 
 def remove_with_spare(path: str | os.PathLike) -> None:
@@ -328,74 +306,59 @@ def remove_with_spare(path: str | os.PathLike) -> None:
                 os.remove(name)
 
 
-@contextlib.contextmanager
-def _inside(directory: str | os.PathLike, at: int | None = None) -> Iterator[tuple[list, dict]]:
-    """The entries of ``directory`` (relative to the directory open as ``at``), and the keyword
-    that makes ``os.unlink``/``os.rmdir``/``os.lstat`` act inside it; ``([], ...)`` when it is
-    missing, not a directory, or a symbolic link, which is never followed.
+def _delete(
+    directory: str | os.PathLike, wanted: Callable[[str], Any], at: int | None = None
+) -> None:
+    """Delete the entries of ``directory`` (relative to the directory open as ``at``) whose name
+    ``wanted`` accepts: a file, or a shards directory with what torch's distributed checkpoint
+    wrote in it (its ``.metadata`` and ``__<rank>_<n>.distcp`` files), then that directory if
+    empty. A link -- as ``directory``, as an entry, or inside a shards directory -- is never
+    followed; another directory, and a file of anyone else's inside a shards one, stay.
 
-    Where the platform acts relative to an open directory (POSIX), the
-    directory stays the one opened even if a link replaces its name meanwhile.
+    Where the platform acts relative to an open directory (POSIX), the directory
+    stays the one opened even if a link replaces its name meanwhile; elsewhere
+    (Windows) names are joined to the path, once looked at.
     """
-    if os.unlink not in os.supports_dir_fd:  # Windows: names joined to the path, once looked at
-        path = os.fspath(directory)
-        with contextlib.suppress(OSError):
-            if stat.S_ISDIR(os.lstat(path).st_mode):
-                yield [os.path.join(path, name) for name in os.listdir(path)], {}
-                return
-        yield [], {}
-        return
+    relative = os.unlink in os.supports_dir_fd
     try:
-        fd = os.open(directory, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=at)
-    except OSError:
-        yield [], {}
+        if relative:
+            fd = os.open(directory, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=at)
+        elif not stat.S_ISDIR(os.lstat(directory).st_mode):
+            return
+    except OSError:  # missing, not a directory, or a link
         return
+    where = {"dir_fd": fd} if relative else {}
     try:
-        yield os.listdir(fd), {"dir_fd": fd}
+        for name in os.listdir(fd if relative else directory):
+            entry = name if relative else os.path.join(directory, name)
+            with contextlib.suppress(OSError):  # gone already, not ours to delete, or not empty
+                if wanted(name) and SHARDS_NAME.fullmatch(name):
+                    _delete(entry, _DCP_FILE.fullmatch, fd if relative else None)
+                    os.rmdir(entry, **where)
+                elif wanted(name) and not stat.S_ISDIR(os.lstat(entry, **where).st_mode):
+                    os.unlink(entry, **where)
     finally:
-        os.close(fd)
-
-
-def _remove(name: str, where: dict, directory: bool = False) -> None:
-    with contextlib.suppress(OSError):  # gone already, not ours to delete, or not empty
-        if directory:
-            os.rmdir(name, **where)
-        elif not stat.S_ISDIR(os.lstat(name, **where).st_mode):
-            os.unlink(name, **where)
+        if relative:
+            os.close(fd)
 
 
 def remove_shards(
     directory: str | os.PathLike, keep: str | None = None, only: str | None = None
 ) -> None:
     """Delete the shards directories (``shards-<16 hex>``) in ``directory``, but ``keep``
-    (or ``only`` that one: what a failed save wrote).
-
-    Only what torch's distributed checkpoint writes there is deleted (its
-    ``.metadata`` and ``__<rank>_<n>.distcp`` files), then the directory if it
-    is empty: a link -- as ``directory``, as a shards directory, or inside
-    one -- is never followed, and a file of anyone else's inside stays, with
-    its directory.
-    """
-    with _inside(directory) as (entries, where):
-        for entry in entries:
-            name = os.path.basename(entry)
-            if name == keep or not SHARDS_NAME.fullmatch(name) or only not in (None, name):
-                continue
-            with _inside(entry, where.get("dir_fd")) as (shard_files, inner):
-                for shard_file in shard_files:
-                    if _DCP_FILE.fullmatch(os.path.basename(shard_file)):
-                        _remove(shard_file, inner)
-            _remove(entry, where, directory=True)
+    (or ``only`` that one: what a failed save wrote); see :func:`_delete`."""
+    _delete(
+        directory,
+        lambda name: SHARDS_NAME.fullmatch(name) and name != keep and only in (None, name),
+    )
 
 
 def remove_sharded(directory: str | os.PathLike) -> None:
     """Delete a sharded checkpoint torch-hapi wrote: its manifest, its shards, then ``directory``
     if empty. A link as ``directory`` (or in it) is never followed: nothing is deleted through it.
     """
-    with _inside(directory) as (entries, where):
-        for entry in entries:
-            if os.path.basename(entry) in (MANIFEST, os.path.basename(spare_of(MANIFEST))):
-                _remove(entry, where)
+    # The manifest first: a deletion cut short leaves no manifest naming missing shards.
+    _delete(directory, lambda name: name in (MANIFEST, os.path.basename(spare_of(MANIFEST))))
     remove_shards(directory)
     remove_empty_directory(directory)
 

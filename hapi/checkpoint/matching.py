@@ -32,29 +32,25 @@ def match_state_dict(
             unexpected or of another shape -- the sign of another architecture.
     """
     expected = network.state_dict()
-    missing = [k for k in expected if k not in saved]
-    unexpected = [k for k in saved if k not in expected]
-    reshaped = [
-        f"{k}: file {tuple(saved[k].shape)} vs network {tuple(expected[k].shape)}"
-        for k in expected
-        if k in saved and saved[k].shape != expected[k].shape
-    ]
-    if (missing or unexpected or reshaped) and not skip_mismatch:
-        problems = []
-        if reshaped:
-            problems.append(f"shape mismatch: {', '.join(reshaped)}")
-        if missing:
-            problems.append(f"missing in the file: {missing}")
-        if unexpected:
-            problems.append(f"not in the network: {unexpected}")
+    loadable = {k: v for k, v in saved.items() if k in expected and v.shape == expected[k].shape}
+    skipped = sorted((set(expected) | set(saved)) - set(loadable))
+    if skipped and not skip_mismatch:
+        problems = {
+            "shape mismatch": ", ".join(
+                f"{k}: file {tuple(saved[k].shape)} vs network {tuple(expected[k].shape)}"
+                for k in expected
+                if k in saved and k not in loadable
+            ),
+            "missing in the file": [k for k in expected if k not in saved],
+            "not in the network": [k for k in saved if k not in expected],
+        }
         raise CheckpointError(
             f"Checkpoint {file!r} does not fit this network ({type(network).__name__}): "
-            f"{'; '.join(problems)}. It was probably saved from another architecture. "
-            "Load it into the network it came from, or pass skip_mismatch=True to load "
-            "only the tensors whose names and shapes match."
+            f"{'; '.join(f'{what}: {keys}' for what, keys in problems.items() if keys)}. It was "
+            "probably saved from another architecture. Load it into the network it came from, "
+            "or pass skip_mismatch=True to load only the tensors whose names and shapes match."
         )
-    loadable = {k: v for k, v in saved.items() if k in expected and v.shape == expected[k].shape}
-    return loadable, sorted((set(expected) | set(saved)) - set(loadable))
+    return loadable, skipped
 
 
 def load_optimizer_state(
@@ -89,8 +85,8 @@ def load_optimizer_state(
         lacking = sorted(set(optimizer.defaults) - set(groups[0]))
         if lacking:
             raise ValueError(f"it was saved from another optimizer (its settings lack {lacking})")
-        if keep_hyperparameters and "state" in optimizer_state:
-            check_state_keys(optimizer, _file_keys(optimizer, optimizer_state), groups)
+        if keep_hyperparameters and optimizer_state.get("state"):
+            check_state_keys(optimizer, groups)
         (load or optimizer.load_state_dict)(optimizer_state)
     except CheckpointError:
         raise  # the shards could not be read: says so itself
@@ -121,35 +117,12 @@ def load_optimizer_state(
 
 
 def _same_setting(saved: Any, given: Any) -> bool:
-    if torch.is_tensor(saved) or torch.is_tensor(given):
-        return (
-            torch.is_tensor(saved)
-            and torch.is_tensor(given)
-            and torch.equal(saved.cpu(), given.cpu())
-        )
+    if isinstance(saved, (tuple, list)) and isinstance(given, (tuple, list)):
+        return len(saved) == len(given) and all(map(_same_setting, saved, given))
     try:
-        return bool(saved == given) or (
-            isinstance(saved, (tuple, list)) and list(saved) == list(given)
-        )
+        return bool(saved == given)  # a one-element tensor compares too
     except (TypeError, ValueError, RuntimeError):
         return saved is given
-
-
-def _file_keys(
-    optimizer: torch.optim.Optimizer, optimizer_state: dict
-) -> list[list[tuple[torch.Tensor, set[str] | None]]]:
-    """Each parameter of each group, with the state keys the file holds for it (None: no state).
-
-    torch matches a saved state to the optimizer by position, group by group.
-    """
-    state = optimizer_state.get("state") or {}
-    return [
-        [
-            (parameter, set(state[index]) if index in state else None)
-            for parameter, index in zip(group["params"], saved.get("params", []))
-        ]
-        for group, saved in zip(optimizer.param_groups, optimizer_state.get("param_groups", []))
-    ]
 
 
 # Settings that choose an implementation or a device, never the state's keys: left at
@@ -174,71 +147,37 @@ def _state_keys(kind: type, settings: dict[str, Any], ndim: int) -> frozenset[st
     return frozenset(copy.state[parameter])
 
 
-def check_state_keys(
-    optimizer: torch.optim.Optimizer,
-    saved: list[list[tuple[torch.Tensor | None, set[str] | None]]],
-    saved_groups: list[dict[str, Any]],
-) -> None:
-    """Refuse a saved per-parameter state whose keys differ from those ``optimizer`` creates.
+def check_state_keys(optimizer: torch.optim.Optimizer, saved_groups: list[dict[str, Any]]) -> None:
+    """Refuse a saved per-parameter state kept under settings that make ``optimizer`` keep another.
 
-    ``saved``: per group of ``optimizer``, each parameter with the keys the
-    file holds for it (None: no state, nothing to check). ``saved_groups``:
-    the file's settings, to name the setting to blame.
+    ``saved_groups``: the file's settings, group by group, for a file that
+    holds per-parameter state. A setting differs from prepare()'s and a first
+    step with the file's value creates other state keys than with prepare()'s,
+    for a parameter of this group's shapes: the state lacks what the first
+    update reads, or holds what it never updates.
 
     Raises:
         ValueError: naming the setting(s), the file's value, prepare()'s value
             and what to do.
     """
     kind = type(optimizer)
-    for index, (group, pairs) in enumerate(zip(optimizer.param_groups, saved)):
+    for index, (group, saved) in enumerate(zip(optimizer.param_groups, saved_groups)):
         given = {k: v for k, v in group.items() if k != "params"}
-        file_settings = saved_groups[index] if index < len(saved_groups) else {}
-        known: dict[int, frozenset[str] | None] = {}
-        for parameter, keys in pairs:
-            if parameter is None or not keys:
+        differing = [k for k in given if k in saved and not _same_setting(saved[k], given[k])]
+        for ndim in {p.ndim for p in group["params"]} if differing else ():
+            needed = _state_keys(kind, given, ndim)
+            blamed = [
+                k for k in differing if _state_keys(kind, {**given, k: saved[k]}, ndim) != needed
+            ]
+            if needed is None or not blamed:
                 continue
-            ndim = parameter.ndim
-            if ndim not in known:
-                known[ndim] = _state_keys(kind, given, ndim)
-            needed = known[ndim]
-            if needed is None or needed == keys:
-                continue
+            kept = _state_keys(kind, {**given, **{k: saved[k] for k in blamed}}, ndim)
             where = f"group {index}: " if len(optimizer.param_groups) > 1 else ""
+            in_file = ", ".join(f"{k}={saved[k]!r}" for k in blamed)
             raise ValueError(
-                _shape_message(kind, given, file_settings, set(keys), set(needed), ndim, where)
+                f"{where}{in_file} in the file, {', '.join(f'{k}={given[k]!r}' for k in blamed)} "
+                f"given to prepare(): with it {kind.__name__} keeps other per-parameter state "
+                f"({sorted(kept or ())} with the file's settings, {sorted(needed)} with "
+                "prepare()'s), so the first update would fail or start part of that "
+                f"state afresh. Build the optimizer with {in_file} to continue from this state"
             )
-
-
-def _shape_message(
-    kind: type,
-    given: dict[str, Any],
-    file_settings: dict[str, Any],
-    keys: set[str],
-    needed: set[str],
-    ndim: int,
-    where: str,
-) -> str:
-    differing = [
-        k
-        for k in given
-        if k in file_settings and k != "params" and not _same_setting(file_settings[k], given[k])
-    ]
-    # The settings whose file value alone gives the file's keys; else any that changes the keys.
-    blamed = [
-        k for k in differing if _state_keys(kind, {**given, k: file_settings[k]}, ndim) == keys
-    ] or [k for k in differing if _state_keys(kind, {**given, k: file_settings[k]}, ndim) != needed]
-    name = kind.__name__
-    if not blamed:
-        return (
-            f"{where}its per-parameter state holds {sorted(keys)}, but a step of this {name} "
-            f"creates {sorted(needed)} (it was saved with other settings, or by another "
-            f"version of {name}). Build the optimizer as the file's was to continue from this state"
-        )
-    in_file = ", ".join(f"{k}={file_settings[k]!r}" for k in blamed)
-    in_prepare = ", ".join(f"{k}={given[k]!r}" for k in blamed)
-    return (
-        f"{where}{in_file} in the file, {in_prepare} given to prepare(): with it {name} keeps "
-        f"other per-parameter state ({sorted(keys)} in the file, {sorted(needed)} after a step "
-        f"with prepare()'s settings), so the first update would fail or start part of that "
-        f"state afresh. Build the optimizer with {in_file} to continue from this state"
-    )

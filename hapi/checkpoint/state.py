@@ -1,11 +1,12 @@
-"""The checkpoint file: its format, who writes it and when, and reading it safely.
+"""The checkpoint file: its format, who writes it and when, writing it safely and reading it safely.
 
 A checkpoint is a plain dict of tensors and Python scalars, saved with
 ``torch.save`` and read back with ``torch.load(weights_only=True)``: a file
 that carries code (pickled classes or functions) is refused, never executed.
-Writes go through :func:`hapi.checkpoint.files.atomic_write` (see
-:mod:`hapi.checkpoint.write`), so a crash while saving leaves the previous
-file intact.
+Each file is written through :func:`hapi.checkpoint.files.atomic_write` and
+read back with the safe loader before it replaces the previous one
+(:func:`write_file`), so a crash while saving leaves the previous file intact
+and a file that could never be loaded again is never written.
 
 Layout of a training checkpoint (``FORMAT``)::
 
@@ -20,6 +21,22 @@ Layout of a training checkpoint (``FORMAT``)::
 
 A bare ``state_dict`` saved by plain PyTorch (``torch.save(net.state_dict())``)
 loads too, as network weights.
+
+A sharded checkpoint (:func:`save_sharded`) is a directory instead::
+
+    <path>/checkpoint.pt          the manifest: counters, RNG, fit state, the
+                                  optimizer's non-tensor parts, and "shards"
+    <path>/shards-<16 hex>/       the tensors, written through
+                                  torch.distributed.checkpoint (hapi.checkpoint.dcp_io)
+
+Each save writes a new shards directory; the manifest, replaced atomically
+once every shard is written, then names it, and older ones are removed. A
+crash at any point leaves the previous checkpoint loadable. The manifest is
+data from outside when read back: the shards directory it names is joined to
+the checkpoint's directory only as a plain name of the form torch-hapi writes,
+never a path (``hapi.checkpoint.files.child``). No link is followed: not as the
+checkpoint's directory, its manifest, a shards directory or a shard, whenever
+it was planted (refused with a :class:`CheckpointError` naming it).
 """
 
 from __future__ import annotations
@@ -29,15 +46,17 @@ import io
 import os
 import pickle
 import re
-from typing import IO, Any
+import secrets
+from typing import IO, Any, Callable
 
+import numpy as np
 import torch
 
 from hapi import distributed
 from hapi.checkpoint import background, files
-from hapi.checkpoint.errors import CheckpointError
+from hapi.checkpoint.background import rebuild
+from hapi.checkpoint.errors import CheckpointError, write_failed
 from hapi.checkpoint.files import MANIFEST
-from hapi.checkpoint.write import detail, plain, refuse_unsafe, write_file
 
 FORMAT = "torch-hapi"
 VERSION = 1
@@ -45,6 +64,9 @@ SUFFIX = ".pt"
 
 # The global torch's weights-only unpickler refused, e.g. "GLOBAL posix.system".
 _GLOBAL = re.compile(r"GLOBAL [A-Za-z_]\w*(\.[A-Za-z_]\w*)+(\s|$)")
+# The leaves the safe loader reads (and tensors): Python's plain values, then torch's.
+_PLAIN_LEAVES = (str, bytes, int, float, complex, bool, type(None))
+_PLAIN_LEAVES += (torch.dtype, torch.device, torch.Size)
 
 
 def resolve_path(path: str | os.PathLike) -> str:
@@ -82,6 +104,99 @@ def check_path(path: str | os.PathLike, directory: bool = False) -> str:
     return given
 
 
+def write_file(state: dict[str, Any], target: str) -> None:
+    """``state`` to ``target`` atomically, as a checkpoint that loads with ``weights_only=True``.
+
+    NumPy scalars (``lr=0.1 * np.sqrt(4)`` is common in scaling recipes) pickle
+    as NumPy objects, which the safe loader refuses: they are stored as the
+    Python numbers they are. The file is written straight to disk, then read
+    back with ``torch.load(weights_only=True, mmap=True)`` (its structure, not
+    a second copy of the tensors) before it replaces ``target``: anything the
+    safe loader would refuse makes the save fail now, naming the entry,
+    instead of a backup that is found useless only after a crash.
+
+    Raises:
+        CheckpointError: an entry of ``state`` is not a tensor or plain value,
+            or the file could not be written (naming the cause: a full disk,
+            a directory it may not write to); the directories this write
+            created are removed again.
+    """
+    converted = plain(state)
+    created = _missing_directories(target)
+    try:
+        with files.atomic_write(target, "wb", verify=_loads_safely) as handle:
+            torch.save(converted, handle)  # an object pickle cannot even write fails here
+    except BaseException as error:
+        for directory in created:
+            files.remove_empty_directory(directory)
+        if isinstance(error, (pickle.PickleError, AttributeError, TypeError)):
+            refuse_unsafe(converted, target, error)
+        if isinstance(error, Exception) and not isinstance(error, CheckpointError):
+            raise write_failed(target, error) from error  # torch says a full disk as a RuntimeError
+        raise
+
+
+def _loads_safely(file: str) -> None:
+    torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+
+
+def _missing_directories(target: str) -> list[str]:
+    """The directories a write of ``target`` creates, deepest first: removed again if it fails."""
+    missing, directory = [], os.path.dirname(os.path.abspath(target))
+    while not os.path.lexists(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    return missing
+
+
+def _detail(error: BaseException) -> str:
+    """The unpickler's own message: torch wraps it in a generic ``weights_only`` preamble."""
+    inner = error.__context__ if isinstance(error.__context__, pickle.UnpicklingError) else error
+    lines = [line.strip() for line in str(inner).splitlines() if line.strip()]
+    telling = [line for line in lines if "GLOBAL" in line or "Unsupported" in line]
+    return (telling or lines or ["no detail"])[0]
+
+
+def refuse_unsafe(converted: Any, target: str, error: BaseException | None = None) -> None:
+    """Raise, naming the entry, if ``converted`` (see :func:`plain`) holds what the safe loader
+    refuses, or the safe loader refused it (``error``, an ``UnpicklingError``)."""
+    offender = _first_unsafe(converted, "checkpoint")
+    if offender is None and not isinstance(error, pickle.UnpicklingError):
+        return
+    raise CheckpointError(
+        f"Not saving {target!r}: {offender or 'an entry: ' + _detail(error)}, which "
+        "torch.load(weights_only=True) refuses, so the file could never be loaded again. "
+        "Checkpoints hold tensors and plain Python values (numbers, strings, lists, dicts): "
+        "store that entry as one (e.g. float(x), x.tolist(), or a tensor), or leave it out of "
+        "the state_dict() that holds it."
+    ) from error
+
+
+def _first_unsafe(value: Any, path: str) -> str | None:
+    """Where the first entry the safe loader would refuse lies in a :func:`plain` value, and its
+    type: ``"<path> is a <type>"``. Its dicts are all ``dict`` or ``OrderedDict`` already."""
+    if isinstance(value, dict) or type(value) in (list, tuple):
+        entries = value.items() if isinstance(value, dict) else enumerate(value)
+        found = (_first_unsafe(item, f"{path}[{key!r}]") for key, item in entries)
+        return next(filter(None, found), None)
+    if type(value) in _PLAIN_LEAVES or torch.is_tensor(value):
+        return None
+    return f"{path} is a {type(value).__module__}.{type(value).__qualname__}"
+
+
+def plain(value: Any) -> Any:
+    """``value`` with NumPy scalars and arrays turned into Python numbers and tensors."""
+
+    def leaf(item: Any) -> Any:
+        if isinstance(item, np.generic):  # before the numbers: np.float64 is a float subclass
+            return item.item()
+        if isinstance(item, np.ndarray):
+            return torch.from_numpy(np.ascontiguousarray(item))
+        return item
+
+    return rebuild(value, leaf)
+
+
 def save_state(path: str | os.PathLike, state: dict[str, Any], wait: bool = True) -> str:
     """Write ``state`` atomically on the main process; every process waits.
 
@@ -106,7 +221,6 @@ def save_state(path: str | os.PathLike, state: dict[str, Any], wait: bool = True
 
     if not wait:
         background.background.started = True  # on every process: a load now waits for it everywhere
-
     distributed.on_main(
         functools.partial(write_file, state, target) if wait else start,
         lambda: CheckpointError(
@@ -114,6 +228,95 @@ def save_state(path: str | os.PathLike, state: dict[str, Any], wait: bool = True
         ),
     )
     return target
+
+
+def save_sharded(
+    path: str | os.PathLike,
+    state: dict[str, Any],
+    write_shards: Callable[..., Callable[[], None]],
+    wait: bool = True,
+) -> str:
+    """Write the sharded checkpoint ``path`` (a directory); returns it.
+
+    ``write_shards(directory, then_on_main=..., wait=...)`` is the collective
+    that writes every process's tensors there (:func:`hapi.checkpoint.save_shards`)
+    and returns what completes it; ``then_on_main(optimizer_part)`` writes the
+    manifest (``state``, the optimizer's non-tensor parts and the shards'
+    name). With ``wait=False`` the tensors are copied to CPU memory and the
+    rest runs in the background (see :func:`save_state`): ``state`` is copied
+    now, containers and tensors alike, so the manifest holds the moment of the
+    call, not what training has made of its objects by the time the shards
+    are on disk. A failure removes what it wrote of the new shards (they hold
+    disk space) and the directories it created, and says why in words.
+    """
+    created = _missing_directories(os.path.join(os.fspath(path), MANIFEST))
+    directory = _no_link(check_path(path, directory=True))
+    background.wait_for_writes()
+    # Every process must name the same directory: rank 0's random name is everyone's.
+    name = "shards-" + distributed.broadcast_bytes(secrets.token_hex(8).encode()).decode()
+    manifest = os.path.join(directory, MANIFEST)
+    converted = plain(state)
+    refuse_unsafe(converted, manifest)
+    if not wait:
+        converted = background.snapshot(converted)
+
+    def write_manifest(optimizer_part: dict[str, Any] | None) -> None:
+        write_file({**converted, "optimizer_shards": optimizer_part, "shards": name}, manifest)
+        files.remove_shards(directory, keep=name)
+
+    def cleaned(run: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return run(*args, **kwargs)
+        except BaseException as error:  # torch's CheckpointException is no Exception
+            files.remove_shards(directory, only=name)  # each process, what is left of it
+            for made in created:
+                files.remove_empty_directory(made)
+            if isinstance(error, (CheckpointError, KeyboardInterrupt, SystemExit)):
+                raise
+            raise write_failed(manifest, error) from error
+
+    shards = os.path.join(directory, name)
+    complete = cleaned(write_shards, shards, then_on_main=write_manifest, wait=wait)
+    if wait:
+        background.agree(functools.partial(cleaned, complete), manifest)
+    else:
+        background.background.started = True  # on every process (see wait_if_saving)
+        background.background.start(functools.partial(cleaned, complete), manifest)
+    return directory
+
+
+def shards_directory(file: str, state: dict[str, Any]) -> str:
+    """Where the shards of the sharded checkpoint whose manifest is ``file`` lie.
+
+    Raises:
+        CheckpointError: the manifest names anything but a shards directory
+            inside the checkpoint's own directory (an absolute path, ``..``,
+            a separator, a link leading elsewhere), naming the value; the
+            checkpoint's directory or manifest is a symbolic link.
+    """
+    _no_link(file)
+    try:
+        return files.child(
+            _no_link(os.path.dirname(file)),
+            state.get("shards"),
+            f"The manifest {file!r} entry 'shards'",
+            files.SHARDS_NAME,
+            follow_links=False,
+        )
+    except files.UnsafeNameError as error:
+        raise CheckpointError(str(error)) from None
+
+
+def _no_link(path: str) -> str:
+    """``path``, once it is no symbolic link: a sharded checkpoint's directory and manifest never are.
+
+    Raises:
+        CheckpointError: naming the path and where the link leads.
+    """
+    try:
+        return files.refuse_link(path.rstrip("/" + os.sep) or path, "Sharded checkpoint: ")
+    except files.UnsafeNameError as error:
+        raise CheckpointError(str(error)) from None
 
 
 def _candidates(path: str | os.PathLike) -> list[str]:
@@ -124,32 +327,8 @@ def _candidates(path: str | os.PathLike) -> list[str]:
     return [given + SUFFIX, given, os.path.join(given, MANIFEST)]
 
 
-def _existing_files(path: str | os.PathLike, follow_links: bool = True) -> list[str]:
-    """The candidates that exist. Without ``follow_links`` (a resume, which reads what
-    torch-hapi wrote in its own directories) a symbolic link among them is refused."""
-    return [
-        candidate if follow_links else files.refuse_link(candidate, "The checkpoint to resume ")
-        for candidate in _candidates(path)
-        if os.path.islink(candidate) or os.path.isfile(candidate)
-    ]
-
-
-def _existing_file(path: str | os.PathLike) -> str:
-    given, found = os.fspath(path), _existing_files(path)
-    if found:
-        return found[0]
-    directory = os.path.dirname(os.path.abspath(given)) or "."
-    nearby = (
-        sorted(name for name in os.listdir(directory) if name.endswith((".pt", ".pth")))
-        if os.path.isdir(directory)
-        else []
-    )
-    hint = f" Checkpoints in {directory}: {nearby}." if nearby else ""
-    raise FileNotFoundError(
-        f"No checkpoint found at {given!r} (tried {', '.join(map(repr, _candidates(path)))})."
-        f"{hint} Pass the path you gave to Model.save(), or a file written by ModelCheckpoint "
-        "(<save_dir>/<epoch>, <save_dir>/best, <save_dir>/final)."
-    )
+def _existing_files(path: str | os.PathLike) -> list[str]:
+    return [c for c in _candidates(path) if os.path.islink(c) or os.path.isfile(c)]
 
 
 def load_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
@@ -158,7 +337,8 @@ def load_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     After a background save (every process made it) this is a collective:
     every process waits until the file is on disk, not only the one writing
     it, which alone would read the new file while the others read the old.
-    Otherwise it may run on one process alone.
+    Otherwise it may run on one process alone. A link the user passes, or
+    made, is the user's choice: it is followed.
 
     Raises:
         FileNotFoundError: no such checkpoint (lists the paths tried).
@@ -166,9 +346,23 @@ def load_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
             is not a checkpoint at all.
     """
     background.wait_if_saving()  # a background save of it, on whichever process writes it
-    file = _existing_file(path)  # a link the user passes, or made, is the user's choice
-    with open(file, "rb") as handle:
-        return file, _parse(handle, file)
+    found = _existing_files(path)
+    if not found:
+        directory = os.path.dirname(os.path.abspath(path))
+        nearby = sorted(
+            name
+            for name in (os.listdir(directory) if os.path.isdir(directory) else [])
+            if name.endswith((".pt", ".pth"))
+        )
+        raise FileNotFoundError(
+            f"No checkpoint found at {os.fspath(path)!r} (tried "
+            f"{', '.join(map(repr, _candidates(path)))})."
+            f"{f' Checkpoints in {directory}: {nearby}.' if nearby else ''} Pass the path you "
+            "gave to Model.save(), or a file written by ModelCheckpoint (<save_dir>/<epoch>, "
+            "<save_dir>/best, <save_dir>/final)."
+        )
+    with open(found[0], "rb") as handle:
+        return found[0], _parse(handle, found[0])
 
 
 def load_freshest_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
@@ -180,7 +374,8 @@ def load_freshest_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     another. One process per machine (local rank 0) reads its copy; the copy
     with the most optimizer steps (then epochs, then batches) is sent to
     every process, the lowest rank's on a tie, and each parses it the same
-    safe way.
+    safe way. It reads what torch-hapi wrote in its own directories: a
+    symbolic link there is refused, never followed.
 
     Raises:
         FileNotFoundError: on every process, when no machine has the file.
@@ -194,8 +389,8 @@ def load_freshest_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
         # Either kind (a file, or a sharded checkpoint's manifest) may be here, both when
         # a restart changed the strategy: the one further into training wins.
         copies = []
-        for found in _existing_files(path, follow_links=False):
-            # O_NOFOLLOW: a link planted after the check is not read either.
+        for found in _existing_files(path):
+            # O_NOFOLLOW: a link is refused, also one planted after the look.
             with os.fdopen(files.open_nofollow(found, os.O_RDONLY), "rb") as handle:
                 payload = handle.read()
             state = _parse(io.BytesIO(payload), found)
@@ -218,54 +413,39 @@ def load_freshest_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
 
 
 def _parse(source: IO[bytes], file: str) -> dict[str, Any]:
-    """``torch.load(weights_only=True)`` of ``source`` (the file, or its bytes), its errors explained."""
-    try:
-        state = torch.load(source, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        if not _carries_code(error):
-            raise _damaged(file, error) from error
-        raise CheckpointError(
-            f"Checkpoint {file!r} holds Python objects other than tensors and plain "
-            "values (it may carry code), so torch-hapi refuses to load it: files are "
-            "read with torch.load(weights_only=True) and never execute code. If you "
-            "wrote this file yourself and trust it, load it with "
-            "torch.load(path, weights_only=False) and pass the state dict to "
-            f"model.network.load_state_dict(). Details: {detail(error)}"
-        ) from error
-    except PermissionError:
-        raise  # names the file; not a damaged checkpoint
-    except Exception as error:  # noqa: BLE001 -- a damaged file can fail anywhere in torch's reader
-        raise _damaged(file, error) from error
-    return _normalise(file, state)
-
-
-def _carries_code(error: pickle.UnpicklingError) -> bool:
-    """Whether torch refused a pickled global (a class or function), not unreadable bytes.
+    """``torch.load(weights_only=True)`` of ``source`` (the file, or its bytes), its errors explained.
 
     A corrupt file also fails inside the weights-only unpickler ("Unsupported
     operand ..."); only a refused ``GLOBAL`` with a well-formed dotted name
     (``posix.system``, ``mymodule.MyClass``) means the file asks to import code.
     """
-    return _GLOBAL.search(f"{error}\n{error.__context__ or ''}") is not None
-
-
-def _damaged(file: str, error: BaseException) -> CheckpointError:
-    size = os.path.getsize(file)
-    return CheckpointError(
-        f"Checkpoint {file!r} ({size} bytes) is truncated or corrupt and cannot be read "
-        f"({type(error).__name__}: {detail(error)}). "
-        "It was probably cut off while being copied or written by another tool; torch-hapi "
-        "itself writes checkpoints atomically. Use an earlier checkpoint or save it again."
-    )
-
-
-def _normalise(file: str, state: Any) -> dict[str, Any]:
+    try:
+        state = torch.load(source, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 -- a damaged file can fail anywhere in torch's reader
+        if isinstance(error, pickle.UnpicklingError) and _GLOBAL.search(
+            f"{error}\n{error.__context__ or ''}"
+        ):
+            raise CheckpointError(
+                f"Checkpoint {file!r} holds Python objects other than tensors and plain "
+                "values (it may carry code), so torch-hapi refuses to load it: files are "
+                "read with torch.load(weights_only=True) and never execute code. If you "
+                "wrote this file yourself and trust it, load it with "
+                "torch.load(path, weights_only=False) and pass the state dict to "
+                f"model.network.load_state_dict(). Details: {_detail(error)}"
+            ) from error
+        raise CheckpointError(
+            f"Checkpoint {file!r} ({os.path.getsize(file)} bytes) is truncated or corrupt and "
+            f"cannot be read ({type(error).__name__}: {_detail(error)}). It was probably cut "
+            "off while being copied or written by another tool; torch-hapi itself writes "
+            "checkpoints atomically. Use an earlier checkpoint or save it again."
+        ) from error
     if isinstance(state, dict) and state.get("format") == FORMAT:
         return state
     if isinstance(state, dict) and state and all(torch.is_tensor(v) for v in state.values()):
         return {"format": FORMAT, "version": VERSION, "network": state}
+    keys = f" with keys {sorted(state)[:8]}" if isinstance(state, dict) else ""
     raise CheckpointError(
         f"{file!r} is not a torch-hapi checkpoint nor a state_dict (found "
-        f"{type(state).__name__}{' with keys ' + str(sorted(state)[:8]) if isinstance(state, dict) else ''}). "
-        "Save checkpoints with Model.save(path), or torch.save(network.state_dict(), path)."
+        f"{type(state).__name__}{keys}). Save checkpoints with Model.save(path), or "
+        "torch.save(network.state_dict(), path)."
     )

@@ -88,8 +88,8 @@ def _prepared(seed: int = 0) -> hapi.Model:
 
 def test_a_sharded_background_save_holds_the_moment_of_the_call(tmp_path, monkeypatch):
     go_on = threading.Event()
-    # The module whose write_file writes the manifest (hapi.checkpoint.sharded since the package).
-    module = getattr(hapi.checkpoint, "sharded", hapi.checkpoint)
+    # The module whose write_file writes the manifest.
+    module = hapi.checkpoint.state
     real_write = module.write_file
 
     def held_write(state, target, **options):

@@ -24,7 +24,7 @@ from torch.distributed.checkpoint import FileSystemReader
 
 import hapi
 from hapi.checkpoint import CheckpointError
-from hapi.checkpoint.dcp_reader import SafeFileSystemReader
+from hapi.checkpoint.dcp_io import SafeFileSystemReader
 
 REFUSED = "torch-hapi refuses to run code from checkpoint files"
 # dcp.save/load warn that no process group exists, even with no_dist=True.

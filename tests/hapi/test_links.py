@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 
 import hapi
 from hapi.checkpoint import CheckpointError
-from hapi.checkpoint.dcp_reader import SafeFileSystemReader
+from hapi.checkpoint.dcp_io import SafeFileSystemReader
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 

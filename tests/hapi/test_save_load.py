@@ -342,7 +342,7 @@ def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
         f.write(b"PK\x03\x04 half a checkpoint")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(hapi.checkpoint.write.torch, "save", broken_save)
+    monkeypatch.setattr(hapi.checkpoint.state.torch, "save", broken_save)
     second = trained_model(seed=4, epochs=2)
     with pytest.raises(OSError, match="No space left"):
         second.save(tmp_path / "ckpt")
