@@ -166,13 +166,10 @@ class BackupAndRestore(Callback):
     def on_train_begin(self, logs: dict | None = None) -> None:
         # Before any backup of this fit: what is there now
         # is not this fit's to delete, unless it is a backup an interrupted run left.
-        try:
-            entries = set(os.listdir(self.backup_dir))
-        except FileNotFoundError:
-            entries = set()
-        self._made_for_training = not os.path.exists(self.backup_dir) or bool(
-            entries and entries <= self._own_entries()
-        )
+        folder = self.backup_dir
+        entries = set(os.listdir(folder)) if os.path.isdir(folder) else set()
+        only_backups = bool(entries) and entries <= self._own_entries()
+        self._made_for_training = not os.path.exists(folder) or only_backups
         for name in (self.path, self.path + ".pt", self.previous_path + ".pt"):
             files.refuse_link(name, "BackupAndRestore: ")  # planted: it could lead anywhere
         files.refuse_link(os.path.join(self.path, files.MANIFEST), "BackupAndRestore: ")

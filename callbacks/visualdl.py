@@ -173,11 +173,10 @@ class _ScalarLogger(_Curves):
             return None
         return self.log_dir if self._run is None else os.path.join(self.log_dir, self._run)
 
-    def _choose_run_dir(self) -> str:
+    def _choose_run_dir(self) -> None:
         """The run directory, choosing (and creating) ``version_<N>`` the first time."""
         if self._auto and self._run is None:
             self._run = _reserve_version(self.log_dir)
-        return self.run_dir
 
     def _write(self, prefix: str, scalars: dict[str, float], step: int) -> None:
         if not self.is_main:
