@@ -10,6 +10,7 @@ from tqdm import tqdm
 from hapi.checkpoint import files
 
 from .base import Callback
+from .monitor import refuse_state
 
 
 class BackupAndRestore(Callback):
@@ -148,10 +149,7 @@ class BackupAndRestore(Callback):
     def load_state_dict(self, state: dict) -> None:
         made = state.get("made_for_training", self._made_for_training)  # absent: older backups
         if not isinstance(made, bool):
-            raise ValueError(
-                f"BackupAndRestore state 'made_for_training' must be True or False; received "
-                f"{made!r}. The backup is damaged or was crafted: delete it to start afresh."
-            )
+            refuse_state("BackupAndRestore", "made_for_training", made, "True or False")
         self._made_for_training = made
 
     def _backup_read(self, path: str) -> str:

@@ -237,8 +237,12 @@ class ModelCheckpoint(MonitorCallback):
         if self.model.step % self.save_steps:
             return
         name = f"step-{self.model.step}"
-        if self._epoch_save_follows():
-            self._pending_step = name  # written once, at the epoch's end, under both names
+        # This batch ends the epoch and <epoch>.pt is saved right after it (known only when
+        # the epoch's length is; otherwise both files are written): one file, two names.
+        steps = self.params.get("steps")
+        done = getattr(self.model, "epoch_step", None)
+        if self.model.epoch % self.save_freq == 0 and steps is not None and done == steps:
+            self._pending_step = name  # written once, at the epoch's end
             return
         self._write_numbered([name], self._plan_numbered([name]), f"Step {self.model.step}: ")
 
@@ -357,18 +361,6 @@ class ModelCheckpoint(MonitorCallback):
         )
 
     # -- files ----------------------------------------------------------------
-    def _epoch_save_follows(self) -> bool:
-        """Whether this batch ends the epoch and ``<epoch>.pt`` is saved right after it.
-
-        Known only when the epoch's length is; otherwise both files are written.
-        """
-        steps = self.params.get("steps")
-        return (
-            self.model.epoch % self.save_freq == 0
-            and steps is not None
-            and getattr(self.model, "epoch_step", None) == steps
-        )
-
     def _file(self, name: str) -> str:
         return files.child(self.save_dir, name, "ModelCheckpoint's file name") + ".pt"
 
@@ -388,13 +380,10 @@ class ModelCheckpoint(MonitorCallback):
         Recorded before the save, so that a resumable file lists itself among
         the files a resumed run goes on rotating.
         """
-        for name in names:
-            if name in self._written:
-                self._written.remove(name)  # written again (e.g. a second fit): now the newest
-            self._written.append(name)
-        dropped: list[str] = []
-        if self.keep is not None and len(self._written) > self.keep:
-            dropped, self._written = self._written[: -self.keep], self._written[-self.keep :]
+        # A name written again (e.g. by a second fit) is now the newest.
+        written = [name for name in self._written if name not in names] + names
+        dropped = written[: -self.keep] if self.keep is not None else []
+        self._written = written[len(dropped) :]
         return dropped
 
     def _write_numbered(self, names: list[str], dropped: list[str], prefix: str) -> None:
