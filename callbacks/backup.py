@@ -10,6 +10,7 @@ from tqdm import tqdm
 from hapi.checkpoint import files
 
 from .base import Callback
+from .monitor import refuse_state
 
 
 class BackupAndRestore(Callback):
@@ -148,10 +149,7 @@ class BackupAndRestore(Callback):
     def load_state_dict(self, state: dict) -> None:
         made = state.get("made_for_training", self._made_for_training)  # absent: older backups
         if not isinstance(made, bool):
-            raise ValueError(
-                f"BackupAndRestore state 'made_for_training' must be True or False; received "
-                f"{made!r}. The backup is damaged or was crafted: delete it to start afresh."
-            )
+            refuse_state("BackupAndRestore", "made_for_training", made, "True or False")
         self._made_for_training = made
 
     def _backup_read(self, path: str) -> str:
@@ -166,13 +164,10 @@ class BackupAndRestore(Callback):
     def on_train_begin(self, logs: dict | None = None) -> None:
         # Before any backup of this fit: what is there now
         # is not this fit's to delete, unless it is a backup an interrupted run left.
-        try:
-            entries = set(os.listdir(self.backup_dir))
-        except FileNotFoundError:
-            entries = set()
-        self._made_for_training = not os.path.exists(self.backup_dir) or bool(
-            entries and entries <= self._own_entries()
-        )
+        folder = self.backup_dir
+        entries = set(os.listdir(folder)) if os.path.isdir(folder) else set()
+        only_backups = bool(entries) and entries <= self._own_entries()
+        self._made_for_training = not os.path.exists(folder) or only_backups
         for name in (self.path, self.path + ".pt", self.previous_path + ".pt"):
             files.refuse_link(name, "BackupAndRestore: ")  # planted: it could lead anywhere
         files.refuse_link(os.path.join(self.path, files.MANIFEST), "BackupAndRestore: ")

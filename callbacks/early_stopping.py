@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from .monitor import MonitorCallback, require_int
+from .monitor import MonitorCallback, refuse_state, require_int
 
 
 class EarlyStopping(MonitorCallback):
@@ -116,7 +116,7 @@ class EarlyStopping(MonitorCallback):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Take back :meth:`state_dict`'s values, each checked: the state comes from a file.
+        """Take back :meth:`state_dict`'s values; those used only later are checked now.
 
         Args:
             state: what :meth:`state_dict` returned.
@@ -125,33 +125,24 @@ class EarlyStopping(MonitorCallback):
             ValueError: an entry of a kind no run writes (the error names the
                 entry and the value); nothing is taken back then.
         """
-        for key, ok in (
-            ("stopped_epoch", lambda v: v is None or (type(v) is int and v >= 0)),
-            ("best_epoch", lambda v: v is None or (type(v) is int and v >= 0)),
-            ("best_model_path", lambda v: v is None or isinstance(v, str)),
-            (
-                "best_weights",
-                lambda v: (
-                    v is None
-                    or (isinstance(v, dict) and all(torch.is_tensor(t) for t in v.values()))
-                ),
-            ),
+        weights, path = state["best_weights"], state.get("best_model_path")
+        if weights is not None and not (
+            isinstance(weights, dict) and all(map(torch.is_tensor, weights.values()))
         ):
-            if not ok(state.get(key)):
-                raise ValueError(
-                    f"EarlyStopping state {key!r} cannot be {state.get(key)!r}: no run writes "
-                    "that. The checkpoint it came from is damaged or was crafted."
-                )
+            refuse_state("EarlyStopping", "best_weights", weights, "None or a dict of tensors")
+        if path is not None and not isinstance(path, str):
+            refuse_state("EarlyStopping", "best_model_path", path, "None or a path")
+        stopped, best_epoch = (
+            None if state[key] is None else int(state[key])
+            for key in ("stopped_epoch", "best_epoch")
+        )
         super().load_state_dict(state)
-        self.stopped_epoch = state["stopped_epoch"]
-        self.best_epoch = state["best_epoch"]
-        self.best_weights = state["best_weights"]
-        self._monitored = bool(state.get("monitored", state["best_epoch"] is not None))
-        self.best_model_path = state.get("best_model_path")
+        self.stopped_epoch, self.best_epoch = stopped, best_epoch
+        self.best_weights, self.best_model_path = weights, path
+        self._monitored = bool(state.get("monitored", best_epoch is not None))
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self.wait = 0
-        self.best = self._initial_best
+        super().on_train_begin(logs)
         self.stopped_epoch = None
         self.best_epoch = None
         self.best_weights = None
@@ -168,33 +159,26 @@ class EarlyStopping(MonitorCallback):
         if current is None or epoch < self.start_from_epoch:
             return
         self._monitored = True
-        if self.best_epoch is None:
+        improved = self._is_improvement(current, self.best)
+        if improved:
+            self.best = current
+        if improved or self.best_epoch is None:
             # Keras 3: the first watched epoch is the best until one improves on it (all NaN).
             self.best_epoch = epoch
             if self.restore_best_weights:
                 self.best_weights = self.model.get_weights()
-        improved = self._is_improvement(current, self.best)
-        if improved:
-            self.best = current
-            if self.best_epoch != epoch:
-                self.best_epoch = epoch
-                if self.restore_best_weights:
-                    self.best_weights = self.model.get_weights()
         if improved and self._beats_baseline(current):
             self.wait = 0
             if self.save_best_model and self.save_dir is not None:
-                self._save_best()
+                # Collective: every process calls model.save; the main process writes.
+                path = os.path.join(self.save_dir, "best_model")
+                written = self.model.save(path)
+                self.best_model_path = written if isinstance(written, str) else path + ".pt"
             return
         self.wait += 1
         if self.wait >= self.patience:
             self.model.stop_training = True
             self.stopped_epoch = epoch
-
-    def _save_best(self) -> None:
-        """``model.save`` on every process (collective); the main process writes."""
-        path = os.path.join(self.save_dir, "best_model")
-        written = self.model.save(path)
-        self.best_model_path = written if isinstance(written, str) else path + ".pt"
 
     def on_train_end(self, logs: dict | None = None) -> None:
         speak = self.verbose and self.is_main
@@ -209,25 +193,21 @@ class EarlyStopping(MonitorCallback):
             return
         if self.best_weights is not None:
             self.model.set_weights(self.best_weights)  # every process: the same full weights
+            text = f"Restoring model weights from the end of the best epoch: {self.best_epoch + 1}"
+            if self.best == self._initial_best:  # nothing improved on the first watched epoch
+                text = (
+                    "Restoring model weights from the end of the first monitored epoch: "
+                    f"{self.best_epoch + 1} (no value of {self.monitor!r} was a finite number)"
+                )
+            elif not self._beats_baseline(self.best):
+                text += (
+                    f" ({self.monitor}={self.best:g}; no epoch beat the baseline {self.baseline:g})"
+                )
             if speak:
-                tqdm.write(self._restored_message())
+                tqdm.write(text + ".")
         elif speak:
             since = f" from epoch {self.start_from_epoch + 1} on" if self.start_from_epoch else ""
             tqdm.write(
                 f"EarlyStopping: no epoch logged {self.monitor!r}{since}, so the best weights "
                 "were not restored; the model keeps its last weights."
             )
-
-    def _restored_message(self) -> str:
-        epoch = self.best_epoch + 1
-        if self.best == self._initial_best:  # nothing improved on the first watched epoch
-            return (
-                f"Restoring model weights from the end of the first monitored epoch: {epoch} "
-                f"(no value of {self.monitor!r} was a finite number)."
-            )
-        if not self._beats_baseline(self.best):
-            return (
-                f"Restoring model weights from the end of the best epoch: {epoch} "
-                f"({self.monitor}={self.best:g}; no epoch beat the baseline {self.baseline:g})."
-            )
-        return f"Restoring model weights from the end of the best epoch: {epoch}."

@@ -7,7 +7,6 @@ better than the last weights, and costs one fused in-place update per step.
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Any
 
@@ -83,12 +82,7 @@ class EMA(Callback):
         self, decay: float = 0.999, every_n_steps: int = 1, swap_at_end: bool = True
     ) -> None:
         super().__init__()
-        if (
-            isinstance(decay, bool)
-            or not isinstance(decay, numbers.Real)
-            or math.isnan(decay)
-            or not 0.0 <= decay < 1.0
-        ):
+        if isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not 0 <= decay < 1:
             raise ValueError(
                 f"EMA: decay must be a number in [0, 1); received {decay!r} ({type(decay).__name__}). "
                 "Typical values are 0.99 to 0.9999, e.g. EMA(decay=0.999)."
@@ -112,22 +106,15 @@ class EMA(Callback):
                 "each process would average only its own shard. Use strategy='ddp', or train "
                 "without the EMA callback."
             )
-        named = [
-            (name, p) for name, p in self.model.network.named_parameters() if p.is_floating_point()
-        ]
-        self._names = [name for name, _ in named]
-        self._params = [p for _, p in named]
-        with torch.no_grad():
-            self._shadow = [p.detach().clone() for p in self._params]
+        floating = {n: p for n, p in self.model.network.named_parameters() if p.is_floating_point()}
+        self._names, self._params = list(floating), list(floating.values())
+        self._shadow = [p.detach().clone() for p in self._params]
         self._saved = None
-        self._last_step = self.model.step
         self._fitting = True
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self._restore(pending)
-            self._last_step = (
-                self.model.step
-            )  # this fit's count, not the one the state was saved at
+        self._last_step = self.model.step  # this fit's count, not the one a state was saved at
 
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
         current = self.model.step

@@ -15,20 +15,17 @@ def learning_rates(model: Any) -> dict[str, float]:
     ``lr_0``, ``lr_1``; ``prepare({"g": a, "d": b})``: ``lr_g``, ``lr_d``).
     Each is its first parameter group's ``lr``.
     """
-    given = getattr(model, "optimizers", None)
-    if given is None:
-        given = getattr(model, "optimizer", None)
+    given = getattr(model, "optimizers", None) or getattr(model, "optimizer", None)
     if isinstance(given, (list, tuple)):
         given = given[0] if len(given) == 1 else dict(enumerate(given))
     named = (
         {f"lr_{k}": opt for k, opt in given.items()} if isinstance(given, dict) else {"lr": given}
     )
-    rates = {}
-    for name, optimizer in named.items():
-        groups = getattr(optimizer, "param_groups", None)
-        if groups:
-            rates[name] = float(groups[0]["lr"])  # a tensor lr (capturable) becomes a float
-    return rates
+    return {  # a tensor lr (capturable) becomes a float
+        name: float(optimizer.param_groups[0]["lr"])
+        for name, optimizer in named.items()
+        if getattr(optimizer, "param_groups", None)
+    }
 
 
 class History(Callback):

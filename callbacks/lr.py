@@ -18,7 +18,7 @@ from torch.optim import lr_scheduler as torch_lr
 from tqdm import tqdm
 
 from .base import Callback
-from .monitor import MonitorCallback, require_int
+from .monitor import MonitorCallback, refuse_state, require_int
 
 SchedulerFactory = Callable[[torch.optim.Optimizer, int], torch_lr.LRScheduler]
 
@@ -265,8 +265,20 @@ class LRScheduler(Callback):
             position = round(stepped * self._per_epoch / max(per_epoch, 1))
             self._build(min(position, max(self.total - 1, 0)))
         elif state.get("scheduler") is not None:
-            _same_layout(state["scheduler"], self.scheduler.state_dict(), "scheduler")
-            self.scheduler.load_state_dict(state["scheduler"])
+            # Keys only one of them has are let be, as torch's load_state_dict does: a release
+            # of torch adds or drops a private attribute now and then.
+            saved, current = state["scheduler"], self.scheduler.state_dict()
+            if not isinstance(saved, dict) or any(
+                _layout(saved[key]) != _layout(value)
+                for key, value in current.items()
+                if key in saved and None not in (saved[key], value)
+            ):
+                raise ValueError(
+                    f"LRScheduler state 'scheduler' is {saved!r}, where this scheduler has "
+                    f"{current!r}: it was saved from another kind of scheduler, or the checkpoint "
+                    "was crafted."
+                )
+            self.scheduler.load_state_dict(saved)
         if last_step is not None:
             self._last_step = last_step
 
@@ -300,45 +312,24 @@ def _optimizer(model: Any, why: str) -> torch.optim.Optimizer:
     return optimizer
 
 
-def _count(state: Any, key: str, none: bool = False) -> int | None:
+def _count(state: dict[str, Any], key: str, none: bool = False) -> int | None:
     """``state[key]``, a non-negative int (or None where ``none``); else a ValueError naming it."""
-    value = state.get(key) if isinstance(state, dict) else state
-    if value is None and none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(
-            f"LRScheduler state {key!r} must be a non-negative int; received {value!r}. The "
-            "checkpoint it came from is damaged or was crafted."
-        )
-    return value
+    value = state.get(key)
+    if (value is None and none) or (type(value) is int and value >= 0):
+        return value
+    refuse_state("LRScheduler", key, value, "a non-negative int" + " or None" * none)
 
 
-def _same_layout(saved: Any, current: Any, where: str) -> None:
-    """Refuse a saved scheduler state whose lengths or value types differ from this one's.
+def _layout(value: Any) -> Any:
+    """What a saved scheduler state's entry shares with this scheduler's: its kind, a list's length.
 
-    Keys only one of them has are let be, as torch's ``load_state_dict`` does: a
-    release of torch adds or drops a private attribute now and then.
+    An int where a float was, or the reverse, is the same setting.
     """
-    pairs: list = []
-    if None in (saved, current):
-        return
-    if isinstance(current, dict):
-        same = isinstance(saved, dict)
-        pairs = [(saved[k], current[k], f"{where}[{k!r}]") for k in current if same and k in saved]
-    elif isinstance(current, (list, tuple)):
-        same = isinstance(saved, (list, tuple)) and len(saved) == len(current)
-        pairs = [(a, b, f"{where}[{i}]") for i, (a, b) in enumerate(zip(saved, current))]
-    else:  # an int where a float was, or the reverse, is the same setting
-        same = type(saved) is type(current) or all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in (saved, current)
-        )
-    if not same:
-        raise ValueError(
-            f"LRScheduler state {where} is {saved!r}, where this scheduler has {current!r}: it "
-            "was saved from another kind of scheduler, or the checkpoint was crafted."
-        )
-    for pair in pairs:
-        _same_layout(*pair)
+    if isinstance(value, (list, tuple)):
+        return len(value)
+    return (
+        "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value)
+    )
 
 
 class ReduceLROnPlateau(MonitorCallback):
@@ -406,8 +397,7 @@ class ReduceLROnPlateau(MonitorCallback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         _optimizer(self.model, "ReduceLROnPlateau changes the optimizer's learning rate")
-        self.best = self._initial_best
-        self.wait = 0
+        super().on_train_begin(logs)
         self.cooldown_counter = 0
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from hapi.checkpoint import files
 
-from .monitor import MonitorCallback, require_int
+from .monitor import MonitorCallback, refuse_state, require_int
 
 # The numbered checkpoints ModelCheckpoint writes (<epoch>, step-<N>): the only names it rotates.
 _NUMBERED = re.compile(r"\d+|step-\d+")
@@ -126,14 +126,8 @@ class ModelCheckpoint(MonitorCallback):
         self.save_freq = require_int("ModelCheckpoint", "save_freq", save_freq, minimum=1)
         self.save_best_only = bool(save_best_only)
         self.verbose = verbose
-        self.save_steps = (
-            None
-            if save_steps is None
-            else require_int("ModelCheckpoint", "save_steps", save_steps, minimum=1)
-        )
-        self.keep = (
-            None if keep is None else require_int("ModelCheckpoint", "keep", keep, minimum=1)
-        )
+        self.save_steps = require_int("ModelCheckpoint", "save_steps", save_steps, allow_none=True)
+        self.keep = require_int("ModelCheckpoint", "keep", keep, allow_none=True)
         if not isinstance(resumable, bool):
             raise TypeError(
                 f"ModelCheckpoint: resumable must be True or False; received {resumable!r} "
@@ -186,50 +180,30 @@ class ModelCheckpoint(MonitorCallback):
 
         Raises:
             ValueError: an entry of ``written`` or ``pending_step`` is not such
-                a name, ``deferred`` is not ``[]`` or ``[value, step]``, or a
-                count or figure is not a number (the error names the entry and
-                the value); nothing is taken back then.
+                a name, or ``deferred`` is not ``[]`` or ``[value, step]`` (the
+                error names the entry and the value); nothing is taken back then.
+            TypeError: a count or figure is not a number (ValueError for a
+                string); nothing is taken back then either.
         """
-        written = state.get("written", [])
-        if not isinstance(written, (list, tuple)):
-            raise files.UnsafeNameError(
-                f"ModelCheckpoint state 'written' must be a list of file names; received "
-                f"{written!r}. The checkpoint it came from is damaged or was crafted."
-            )
         written = [
             files.check_name(name, f"ModelCheckpoint state 'written'[{index}]", _NUMBERED)
-            for index, name in enumerate(written)
+            for index, name in enumerate(state.get("written", []))
         ]
-        pending = state.get("pending_step")  # "" when there is none
-        if not isinstance(pending, str) or pending:
+        pending = state.get("pending_step") or None  # "" when there is none
+        if pending is not None:
             files.check_name(pending, "ModelCheckpoint state 'pending_step'", _STEP)
-        deferred = state.get("deferred", [])
-        if not isinstance(deferred, (list, tuple)) or len(deferred) not in (0, 2):
-            raise ValueError(
-                f"ModelCheckpoint state 'deferred' must be [] or [value, step]; received "
-                f"{deferred!r}. The checkpoint it came from is damaged or was crafted."
-            )
-        checked = [(key, state.get(key, 0), int) for key in ("wait", "last_step", "judged_step")]
-        checked += [("best", state.get("best"), float)] + list(
-            zip(["deferred"] * 2, deferred, (float, int))
-        )
-        for key, value, kind in checked:
-            if isinstance(value, bool) or not isinstance(
-                value, (int, float) if kind is float else int
-            ):
-                raise ValueError(
-                    f"ModelCheckpoint state {key!r} must be {'a number' if kind is float else 'an int'}; "
-                    f"received {value!r}. The checkpoint it came from is damaged or was crafted."
-                )
-        deferred = [float(deferred[0]), int(deferred[1])] if deferred else []
-        judged_step = int(state.get("judged_step", -1))
-        super().load_state_dict(state)
+        deferred = state.get("deferred") or []
+        if deferred:
+            if not (isinstance(deferred, (list, tuple)) and len(deferred) == 2):
+                refuse_state("ModelCheckpoint", "deferred", deferred, "[] or [value, step]")
+            deferred = [float(deferred[0]), int(deferred[1])]
         # The step last looked at: a resume must not save that step again (between
         # the batches of its next group, a file that could not resume exactly).
-        self._last_step = int(state.get("last_step", self._last_step))
-        self._pending_step = pending
-        self._deferred = deferred
-        self._judged_step = judged_step
+        last_step = int(state.get("last_step", self._last_step))
+        judged_step = int(state.get("judged_step", -1))
+        super().load_state_dict(state)
+        self._last_step, self._judged_step = last_step, judged_step
+        self._pending_step, self._deferred = pending, deferred
         # Files listed for another directory are not this run's to rotate.
         if state.get("save_dir") == os.path.abspath(self.save_dir):
             self._written = written
@@ -240,7 +214,7 @@ class ModelCheckpoint(MonitorCallback):
         self._fitting = False  # until on_train_begin: evaluate() alone writes nothing
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self.best = self._initial_best
+        super().on_train_begin(logs)
         self._last_step = self.model.step
         self._pending_step = None
         self._fitting = True
@@ -263,11 +237,14 @@ class ModelCheckpoint(MonitorCallback):
         if self.model.step % self.save_steps:
             return
         name = f"step-{self.model.step}"
-        if self._epoch_save_follows():
-            self._pending_step = name  # written once, at the epoch's end, under both names
+        # This batch ends the epoch and <epoch>.pt is saved right after it (known only when
+        # the epoch's length is; otherwise both files are written): one file, two names.
+        steps = self.params.get("steps")
+        done = getattr(self.model, "epoch_step", None)
+        if self.model.epoch % self.save_freq == 0 and steps is not None and done == steps:
+            self._pending_step = name  # written once, at the epoch's end
             return
-        dropped = self._plan_numbered([name])
-        self._write_numbered([name], name, dropped, f"Step {self.model.step}: ")
+        self._write_numbered([name], self._plan_numbered([name]), f"Step {self.model.step}: ")
 
     def on_eval_end(self, logs: dict | None = None) -> None:
         """An evaluation inside the fit (``eval_steps``, or the epoch's): judge it for ``best.pt``.
@@ -295,11 +272,10 @@ class ModelCheckpoint(MonitorCallback):
         logs = logs or {}
         pending, self._pending_step = self._pending_step, None
         prefix = f"Epoch {epoch + 1}: "
-        numbered: list[str] = []
+        # A pending step file is written alone when the epoch save it waited for does not come.
+        numbered = [pending] if pending else []
         if not self.save_best_only and epoch % self.save_freq == 0:
-            numbered = ([pending] if pending else []) + [str(epoch)]
-        elif pending:  # the epoch save announced at its last batch did not come
-            numbered = [pending]
+            numbered.append(str(epoch))
         # Recorded and judged before any file is written: each file holds both.
         dropped = self._plan_numbered(numbered)
         current = self._epoch_figure(logs)
@@ -308,9 +284,8 @@ class ModelCheckpoint(MonitorCallback):
         elif self._monitor_missing(logs) and self.save_best_only:
             self._save("best", prefix, f"{self.monitor} not logged yet, ")
         if numbered:
-            written = str(epoch) if str(epoch) in numbered else pending
-            step_prefix = prefix if written == str(epoch) else f"Step {self.model.step}: "
-            self._write_numbered(numbered, written, dropped, step_prefix)
+            step_prefix = prefix if numbered[-1] == str(epoch) else f"Step {self.model.step}: "
+            self._write_numbered(numbered, dropped, step_prefix)
 
     # -- best -----------------------------------------------------------------
     def _epoch_figure(self, logs: dict) -> float | None:
@@ -386,18 +361,6 @@ class ModelCheckpoint(MonitorCallback):
         )
 
     # -- files ----------------------------------------------------------------
-    def _epoch_save_follows(self) -> bool:
-        """Whether this batch ends the epoch and ``<epoch>.pt`` is saved right after it.
-
-        Known only when the epoch's length is; otherwise both files are written.
-        """
-        steps = self.params.get("steps")
-        return (
-            self.model.epoch % self.save_freq == 0
-            and steps is not None
-            and getattr(self.model, "epoch_step", None) == steps
-        )
-
     def _file(self, name: str) -> str:
         return files.child(self.save_dir, name, "ModelCheckpoint's file name") + ".pt"
 
@@ -417,19 +380,15 @@ class ModelCheckpoint(MonitorCallback):
         Recorded before the save, so that a resumable file lists itself among
         the files a resumed run goes on rotating.
         """
-        for name in names:
-            if name in self._written:
-                self._written.remove(name)  # written again (e.g. a second fit): now the newest
-            self._written.append(name)
-        dropped: list[str] = []
-        if self.keep is not None and len(self._written) > self.keep:
-            dropped, self._written = self._written[: -self.keep], self._written[-self.keep :]
+        # A name written again (e.g. by a second fit) is now the newest.
+        written = [name for name in self._written if name not in names] + names
+        dropped = written[: -self.keep] if self.keep is not None else []
+        self._written = written[len(dropped) :]
         return dropped
 
-    def _write_numbered(
-        self, names: list[str], written: str, dropped: list[str], prefix: str
-    ) -> None:
-        """Write ``written`` (one of ``names``), give it the other names, delete ``dropped``."""
+    def _write_numbered(self, names: list[str], dropped: list[str], prefix: str) -> None:
+        """Write the last of ``names``, give it the other names, delete ``dropped``."""
+        written = names[-1]
         self._save(written, prefix)
         if not self.is_main:
             return  # only the main process wrote, so only it links and deletes

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import warnings
 from numbers import Real
-from typing import Any
+from typing import Any, NoReturn
 
 from hapi.arguments import require_int  # noqa: F401 -- other callbacks import it from here
 
@@ -47,6 +47,19 @@ def resolve_mode(mode: Any, monitor: str, owner: str = "MonitorCallback") -> str
             stacklevel=4,  # resolve_mode <- MonitorCallback.__init__ <- subclass <- the caller
         )
     return "max" if any(hint in monitor.lower() for hint in _MAX_HINTS) else "min"
+
+
+def refuse_state(owner: str, key: str, value: Any, expected: str) -> NoReturn:
+    """Raise the ValueError for an entry of a saved callback state that no run writes.
+
+    A state comes from a file. ``fit`` turns any error while a callback loads
+    its state into a ``CheckpointError`` naming the file, so a callback checks
+    only what would load without error and fail later, or lead elsewhere.
+    """
+    raise ValueError(
+        f"{owner} state {key!r} must be {expected}; received {value!r}. The checkpoint it came "
+        "from is damaged or was crafted."
+    )
 
 
 class MonitorNameWarning(UserWarning):
@@ -102,14 +115,21 @@ class MonitorCallback(Callback):
         self.monitor = monitor
         self.mode = resolve_mode(mode, monitor, owner)
         self.min_delta = float(min_delta)
-        self.best = self._initial_best
-        self.wait = 0
+        self.best, self.wait = self._initial_best, 0
         self._warned_missing = False
         self._warned_name = False
 
     def set_params(self, params: dict[str, Any]) -> None:
         super().set_params(params)
         self._warned_name = False  # the training-name warning is once per fit, not once per object
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        """Forget the best value and the wait: each fit watches afresh (a resume restores them).
+
+        Args:
+            logs: ``{}``.
+        """
+        self.best, self.wait = self._initial_best, 0
 
     @property
     def _initial_best(self) -> float:

@@ -190,13 +190,10 @@ class ProgBarLogger(Callback):
     def _active(self) -> bool:
         return self.verbose > 0 and self.is_main
 
-    def _use_bar(self) -> bool:
-        return self.verbose == 1 and sys.stdout.isatty()
-
     def _start(self, steps: int | None, description: str, line: str) -> None:
         """Begin a pass: a bar named ``description``, or the ``line`` that opens it."""
         bar = None
-        if self._use_bar():
+        if self.verbose == 1 and sys.stdout.isatty():
             from tqdm.auto import tqdm
 
             bar = tqdm(
@@ -205,23 +202,10 @@ class ProgBarLogger(Callback):
                 file=sys.stdout,
                 mininterval=0.25,
                 dynamic_ncols=True,
-                leave=True,
             )
         else:
             print(line, flush=True)
         self._phase = _Phase(steps, bar)
-
-    def _line_due(self, phase: _Phase) -> bool:
-        """Whether a ``log_freq`` step gets a line (the rule in the module docstring).
-
-        A pass of unknown length stays in part -1, so only time spaces its lines.
-        """
-        return (
-            phase.lines == 0
-            or self.max_lines is None
-            or phase.part_of(self.max_lines) > phase.part
-            or (self.interval is not None and _clock() - phase.last_line >= self.interval)
-        )
 
     def _print_line(self, phase: _Phase) -> None:
         if phase.unprinted is None:
@@ -314,9 +298,16 @@ class ProgBarLogger(Callback):
                 )
         elif figures:
             phase.unprinted = figures
-            last = phase.done == phase.steps
+            # A log_freq step gets a line by the rule of the module docstring; a pass of
+            # unknown length stays in part -1, so only time spaces its lines.
+            due = (
+                phase.lines == 0
+                or self.max_lines is None
+                or phase.part_of(self.max_lines) > phase.part
+                or (self.interval is not None and _clock() - phase.last_line >= self.interval)
+            )
             steady = phase.done % self.log_freq == 0 or phase.steps is None
-            if last or (steady and self._line_due(phase)):
+            if phase.done == phase.steps or (steady and due):
                 self._print_line(phase)
 
     on_eval_batch_begin = on_predict_batch_begin = on_train_batch_begin

@@ -173,11 +173,10 @@ class _ScalarLogger(_Curves):
             return None
         return self.log_dir if self._run is None else os.path.join(self.log_dir, self._run)
 
-    def _choose_run_dir(self) -> str:
+    def _choose_run_dir(self) -> None:
         """The run directory, choosing (and creating) ``version_<N>`` the first time."""
         if self._auto and self._run is None:
             self._run = _reserve_version(self.log_dir)
-        return self.run_dir
 
     def _write(self, prefix: str, scalars: dict[str, float], step: int) -> None:
         if not self.is_main:
@@ -194,10 +193,6 @@ class _ScalarLogger(_Curves):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-
-    def _flush(self) -> None:
-        if self._writer is not None:
-            self._writer.flush()
 
     def state_dict(self) -> dict[str, Any]:
         # A checkpoint can come before the first write (BackupAndRestore every few
@@ -227,13 +222,8 @@ class _ScalarLogger(_Curves):
         """
         restored = state.get("version")
         if restored is not None:
-            files.child(
-                self.log_dir,
-                restored,
-                f"{type(self).__name__} state 'version'",
-                _VERSION_DIR,
-                follow_links=False,
-            )
+            entry = f"{type(self).__name__} state 'version'"
+            files.child(self.log_dir, restored, entry, _VERSION_DIR, follow_links=False)
         self.train_step = int(state["train_step"])
         self.next_eval_step = int(state.get("next_eval_step", state.get("eval_count", 0) + 1))
         if self._auto and isinstance(restored, str) and restored != self._run:
@@ -265,8 +255,8 @@ class _ScalarLogger(_Curves):
             step = self.next_eval_step
             self.next_eval_step += 1
         self._write("eval", dict(logs or {}), step)
-        if not self._training:
-            self._flush()
+        if not self._training and self._writer is not None:
+            self._writer.flush()
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self._eval_at_batch:
@@ -274,7 +264,8 @@ class _ScalarLogger(_Curves):
             # after its evaluations): the eval/* curve never runs backwards.
             self.next_eval_step = max(self.next_eval_step, self.train_step + 1)
         self._training = self._eval_at_batch = False
-        self._flush()
+        if self._writer is not None:
+            self._writer.flush()
 
 
 class VisualDL(_ScalarLogger):

@@ -24,8 +24,6 @@ from typing import Any, Literal
 
 from .visualdl import _Curves
 
-_INSTALL_HINT = 'pip install wandb (or pip install "torch-hapi[wandb]")'
-
 # The callbacks whose run is open. A fit that ends finishes its run, so one still open
 # when another run starts was left by a fit that raised: it is finished then, as failed.
 _OPEN: list[WandbCallback] = []
@@ -108,7 +106,8 @@ class WandbCallback(_Curves):
         if importlib.util.find_spec("wandb") is None:
             raise ImportError(
                 "callbacks.WandbCallback logs to Weights & Biases through the 'wandb' package, "
-                f"which is not installed. Install it with: {_INSTALL_HINT}"
+                "which is not installed. Install it with: pip install wandb (or pip install "
+                '"torch-hapi[wandb]")'
             )
         self.wandb_args: dict[str, Any] = {
             "project": project,
@@ -126,13 +125,8 @@ class WandbCallback(_Curves):
     # -- the run ---------------------------------------------------------------
     def _start(self) -> None:
         """Start (or take over) the run this fit or evaluation logs to, on the main process."""
-        try:
-            import wandb
-        except ImportError as error:
-            raise ImportError(
-                f"callbacks.WandbCallback could not import the 'wandb' package ({error}). "
-                f"Install it with: {_INSTALL_HINT}"
-            ) from error
+        import wandb  # lazy: importing it takes about a second (found by the constructor)
+
         for stale in [c for c in _OPEN if c is self or c.run is wandb.run]:
             # Started by a WandbCallback and never finished: its fit raised.
             stale._finish(exit_code=1)

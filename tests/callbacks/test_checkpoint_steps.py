@@ -333,7 +333,7 @@ def test_a_fit_resumed_from_a_file_says_so_as_a_backup_does(tmp_path, capsys):
 )
 def test_save_steps_and_keep_must_be_positive_ints(tmp_path, name, value):
     with pytest.raises(
-        ValueError, match=rf"ModelCheckpoint: {name} must be a positive int; received"
+        ValueError, match=rf"ModelCheckpoint: {name} must be a positive int or None; received"
     ):
         ModelCheckpoint(tmp_path, **{name: value})
 
