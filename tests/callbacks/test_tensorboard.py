@@ -204,7 +204,7 @@ def test_fit_with_eval_steps_plots_each_evaluation_at_its_global_batch(
     visualdl, board = VisualDL(tmp_path / "vdl"), TensorBoard(tmp_path / "tb")
     try:
         # 2 epochs of 5 batches, an evaluation every 2 optimizer steps and at each epoch end;
-        # hapi/loops.py skips the mid-epoch one at an epoch's last step (the epoch-end one follows).
+        # the fit loop skips the mid-epoch one at an epoch's last step (the epoch-end one follows).
         history = model.fit(
             make_tiny_data(50),
             eval_data=make_tiny_data(20, seed=1),

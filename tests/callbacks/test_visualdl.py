@@ -438,7 +438,7 @@ def test_fit_with_eval_steps_plots_each_evaluation_at_its_batch_on_the_train_axi
     model, history = fit_with_eval_steps(board)
     # Optimizer steps 1..5 in epoch 0, 6..10 in epoch 1 (no accumulation): mid-epoch
     # evaluations after steps 2, 4 | 6, 8; step 10 ends epoch 1, whose epoch-end
-    # evaluation follows, so hapi/loops.py skips the mid-epoch one there; epoch ends at 5 and 10.
+    # evaluation follows, so the fit loop skips the mid-epoch one there; epoch ends at 5 and 10.
     assert [e["step"] for e in history.evaluations] == [2, 4, 5, 6, 8, 10]
     scalars = read_scalars(board.run_dir)
     assert [x for x, _ in scalars["eval/loss"]] == [2, 4, 5, 6, 8, 10]  # not 0, 0, 0, 1, 1, 1
