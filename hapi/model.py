@@ -178,7 +178,7 @@ class Model(ModelFiles):
                 f"Model needs a torch.nn.Module; received {type(network).__name__}. "
                 "Pass your network instance, e.g. Model(LeNet())."
             )
-        distributed.setup(device)
+        distributed.init(device)
         self.device = distributed.default_device(device)
         self._network = network.to(self.device)
         self._wrapped: nn.Module | None = None

@@ -67,7 +67,6 @@ from hapi.distributed.group import (
 # What scripts (and hapi's modules outside this package) ask: the group's answers once it exists,
 # the launcher's (torchrun, hapi.spawn, srun, jsrun, mpirun) before, so a script can act on its rank before
 # building the Model. The collectives here ask the group alone (group.rank, group.world_size).
-from hapi.distributed.group import init as setup  # what a Model calls when it is built
 from hapi.distributed.group import launched_is_main as is_main
 from hapi.distributed.group import launched_rank as rank
 from hapi.distributed.group import launched_world_size as world_size

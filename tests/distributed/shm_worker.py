@@ -123,7 +123,7 @@ def memfd_links() -> tuple[list[str], int]:
 
 def scenario_order(out: pathlib.Path) -> dict:
     """Gradients whose sum depends on the order, averaged by the hook on every rank."""
-    distributed.setup("cpu")
+    distributed.init("cpu")
     network = Vector(len(order_values(0, 0)))
     wrapped = distributed.wrap(network, torch.device("cpu"))
     grads = []

@@ -74,7 +74,7 @@ def test_an_incomplete_environment_says_what_is_missing(monkeypatch):
     with pytest.raises(
         distributed.DistributedSetupError, match="RANK, MASTER_ADDR, MASTER_PORT are not set"
     ):
-        distributed.setup()
+        distributed.init()
 
 
 def test_contiguous_eval_shards_cover_every_sample_once():
