@@ -42,6 +42,7 @@ class RayTrainReport(Callback):
 
     Attributes:
         checkpoint: whether each report carries the model's checkpoint.
+        FILE: the checkpoint's file name in the reported directory, ``"model.pt"``.
 
     Raises:
         ImportError: Ray Train is not installed; the message says how to
