@@ -36,7 +36,14 @@ def local_ray():
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}},
+        runtime_env={
+            "env_vars": {
+                "PYTHONPATH": path,
+                "OMP_NUM_THREADS": "1",
+                # Ray gives its workers 60 s to start: too few on a busy shared machine.
+                "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600",
+            }
+        },
     )
     yield
     ray.shutdown()
