@@ -22,6 +22,7 @@ from .lr import LRScheduler, ReduceLROnPlateau
 from .monitor import MonitorNameWarning
 from .nan import TerminateOnNaN
 from .progbar import ProgBarLogger
+from .ray_train import RayTrainReport  # imports ray only when built
 from .tensorboard import TensorBoard
 from .visualdl import VisualDL
 from .wandb import WandbCallback
@@ -38,6 +39,7 @@ __all__ = [
     "ModelCheckpoint",
     "MonitorNameWarning",
     "ProgBarLogger",
+    "RayTrainReport",
     "ReduceLROnPlateau",
     "TensorBoard",
     "TerminateOnNaN",

@@ -36,6 +36,7 @@ PAGES = [
     "guides/checkpoints",
     "guides/dashboards",
     "guides/distributed",
+    "guides/ray",
     "guides/strategies",
     "guides/fault-tolerance",
     "guides/migrating",

@@ -13,7 +13,7 @@ import pytest
 
 # Loaded only by the feature that needs it: sharded checkpoints, FSDP, DTensor (with sympy), the
 # metrics (torchmetrics, which loads matplotlib where installed and transformers where installed),
-# the dashboards' writers.
+# the dashboards' writers, Ray (callbacks.RayTrainReport).
 LAZY = [
     "torch.distributed.checkpoint",
     "torch.distributed.fsdp",
@@ -25,6 +25,7 @@ LAZY = [
     "visualdl",
     "torch.utils.tensorboard",
     "wandb",
+    "ray",
 ]
 
 
