@@ -8,12 +8,21 @@ environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 no change. When a child raises, the launcher stops the others (even those
 waiting in a collective) and :func:`spawn` raises
 :class:`SpawnedProcessError` carrying the child's error and traceback.
+
+Start method. A script's children are started with ``spawn``: each imports the
+script and looks ``fn`` up there. A notebook or an interactive session has no
+file to import (``__main__`` has no ``__file__``), so a function defined there
+cannot be found by a fresh process; there the children are forked instead, as
+Lightning's ``ddp_notebook`` and Accelerate's ``notebook_launcher`` do, and
+inherit ``fn`` as it is in memory.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import signal
+import sys
 import tempfile
 import traceback
 import uuid
@@ -81,9 +90,11 @@ def spawn(
     """Run ``fn(*args)`` in ``nprocs`` local processes that train together.
 
     Args:
-        fn: a module-level function (children import it, as with
-            ``multiprocessing``'s spawn start method; guard the call with
-            ``if __name__ == "__main__":``).
+        fn: the function each process runs. From a script: a module-level
+            function (children import the script, as with ``multiprocessing``'s
+            spawn start method; guard the call with ``if __name__ ==
+            "__main__":``). From a notebook or an interactive session: any
+            function, defined there or imported (the children are forked).
         args: positional arguments for ``fn``.
         nprocs: processes to start; ``-1`` starts one per GPU in ``gpus``,
             else one per visible GPU, else one per CPU core.
@@ -98,6 +109,11 @@ def spawn(
     Threads: unless ``OMP_NUM_THREADS`` is set, each of N > 1 children gets
     ``cpu_count // N`` intra-op threads, so the processes do not fight over cores.
 
+    Signals: while the processes run, the launcher handles SIGTERM, SIGINT,
+    SIGHUP and SIGQUIT (it stops the children); when ``spawn`` returns or
+    raises, the caller's own handlers are back, so a notebook kernel shuts
+    down as it did before.
+
     Returns:
         ``{rank: fn's return value}``.
 
@@ -108,6 +124,10 @@ def spawn(
             (within about a second), even inside a collective. A script that
             calls ``spawn`` at import time, outside ``if __name__ ==
             "__main__":``, gets this error naming that cause.
+        RuntimeError: called from a notebook or an interactive session after
+            this process initialised CUDA: forked children cannot use CUDA
+            then (restart the kernel and call ``spawn`` before any CUDA work,
+            or run the training as a script).
     """
     if not callable(fn):
         raise TypeError(f"spawn needs a function to run; received {type(fn).__name__}.")
@@ -129,6 +149,16 @@ def spawn(
             "machine. Leave gpus=None to train on CPU processes."
         )
     count = resolve_nprocs(nprocs, visible)
+    # No file to import fn from (a notebook, `python -c`, the REPL): fork instead.
+    start_method = "spawn" if getattr(sys.modules["__main__"], "__file__", None) else "fork"
+    if start_method == "fork" and torch.cuda.is_initialized():
+        raise RuntimeError(
+            "hapi.spawn forks its processes when called from a notebook or an interactive "
+            "session, and this process has already initialised CUDA, which a forked process "
+            "cannot use. Restart the kernel and call hapi.spawn before anything runs on the GPU "
+            "in this process (build models and tensors inside fn), or run the training as a "
+            "script (python train.py), where the processes start fresh."
+        )
     run_id = f"hapi-{uuid.uuid4().hex[:8]}"
     redirect = {"redirects": Std.ALL, "tee": {0: Std.ALL}} if log_dir else {}
     logs = DefaultLogsSpecs(log_dir=log_dir or os.devnull, **redirect)
@@ -142,7 +172,7 @@ def spawn(
         rdzv_configs={"timeout": 120},
         max_restarts=0,
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method=start_method,
         logs_specs=logs,
         shutdown_timeout=5,
     )
@@ -152,6 +182,8 @@ def spawn(
         # (measured here: 2 processes x 2 threads on 2 cores ran 3x slower);
         # unlike torchrun's 1, share the cores out, which CPU training needs.
         updates["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // count))
+    # The launcher installs its own handlers for SIGTERM, SIGINT, ... and leaves them.
+    handlers = {number: signal.getsignal(number) for number in signal.valid_signals()}
     with tempfile.TemporaryDirectory(prefix="hapi-spawn-") as error_dir:
         try:
             # Children inherit the parent's environment: set for the launch only.
@@ -161,12 +193,27 @@ def spawn(
             failure = error
         finally:
             logs = _name_worker_logs(log_dir, run_id) if log_dir else {}
-        raise SpawnedProcessError(_failure_report(failure, error_dir, count, log_dir, logs))
+            for number, handler in handlers.items():
+                if handler is not None and signal.getsignal(number) is not handler:
+                    signal.signal(number, handler)
+        report = _failure_report(failure, error_dir, count, log_dir, logs, start_method)
+        raise SpawnedProcessError(report)
 
 
 def _run_child(fn: Callable[..., Any], args: tuple) -> Any:
     """Runs in each child: keeps the traceback of an error for the parent to show."""
     error_dir = os.environ.pop(_ERROR_DIR)  # fn may start a spawn of its own
+    # A forked child inherits the launcher's handlers: its SIGTERM, which stops the others
+    # after one failed, would read as an error of this child's. Python's defaults, as when spawned.
+    for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
+        if hasattr(signal, name):  # Windows has no SIGHUP, SIGQUIT
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:  # a forked child kept its parent's thread pool
+        import torch
+
+        torch.set_num_threads(int(threads))
     try:
         return fn(*args)
     except BaseException:
@@ -179,7 +226,12 @@ def _run_child(fn: Callable[..., Any], args: tuple) -> Any:
 
 
 def _failure_report(
-    error: Any, error_dir: str, count: int, log_dir: str | None, logs: dict[str, str]
+    error: Any,
+    error_dir: str,
+    count: int,
+    log_dir: str | None,
+    logs: dict[str, str],
+    start_method: str,
 ) -> str:
     """The first child's own traceback, or what the launcher knows when it left none."""
     if os.path.exists(os.path.join(error_dir, "unguarded")):
@@ -207,11 +259,16 @@ def _failure_report(
             )
     rank, failure = error.get_first_failure()
     output = f"in {logs[str(rank)]}" if str(rank) in logs else "above"
-    return (
+    report = (
         f"Process {rank} of {count} started by hapi.spawn died with exit code {failure.exitcode} "
-        f"before it could report an error; its output is {output}.{where} If that output says "
-        '"Can\'t get attribute", define fn at the top level of its module, outside `if __name__ '
-        '== "__main__":`: each child imports the script and looks fn up there.'
+        f"before it could report an error; its output is {output}.{where}"
+    )
+    if start_method == "fork":  # nothing was imported: the cause is in fn or what it ran
+        return report
+    return (
+        f'{report} If that output says "Can\'t get attribute", define fn at the top level of '
+        'its module, outside `if __name__ == "__main__":`: each child imports the script and '
+        "looks fn up there."
     )
 
 
