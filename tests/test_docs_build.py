@@ -38,6 +38,7 @@ PAGES = [
     "guides/distributed",
     "guides/strategies",
     "guides/fault-tolerance",
+    "guides/notebooks",
     "guides/migrating",
     "reference/index",
     "reference/model",

@@ -15,13 +15,10 @@ import pathlib
 import sys
 import types
 import warnings
+from typing import Any
 
-import nbformat
 import pytest
 from dist_helpers import child_env
-from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import KernelManager
-from nbclient import NotebookClient
 
 import callbacks.progbar
 import hapi
@@ -73,8 +70,15 @@ print("handlers restored" if not changed else f"handlers changed: {changed}")
 """
 
 
-def run_notebook(tmp_path: pathlib.Path, cells: list[str]) -> nbformat.NotebookNode:
+def run_notebook(tmp_path: pathlib.Path, cells: list[str]) -> Any:
     """Execute ``cells`` in a fresh kernel of this venv's python, with this checkout's hapi."""
+    reason = "the test extra is not installed: pip install -e '.[test]'"
+    nbformat = pytest.importorskip("nbformat", reason=reason)
+    pytest.importorskip("ipykernel", reason=reason)
+    nbclient = pytest.importorskip("nbclient", reason=reason)
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
     # A kernelspec of our own: "python3" could name another Python on this machine.
     spec = tmp_path / "kernels" / "hapi-test"
     spec.mkdir(parents=True)
@@ -85,7 +89,7 @@ def run_notebook(tmp_path: pathlib.Path, cells: list[str]) -> nbformat.NotebookN
     specs = KernelSpecManager(kernel_dirs=[str(spec.parent)])
     manager = KernelManager(kernel_name="hapi-test", kernel_spec_manager=specs)
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    client = NotebookClient(
+    client = nbclient.NotebookClient(
         notebook, km=manager, timeout=120, resources={"metadata": {"path": str(tmp_path)}}
     )
     env = child_env(PYTHONPATH=str(REPO))
@@ -94,14 +98,14 @@ def run_notebook(tmp_path: pathlib.Path, cells: list[str]) -> nbformat.NotebookN
     return notebook
 
 
-def assert_no_stderr(cells: list[nbformat.NotebookNode]) -> None:
+def assert_no_stderr(cells: list[Any]) -> None:
     """nbclient raised on an error; this catches warnings and logged tracebacks."""
     for cell in cells:
         streams = [o for o in cell.outputs if o.output_type == "stream" and o.name == "stderr"]
         assert not streams, f"{cell.source}\n-> {''.join(o.text for o in streams)}"
 
 
-def text(cell: nbformat.NotebookNode) -> str:
+def text(cell: Any) -> str:
     return "".join(o.text for o in cell.outputs if o.output_type == "stream")
 
 
