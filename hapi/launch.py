@@ -50,6 +50,28 @@ _UNGUARDED = (
 )
 
 
+# True while spawn forks processes whose output goes to log_dir (see _streams_on_descriptors).
+_forking_to_files = False
+
+
+def _streams_on_descriptors() -> None:
+    """In a forked process: Python's standard streams on file descriptors 1 and 2.
+
+    A notebook kernel's ``sys.stdout`` sends text to the notebook, not to a file
+    descriptor (and may have none), so the launcher, which redirects each process's
+    descriptors to ``log_dir``'s files, would find nothing to redirect, and ``print``
+    would bypass the files.
+    """
+    if _forking_to_files:
+        sys.stdout, sys.stderr = (
+            open(fd, "w", buffering=1, closefd=False, errors="replace") for fd in (1, 2)
+        )
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which cannot fork
+    os.register_at_fork(after_in_child=_streams_on_descriptors)
+
+
 def _visible_devices(gpus: str | Sequence[int] | None) -> str | None:
     """``gpus`` as a ``CUDA_VISIBLE_DEVICES`` value ("4,5"), or None."""
     if gpus is None:
@@ -184,14 +206,17 @@ def spawn(
         updates["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // count))
     # The launcher installs its own handlers for SIGTERM, SIGINT, ... and leaves them.
     handlers = {number: signal.getsignal(number) for number in signal.valid_signals()}
+    global _forking_to_files
     with tempfile.TemporaryDirectory(prefix="hapi-spawn-") as error_dir:
         try:
+            _forking_to_files = start_method == "fork" and log_dir is not None
             # Children inherit the parent's environment: set for the launch only.
             with mock.patch.dict(os.environ, {**updates, _ERROR_DIR: error_dir}):
                 return elastic_launch(config, _run_child)(fn, args)
         except ChildFailedError as error:
             failure = error
         finally:
+            _forking_to_files = False
             logs = _name_worker_logs(log_dir, run_id) if log_dir else {}
             for number, handler in handlers.items():
                 if handler is not None and signal.getsignal(number) is not handler:

@@ -3,7 +3,7 @@
 * ``hapi.spawn(train, nprocs=2)`` with ``train`` defined in the notebook: both ranks train (the
   processes are forked, as ``__main__`` has no file), their figures equal a one-process run with
   the same global batch, no cell shows an error, and the kernel's signal handlers are the ones
-  it had before.
+  it had before. A child's error is its own; ``log_dir`` gets each process's prints.
 * ``verbose=1`` in the notebook draws tqdm's widget (a display, not one line per ``log_freq``);
   rank 0 of the forked processes draws one text bar, which the kernel forwards.
 """
@@ -63,6 +63,13 @@ for how in ("raise", "exit"):
         print(f"--- {how}: {error}")
 """
 
+LOGS = """\
+def hello():
+    print(f"rank {os.environ['RANK']} says hello")
+
+hapi.spawn(hello, nprocs=2, log_dir="logs")
+"""
+
 CHECK_HANDLERS = """\
 after = {number: signal.getsignal(number) for number in signal.valid_signals()}
 changed = {number: after[number] for number in after if after[number] != handlers[number]}
@@ -94,6 +101,8 @@ def run_notebook(tmp_path: pathlib.Path, cells: list[str]) -> Any:
     )
     env = child_env(PYTHONPATH=str(REPO))
     del env["OMP_NUM_THREADS"]  # as a user's kernel: spawn shares the cores out itself
+    # Under pytest (PYTEST_CURRENT_TEST) ipykernel leaves file descriptors 1 and 2 alone and its
+    # sys.stdout has no fileno: the harder case for log_dir. A user's kernel captures them.
     client.execute(env=env)
     return notebook
 
@@ -118,11 +127,12 @@ def test_spawn_and_the_progress_bar_in_a_notebook(tmp_path):
             "train(16)",  # one process, the global batch of the two below
             "print(sorted(hapi.spawn(train, args=(8, 1), nprocs=2).items()))",
             FAILING,
+            LOGS,
             CHECK_HANDLERS,
             "train(16, verbose=1)",
         ],
     )
-    spawned, failed, handlers, widget = notebook.cells[3:7]
+    spawned, failed, logs, handlers, widget = notebook.cells[3:8]
     # torch's launcher logs a failure on stderr, as under a script: only that cell has any.
     assert_no_stderr([cell for cell in notebook.cells if cell is not failed])
     assert "[(0, '0'), (1, '1')]" in text(spawned)  # both ranks ran fn and returned
@@ -139,6 +149,11 @@ def test_spawn_and_the_progress_bar_in_a_notebook(tmp_path):
     assert "ValueError: boom in the notebook" in raised
     assert "Process 1 of 2 started by hapi.spawn died with exit code 3" in exited
     assert "__main__" not in text(failed) and "Can't get attribute" not in text(failed)
+    # log_dir holds each process's prints (not the kernel's stream); rank 0's also show.
+    for rank in (0, 1):
+        log = (tmp_path / "logs" / f"workerlog.{rank}").read_text()
+        assert log == f"rank {rank} says hello\n", log
+    assert "rank 0 says hello" in text(logs) and "rank 1" not in text(logs)
     assert text(handlers).strip() == "handlers restored"  # after spawns that returned and raised
     # Rank 0's bar: one line redrawn with carriage returns, not a line per step.
     assert "Epoch 2/2" in text(spawned) and "\r" in text(spawned)
