@@ -50,26 +50,39 @@ _UNGUARDED = (
 )
 
 
-# True while spawn forks processes whose output goes to log_dir (see _streams_on_descriptors).
-_forking_to_files = False
+# While spawn forks its processes: the caller's signal handlers, and whether the processes'
+# output goes to log_dir ("to_files"). Read by _in_forked_child.
+_forking: dict[str, Any] = {}
 
 
-def _streams_on_descriptors() -> None:
-    """In a forked process: Python's standard streams on file descriptors 1 and 2.
+def _restore_signals(handlers: dict[signal.Signals, Any]) -> None:
+    """Put back the handlers that ``handlers`` recorded (the launcher installs its own)."""
+    for number, handler in handlers.items():
+        if handler is not None and signal.getsignal(number) is not handler:
+            signal.signal(number, handler)
 
-    A notebook kernel's ``sys.stdout`` sends text to the notebook, not to a file
-    descriptor (and may have none), so the launcher, which redirects each process's
-    descriptors to ``log_dir``'s files, would find nothing to redirect, and ``print``
-    would bypass the files.
+
+def _in_forked_child() -> None:
+    """Right after the fork, in each process spawn forks (an ``os.register_at_fork`` hook).
+
+    The process gets the caller's signal handlers, not the launcher's: the
+    launcher's SIGTERM handler would turn the launcher stopping the others after
+    one failed into an error of this process's own. With ``log_dir``, Python's
+    standard streams go on file descriptors 1 and 2: a notebook kernel's
+    ``sys.stdout`` sends text to the notebook, not to a descriptor (and may have
+    none), while the launcher sends each process's output to ``log_dir``'s files
+    by redirecting its descriptors.
     """
-    if _forking_to_files:
+    if _forking:
+        _restore_signals(_forking["handlers"])
+    if _forking.get("to_files"):
         sys.stdout, sys.stderr = (
             open(fd, "w", buffering=1, closefd=False, errors="replace") for fd in (1, 2)
         )
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which cannot fork
-    os.register_at_fork(after_in_child=_streams_on_descriptors)
+    os.register_at_fork(after_in_child=_in_forked_child)
 
 
 def _visible_devices(gpus: str | Sequence[int] | None) -> str | None:
@@ -206,21 +219,19 @@ def spawn(
         updates["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // count))
     # The launcher installs its own handlers for SIGTERM, SIGINT, ... and leaves them.
     handlers = {number: signal.getsignal(number) for number in signal.valid_signals()}
-    global _forking_to_files
     with tempfile.TemporaryDirectory(prefix="hapi-spawn-") as error_dir:
         try:
-            _forking_to_files = start_method == "fork" and log_dir is not None
+            if start_method == "fork":
+                _forking.update(handlers=handlers, to_files=log_dir is not None)
             # Children inherit the parent's environment: set for the launch only.
             with mock.patch.dict(os.environ, {**updates, _ERROR_DIR: error_dir}):
                 return elastic_launch(config, _run_child)(fn, args)
         except ChildFailedError as error:
             failure = error
         finally:
-            _forking_to_files = False
+            _forking.clear()
+            _restore_signals(handlers)
             logs = _name_worker_logs(log_dir, run_id) if log_dir else {}
-            for number, handler in handlers.items():
-                if handler is not None and signal.getsignal(number) is not handler:
-                    signal.signal(number, handler)
         report = _failure_report(failure, error_dir, count, log_dir, logs, start_method)
         raise SpawnedProcessError(report)
 
@@ -228,12 +239,6 @@ def spawn(
 def _run_child(fn: Callable[..., Any], args: tuple) -> Any:
     """Runs in each child: keeps the traceback of an error for the parent to show."""
     error_dir = os.environ.pop(_ERROR_DIR)  # fn may start a spawn of its own
-    # A forked child inherits the launcher's handlers: its SIGTERM, which stops the others
-    # after one failed, would read as an error of this child's. Python's defaults, as when spawned.
-    for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
-        if hasattr(signal, name):  # Windows has no SIGHUP, SIGQUIT
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:  # a forked child kept its parent's thread pool
         import torch
@@ -284,16 +289,16 @@ def _failure_report(
             )
     rank, failure = error.get_first_failure()
     output = f"in {logs[str(rank)]}" if str(rank) in logs else "above"
-    report = (
-        f"Process {rank} of {count} started by hapi.spawn died with exit code {failure.exitcode} "
-        f"before it could report an error; its output is {output}.{where}"
+    hint = (  # forked: nothing was imported, the cause is in fn or what it ran
+        ""
+        if start_method == "fork"
+        else ' If that output says "Can\'t get attribute", define fn at the top level of its '
+        'module, outside `if __name__ == "__main__":`: each child imports the script and looks '
+        "fn up there."
     )
-    if start_method == "fork":  # nothing was imported: the cause is in fn or what it ran
-        return report
     return (
-        f'{report} If that output says "Can\'t get attribute", define fn at the top level of '
-        'its module, outside `if __name__ == "__main__":`: each child imports the script and '
-        "looks fn up there."
+        f"Process {rank} of {count} started by hapi.spawn died with exit code {failure.exitcode} "
+        f"before it could report an error; its output is {output}.{where}{hint}"
     )
 
 
