@@ -145,9 +145,10 @@ def spawn(
     ``cpu_count // N`` intra-op threads, so the processes do not fight over cores.
 
     Signals: while the processes run, the launcher handles SIGTERM, SIGINT,
-    SIGHUP and SIGQUIT (it stops the children); when ``spawn`` returns or
-    raises, the caller's own handlers are back, so a notebook kernel shuts
-    down as it did before.
+    SIGHUP and SIGQUIT (it stops the children); SIGINT (Ctrl-C, a notebook's
+    interrupt button) then raises ``KeyboardInterrupt``. When ``spawn``
+    returns or raises, the caller's own handlers are back, so a notebook kernel
+    shuts down as it did before.
 
     Returns:
         ``{rank: fn's return value}``.
@@ -174,6 +175,7 @@ def spawn(
 
     import torch
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -228,6 +230,10 @@ def spawn(
                 return elastic_launch(config, _run_child)(fn, args)
         except ChildFailedError as error:
             failure = error
+        except SignalException as error:  # the launcher's handler: Ctrl-C, a notebook's stop
+            if error.sigval != signal.SIGINT:
+                raise
+            raise KeyboardInterrupt("hapi.spawn: its processes were stopped.") from None
         finally:
             _forking.clear()
             _restore_signals(handlers)

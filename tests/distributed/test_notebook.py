@@ -6,6 +6,8 @@
   it had before. A child's error is its own; ``log_dir`` gets each process's prints.
 * ``verbose=1`` in the notebook draws tqdm's widget (a display, not one line per ``log_freq``);
   rank 0 of the forked processes draws one text bar, which the kernel forwards.
+* ``python -c`` (no file either) forks too, and Ctrl-C stops the processes with a
+  ``KeyboardInterrupt``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import warnings
 from typing import Any
 
 import pytest
-from dist_helpers import child_env
+from dist_helpers import child_env, run_bounded
 
 import callbacks.progbar
 import hapi
@@ -161,6 +163,43 @@ def test_spawn_and_the_progress_bar_in_a_notebook(tmp_path):
     # In the kernel itself: tqdm's widget, and no lines.
     assert sum(WIDGET in o.get("data", {}) for o in widget.outputs) == 2  # one per epoch
     assert "step " not in text(widget)
+
+
+INTERRUPTED = """
+import os, signal, sys, threading, time
+import hapi
+
+def wait(folder):
+    open(os.path.join(folder, os.environ["RANK"]), "w").close()
+    time.sleep(100)
+
+def interrupt(folder):  # Ctrl-C once both processes run
+    while len(os.listdir(folder)) < 2:
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGINT)
+
+handlers = {number: signal.getsignal(number) for number in signal.valid_signals()}
+threading.Thread(target=interrupt, args=(sys.argv[1],), daemon=True).start()
+try:
+    hapi.spawn(wait, args=(sys.argv[1],), nprocs=2)
+except KeyboardInterrupt as error:
+    print(f"KeyboardInterrupt: {error}")
+after = {number: signal.getsignal(number) for number in signal.valid_signals()}
+print("handlers restored" if after == handlers else "handlers changed")
+"""
+
+
+def test_ctrl_c_in_an_interactive_session_stops_the_processes(tmp_path):
+    """``python -c`` has no file either: forked processes; Ctrl-C is a KeyboardInterrupt."""
+    started = tmp_path / "started"
+    started.mkdir()
+    env = child_env(PYTHONPATH=str(REPO))
+    done = run_bounded([sys.executable, "-c", INTERRUPTED, str(started)], 120, env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.stdout.splitlines()[-2:] == [
+        "KeyboardInterrupt: hapi.spawn: its processes were stopped.",
+        "handlers restored",
+    ], done.stdout
 
 
 def test_forking_after_cuda_was_initialised_is_a_clear_error(monkeypatch):
