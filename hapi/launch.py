@@ -85,6 +85,11 @@ if hasattr(os, "register_at_fork"):  # not on Windows, which cannot fork
     os.register_at_fork(after_in_child=_in_forked_child)
 
 
+def _forks() -> bool:
+    """Whether spawn forks: no file to import fn from (a notebook, ``python -c``, the prompt)."""
+    return not getattr(sys.modules["__main__"], "__file__", None)
+
+
 def _visible_devices(gpus: str | Sequence[int] | None) -> str | None:
     """``gpus`` as a ``CUDA_VISIBLE_DEVICES`` value ("4,5"), or None."""
     if gpus is None:
@@ -186,8 +191,7 @@ def spawn(
             "machine. Leave gpus=None to train on CPU processes."
         )
     count = resolve_nprocs(nprocs, visible)
-    # No file to import fn from (a notebook, `python -c`, the REPL): fork instead.
-    start_method = "spawn" if getattr(sys.modules["__main__"], "__file__", None) else "fork"
+    start_method = "fork" if _forks() else "spawn"
     if start_method == "fork" and torch.cuda.is_initialized():
         raise RuntimeError(
             "hapi.spawn forks its processes when called from a notebook or an interactive "
@@ -238,8 +242,7 @@ def spawn(
             _forking.clear()
             _restore_signals(handlers)
             logs = _name_worker_logs(log_dir, run_id) if log_dir else {}
-        report = _failure_report(failure, error_dir, count, log_dir, logs, start_method)
-        raise SpawnedProcessError(report)
+        raise SpawnedProcessError(_failure_report(failure, error_dir, count, log_dir, logs))
 
 
 def _run_child(fn: Callable[..., Any], args: tuple) -> Any:
@@ -262,12 +265,7 @@ def _run_child(fn: Callable[..., Any], args: tuple) -> Any:
 
 
 def _failure_report(
-    error: Any,
-    error_dir: str,
-    count: int,
-    log_dir: str | None,
-    logs: dict[str, str],
-    start_method: str,
+    error: Any, error_dir: str, count: int, log_dir: str | None, logs: dict[str, str]
 ) -> str:
     """The first child's own traceback, or what the launcher knows when it left none."""
     if os.path.exists(os.path.join(error_dir, "unguarded")):
@@ -297,7 +295,7 @@ def _failure_report(
     output = f"in {logs[str(rank)]}" if str(rank) in logs else "above"
     hint = (  # forked: nothing was imported, the cause is in fn or what it ran
         ""
-        if start_method == "fork"
+        if _forks()
         else ' If that output says "Can\'t get attribute", define fn at the top level of its '
         'module, outside `if __name__ == "__main__":`: each child imports the script and looks '
         "fn up there."
