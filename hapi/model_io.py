@@ -57,7 +57,11 @@ class ModelFiles:
                 or ``.pth``.
             training: ``True``: the network, optimizer(s), gradient scaler,
                 epoch/step counters and RNG states, to continue training;
-                ``False``: only the network's weights, for inference.
+                ``False``: only the network's weights, for inference, as the
+                network's plain ``state_dict`` (full tensors under every
+                strategy), which ``net.load_state_dict(torch.load(path,
+                weights_only=True))`` reads with no torch-hapi, and
+                :meth:`load` too.
             resumable: during ``fit``, also what ``load(..., resume=True)``
                 needs to continue that fit exactly (each process's RNG states
                 and running figures, the data order, every callback's
@@ -143,6 +147,8 @@ class ModelFiles:
                     run.callbacks,
                     resuming.step_state(self),
                 )
+        if not (training or sharded):  # the plain state_dict: loads with no torch-hapi
+            return checkpoint.save_state(path, state["network"], wait=wait)
         if sharded:
             optimizer = self._optimizer if training else None
             return checkpoint.save_sharded(

@@ -230,7 +230,16 @@ def test_internals_are_not_public() -> None:
     assert not hasattr(checkpoint, "initial_best")
     assert "MetricSet" not in hapi.metrics.__all__
     assert "CallbackList" not in callbacks.__all__
-    for internal in ("setup", "teardown", "wrap", "unwrap", "barrier", "train_sampler"):
+    for internal in ("setup", "teardown", "wrap", "unwrap", "train_sampler"):
         assert internal not in hapi.distributed.__all__
-    for public in ("rank", "world_size", "is_main", "local_rank", "DistributedSetupError"):
+    for public in (
+        "rank",
+        "world_size",
+        "is_main",
+        "local_rank",
+        "DistributedSetupError",
+        "init",
+        "barrier",
+        "main_process_first",
+    ):
         assert public in hapi.distributed.__all__

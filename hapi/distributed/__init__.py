@@ -2,8 +2,10 @@
 
 A script needs only its public part (``__all__``): :func:`rank`,
 :func:`world_size`, :func:`is_main` and :func:`local_rank`, which answer
-from the launcher's environment even before a ``Model`` exists, the
-:class:`DistributedSetupError` a bad launch raises, and the strategies
+from the launcher's environment even before a ``Model`` exists;
+:func:`init`, :func:`barrier` and :func:`main_process_first` for what comes
+before the Model (a ``DistributedSampler``, a download); the
+:class:`DistributedSetupError` a bad launch raises; and the strategies
 ``DDP``/``FSDP`` (also ``hapi.DDP``/``hapi.FSDP``). The rest serves hapi's own
 modules and may change.
 
@@ -17,7 +19,8 @@ process group (NCCL on CUDA, Gloo on CPU), ``DistributedDataParallel``,
 When does a run become distributed? When ``WORLD_SIZE`` > 1 in the
 environment (``torchrun``, :func:`hapi.spawn`, or any launcher setting the
 torch.distributed variables ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-``MASTER_ADDR``, ``MASTER_PORT``), or when the user already created the
+``MASTER_ADDR``, ``MASTER_PORT``; ``srun``, ``jsrun`` and ``mpirun`` are read
+too, see :func:`hapi.distributed.env.launcher_variables`), or when the user already created the
 default process group -- then it is reused, and left for the user to destroy.
 
 How long a dead rank can stall the others: under ``torchrun`` or
@@ -42,6 +45,7 @@ from hapi.distributed.collectives import (
     gather_in_order,
     gather_objects,
     is_collective_failure,
+    main_process_first,
     on_main,
     shared_seed,
     sync_from_main,
@@ -54,15 +58,16 @@ from hapi.distributed.group import (
     backend_name,
     background_group,
     default_device,
+    init,
     local_rank,
     note_failure,
-    setup,
     teardown,
 )
 
 # What scripts (and hapi's modules outside this package) ask: the group's answers once it exists,
-# the launcher's (torchrun, hapi.spawn, srun) before, so a script can act on its rank before
+# the launcher's (torchrun, hapi.spawn, srun, jsrun, mpirun) before, so a script can act on its rank before
 # building the Model. The collectives here ask the group alone (group.rank, group.world_size).
+from hapi.distributed.group import init as setup  # what a Model calls when it is built
 from hapi.distributed.group import launched_is_main as is_main
 from hapi.distributed.group import launched_rank as rank
 from hapi.distributed.group import launched_world_size as world_size
@@ -86,8 +91,11 @@ __all__ = [
     "DDP",
     "FSDP",
     "DistributedSetupError",
+    "barrier",
+    "init",
     "is_main",
     "local_rank",
+    "main_process_first",
     "rank",
     "world_size",
 ]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+import contextlib
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from hapi.distributed.group import local_rank, rank, world_size
+from hapi.distributed.group import init, local_rank, rank, world_size
 
 Result = TypeVar("Result")
 
@@ -92,9 +93,56 @@ def any_true(flag: bool) -> bool:
 
 
 def barrier() -> None:
-    """Wait for every process (no-op on one process)."""
+    """Wait until every process has reached this line.
+
+    Joins the launcher's process group first if no Model has yet (see
+    :func:`init`). Every process must call it, or the others wait for up to
+    ``HAPI_DIST_TIMEOUT`` seconds, then raise. Does nothing on one process.
+
+    Raises:
+        DistributedSetupError: The process group cannot be joined.
+
+    Example:
+        .. code-block:: python
+
+            if hapi.distributed.is_main():
+                write_vocabulary(path)
+            hapi.distributed.barrier()  # the file exists for everyone below
+            vocabulary = read_vocabulary(path)
+    """
+    init()
     if world_size() > 1:
         dist.barrier()
+
+
+@contextlib.contextmanager
+def main_process_first() -> Iterator[None]:
+    """Run the block on the main process first, then on the others once it has finished.
+
+    For a step whose result the others can reuse: a download, a cache of
+    preprocessed data. The main process fills the cache while the others
+    wait; they then find it there. Every process must enter the block.
+    Joins the launcher's process group first if no Model has yet (see
+    :func:`init`); on one process the block simply runs.
+
+    Yields:
+        Nothing; the block runs when this process's turn comes.
+
+    Raises:
+        DistributedSetupError: The process group cannot be joined.
+
+    Example:
+        .. code-block:: python
+
+            with hapi.distributed.main_process_first():
+                train_set = torchvision.datasets.MNIST("data", download=True)
+    """
+    init()
+    if rank() != 0:
+        barrier()
+    yield
+    if rank() == 0:
+        barrier()
 
 
 def gather_objects(value: Any) -> list[Any]:

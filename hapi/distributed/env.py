@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import datetime
 import os
+import pathlib
 import re
 import warnings
+import zlib
 
 DEFAULT_TIMEOUT_S = 300
 
@@ -43,26 +45,53 @@ def timeout() -> datetime.timedelta:
     return datetime.timedelta(seconds=env_int("HAPI_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
 
 
-def from_slurm() -> bool:
-    """Under ``srun``, set the torch.distributed variables from Slurm's; True when it did.
+def launcher_variables() -> dict[str, str]:
+    """The torch.distributed variables this process's launcher implies, read without changing them.
 
-    ``srun python train.py`` starts ``SLURM_STEP_NUM_TASKS`` copies of the
-    script and tells each its place only in Slurm's variables. Read as one
-    process each, every copy would train alone as rank 0 and write the same
-    files. So, when no launcher set ``WORLD_SIZE`` (torchrun under Slurm
-    wins), the processes form one job: ``RANK`` from ``SLURM_PROCID``,
+    ``torchrun``, :func:`hapi.spawn` and Kubeflow's PyTorchJob set
+    ``WORLD_SIZE`` themselves, and win; Kubeflow sets no ``LOCAL_RANK``: one
+    process per pod, or ``RANK`` mod ``LOCAL_WORLD_SIZE`` where that is set.
+    Otherwise the first launcher found gives them, in this order: Slurm's
+    ``srun`` (:func:`_from_slurm`), LSF's ``jsrun`` (:func:`_from_lsf`; before
+    MPI, since ``jsrun`` also sets Open MPI's variables but only LSF's name
+    the first host), then ``mpirun`` (:func:`_from_mpi`). Each starts N
+    copies of the script and tells each its place only in its own variables:
+    read as one process each, every copy would train alone as rank 0 and
+    write the same files. ``MASTER_ADDR``/``MASTER_PORT`` set by the user
+    are kept.
+    """
+    if os.environ.get("WORLD_SIZE"):
+        if os.environ.get("LOCAL_RANK"):
+            return {}
+        return {"LOCAL_RANK": str(env_int("RANK", 0) % max(env_int("LOCAL_WORLD_SIZE", 1), 1))}
+    return _from_slurm() or _from_lsf() or _from_mpi() or {}
+
+
+def _place(rank: str, local: str, world: int, local_world: int, host: str, job: str) -> dict:
+    """The torch.distributed variables; ``MASTER_PORT`` derived from ``job``, which every
+    process of the job shares (20000 + the job id mod 40000, or a hash of a job name)."""
+    number = int(job) if job.isdigit() else zlib.crc32(job.encode())
+    return {
+        "RANK": rank,
+        "LOCAL_RANK": local,
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(local_world),
+        "MASTER_ADDR": os.environ.get("MASTER_ADDR") or host,
+        "MASTER_PORT": os.environ.get("MASTER_PORT") or str(20000 + number % 40000),
+    }
+
+
+def _from_slurm() -> dict | None:
+    """Under ``srun`` with several tasks: ``RANK`` from ``SLURM_PROCID``,
     ``LOCAL_RANK`` from ``SLURM_LOCALID``, ``WORLD_SIZE`` from the step's task
     count, ``LOCAL_WORLD_SIZE`` from this node's share of
     ``SLURM_STEP_TASKS_PER_NODE``, ``MASTER_ADDR`` the first host of the
-    step's node list and ``MASTER_PORT`` derived from the job id (20000 +
-    id mod 40000), unless those two are set.
+    step's node list and ``MASTER_PORT`` derived from the job id.
 
     A script run directly in a batch script (no ``srun``) sees the
     allocation's ``SLURM_NTASKS`` but no step variables: it is one process,
     and a warning says how to start the others.
     """
-    if os.environ.get("WORLD_SIZE"):
-        return False
     step_tasks = env_int("SLURM_STEP_NUM_TASKS", 0)
     if step_tasks <= 1:
         if env_int("SLURM_NTASKS", 1) > 1 and "SLURM_STEP_NUM_TASKS" not in os.environ:
@@ -70,9 +99,9 @@ def from_slurm() -> bool:
                 f"This Slurm allocation has SLURM_NTASKS={os.environ['SLURM_NTASKS']} tasks, but the "
                 "script was not started by srun, so it trains as one process. Start it with "
                 "`srun python train.py` to train on all of them.",
-                stacklevel=3,
+                stacklevel=5,
             )
-        return False
+        return None
     missing = [
         name for name in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_ID") if name not in os.environ
     ]
@@ -86,35 +115,96 @@ def from_slurm() -> bool:
         )
     per_node = tasks_per_node(os.environ.get("SLURM_STEP_TASKS_PER_NODE", ""))
     node = env_int("SLURM_NODEID", 0)
-    values = {
-        "RANK": os.environ["SLURM_PROCID"],
-        "LOCAL_RANK": os.environ["SLURM_LOCALID"],
-        "WORLD_SIZE": str(step_tasks),
-        "LOCAL_WORLD_SIZE": str(per_node[node] if node < len(per_node) else step_tasks),
-        "MASTER_ADDR": os.environ.get("MASTER_ADDR") or first_host(nodes),
-        "MASTER_PORT": os.environ.get("MASTER_PORT")
-        or str(20000 + env_int("SLURM_JOB_ID", 0) % 40000),
-    }
-    os.environ.update(values)
-    return True
+    local_world = per_node[node] if node < len(per_node) else step_tasks
+    return _place(
+        os.environ["SLURM_PROCID"],
+        os.environ["SLURM_LOCALID"],
+        step_tasks,
+        local_world,
+        first_host(nodes),
+        os.environ["SLURM_JOB_ID"],
+    )
+
+
+def _from_lsf() -> dict | None:
+    """Under LSF's ``jsrun`` with several tasks: ``RANK``, ``LOCAL_RANK`` and
+    ``WORLD_SIZE`` from ``JSM_NAMESPACE_RANK``, ``_LOCAL_RANK`` and ``_SIZE``;
+    ``MASTER_ADDR`` the first compute host of ``LSB_DJOB_RANKFILE`` (else of
+    ``LSB_HOSTS``), after the job's launch node, which comes first;
+    ``MASTER_PORT`` derived from ``LSB_JOBID``."""
+    world = env_int("JSM_NAMESPACE_SIZE", 0)
+    if world <= 1 or "LSB_JOBID" not in os.environ:
+        return None
+    rank_file = os.environ.get("LSB_DJOB_RANKFILE")
+    hosts = (
+        pathlib.Path(rank_file).read_text() if rank_file else os.environ.get("LSB_HOSTS", "")
+    ).split()[1:]  # the first is the job's launch node
+    missing = sorted({"JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK"} - set(os.environ))
+    if missing or not (hosts or os.environ.get("MASTER_ADDR")):
+        raise DistributedSetupError(
+            f"LSF started {world} tasks (JSM_NAMESPACE_SIZE), but "
+            f"{', '.join(missing) or 'neither LSB_DJOB_RANKFILE nor LSB_HOSTS names a host'}, so "
+            "this process cannot tell its place. Start the script with jsrun, or set RANK, "
+            "LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT."
+        )
+    return _place(
+        os.environ["JSM_NAMESPACE_RANK"],
+        os.environ["JSM_NAMESPACE_LOCAL_RANK"],
+        world,
+        world // max(len(set(hosts)), 1),
+        hosts[0] if hosts else "",
+        os.environ["LSB_JOBID"],
+    )
+
+
+def _from_mpi() -> dict | None:
+    """Under ``mpirun`` with several processes: Open MPI's ``OMPI_COMM_WORLD_RANK``,
+    ``_SIZE``, ``_LOCAL_RANK`` and ``_LOCAL_SIZE``, or MPICH's and Intel MPI's
+    ``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID`` and ``MPI_LOCALNRANKS``.
+
+    On one machine ``MASTER_ADDR`` is 127.0.0.1 and ``MASTER_PORT`` is
+    derived from what all the processes share with no communication: the
+    job's PMIx namespace where there is one (Open MPI), else the parent
+    process, ``mpirun``'s (or MPICH's per-machine proxy). Set ``MASTER_PORT``
+    if that port is taken. On several machines the two must be passed to
+    every process (``mpirun -x MASTER_ADDR -x MASTER_PORT``).
+    """
+    ompi = "OMPI_COMM_WORLD_RANK" in os.environ
+    world = env_int("OMPI_COMM_WORLD_SIZE" if ompi else "PMI_SIZE", 0)
+    if world <= 1 or not (ompi or "PMI_RANK" in os.environ):
+        return None
+    local_world = env_int("OMPI_COMM_WORLD_LOCAL_SIZE" if ompi else "MPI_LOCALNRANKS", world)
+    if local_world < world and not (
+        os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")
+    ):
+        raise DistributedSetupError(
+            f"mpirun started {world} processes on several machines ({local_world} on this one), "
+            "but MASTER_ADDR and MASTER_PORT are not both set, so they cannot meet. Set them to "
+            "the first machine's address and a free port, and pass them to every process: "
+            "mpirun -x MASTER_ADDR -x MASTER_PORT ..."
+        )
+    rank = os.environ["OMPI_COMM_WORLD_RANK" if ompi else "PMI_RANK"]
+    local = os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK" if ompi else "MPI_LOCALRANKID", rank)
+    job = os.environ.get("PMIX_NAMESPACE") or str(os.getppid())
+    return _place(rank, local, world, local_world, "127.0.0.1", job)
 
 
 def launcher_place() -> tuple[int, int]:
     """``(rank, world size)`` as the launcher set them, read without changing the environment.
 
-    ``RANK``/``WORLD_SIZE`` (torchrun, :func:`hapi.spawn`, any torch.distributed
-    launcher), else, under ``srun`` with several tasks, ``SLURM_PROCID`` and
-    ``SLURM_STEP_NUM_TASKS`` (the values :func:`from_slurm` will set). ``(0, 1)``
-    when no launcher said anything usable: a value that is not an integer, or
-    a rank outside ``[0, world size)``, counts as none here, since this is
-    asked before (and outside) the setup that reports such errors, and a
-    question like "am I the main process?" must not fail.
+    ``RANK``/``WORLD_SIZE``, or what :func:`launcher_variables` will set from
+    Slurm's, LSF's or MPI's variables. ``(0, 1)`` when no launcher said
+    anything usable: a value that is not an integer, or a rank outside
+    ``[0, world size)``, counts as none here, since this is asked before
+    (and outside) the setup that reports such errors, and a question like
+    "am I the main process?" must not fail.
     """
-    slurm = not os.environ.get("WORLD_SIZE")
     try:
-        world = env_int("SLURM_STEP_NUM_TASKS" if slurm else "WORLD_SIZE", 1)
-        place = env_int("SLURM_PROCID" if slurm else "RANK", -1)
-    except DistributedSetupError:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the setup warns, once
+            found = {**os.environ, **launcher_variables()}
+        world, place = int(found.get("WORLD_SIZE") or 1), int(found.get("RANK") or -1)
+    except (DistributedSetupError, ValueError, OSError):
         return 0, 1
     return (place, world) if 0 <= place < world else (0, 1)
 

@@ -16,8 +16,8 @@ import torch.distributed as dist
 from hapi.distributed.env import (
     DistributedSetupError,
     env_int,
-    from_slurm,
     launcher_place,
+    launcher_variables,
     timeout,
 )
 from hapi.distributed.store import leave_attempt_store, restart_safe_store
@@ -43,8 +43,8 @@ def launched_rank() -> int:
     """This process's global rank, also before a Model exists (``hapi.distributed.rank()``).
 
     The process group's once joined (or one the user created); before that,
-    what the launcher set: ``RANK`` (torchrun, :func:`hapi.spawn`) or Slurm's
-    ``SLURM_PROCID`` under ``srun``; 0 on a single process. So a script can
+    what the launcher set: ``RANK`` (torchrun, :func:`hapi.spawn`) or its own
+    variables under ``srun``, ``jsrun`` or ``mpirun``; 0 on a single process. So a script can
     pick its main process before building the Model, e.g. to download data
     once.
 
@@ -64,7 +64,7 @@ def launched_world_size() -> int:
     """How many processes train together, also before a Model exists (``hapi.distributed.world_size()``).
 
     The process group's size once joined; before that ``WORLD_SIZE`` (or
-    Slurm's ``SLURM_STEP_NUM_TASKS`` under ``srun``); 1 on a single process.
+    its own variables under ``srun``, ``jsrun`` or ``mpirun``); 1 on a single process.
     Use it to scale what depends on the global batch (a learning rate, the
     number of steps per epoch).
 
@@ -91,7 +91,8 @@ def launched_is_main() -> bool:
 def local_rank() -> int:
     """Rank of this process on its machine (``LOCAL_RANK``), which picks its CUDA device.
 
-    Under ``srun`` (Slurm) it holds once a Model has formed the process group.
+    Under ``srun``, ``jsrun`` or ``mpirun`` it holds once the process group is
+    joined (:func:`init`, or a Model built).
 
     Useful for per-machine work: one process per machine unpacking data to
     its local disk, or choosing ``cuda:<local_rank>`` by hand.
@@ -138,17 +139,40 @@ def backend_name(device: str | torch.device | None = None) -> str:
     return "nccl" if on_cuda else "gloo"
 
 
-def setup(device: str | torch.device | None = None) -> None:
-    """Join the default process group once, when launched with several processes.
+def init(device: str | torch.device | None = None) -> None:
+    """Join the process group the launcher set up, before any Model exists.
 
-    ``device`` is the Model's requested device (see :func:`backend_name`).
-    Reuses a group the user created. A group created here is destroyed at
-    interpreter exit.
+    A ``Model`` joins it by itself when it is built; call this first when
+    something before the Model needs the group: a ``DistributedSampler`` (it
+    asks the group for the rank), :func:`barrier`, :func:`main_process_first`.
+    It reads torchrun's, :func:`hapi.spawn`'s, Kubeflow's, Slurm's (``srun``),
+    LSF's (``jsrun``) or MPI's (``mpirun``) variables and sets the
+    torch.distributed ones from them. A group that already exists (Ray
+    Train's, or one the script made) is used as it is, and so is it by a
+    Model built later. It does nothing on a single process and when called
+    again. A group made here is left at interpreter exit.
+
+    Args:
+        device: The device the Model will train on; it picks the backend
+            (NCCL for CUDA, Gloo otherwise). ``None``: CUDA where there is one.
+
+    Raises:
+        DistributedSetupError: The launcher's variables are missing or
+            contradict each other, or the group cannot be joined (the
+            message names the likely cause).
+
+    Example:
+        .. code-block:: python
+
+            hapi.distributed.init()
+            sampler = DistributedSampler(train_set)
+            loader = DataLoader(train_set, batch_size=32, sampler=sampler)
+            model = hapi.Model(Net())
     """
     global _created_group
     if _active():
         return
-    from_slurm()  # srun: the torch.distributed variables from Slurm's
+    os.environ.update(launcher_variables())  # srun, jsrun, mpirun: torch.distributed's from theirs
     if env_int("WORLD_SIZE", 1) <= 1:
         return
     missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]

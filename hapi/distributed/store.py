@@ -149,9 +149,12 @@ def _join_published_store(
     while True:
         hosts, port, token = agent_store.get(_PUBLISHED_KEY).decode().split()
         for host in hosts.split(","):
-            # Store errors (RuntimeErrors): an earlier attempt's publication (its rank 0 is
-            # gone), or an address not reached from here.
-            with contextlib.suppress(RuntimeError, ValueError):
+            # An earlier attempt's publication (its rank 0 is gone), or an address not reached
+            # from here: a plain socket finds out quietly, where a store client that cannot
+            # connect logs a C++ stack trace. Store errors (RuntimeErrors): a port now used
+            # by another program.
+            with contextlib.suppress(RuntimeError, ValueError, OSError):
+                socket.create_connection((host, int(port)), probe_timeout.total_seconds()).close()
                 store = dist.TCPStore(
                     host, int(port), world_size=processes, is_master=False, timeout=probe_timeout
                 )

@@ -11,7 +11,8 @@ another node's failure keeps its count, and the ranks may move between machines.
 Before the kill every process waits for the backups already started (they are written
 in the background), so the run resumes from the last backup before the kill however
 slow the disk; BACKUP_DELAY_S delays each background write of the killed run, as a
-loaded disk would. Each rank writes OUT_DIR/result.rank<R>.json.
+loaded disk would; RESTARTED_RANK_0_LATE_S delays rank 0 of a torchrun restart. Each rank
+writes OUT_DIR/result.rank<R>.json.
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ def delay_background_writes(seconds: float) -> None:
 
 
 def run(out: pathlib.Path, kill_at: int | None = None, kill_rank: int = 0) -> dict:
+    if os.environ.get("RANK") == "0" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        # The others meet the failed attempt's store publication first, as when rank 0 restarts late.
+        time.sleep(float(os.environ.get("RESTARTED_RANK_0_LATE_S", "0")))
     torch.manual_seed(0)
     model = Model(DropoutNet())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

@@ -77,7 +77,7 @@ def test_srun_tasks_train_as_one_job(tmp_path):
 
 @pytest.fixture(autouse=True)
 def private_environment(monkeypatch):
-    """from_slurm writes os.environ: each test gets a copy, so nothing leaks into later tests."""
+    """a Model writes launcher_variables() into os.environ: each test gets a copy, so nothing leaks into later tests."""
     import os
 
     monkeypatch.setattr(os, "environ", dict(os.environ))
@@ -104,9 +104,9 @@ def test_slurm_variables_become_torch_distributed_ones(monkeypatch):
         "SLURM_STEP_TASKS_PER_NODE": "2(x2),3",
     }.items():
         monkeypatch.setenv(name, value)
-    assert env.from_slurm()
     import os
 
+    os.environ.update(env.launcher_variables())
     assert {
         name: os.environ[name]
         for name in (
@@ -129,8 +129,9 @@ def test_slurm_variables_become_torch_distributed_ones(monkeypatch):
 
 def test_torchrun_under_slurm_wins(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")  # torchrun sets it (Kubeflow does not)
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
-    assert not env.from_slurm()
+    assert not env.launcher_variables()
 
 
 def test_a_batch_script_without_srun_warns_and_trains_alone(monkeypatch):
@@ -140,11 +141,11 @@ def test_a_batch_script_without_srun_warns_and_trains_alone(monkeypatch):
     with pytest.warns(
         UserWarning, match=r"SLURM_NTASKS=4 tasks, but the script was not started by srun"
     ):
-        assert not env.from_slurm()
+        assert not env.launcher_variables()
     monkeypatch.setenv("SLURM_NTASKS", "1")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert not env.from_slurm()
+        assert not env.launcher_variables()
 
 
 def test_srun_without_a_place_is_explained(monkeypatch):
@@ -152,4 +153,4 @@ def test_srun_without_a_place_is_explained(monkeypatch):
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
     monkeypatch.delenv("SLURM_PROCID", raising=False)
     with pytest.raises(env.DistributedSetupError, match=r"srun started 2 tasks, but SLURM_PROCID"):
-        env.from_slurm()
+        env.launcher_variables()

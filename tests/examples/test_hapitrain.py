@@ -19,9 +19,10 @@ def _run(args, cwd, timeout, torchrun_args=()):
     """The example's output, run as ``python`` or with ``torchrun *torchrun_args``."""
     if torchrun_args:
         return torchrun([*torchrun_args, str(EXAMPLE), *args], timeout, cwd=cwd).stdout
-    result = run_python(
-        [str(EXAMPLE), *args], timeout, {**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=cwd
-    )
+    # One thread, as under torchrun: on a busy machine torch's default (one per core) made
+    # the real-data fit take ten times longer, past the timeout.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    result = run_python([str(EXAMPLE), *args], timeout, env, cwd=cwd)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 

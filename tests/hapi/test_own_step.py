@@ -184,3 +184,29 @@ def test_own_step_errors_name_the_fix():
         TypeError, match=r"optimizer must be a torch.optim.Optimizer, or a list or dict"
     ):
         Model(Pair()).prepare(["sgd"])
+
+
+class EveryOtherBatch(Model):
+    """A step that updates on every other batch only (a discriminator trained half as often)."""
+
+    def train_step(self, batch):
+        x, y = batch
+        with self.autocast():
+            loss = nn.functional.cross_entropy(self.network(x), y)
+        self.backward(loss)
+        if self.epoch_step % 2 == 1:
+            self.optimizer_step()
+        return {"loss": loss}
+
+
+def test_an_fp16_step_of_ones_own_may_skip_its_update_on_some_batches():
+    """The gradient scale moves after the steps that stepped it only; moving it after a step
+    with no update raised torch's 'No inf checks were recorded prior to update'."""
+    x, y = make_tiny_data(64)
+    torch.manual_seed(0)
+    model = EveryOtherBatch(nn.Linear(4, 3), device="cpu")
+    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), amp="fp16")
+    before = _weights(model.network)
+    history = model.fit((x, y), batch_size=16, epochs=2, shuffle=False, verbose=0)
+    assert len(history.history["loss"]) == 2
+    assert not torch.equal(_weights(model.network), before)  # the odd batches updated

@@ -108,12 +108,16 @@ def test_load_restores_weights_optimizer_epoch_and_step(tmp_path):
     assert target.step == source.step == 7
 
 
-def test_training_false_writes_weights_only(tmp_path):
+def test_training_false_writes_the_plain_state_dict(tmp_path):
+    """Loadable with torch alone, as upstream scripts load weights: net.load_state_dict(torch.load())."""
     source = trained_model()
     file = source.save(tmp_path / "weights", training=False)
     state = torch.load(file, weights_only=True)
-    assert "optimizer" not in state and "rng" not in state
-    assert_same_weights_dict(state["network"], source.network.state_dict())
+    assert sorted(state) == sorted(source.network.state_dict())  # no optimizer, rng, format
+    assert_same_weights_dict(state, source.network.state_dict())
+    plain = fresh_model().network
+    plain.load_state_dict(torch.load(file, weights_only=True))
+    assert_same_weights(source.network, plain)
 
     target = fresh_model()
     x, y = make_tiny_data(seed=5)
@@ -402,7 +406,7 @@ def test_sigkill_during_save_leaves_a_whole_checkpoint(tmp_path):
 
     completed = int(progress.read_text().split()[-1])
     state = torch.load(ckpt_dir / "big.pt", weights_only=True)
-    weight, bias = state["network"]["weight"], state["network"]["bias"]
+    weight, bias = state["weight"], state["bias"]  # save(training=False): the plain state_dict
     version = weight[0, 0].item()
     assert weight.shape == (3600, 3600)
     assert torch.all(weight == version) and torch.all(bias == version), (
