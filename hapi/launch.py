@@ -79,6 +79,7 @@ def _in_forked_child() -> None:
         sys.stdout, sys.stderr = (
             open(fd, "w", buffering=1, closefd=False, errors="replace") for fd in (1, 2)
         )
+    _forking.clear()  # the process's own forks (DataLoader workers) are none of spawn's
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which cannot fork
