@@ -2,10 +2,11 @@
 
 Two displays, chosen like Paddle's ``verbose``:
 
-* ``verbose=1`` on a terminal: a tqdm bar per epoch (and per evaluation) with
-  the running figures as its postfix, refreshed at most four times a second;
-* ``verbose=2``, or ``verbose=1`` when stdout is not a terminal (CI logs,
-  files, ``torchrun`` workers): lines in Paddle's form
+* ``verbose=1`` on a terminal or in a Jupyter notebook: a tqdm bar per epoch
+  (and per evaluation) with the running figures as its postfix, refreshed at
+  most four times a second (see "Notebooks" below);
+* ``verbose=2``, or ``verbose=1`` when stdout is neither (CI logs, files,
+  ``torchrun`` workers): lines in Paddle's form
   ``step 400/938 - loss: 0.4262 - acc_top1: 0.7887 - 5ms/step``, at the
   steps chosen below;
 * ``verbose=3``: the lines of ``verbose=2`` plus Paddle's time counters,
@@ -51,6 +52,19 @@ what the host waited for it, which averages out over a pass as the queue of
 launched work fills. With ``verbose`` other than 3 the batch-begin hooks are
 left out of the loop (``unused_hooks``), so the counters cost nothing then.
 
+Notebooks. A notebook's stdout is no terminal, yet it shows one live bar far
+better than a hundred lines, so ``verbose=1`` draws a bar in an IPython kernel
+(Jupyter, JupyterLab, VS Code, Colab) too. In the kernel's own process it is
+tqdm's notebook widget when ``ipywidgets`` is installed (``tqdm.autonotebook``'s
+choice). Without ``ipywidgets`` -- or in a Qt console, which cannot draw
+widgets, or in the processes ``hapi.spawn`` forks from a notebook, whose
+output the kernel forwards as text -- it is tqdm's text bar: it redraws itself
+with carriage returns, which notebooks render as one line updated in place.
+We chose that over tqdm's own fallback, which warns "IProgress not found" and
+draws the same text bar, so a missing optional package costs the user no
+warning and no lines. Only ``verbose=1`` changes; ``verbose=2`` and ``3``
+print lines everywhere.
+
 Only the main process prints. The figures come from the loop's ``logs`` (they
 are running means over the epoch), so printing never touches the device.
 """
@@ -59,6 +73,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from typing import Any
 
 from hapi.arguments import require_int
@@ -71,6 +86,21 @@ _BEGIN_HOOKS = ("on_train_batch_begin", "on_eval_batch_begin", "on_predict_batch
 # The one clock for paces and intervals; tests replace it (monkeypatch
 # ``callbacks.progbar._clock``) instead of sleeping.
 _clock = time.perf_counter
+
+
+def _bar_class(world_size: int) -> Any:
+    """tqdm's bar class for ``verbose=1`` here, or None for lines (see "Notebooks" above)."""
+    in_kernel = "ipykernel.zmqshell" in sys.modules  # an IPython kernel, or a process it forked
+    if in_kernel and world_size == 1:  # the kernel itself: tqdm's widget where it can draw one
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tqdm's notices of which bar it chose
+            from tqdm.autonotebook import tqdm
+        return tqdm
+    if in_kernel or sys.stdout.isatty():
+        from tqdm.std import tqdm
+
+        return tqdm
+    return None
 
 
 def _format_value(value: Any) -> str:
@@ -138,7 +168,8 @@ class ProgBarLogger(Callback):
     Args:
         log_freq: a line may be printed (or the bar's figures refreshed) every
             this many steps, and always on the last step.
-        verbose: 0 silent; 1 a progress bar on a terminal (lines otherwise);
+        verbose: 0 silent; 1 a progress bar on a terminal or in a notebook
+            (lines otherwise);
             2 lines; 3 lines with Paddle's time counters (``avg_reader_cost``,
             ``avg_batch_cost``, ``ips``; see the module docstring).
         max_lines: lines per pass from progress: the first ``log_freq``
@@ -193,9 +224,8 @@ class ProgBarLogger(Callback):
     def _start(self, steps: int | None, description: str, line: str) -> None:
         """Begin a pass: a bar named ``description``, or the ``line`` that opens it."""
         bar = None
-        if self.verbose == 1 and sys.stdout.isatty():
-            from tqdm.auto import tqdm
-
+        tqdm = _bar_class(self.params.get("world_size", 1)) if self.verbose == 1 else None
+        if tqdm is not None:
             bar = tqdm(
                 total=steps,
                 desc=description,

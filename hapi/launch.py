@@ -8,12 +8,21 @@ environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 no change. When a child raises, the launcher stops the others (even those
 waiting in a collective) and :func:`spawn` raises
 :class:`SpawnedProcessError` carrying the child's error and traceback.
+
+Start method. A script's children are started with ``spawn``: each imports the
+script and looks ``fn`` up there. A notebook or an interactive session has no
+file to import (``__main__`` has no ``__file__``), so a function defined there
+cannot be found by a fresh process; there the children are forked instead, as
+Lightning's ``ddp_notebook`` and Accelerate's ``notebook_launcher`` do, and
+inherit ``fn`` as it is in memory.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import signal
+import sys
 import tempfile
 import traceback
 import uuid
@@ -39,6 +48,47 @@ _UNGUARDED = (
     "imports the script (as multiprocessing's spawn start method does), so every child "
     'called hapi.spawn again and died. Put the call under `if __name__ == "__main__":`.'
 )
+
+
+# While spawn forks its processes: the caller's signal handlers, and whether the processes'
+# output goes to log_dir ("to_files"). Read by _in_forked_child.
+_forking: dict[str, Any] = {}
+
+
+def _restore_signals(handlers: dict[signal.Signals, Any]) -> None:
+    """Put back the handlers that ``handlers`` recorded (the launcher installs its own)."""
+    for number, handler in handlers.items():
+        if handler is not None and signal.getsignal(number) is not handler:
+            signal.signal(number, handler)
+
+
+def _in_forked_child() -> None:
+    """Right after the fork, in each process spawn forks (an ``os.register_at_fork`` hook).
+
+    The process gets the caller's signal handlers, not the launcher's: the
+    launcher's SIGTERM handler would turn the launcher stopping the others after
+    one failed into an error of this process's own. With ``log_dir``, Python's
+    standard streams go on file descriptors 1 and 2: a notebook kernel's
+    ``sys.stdout`` sends text to the notebook, not to a descriptor (and may have
+    none), while the launcher sends each process's output to ``log_dir``'s files
+    by redirecting its descriptors.
+    """
+    if _forking:
+        _restore_signals(_forking["handlers"])
+    if _forking.get("to_files"):
+        sys.stdout, sys.stderr = (
+            open(fd, "w", buffering=1, closefd=False, errors="replace") for fd in (1, 2)
+        )
+    _forking.clear()  # the process's own forks (DataLoader workers) are none of spawn's
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which cannot fork
+    os.register_at_fork(after_in_child=_in_forked_child)
+
+
+def _forks() -> bool:
+    """Whether spawn forks: no file to import fn from (a notebook, ``python -c``, the prompt)."""
+    return not getattr(sys.modules["__main__"], "__file__", None)
 
 
 def _visible_devices(gpus: str | Sequence[int] | None) -> str | None:
@@ -81,9 +131,11 @@ def spawn(
     """Run ``fn(*args)`` in ``nprocs`` local processes that train together.
 
     Args:
-        fn: a module-level function (children import it, as with
-            ``multiprocessing``'s spawn start method; guard the call with
-            ``if __name__ == "__main__":``).
+        fn: the function each process runs. From a script: a module-level
+            function (children import the script, as with ``multiprocessing``'s
+            spawn start method; guard the call with ``if __name__ ==
+            "__main__":``). From a notebook or an interactive session: any
+            function, defined there or imported (the children are forked).
         args: positional arguments for ``fn``.
         nprocs: processes to start; ``-1`` starts one per GPU in ``gpus``,
             else one per visible GPU, else one per CPU core.
@@ -98,6 +150,12 @@ def spawn(
     Threads: unless ``OMP_NUM_THREADS`` is set, each of N > 1 children gets
     ``cpu_count // N`` intra-op threads, so the processes do not fight over cores.
 
+    Signals: while the processes run, the launcher handles SIGTERM, SIGINT,
+    SIGHUP and SIGQUIT (it stops the children); SIGINT (Ctrl-C, a notebook's
+    interrupt button) then raises ``KeyboardInterrupt``. When ``spawn``
+    returns or raises, the caller's own handlers are back, so a notebook kernel
+    shuts down as it did before.
+
     Returns:
         ``{rank: fn's return value}``.
 
@@ -108,6 +166,10 @@ def spawn(
             (within about a second), even inside a collective. A script that
             calls ``spawn`` at import time, outside ``if __name__ ==
             "__main__":``, gets this error naming that cause.
+        RuntimeError: called from a notebook or an interactive session after
+            this process initialised CUDA: forked children cannot use CUDA
+            then (restart the kernel and call ``spawn`` before any CUDA work,
+            or run the training as a script).
     """
     if not callable(fn):
         raise TypeError(f"spawn needs a function to run; received {type(fn).__name__}.")
@@ -119,6 +181,7 @@ def spawn(
 
     import torch
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -129,6 +192,15 @@ def spawn(
             "machine. Leave gpus=None to train on CPU processes."
         )
     count = resolve_nprocs(nprocs, visible)
+    start_method = "fork" if _forks() else "spawn"
+    if start_method == "fork" and torch.cuda.is_initialized():
+        raise RuntimeError(
+            "hapi.spawn forks its processes when called from a notebook or an interactive "
+            "session, and this process has already initialised CUDA, which a forked process "
+            "cannot use. Restart the kernel and call hapi.spawn before anything runs on the GPU "
+            "in this process (build models and tensors inside fn), or run the training as a "
+            "script (python train.py), where the processes start fresh."
+        )
     run_id = f"hapi-{uuid.uuid4().hex[:8]}"
     redirect = {"redirects": Std.ALL, "tee": {0: Std.ALL}} if log_dir else {}
     logs = DefaultLogsSpecs(log_dir=log_dir or os.devnull, **redirect)
@@ -142,7 +214,7 @@ def spawn(
         rdzv_configs={"timeout": 120},
         max_restarts=0,
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method=start_method,
         logs_specs=logs,
         shutdown_timeout=5,
     )
@@ -152,14 +224,24 @@ def spawn(
         # (measured here: 2 processes x 2 threads on 2 cores ran 3x slower);
         # unlike torchrun's 1, share the cores out, which CPU training needs.
         updates["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // count))
+    # The launcher installs its own handlers for SIGTERM, SIGINT, ... and leaves them.
+    handlers = {number: signal.getsignal(number) for number in signal.valid_signals()}
     with tempfile.TemporaryDirectory(prefix="hapi-spawn-") as error_dir:
         try:
+            if start_method == "fork":
+                _forking.update(handlers=handlers, to_files=log_dir is not None)
             # Children inherit the parent's environment: set for the launch only.
             with mock.patch.dict(os.environ, {**updates, _ERROR_DIR: error_dir}):
                 return elastic_launch(config, _run_child)(fn, args)
         except ChildFailedError as error:
             failure = error
+        except SignalException as error:  # the launcher's handler: Ctrl-C, a notebook's stop
+            if error.sigval != signal.SIGINT:
+                raise
+            raise KeyboardInterrupt("hapi.spawn: its processes were stopped.") from None
         finally:
+            _forking.clear()
+            _restore_signals(handlers)
             logs = _name_worker_logs(log_dir, run_id) if log_dir else {}
         raise SpawnedProcessError(_failure_report(failure, error_dir, count, log_dir, logs))
 
@@ -167,6 +249,11 @@ def spawn(
 def _run_child(fn: Callable[..., Any], args: tuple) -> Any:
     """Runs in each child: keeps the traceback of an error for the parent to show."""
     error_dir = os.environ.pop(_ERROR_DIR)  # fn may start a spawn of its own
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:  # a forked child kept its parent's thread pool
+        import torch
+
+        torch.set_num_threads(int(threads))
     try:
         return fn(*args)
     except BaseException:
@@ -207,11 +294,16 @@ def _failure_report(
             )
     rank, failure = error.get_first_failure()
     output = f"in {logs[str(rank)]}" if str(rank) in logs else "above"
+    hint = (  # forked: nothing was imported, the cause is in fn or what it ran
+        ""
+        if _forks()
+        else ' If that output says "Can\'t get attribute", define fn at the top level of its '
+        'module, outside `if __name__ == "__main__":`: each child imports the script and looks '
+        "fn up there."
+    )
     return (
         f"Process {rank} of {count} started by hapi.spawn died with exit code {failure.exitcode} "
-        f"before it could report an error; its output is {output}.{where} If that output says "
-        '"Can\'t get attribute", define fn at the top level of its module, outside `if __name__ '
-        '== "__main__":`: each child imports the script and looks fn up there.'
+        f"before it could report an error; its output is {output}.{where}{hint}"
     )
 
 

@@ -39,6 +39,7 @@ PAGES = [
     "guides/ray",
     "guides/strategies",
     "guides/fault-tolerance",
+    "guides/notebooks",
     "guides/migrating",
     "reference/index",
     "reference/model",
