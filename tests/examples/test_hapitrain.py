@@ -19,9 +19,10 @@ def _run(args, cwd, timeout, torchrun_args=()):
     """The example's output, run as ``python`` or with ``torchrun *torchrun_args``."""
     if torchrun_args:
         return torchrun([*torchrun_args, str(EXAMPLE), *args], timeout, cwd=cwd).stdout
-    result = run_python(
-        [str(EXAMPLE), *args], timeout, {**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=cwd
-    )
+    # One thread, as torchrun gives each process: the suite runs two test processes at once on
+    # two cores, where two threads spin-wait for a core (real data: 137 s of CPU, 16 s on one).
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    result = run_python([str(EXAMPLE), *args], timeout, env, cwd=cwd)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 
