@@ -10,6 +10,13 @@ from torch import nn
 
 from callbacks import Callback
 
+# One torch thread in each test process. The suite runs two test processes at once
+# (pytest-xdist, ``-n 2`` in pyproject.toml) on a 2-core machine, and each multi-process
+# test starts its own one-thread processes besides: more intra-op threads than cores make
+# OpenMP's threads spin-wait for each other, which tripled the CPU time of the in-process
+# tests (tests/callbacks and test_fuzz: 204 s -> 69 s of CPU). The tests' tensors are tiny.
+torch.set_num_threads(1)
+
 
 class TinyNet(nn.Module):
     """Two features -> three classes; small enough to train in milliseconds."""

@@ -1,7 +1,9 @@
 """Every ```python block in README.md and docs/ runs as printed.
 
 A page is run like a notebook: its blocks, in order, in one fresh interpreter, sharing one
-namespace, so a block may use what an earlier block of the same page defined. Each page runs
+namespace, so a block may use what an earlier block of the same page defined. The interpreter
+is forked from the tests' warm one (warm_launcher: torch imported once, hapi not; a cold
+``python`` with HAPI_TESTS_COLD=1), which saves each page seconds of imports. Each page runs
 in an empty folder, with Fashion-MNIST and MNIST read from small IDX files this test writes
 (HAPI_DATA_HOME: 256 training and 64 test images), so a page that trains on the real data runs
 in seconds here, and with one thread (OMP_NUM_THREADS=1). A failure names the page and the
@@ -14,10 +16,9 @@ from __future__ import annotations
 import json
 import pathlib
 import re
-import sys
 
 import pytest
-from dist_helpers import child_env, run_bounded
+from dist_helpers import child_env, run_python
 from idx_files import make_mnist_dir
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -81,8 +82,8 @@ def test_page_runs_as_printed(page, blocks, tmp_path, data_home):
     work.mkdir()
     (tmp_path / "blocks.json").write_text(json.dumps(blocks))
     (tmp_path / "run_page.py").write_text(RUNNER)
-    done = run_bounded(
-        [sys.executable, str(tmp_path / "run_page.py"), str(tmp_path / "blocks.json"), page],
+    done = run_python(
+        [tmp_path / "run_page.py", tmp_path / "blocks.json", page],
         timeout=300,
         env=child_env(HAPI_DATA_HOME=str(data_home), OMP_NUM_THREADS="1"),
         cwd=work,
