@@ -185,9 +185,12 @@ class ModelCheckpoint(MonitorCallback):
             TypeError: a count or figure is not a number (ValueError for a
                 string); nothing is taken back then either.
         """
+        listed = state.get("written", [])
+        if not isinstance(listed, (list, tuple)):  # a string would list its characters
+            refuse_state("ModelCheckpoint", "written", listed, "a list of file names")
         written = [
             files.check_name(name, f"ModelCheckpoint state 'written'[{index}]", _NUMBERED)
-            for index, name in enumerate(state.get("written", []))
+            for index, name in enumerate(listed)
         ]
         pending = state.get("pending_step") or None  # "" when there is none
         if pending is not None:

@@ -1093,6 +1093,8 @@ class Model(ModelFiles):
             loss_scale=loss_scale,
             update=update,
             before_update=self._before_update(),
+            # Called by an override (super().train_step): the network is not DDP's.
+            average=self._overrides("train_step"),
         )
         self._update_metrics(loss, outputs, labels, inputs)
         return None
@@ -1139,6 +1141,7 @@ class Model(ModelFiles):
     ) -> None:
         """The built-in steps' running loss and metrics (and per-output losses) on one batch."""
         size = batch_length(inputs, labels)
+        self._metrics.use_metrics = True  # also when an override calls the built-in step
         self._metrics.update(loss, outputs, labels, size)
         if loss is not None and self._stepper.loss_parts:
             self._metrics.add_logs(self._stepper.loss_parts, size)

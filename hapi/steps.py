@@ -280,8 +280,13 @@ class Stepper:
         loss_scale: float = 1.0,
         update: bool = True,
         before_update: Callable[[], None] | None = None,
+        average: bool = False,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Forward and backward one batch; step the optimizer when ``update``.
+
+        ``average``: average the gradients over the processes before the update,
+        as :meth:`update` does (the built-in step called from a step of one's own
+        runs the plain network, which DDP does not average).
 
         ``loss_scale`` divides the loss over an accumulation group (1/k), so
         that k accumulated batches of b equal one batch of k*b. Gradients are
@@ -307,7 +312,7 @@ class Stepper:
                 scaled = self.scaler.scale(scaled)
             scaled.backward()
         if update:
-            self.update(self.optimizer, before_update)
+            self.update(self.optimizer, before_update, average)
         return loss.detach(), [o.detach() for o in outputs]
 
     def nothing_trainable(self) -> bool:

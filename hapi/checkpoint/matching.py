@@ -87,6 +87,7 @@ def load_optimizer_state(
             raise ValueError(f"it was saved from another optimizer (its settings lack {lacking})")
         if keep_hyperparameters and optimizer_state.get("state"):
             check_state_keys(optimizer, groups)
+            _check_file_keys(optimizer, optimizer_state)
         (load or optimizer.load_state_dict)(optimizer_state)
     except CheckpointError:
         raise  # the shards could not be read: says so itself
@@ -145,6 +146,28 @@ def _state_keys(kind: type, settings: dict[str, Any], ndim: int) -> frozenset[st
     except Exception:  # noqa: BLE001 -- nothing to learn from this optimizer: no check
         return None
     return frozenset(copy.state[parameter])
+
+
+def _check_file_keys(optimizer: torch.optim.Optimizer, optimizer_state: dict) -> None:
+    """Refuse a file's per-parameter state whose keys differ from those a step of ``optimizer``
+    creates, where no setting explains it (:func:`check_state_keys` names one that does):
+    a damaged or crafted file, or another version of the optimizer. Loaded, it would fail
+    at the first update, or silently start part of the state afresh."""
+    state, kind = optimizer_state.get("state") or {}, type(optimizer)
+    for group, saved in zip(optimizer.param_groups, optimizer_state.get("param_groups", [])):
+        given = {k: v for k, v in group.items() if k != "params"}
+        known: dict[int, frozenset[str] | None] = {}
+        for parameter, index in zip(group["params"], saved.get("params", [])):
+            keys = set(state.get(index) or ())
+            if keys and parameter.ndim not in known:
+                known[parameter.ndim] = _state_keys(kind, given, parameter.ndim)
+            needed = known.get(parameter.ndim) if keys else None
+            if needed is not None and keys != needed:
+                raise ValueError(
+                    f"its per-parameter state holds {sorted(keys)}, but a step of this "
+                    f"{kind.__name__} creates {sorted(needed)} (the file is damaged, or was "
+                    f"saved by another version of {kind.__name__})"
+                )
 
 
 def check_state_keys(optimizer: torch.optim.Optimizer, saved_groups: list[dict[str, Any]]) -> None:

@@ -441,11 +441,9 @@ def _parse(source: IO[bytes], file: str) -> dict[str, Any]:
         ) from error
     if isinstance(state, dict) and state.get("format") == FORMAT:
         return state
-    if (
-        isinstance(state, dict)
-        and state
-        and all(torch.is_tensor(v) or str(k).endswith("_extra_state") for k, v in state.items())
-    ):  # a plain state_dict (save(training=False) writes one)
+    if isinstance(state, dict) and all(
+        torch.is_tensor(v) or str(k).endswith("_extra_state") for k, v in state.items()
+    ):  # a plain state_dict (save(training=False) writes one; {} for a parameterless network)
         return {"format": FORMAT, "version": VERSION, "network": state}
     keys = f" with keys {sorted(state)[:8]}" if isinstance(state, dict) else ""
     raise CheckpointError(

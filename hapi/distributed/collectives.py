@@ -130,6 +130,9 @@ def main_process_first() -> Iterator[None]:
 
     Raises:
         DistributedSetupError: The process group cannot be joined.
+        RuntimeError: on the other processes, when the main process's block
+            raised (the main process raises its own error): they stop at
+            once instead of waiting for it until the timeout.
 
     Example:
         .. code-block:: python
@@ -138,11 +141,20 @@ def main_process_first() -> Iterator[None]:
                 train_set = torchvision.datasets.MNIST("data", download=True)
     """
     init()
-    if rank() != 0:
-        barrier()
-    yield
-    if rank() == 0:
-        barrier()
+    if rank() != 0:  # wait for the main process's verdict (one collective each)
+        if any_true(False):
+            raise RuntimeError(
+                "The main process failed in its main_process_first() block (see its error), "
+                "so this process did not run it."
+            )
+        yield
+        return
+    try:
+        yield
+    except BaseException:
+        any_true(True)
+        raise
+    any_true(False)
 
 
 def gather_objects(value: Any) -> list[Any]:

@@ -54,7 +54,9 @@ def launcher_variables() -> dict[str, str]:
     Otherwise the first launcher found gives them, in this order: Slurm's
     ``srun`` (:func:`_from_slurm`), LSF's ``jsrun`` (:func:`_from_lsf`; before
     MPI, since ``jsrun`` also sets Open MPI's variables but only LSF's name
-    the first host), then ``mpirun`` (:func:`_from_mpi`). Each starts N
+    the first host), then ``mpirun`` (:func:`_from_mpi`); but where LSF's or
+    MPI's per-process variables count another world size than the Slurm step
+    (``mpirun`` inside an allocation), they win. Each starts N
     copies of the script and tells each its place only in its own variables:
     read as one process each, every copy would train alone as rank 0 and
     write the same files. ``MASTER_ADDR``/``MASTER_PORT`` set by the user
@@ -64,7 +66,14 @@ def launcher_variables() -> dict[str, str]:
         if os.environ.get("LOCAL_RANK"):
             return {}
         return {"LOCAL_RANK": str(env_int("RANK", 0) % max(env_int("LOCAL_WORLD_SIZE", 1), 1))}
-    return _from_slurm() or _from_lsf() or _from_mpi() or {}
+    # mpirun inside a Slurm allocation: its processes may inherit the step of Open MPI's
+    # daemons (one task per node), so the per-process variables win where the counts differ,
+    # and no "not started by srun" warning is given when they are there.
+    per_process = _from_lsf() or _from_mpi()
+    step_tasks = env_int("SLURM_STEP_NUM_TASKS", 0)
+    if per_process and step_tasks != int(per_process["WORLD_SIZE"]):
+        return per_process
+    return _from_slurm() or per_process or {}
 
 
 def _place(rank: str, local: str, world: int, local_world: int, host: str, job: str) -> dict:

@@ -476,6 +476,16 @@ def test_a_crafted_deferred_evaluation_is_refused(tmp_path):
         cb.load_state_dict({**cb.state_dict(), "deferred": ["../x"]})
 
 
+@pytest.mark.parametrize("written", ["12", 7])
+def test_a_crafted_list_of_written_files_is_refused(tmp_path, written):
+    """A string was read as the list of its characters: rotation could then delete a user's
+    own files named like them; a number failed with a bare TypeError."""
+    cb = ModelCheckpoint(tmp_path)
+    attach(cb)
+    with pytest.raises(ValueError, match=r"'written' must be a list of file names; received"):
+        cb.load_state_dict({**cb.state_dict(), "written": written})
+
+
 def test_evaluate_alone_writes_no_best(tmp_path):
     model = _lively_model()
     checkpoints = ModelCheckpoint(tmp_path)

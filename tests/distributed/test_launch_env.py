@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -165,3 +166,42 @@ def test_on_one_process_init_barrier_and_main_process_first_do_nothing_but_run(e
     with distributed.main_process_first():
         ran.append(True)
     assert ran == [True]
+
+
+def test_a_failing_main_process_first_block_stops_the_others_at_once(tmp_path):
+    """They waited for the main process until the timeout, then got Gloo's timeout error."""
+    script = WORKER.parent / "first_fails_script.py"
+    torchrun(
+        ["--standalone", "--nproc_per_node=2", str(script), str(tmp_path)], HAPI_DIST_TIMEOUT="60"
+    )
+    main, other = (json.loads((tmp_path / f"first.rank{r}.json").read_text()) for r in (0, 1))
+    assert main["seen"] == "OSError: download failed: no network"
+    assert other["seen"].startswith("RuntimeError: The main process failed in its")
+    assert other["seconds"] < 30  # not HAPI_DIST_TIMEOUT's 60 s
+
+
+def test_mpirun_inside_a_slurm_allocation_takes_mpis_places(environ):
+    """Open MPI's processes inherit its daemons' step (one task per node): Slurm's variables
+    gave every node's processes one rank; with no step at all it warned 'not started by srun'."""
+    environ.update(
+        SLURM_NTASKS="8",
+        SLURM_STEP_NUM_TASKS="2",
+        SLURM_PROCID="1",
+        SLURM_LOCALID="0",
+        SLURM_JOB_ID="77",
+        SLURM_STEP_NODELIST="node[1-2]",
+        SLURM_STEP_TASKS_PER_NODE="1(x2)",
+        OMPI_COMM_WORLD_RANK="5",
+        OMPI_COMM_WORLD_SIZE="8",
+        OMPI_COMM_WORLD_LOCAL_RANK="1",
+        OMPI_COMM_WORLD_LOCAL_SIZE="4",
+        MASTER_ADDR="node1",
+        MASTER_PORT="29500",
+    )
+    found = env.launcher_variables()
+    assert (found["RANK"], found["WORLD_SIZE"], found["LOCAL_RANK"]) == ("5", "8", "1")
+    for name in ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_STEP_NODELIST"):
+        del environ[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "not started by srun" warning
+        assert env.launcher_variables()["RANK"] == "5"

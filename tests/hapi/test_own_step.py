@@ -210,3 +210,33 @@ def test_an_fp16_step_of_ones_own_may_skip_its_update_on_some_batches():
     history = model.fit((x, y), batch_size=16, epochs=2, shuffle=False, verbose=0)
     assert len(history.history["loss"]) == 2
     assert not torch.equal(_weights(model.network), before)  # the odd batches updated
+
+
+class Wrapped(Model):
+    """Keras' pattern: an override that does something around the built-in step."""
+
+    calls = 0
+
+    def train_step(self, batch):
+        Wrapped.calls += 1
+        return super().train_step(batch)
+
+
+def test_an_override_calling_the_built_in_step_keeps_the_prepared_metrics():
+    """The metrics of prepare() were dropped when an override called super().train_step."""
+    torchmetrics = pytest.importorskip("torchmetrics")
+    x, y = make_tiny_data(64)
+    results = {}
+    for kind in (Model, Wrapped):
+        torch.manual_seed(0)
+        model = kind(nn.Linear(4, 3), device="cpu")
+        model.prepare(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            nn.CrossEntropyLoss(),
+            {"acc": torchmetrics.classification.MulticlassAccuracy(3, average="micro")},
+        )
+        history = model.fit((x, y), eval_data=(x, y), batch_size=16, epochs=2, verbose=0)
+        results[kind] = (history.history, _weights(model.network))
+    assert Wrapped.calls == 8
+    assert results[Wrapped][0] == results[Model][0]  # loss, acc, val_loss, val_acc alike
+    assert torch.equal(results[Wrapped][1], results[Model][1])

@@ -580,3 +580,40 @@ def test_loads_that_need_no_optimizer_check_and_optimizers_that_keep_numbers(tmp
     again = model(3, Counting)
     again.load(tmp_path / "counting")
     assert again.optimizer.state_dict()["state"][0]["updates"] == 2
+
+
+@pytest.mark.parametrize("kind", ["adam", "sgd"])
+def test_an_optimizer_state_with_other_keys_is_refused_naming_them(tmp_path, kind):
+    """A damaged or crafted file whose per-parameter state lacks a key (Adam's exp_avg_sq) or
+    holds another (SGD's momentum buffer replaced by a step count) is refused at load, not
+    loaded to fail at the first update or to restart the momentum silently."""
+
+    def prepared() -> Model:
+        model = Model(nn.Linear(4, 2), device="cpu")
+        optimizer = (
+            torch.optim.Adam(model.parameters())
+            if kind == "adam"
+            else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        )
+        model.prepare(optimizer, nn.CrossEntropyLoss())
+        return model
+
+    source = prepared()
+    source.train_batch(torch.randn(8, 4), torch.randint(0, 2, (8,)))
+    file = source.save(tmp_path / "ckpt")
+    state = torch.load(file, weights_only=True)
+    for entry in state["optimizer"]["state"].values():
+        if kind == "adam":
+            del entry["exp_avg_sq"]
+        else:
+            entry["step"] = entry.pop("momentum_buffer").new_tensor(1.0)
+    torch.save(state, file)
+    with pytest.raises(hapi.checkpoint.CheckpointError, match=r"per-parameter state holds .*reset"):
+        prepared().load(file)
+
+
+def test_the_plain_weights_of_a_network_without_parameters_load_back(tmp_path):
+    """Its plain state_dict is empty: load refused it as 'not a state_dict'."""
+    model = Model(nn.Sequential(nn.Flatten(), nn.ReLU()), device="cpu")
+    model.load(model.save(tmp_path / "weights", training=False))
+    assert torch.load(tmp_path / "weights.pt", weights_only=True) == {}
