@@ -92,14 +92,20 @@ def _counters(custom_ops: Any) -> dict[type, CountFn]:
     return {**COUNTERS, **custom}
 
 
+_UNSET = object()
+
+
 def _run_custom(fn: CountFn, module: nn.Module, inputs: tuple, output: Any) -> int:
     """A user's count function, returning its count or adding it to ``module.total_ops``."""
+    previous = module.__dict__.get("total_ops", _UNSET)  # a module's own attribute stays
     module.__dict__["total_ops"] = 0  # Paddle's functions do ``m.total_ops += n``
     try:
         returned = fn(module, inputs, output)
         return int(module.__dict__["total_ops"]) + (0 if returned is None else int(returned))
     finally:
-        del module.__dict__["total_ops"]
+        module.__dict__.pop("total_ops", None)
+        if previous is not _UNSET:
+            module.__dict__["total_ops"] = previous
 
 
 def count_flops(

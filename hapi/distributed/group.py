@@ -171,6 +171,13 @@ def init(device: str | torch.device | None = None) -> None:
     """
     global _created_group
     if _active():
+        if backend_name(device) == "gloo" and dist.get_backend() == "nccl":
+            raise DistributedSetupError(
+                f"This process group uses NCCL, which reduces CUDA tensors only, but the Model "
+                f"trains on {device!r}. It was formed before the Model on this GPU machine "
+                '(hapi.distributed.init() with no device picks NCCL): call '
+                'hapi.distributed.init("cpu") first to train on the CPU.'
+            )
         return
     os.environ.update(launcher_variables())  # srun, jsrun, mpirun: torch.distributed's from theirs
     if env_int("WORLD_SIZE", 1) <= 1:

@@ -54,6 +54,9 @@ def test_custom_ops_return_or_add_to_total_ops_and_win_over_built_ins():
     total = hapi.flops(net, (2, 4), custom_ops={nn.GELU: gelu, nn.Tanh: tanh, nn.Linear: linear})
     assert total == 1 + 3 * 8 + 5
     assert not any("total_ops" in vars(m) for m in net.modules())
+    net[0].total_ops = 9  # a module's own attribute of that name is left as it was
+    hapi.flops(net, (2, 4), custom_ops={nn.Linear: linear})
+    assert vars(net[0])["total_ops"] == 9
 
 
 def test_a_subclass_counts_as_its_base_class():
