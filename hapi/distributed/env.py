@@ -212,10 +212,31 @@ def launcher_place() -> tuple[int, int]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the setup warns, once
             found = {**os.environ, **launcher_variables()}
-        world, place = int(found.get("WORLD_SIZE") or 1), int(found.get("RANK") or -1)
     except (DistributedSetupError, ValueError, OSError):
+        # The set-up will say what is missing; the launcher's own rank and count still answer.
+        found = next(
+            (
+                {"RANK": os.environ[r], "WORLD_SIZE": os.environ[w]}
+                for r, w in _RAW_PLACES
+                if r in os.environ and w in os.environ
+            ),
+            {},
+        )
+    try:
+        world, place = int(found.get("WORLD_SIZE") or 1), int(found.get("RANK") or -1)
+    except ValueError:
         return 0, 1
     return (place, world) if 0 <= place < world else (0, 1)
+
+
+# Each launcher's own rank and process count, in the order launcher_variables reads them.
+_RAW_PLACES = (
+    ("RANK", "WORLD_SIZE"),
+    ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS"),
+    ("JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("PMI_RANK", "PMI_SIZE"),
+)
 
 
 def tasks_per_node(text: str) -> list[int]:

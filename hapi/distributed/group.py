@@ -175,7 +175,7 @@ def init(device: str | torch.device | None = None) -> None:
             raise DistributedSetupError(
                 f"This process group uses NCCL, which reduces CUDA tensors only, but the Model "
                 f"trains on {device!r}. It was formed before the Model on this GPU machine "
-                '(hapi.distributed.init() with no device picks NCCL): call '
+                "(hapi.distributed.init() with no device picks NCCL): call "
                 'hapi.distributed.init("cpu") first to train on the CPU.'
             )
         return
