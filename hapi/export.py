@@ -159,6 +159,12 @@ def _check_runs(network: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
         problem = (
             f"{type(error).__name__}: {_first_lines(str(error))}{_user_location(error, network)}"
         )
+        if distributed.is_collective_failure(error):  # not the inputs' fault: say so
+            raise RuntimeError(
+                f"{name}'s forward made a collective that failed, before any export: {problem}. "
+                "Export runs forward on rank 0 alone; a forward that needs the other processes "
+                "cannot be exported as it is."
+            ) from error
         raise RuntimeError(
             f"{name} fails on example_inputs {describe(list(inputs))} before any "
             f"export: {problem}. If example_inputs are not what forward takes, pass them as it "

@@ -237,3 +237,15 @@ def test_the_file_loads_and_runs_without_torch_hapi(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
     torch.testing.assert_close(torch.load(tmp_path / "y.pt"), network(x), atol=1e-6, rtol=0)
+
+
+def test_a_forward_whose_collective_fails_is_not_blamed_on_the_example_inputs(tmp_path):
+    """A forward that needs the other processes gets that explanation, not advice on inputs."""
+
+    class Gathering(torch.nn.Linear):
+        def forward(self, x):
+            raise torch.distributed.DistBackendError("connection reset by peer")
+
+    model = Model(Gathering(4, 2), device="cpu")
+    with pytest.raises(RuntimeError, match=r"made a collective that failed.*other processes"):
+        model.export(tmp_path / "net", torch.randn(2, 4))
