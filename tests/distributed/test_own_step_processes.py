@@ -14,6 +14,8 @@ def test_a_gan_keeps_both_networks_identical_on_every_process(tmp_path):
     # (and rank 0's starting weights) keep the two copies equal.
     assert first["generator"] == second["generator"]
     assert first["discriminator"] == second["discriminator"]
+    # An override calling super().train_step: its gradients are averaged too.
+    assert first["wrapped"] == second["wrapped"]
     assert first["history"] == second["history"] and set(first["history"]) == {
         "d_loss",
         "g_loss",
