@@ -16,21 +16,19 @@ import warm_launcher
 WORKER = pathlib.Path(__file__).resolve().parent / "distributed" / "worker.py"
 
 
+# The variables torch.distributed reads a process's place from (launchers set them).
+TORCH_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
 def child_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k
-        not in (
-            "RANK",
-            "LOCAL_RANK",
-            "WORLD_SIZE",
-            "LOCAL_WORLD_SIZE",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-            "GLOO_SOCKET_IFNAME",
-        )
-    }
+    env = {k: v for k, v in os.environ.items() if k not in (*TORCH_VARIABLES, "GLOO_SOCKET_IFNAME")}
     # One thread per process: two processes share this machine's two cores.
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra})
     return env

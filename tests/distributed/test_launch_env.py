@@ -17,21 +17,13 @@ import warnings
 
 import pytest
 import torch
-from dist_helpers import WORKER, assert_close_lists, child_env, torchrun
+from dist_helpers import TORCH_VARIABLES, WORKER, assert_close_lists, child_env, torchrun
 from torch.utils.data import DataLoader
 
 from hapi import distributed
 from hapi.distributed import env
 
 SCRIPT = WORKER.parent / "launch_script.py"
-TORCH_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
 
 
 def assert_trained_like_one_process(out, processes=2):

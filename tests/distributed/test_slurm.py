@@ -10,7 +10,7 @@ import sys
 import warnings
 
 import pytest
-from dist_helpers import WORKER, assert_close_lists, child_env
+from dist_helpers import TORCH_VARIABLES, WORKER, assert_close_lists, child_env
 
 from hapi.distributed import env
 
@@ -84,14 +84,7 @@ def private_environment(monkeypatch):
 
 
 def test_slurm_variables_become_torch_distributed_ones(monkeypatch):
-    for name in (
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    ):
+    for name in TORCH_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     for name, value in {
         "SLURM_STEP_NUM_TASKS": "7",
@@ -107,17 +100,7 @@ def test_slurm_variables_become_torch_distributed_ones(monkeypatch):
     import os
 
     os.environ.update(env.launcher_variables())
-    assert {
-        name: os.environ[name]
-        for name in (
-            "RANK",
-            "LOCAL_RANK",
-            "WORLD_SIZE",
-            "LOCAL_WORLD_SIZE",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-        )
-    } == {
+    assert {name: os.environ[name] for name in TORCH_VARIABLES} == {
         "RANK": "5",
         "LOCAL_RANK": "1",
         "WORLD_SIZE": "7",
