@@ -1464,7 +1464,7 @@ def _train_epoch(
         stepper.accumulation = _accumulation(step, is_last, accumulate, steps)
         update = stepper.accumulation[0]
         batch = splitter.to_device(batch)
-        batch_size = _step_logs(model.train_step(batch), "train_step", metrics, splitter, batch)
+        _step_logs(model.train_step(batch), "train_step", metrics, splitter, batch)
         stepper.end_step()
         model.step += int(update)
         model.epoch_step = step + 1
@@ -1477,7 +1477,7 @@ def _train_epoch(
         if after_update is not None and update:
             after_update(is_last)
         if notify_end:
-            cbks.on_train_batch_end(step, _batch_logs(batch_size, logs, metrics))
+            cbks.on_train_batch_end(step, _batch_logs(splitter.length(batch), logs, metrics))
         if is_last or (
             check_stop and (due or single_process) and distributed.any_true(model.stop_training)
         ):
@@ -1493,19 +1493,17 @@ def _train_logs(stepper: Any, metrics: Any) -> dict[str, float]:
     return logs
 
 
-def _step_logs(returned: Any, step_name: str, metrics: Any, splitter: Any, batch: Any) -> int:
+def _step_logs(returned: Any, step_name: str, metrics: Any, splitter: Any, batch: Any) -> None:
     """Log what a step of the user's own returned (the built-in steps update the metrics
-    themselves and return ``None``); the batch's sample count."""
-    batch_size = splitter.length(batch)
+    themselves and return ``None``)."""
     if returned is None:
-        return batch_size
+        return
     if not isinstance(returned, dict):
         raise TypeError(
             f"{step_name} must return a dict of the values to log, e.g. {{'loss': loss}}; "
             f"received {type(returned).__name__}."
         )
-    metrics.update_logs(returned, batch_size)
-    return batch_size
+    metrics.update_logs(returned, splitter.length(batch))
 
 
 def evaluate_loop(
@@ -1540,11 +1538,11 @@ def evaluate_loop(
             if notify_begin:
                 cbks.on_eval_batch_begin(step)
             batch = splitter.to_device(batch)
-            batch_size = _step_logs(model.eval_step(batch), "eval_step", metrics, splitter, batch)
+            _step_logs(model.eval_step(batch), "eval_step", metrics, splitter, batch)
             # Running logs stay local, and only the last batch's are reduced
             # (each process has one).
             logs = metrics.compute(sync=is_last) if _logs_due(step, is_last, log_freq) else None
-            cbks.on_eval_batch_end(step, _batch_logs(batch_size, logs, metrics))
+            cbks.on_eval_batch_end(step, _batch_logs(splitter.length(batch), logs, metrics))
             if is_last:
                 break
             if stop_check is not None and stop_check(step, model.stop_evaluating):
