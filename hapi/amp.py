@@ -34,6 +34,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from hapi.checkpoint.errors import refuse
+
 # torch-hapi's names of the autocast dtypes; the steps and strategies read these.
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 LEVELS = ("O0", "O1", "O2")
@@ -223,21 +225,17 @@ def check_scaler_state(file: str, saved: Any) -> None:
     and then skips every update or never grows the scale again: training
     silently goes wrong instead of failing.
     """
-    from hapi import resume  # hapi.resume imports what imports this module
-
     if not isinstance(saved, dict):
-        resume.refuse(file, "'scaler'", saved, "a GradScaler's state dict")
+        refuse(file, "'scaler'", saved, "a GradScaler's state dict")
     # The state names GradScaler's init_scale "scale", its other keywords as they are.
     ranges = {option.replace("init_", ""): rest for option, *rest in _SCALER_KEYS.values()}
     ranges["_growth_tracker"] = [lambda v: isinstance(v, int) and v >= 0, "an int of at least 0"]
     for key, value in saved.items():
         if key in ranges and not (_is_number(value) and ranges[key][0](value)):
-            resume.refuse(file, f"'scaler'[{key!r}]", value, ranges[key][1])
+            refuse(file, f"'scaler'[{key!r}]", value, ranges[key][1])
     tracker, interval = saved.get("_growth_tracker", 0), saved.get("growth_interval", 2**31)
     if tracker >= min(interval, 2**31):  # the tracker is an int32 tensor
-        resume.refuse(
-            file, "'scaler'['_growth_tracker']", tracker, f"below {interval}, its interval"
-        )
+        refuse(file, "'scaler'['_growth_tracker']", tracker, f"below {interval}, its interval")
 
 
 def make_scaler(setting: AmpSetting, device: torch.device) -> torch.amp.GradScaler | None:

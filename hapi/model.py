@@ -4,7 +4,8 @@
 and callbacks of a run, then the loops below); the built-in steps, which are
 the default ``train_step``/``eval_step``/``predict_step`` a subclass
 overrides, with ``backward``/``optimizer_step``/``autocast`` for steps of
-one's own; the one-batch calls; files through :mod:`hapi.model_io`. One
+one's own; the one-batch calls; ``save``/``load``/``export``, which
+:mod:`hapi.state` carries out. One
 batch's mechanics are :mod:`hapi.steps`, processes and devices
 :mod:`hapi.distributed`.
 
@@ -44,9 +45,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
-from hapi import distributed
+from hapi import checkpoint, distributed
+from hapi import state as run_state
 from hapi.amp import AMP_DTYPES, make_scaler, parse_amp
 from hapi.arguments import require_int
 from hapi.batches import BatchSplitter, batch_length
@@ -63,7 +64,6 @@ from hapi.data import (
 )
 from hapi.flop_count import count_flops
 from hapi.metrics import MetricSet, normalise_metrics
-from hapi.model_io import ModelFiles
 from hapi.seed import streams_for_training
 from hapi.steps import Stepper, as_list, check_clipping, check_loss
 from hapi.summary import summarize
@@ -114,7 +114,7 @@ def named_optimizers(optimizer: Any) -> dict[str, torch.optim.Optimizer]:
     return {str(name): o for name, o in items}
 
 
-class Model(ModelFiles):
+class Model:
     """Wraps an ``nn.Module`` with ``prepare``/``fit``/``evaluate``/``predict``.
 
     The same script runs on one CPU, one GPU, or several processes under
@@ -184,9 +184,8 @@ class Model(ModelFiles):
         self._wrapped: nn.Module | None = None
         self._splitter = BatchSplitter.for_model(self.device, inputs, labels)
         self._optimizer: torch.optim.Optimizer | None = None
-        self._optimizers: dict[
-            str, torch.optim.Optimizer
-        ] = {}  # by name ("0", "1", ... for a list)
+        # By name ("0", "1", ... for a list).
+        self._optimizers: dict[str, torch.optim.Optimizer] = {}
         self._given_optimizers: Any = None
         self._loss: Any = None
         self._metrics: MetricSet | None = None
@@ -423,14 +422,16 @@ class Model(ModelFiles):
         self._optimizer = next(iter(by_name.values()), None)
         self._loss = loss.to(self.device) if isinstance(loss, nn.Module) else loss
         self._metrics = MetricSet(named_metrics, with_loss=loss is not None).to(self.device)
-        self._splitter.labels_to_network = (
-            loss is None
-        )  # dict batches: the network computes its loss
+        # Dict batches with no loss given: the network computes its loss from the labels.
+        self._splitter.labels_to_network = loss is None
         self._scaler = make_scaler(amp_setting, self.device)
         self._stepper = None
         if self._pending_optimizer is not None and len(by_name) == 1:
-            self._load_optimizer_state(
-                *self._pending_optimizer, source="the loaded checkpoint", keep_hyperparameters=True
+            run_state.load_optimizer_state(
+                self,
+                *self._pending_optimizer,
+                source="the loaded checkpoint",
+                keep_hyperparameters=True,
             )
             self._pending_optimizer = None
         if self._pending_scaler_state is not None and self._scaler is not None:
@@ -474,9 +475,8 @@ class Model(ModelFiles):
             train_network = self._network if self._wrapped is None else self._wrapped
             eval_network = self._network
             if self._compile:
-                with (
-                    warnings.catch_warnings()
-                ):  # torch.compile's import of torch.utils.mkldnn warns
+                # torch.compile's import of torch.utils.mkldnn warns.
+                with warnings.catch_warnings():
                     warnings.filterwarnings(
                         "ignore", r"`torch\.jit\.script_method` is", DeprecationWarning
                     )
@@ -820,7 +820,7 @@ class Model(ModelFiles):
                 accumulate_grad_batches=accumulate_grad_batches,
                 num_iters=num_iters,
                 eval_steps=eval_steps,
-                restore=lambda: self._restore_fit(resume_from),
+                restore=lambda: run_state.restore_fit(self, resume_from),
             )
         except BaseException:
             distributed.note_failure()  # the others may wait in a collective: don't wait for them at exit
@@ -828,30 +828,6 @@ class Model(ModelFiles):
         finally:
             self._fit_run = None
         return next(c for c in cbks if isinstance(c, History))
-
-    def _restore_fit(self, resume_from: str | os.PathLike | None) -> None:
-        """Continue an interrupted fit, after every callback's ``on_train_begin`` and before the
-        first batch: from ``resume_from``, then from a backup a callback keeps (its
-        ``restore_backup()``, as :class:`callbacks.BackupAndRestore` has), the later winning.
-
-        The loop then starts at the restored epoch and step; nothing rewrites it once it runs.
-        """
-        run = self._fit_run
-        run.restoring = True
-        try:
-            if resume_from is not None:
-                self.load(resume_from, resume=True)
-                if distributed.is_main():  # as BackupAndRestore says it: no silent resume
-                    tqdm.write(
-                        f"Resuming from {os.fspath(resume_from)} at epoch {self.epoch + 1}, batch "
-                        f"{self.epoch_step} (optimizer step {self.step})."
-                    )
-            for callback in run.callbacks:
-                restore_backup = getattr(callback, "restore_backup", None)
-                if callable(restore_backup):
-                    restore_backup()
-        finally:
-            run.restoring = False
 
     def evaluate(
         self,
@@ -960,6 +936,163 @@ class Model(ModelFiles):
                 for batches in outputs
             ]
         return outputs
+
+    # -- files: hapi.state collects and restores, hapi.checkpoint writes and reads -------
+    @property
+    def sharded(self) -> bool:
+        """Whether each process holds only a shard of the weights (FSDP on several processes).
+
+        A callback that saves often reads it to choose ``save(..., sharded=True)``
+        (``BackupAndRestore`` does), which spares gathering the whole model.
+        """
+        return self._strategy._shards_weights
+
+    def save(
+        self,
+        path: str | os.PathLike,
+        training: bool = True,
+        resumable: bool = False,
+        sharded: bool = False,
+        wait: bool = True,
+    ) -> str:
+        """Write a checkpoint, atomically: a crash never leaves a half-written file.
+
+        Every process must call it (it is collective); only the main process
+        writes, so never put it under ``if is_main``. What is written is what
+        every process evaluates.
+
+        Args:
+            path: the file to write; ``.pt`` is added unless it ends in ``.pt``
+                or ``.pth``.
+            training: ``True``: the network, optimizer(s), gradient scaler,
+                epoch/step counters and RNG states, to continue training;
+                ``False``: only the network's weights, for inference, as the
+                network's plain ``state_dict`` (full tensors under every
+                strategy), which ``net.load_state_dict(torch.load(path,
+                weights_only=True))`` reads with no torch-hapi, and
+                :meth:`load` too.
+            resumable: during ``fit``, also what ``load(..., resume=True)``
+                needs to continue that fit exactly (each process's RNG states
+                and running figures, the data order, every callback's
+                ``state_dict``); ``BackupAndRestore`` saves this way.
+            sharded: write a directory ``path`` through torch's distributed
+                checkpoint (DCP) instead: every process writes the shards it
+                holds, in parallel (the directory must be one that every
+                process sees, as on a shared file system); :meth:`load` reads
+                it on any number of processes, under any strategy.
+            wait: ``False`` returns as soon as the state is copied to CPU
+                memory; the file is written in the background and replaces the
+                previous one only once complete. The next save or load,
+                :meth:`wait_for_saves` and the end of the script wait for it,
+                Ctrl-C included (the interrupt is delivered once the file is
+                whole). The CPU copy is reused by the next background save.
+
+        Returns:
+            The file written (``path`` + ``.pt``), or the directory when
+            ``sharded``.
+
+        Raises:
+            ValueError: ``sharded=True`` with several optimizers.
+            hapi.checkpoint.CheckpointError: the state holds an object the
+                safe loader would refuse (the message names the entry), or the
+                file could not be written, now or in the background (a full or
+                read-only disk: also an ``OSError`` with its ``errno``); the
+                previous file is left as it was.
+        """
+        return run_state.save(self, path, training, resumable, sharded, wait)
+
+    def wait_for_saves(self) -> None:
+        """Return once every ``save(..., wait=False)`` is on disk; raise if one failed.
+
+        Call it before reading a background-saved file from elsewhere, or to
+        learn of a failed write early. Every process must call it (it is
+        collective, like ``save``). It also frees the CPU copy of the state
+        that background saves keep for reuse.
+
+        Raises:
+            hapi.checkpoint.CheckpointError: a background write failed.
+        """
+        checkpoint.wait_for_writes()
+        checkpoint.release_staging()
+
+    def load(
+        self,
+        path: str | os.PathLike,
+        skip_mismatch: bool = False,
+        reset_optimizer: bool = False,
+        resume: bool = False,
+    ) -> None:
+        """Restore a checkpoint written by :meth:`save` (or a plain ``state_dict`` file).
+
+        Loading never runs code from the file (``weights_only``), and a
+        network of another architecture is refused with the keys that differ.
+        The optimizer's per-parameter state (momentum, Adam's moments, step
+        counts) is restored, now or at the next ``prepare``; its settings
+        (``lr``, ``betas``, ``weight_decay``, ...) stay those of the optimizer
+        given to ``prepare``, whichever came first, and a warning names any
+        the file had otherwise. The epoch and step counters are restored. Every
+        process calls it; a sharded directory loads on any number of processes.
+
+        Args:
+            path: the file (``.pt`` may be left out) or sharded directory.
+            skip_mismatch: load only tensors whose names and shapes match,
+                warning about the rest, instead of raising (fine-tuning a
+                network whose head changed).
+            reset_optimizer: leave the optimizer's current state as it is.
+            resume: also restore what continuing an interrupted ``fit`` needs
+                -- RNG states, the data order and position in the epoch, the
+                running figures, the optimizer's settings (a schedule may have
+                changed them) and every callback's state -- from a file saved
+                with ``resumable=True``. Only while ``fit`` restores an
+                interrupted run, before its first batch (``fit(resume_from=)``
+                and ``callbacks.BackupAndRestore.restore_backup`` call it), on
+                every process: each gets the copy furthest into training among
+                the machines, so no shared file system is needed, even when a
+                restart gives rank 0 to another machine.
+
+        Raises:
+            FileNotFoundError: no file at ``path`` / ``path.pt`` (with
+                ``resume``: on no machine; raised on every process).
+            hapi.checkpoint.CheckpointError: the file is damaged, carries code,
+                or belongs to another architecture (the error names the keys).
+        """
+        run_state.load(self, path, skip_mismatch, reset_optimizer, resume)
+
+    def export(
+        self, path: str | os.PathLike, example_inputs: Any, dynamic_batch: bool = True
+    ) -> str:
+        """Write the network for inference through ``torch.export``, to run with no torch-hapi.
+
+        ``torch.export.load(path).module()`` runs it anywhere torch runs: no
+        Python class of yours and no torch-hapi needed. The network is exported
+        in eval mode. Every process calls it; rank 0 writes. Under FSDP on
+        several processes every process first gathers the full weights and
+        rank 0 exports a plain copy of the network holding them; the copy costs
+        rank 0 the memory of the whole model once, as ``save`` does.
+
+        Args:
+            path: the file to write; ``.pt2`` is added when missing.
+            example_inputs: an input the network accepts (a tensor, or a tuple
+                of them for several inputs), used to trace it.
+            dynamic_batch: let the exported program take any batch size, not
+                only the example's.
+
+        Returns:
+            The file written (``path`` + ``.pt2``).
+
+        Raises:
+            RuntimeError: rank 0 could not export (its error says why).
+        """
+        from hapi.export import export_network, export_path  # torch.export only when exporting
+
+        network = self._strategy._inference_network(self._network)  # a collective under FSDP
+        distributed.on_main(  # every process calls it, rank 0 writes (like save)
+            lambda: export_network(network(), path, example_inputs, dynamic_batch=dynamic_batch),
+            lambda: RuntimeError(
+                f"Rank 0 could not export to {export_path(path)!r}; see its error."
+            ),
+        )
+        return export_path(path)
 
     # -- one batch, Paddle style --------------------------------------------------
     def train_batch(self, inputs: Any, labels: Any = None, update: bool = True) -> dict[str, float]:
@@ -1247,25 +1380,6 @@ def _printed_by_main_process() -> Iterator[None]:
 
 # -- the loops ----------------------------------------------------------------------
 @dataclass
-class _Budget:
-    """The training batches ``num_iters`` still allows in this fit (``None``: no cap): one count."""
-
-    left: int | None
-
-    def stop_step(self, first_step: int) -> int | None:
-        """The batch of an epoch starting at ``first_step`` where the budget runs out (if in it)."""
-        return None if self.left is None else first_step + self.left
-
-    def spend(self, batches: int) -> None:
-        if self.left is not None:
-            self.left -= batches
-
-    @property
-    def spent(self) -> bool:
-        return self.left == 0
-
-
-@dataclass
 class _StopCheck:
     """Where an evaluation or a prediction asks whether a callback set
     ``model.stop_evaluating`` / ``model.stop_predicting``, so that every process stops after
@@ -1369,11 +1483,10 @@ def fit_loop(
     stepper.optimizer.zero_grad(set_to_none=True)  # nothing left from a stopped accumulation
     cbks.on_train_begin()
     restore()  # model.epoch / model.epoch_step: where the loop starts
-    budget = _Budget(
-        None
-        if num_iters is None
-        else num_iters - model.epoch * (train_data.steps_per_epoch or 0) - model.epoch_step
-    )
+    # The training batches num_iters still allows in this fit (None: no cap).
+    left = num_iters
+    if left is not None:
+        left -= model.epoch * (train_data.steps_per_epoch or 0) + model.epoch_step
     for epoch in range(model.epoch, epochs):
         cbks.on_epoch_begin(epoch)
         batches = train_data.epoch(epoch)  # after the callbacks: what they draw comes first
@@ -1392,7 +1505,7 @@ def fit_loop(
             log_freq=log_freq,
             accumulate=accumulate_grad_batches,
             first_step=model.epoch_step,
-            stop_step=budget.stop_step(model.epoch_step),
+            stop_step=None if left is None else model.epoch_step + left,
             after_update=None
             if eval_loader is None or eval_steps is None
             else evaluate_after_update,
@@ -1402,8 +1515,8 @@ def fit_loop(
             logs.update({f"val_{name}": value for name, value in val_logs.items()})
         model.epoch, model.epoch_step = epoch + 1, 0
         cbks.on_epoch_end(epoch, logs)
-        budget.spend(batches_done)
-        if distributed.any_true(model.stop_training) or budget.spent:
+        left = None if left is None else left - batches_done
+        if distributed.any_true(model.stop_training) or left == 0:
             break
     cbks.on_train_end(logs)
     return logs

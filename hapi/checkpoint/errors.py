@@ -1,7 +1,7 @@
 """The one error of the checkpoint package, and the words for why a file could not be written.
 
 A module of its own that imports nothing of torch-hapi: every module of
-:mod:`hapi.checkpoint` raises the error, and :mod:`hapi.resume` too; users
+:mod:`hapi.checkpoint` raises the error, and :mod:`hapi.state` and :mod:`hapi.amp` too (:func:`refuse`); users
 catch it as ``hapi.checkpoint.CheckpointError``. The words for a full disk, a
 read-only one or a permission (:func:`cause_in_words`) are said here only, for
 every file torch-hapi writes (the CSV log too).
@@ -10,6 +10,9 @@ every file torch-hapi writes (the CSV log too).
 from __future__ import annotations
 
 import errno
+from typing import Any
+
+import torch
 
 
 class CheckpointError(RuntimeError):
@@ -105,3 +108,16 @@ def _cause(error: BaseException) -> tuple[OSError | None, str]:
             pending += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
         pending += [cause.__cause__, cause.__context__]
     return None, f"{type(error).__name__}: {error}"
+
+
+CRAFTED = "it is damaged or was crafted. Resume from another checkpoint, or start afresh."
+
+
+def _short(value: Any) -> str:
+    text = f"a tensor of shape {tuple(value.shape)}" if torch.is_tensor(value) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def refuse(file: str, where: str, value: Any, expected: str) -> None:
+    """A field read from ``file`` that no run writes: a CheckpointError naming it and its value."""
+    raise CheckpointError(f"{file!r} holds {where} = {_short(value)}, not {expected}: {CRAFTED}")

@@ -19,7 +19,6 @@ from conftest import TinyNet, make_tiny_data
 from torch import nn
 
 import hapi.checkpoint
-import hapi.resume
 from hapi import Model
 
 

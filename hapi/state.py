@@ -1,0 +1,575 @@
+"""A run's state in a checkpoint: what ``Model.save`` collects and ``Model.load`` restores.
+
+A checkpoint is a dict of the run's stateful parts: the network, the
+optimizer(s), the gradient scaler, the counters (``epoch``, ``epoch_step``,
+``step``) and the random generators; a resumable one adds under ``"fit"`` what
+continuing an interrupted ``fit`` needs: the data order and position, each
+process's random streams and running sums, every callback's ``state_dict``, and
+a train step's own state. ``fit`` restores them before its loop starts
+(:func:`restore_fit`); nothing rewrites a running loop. Files are written and
+read by :mod:`hapi.checkpoint`; every field read from one is checked against
+what a run writes before it is used (:func:`refuse`, :func:`check_like`), so a
+damaged or crafted file fails naming the field, not later in torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import numbers
+import os
+import warnings
+from typing import Any, Iterator
+
+import torch
+from tqdm import tqdm
+
+from hapi import checkpoint, distributed
+from hapi.amp import check_scaler_state
+from hapi.checkpoint import matching
+from hapi.checkpoint.errors import CRAFTED, CheckpointError, refuse
+from hapi.rng import global_state, set_global_state
+
+_PLAIN = (type(None), bool, int, float, str)
+# The position of a file written before torch-hapi recorded the epoch's order.
+_UNKNOWN_POSITION = {"kind": "unknown"}
+
+
+# -- refusing what no run writes --------------------------------------------------
+def count(file: str, state: dict[str, Any], key: str, most: int | None = None) -> int:
+    """``state[key]``, a non-negative int (at most ``most``), or a CheckpointError naming it."""
+    value = state.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        refuse(file, repr(key), value, "a non-negative int")
+    if most is not None and value > most:  # a shortened run, not a damaged file
+        raise CheckpointError(
+            f"{file!r} was saved at {key} {value}, past this fit's {key}s={most}: pass "
+            f"{key}s={value} or more to continue it, or model.load({file!r}) (without "
+            "resuming) to start a new fit from its weights."
+        )
+    return value
+
+
+@contextlib.contextmanager
+def restoring(file: str, where: str) -> Iterator[None]:
+    """Any error while ``where`` is put back from ``file`` becomes a CheckpointError naming it.
+
+    What a checkpoint holds is data from outside: a value no run writes
+    (``None`` for a tensor, a list for a count) fails deep in torch or in a
+    callback with a TypeError or KeyError that names neither the file nor the field.
+    """
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except Exception as error:
+        raise CheckpointError(
+            f"{file!r}: {where} cannot be restored ({type(error).__name__}: {error}); {CRAFTED}"
+        ) from error
+
+
+def check_like(file: str, saved: Any, reference: Any, where: str, shapes: bool = False) -> None:
+    """``saved`` holds the kind of value ``reference`` does wherever both have one.
+
+    ``reference`` is what this run holds in its place (a ``None`` there takes
+    anything, a list any length): a state of the wrong kind is refused before
+    it is used, not when a later step trips over it. ``shapes``: where
+    ``reference`` holds a tensor, ``saved`` holds one of its shape.
+    """
+    if reference is None:
+        return
+    if isinstance(reference, dict):
+        if not isinstance(saved, dict):
+            refuse(file, where, saved, "a dict")
+        for key in reference.keys() & saved.keys():
+            check_like(file, saved[key], reference[key], f"{where}[{key!r}]", shapes)
+        return
+    number = (numbers.Real, torch.Tensor)  # a setting may be a float, a NumPy scalar, a tensor
+    kinds = ((bool,), number, (str,), (list, tuple))
+    kind = next((k for k in kinds if isinstance(reference, k)), (type(reference),))
+    if not isinstance(saved, kind) or (isinstance(saved, bool) and bool not in kind):
+        refuse(file, where, saved, f"a {type(reference).__name__} as this run's")
+    if shapes and torch.is_tensor(reference):
+        if not torch.is_tensor(saved) or saved.shape != reference.shape:
+            refuse(file, where, saved, f"a tensor of shape {tuple(reference.shape)} as this run's")
+
+
+# -- save ---------------------------------------------------------------------------
+def save(model: Any, path: Any, training: bool, resumable: bool, sharded: bool, wait: bool) -> str:
+    """:meth:`hapi.Model.save`: the model's parts as one dict, written by :mod:`hapi.checkpoint`."""
+    network, strategy, optimizers = model._network, model._strategy, model._optimizers
+    distributed.sync_from_main(network)  # what is written is what every process evaluates
+    if not (training or sharded):  # the plain state_dict: loads with no torch-hapi
+        return checkpoint.save_state(path, strategy._full_state_dict(network), wait=wait)
+    state: dict[str, Any] = {"format": checkpoint.FORMAT, "version": checkpoint.VERSION}
+    if not sharded:
+        state["network"] = strategy._full_state_dict(network)
+    if training:
+        if len(optimizers) > 1 and sharded:
+            raise ValueError(
+                f"save(sharded=True) holds one optimizer; this Model has {len(optimizers)}. "
+                "Save with sharded=False."
+            )
+        full = functools.partial(strategy._full_optimizer_state, network)
+        if model._optimizer is None:  # one loaded before prepare() gave its optimizer
+            optimizer, kind = model._pending_optimizer or (None, None)
+        elif len(optimizers) > 1:  # a train_step of the user's own: every optimizer, by name
+            optimizer = kind = None
+            state["optimizers"] = {name: full(o) for name, o in optimizers.items()}
+            state["optimizer_types"] = {name: type(o).__name__ for name, o in optimizers.items()}
+        else:
+            optimizer = None if sharded else full(model._optimizer)
+            kind = type(model._optimizer).__name__
+        scaler = model._scaler.state_dict() if model._scaler else model._pending_scaler_state
+        state.update(optimizer=optimizer, optimizer_type=kind, scaler=scaler, rng=global_state())
+        state.update(epoch=model.epoch, epoch_step=model.epoch_step, step=model.step)
+        if resumable and model._fit_run is not None:
+            state["fit"] = _fit_state(model, state["rng"])
+    if sharded:
+        shards = functools.partial(
+            checkpoint.save_shards,
+            network=network,
+            optimizer=model._optimizer if training else None,
+        )
+        return checkpoint.save_sharded(path, state, shards, wait=wait)
+    return checkpoint.save_state(path, state, wait=wait)
+
+
+def _fit_state(model: Any, rng: dict[str, Any]) -> dict[str, Any]:
+    """What resuming a fit needs beyond the model (collective: every process calls it).
+
+    Random streams and running sums differ between processes, so each rank's
+    are kept and each resumes its own. The training data's position
+    (:meth:`hapi.train_data.TrainData.position`) is what decides the epoch's
+    order and how far the epoch went into it, which a resume on another
+    number of processes continues from, and each process's random states at
+    the epoch's start, which a resume on as many replays.
+    """
+    run = model._fit_run
+    shared, own = run.train_data.position(model.epoch_step)
+    per_rank = {"rng": rng, "metrics": model._metrics.training_state_dict(), "data": own}
+    step_state = _step_state(model)
+    if step_state is not None:
+        per_rank["step_state"] = step_state
+    return {
+        "data_seed": run.data_seed,
+        "data": shared,
+        "per_rank": distributed.gather_objects(per_rank),
+        "callbacks": [[type(c).__name__, c.state_dict()] for c in run.callbacks],
+    }
+
+
+def _step_state(model: Any) -> dict[str, Any] | None:
+    """What the Model's own step carries between batches, from its ``step_state_dict()``.
+
+    A ``Model`` subclass whose ``train_step`` keeps state from one batch to
+    the next (a language model's hidden state in truncated backpropagation
+    through time, a running statistic) defines ``step_state_dict()`` returning
+    it as a dict, and ``load_step_state_dict(state)`` taking that dict back; a
+    resumable checkpoint then holds each process's and a resumed fit restores
+    it. ``None`` for a Model that defines neither.
+    """
+    save_ = getattr(model, "step_state_dict", None)
+    load_ = getattr(model, "load_step_state_dict", None)
+    if save_ is None and load_ is None:
+        return None
+    if save_ is None or load_ is None:
+        given, missing = ("step_state_dict", "load_step_state_dict")[:: 1 if load_ is None else -1]
+        raise TypeError(
+            f"{type(model).__name__} defines {given}() but not {missing}(): a resumed fit needs "
+            "both to carry the train_step's state over. Define the pair: step_state_dict() "
+            "returning a dict, load_step_state_dict(state) taking it back."
+        )
+    state = save_()
+    if not isinstance(state, dict):
+        raise TypeError(
+            f"{type(model).__name__}.step_state_dict() returned {type(state).__name__}; it must "
+            "return a dict (of tensors, numbers, strings, lists or dicts), e.g. "
+            "{'hidden': self.hidden}."
+        )
+    return state
+
+
+# -- load -----------------------------------------------------------------------------
+def load(model: Any, path: Any, skip_mismatch: bool, reset_optimizer: bool, resume: bool) -> None:
+    """:meth:`hapi.Model.load`: every part checked, then restored (see its docstring)."""
+    run = model._fit_run
+    if resume:
+        if run is None or not run.restoring:
+            raise RuntimeError(
+                "load(..., resume=True) continues an interrupted fit, which fit itself does "
+                "before its first batch: pass fit(resume_from=path), or keep backups with "
+                "callbacks.BackupAndRestore; to start from a file's weights, load without "
+                "resume=True."
+            )
+        file, state = checkpoint.load_freshest_state(path)
+        if "fit" not in state:
+            raise CheckpointError(
+                f"{file!r} was not saved to resume a fit: it lacks the data order, random states "
+                "and callback states that continuing one needs. ModelCheckpoint(..., "
+                "resumable=True) and BackupAndRestore write files a fit can resume from. To start "
+                f"a new fit from this file's weights instead, call model.load({file!r}) before "
+                "fit(), with no resume_from."
+            )
+    else:
+        file, state = checkpoint.load_state(path)
+    # The counters first: a value no run writes is refused before anything is changed.
+    epoch = count(file, state, "epoch", run.epochs if resume else None)
+    epoch_step, step = (count(file, state, key) for key in ("epoch_step", "step"))
+    if state.get("optimizer_type") is not None:
+        check_like(file, state["optimizer_type"], "", "'optimizer_type'")
+    if not (reset_optimizer or skip_mismatch):  # else not restored, or only if it fits
+        _check_optimizer_states(model, file, state)
+    skipped = (_load_shards if "shards" in state else _load_weights)(
+        model, file, state, skip_mismatch
+    )
+    if skipped:
+        warnings.warn(
+            f"Loaded {file!r} partially; skipped {len(skipped)} tensors whose name or "
+            f"shape do not match this network: {skipped}.",
+            stacklevel=3,
+        )
+    if not reset_optimizer:
+        _load_optimizers(model, file, state, skipped, keep_hyperparameters=not resume)
+    if state.get("scaler") is not None:
+        check_scaler_state(file, state["scaler"])
+        if model._scaler is not None:
+            with restoring(file, "'scaler'"):
+                model._scaler.load_state_dict(state["scaler"])
+        else:
+            model._pending_scaler_state = state["scaler"]
+    model.epoch, model.epoch_step, model.step = epoch, epoch_step, step
+    if resume:
+        _resume_fit(model, file, state["fit"])
+
+
+def _load_weights(model: Any, file: str, state: dict, skip_mismatch: bool) -> list[str]:
+    network = state.get("network")
+    check_like(file, network, {}, "'network'")
+    for key, value in network.items():
+        if not (torch.is_tensor(value) or str(key).endswith("_extra_state")):
+            refuse(file, f"'network'[{key!r}]", value, "a tensor")
+    weights, skipped = matching.match_state_dict(model._network, network, file, skip_mismatch)
+    model._strategy._load_state_dict(model._network, weights, strict=not skipped)
+    return skipped
+
+
+def _load_shards(model: Any, file: str, state: dict, skip_mismatch: bool) -> list[str]:
+    """A sharded checkpoint's weights, resharded for this run (collectives)."""
+    directory = checkpoint.shards_directory(file, state)
+    saved = {
+        key: torch.empty(shape, device="meta")
+        for key, shape in checkpoint.saved_shapes(directory).items()
+    }
+    weights, skipped = matching.match_state_dict(model._network, saved, file, skip_mismatch)
+    checkpoint.load_shards(directory, model._network, set(weights))
+    return skipped
+
+
+def _check_optimizer_states(model: Any, file: str, state: dict) -> None:
+    """Each saved optimizer state of the layout torch writes, its tensors of their parameters'
+    shapes, its settings of this optimizer's types; refused with the entry before any is used."""
+    named = [
+        ("'optimizer'", state.get("optimizer"), model._optimizer),
+        ("'optimizer_shards'", state.get("optimizer_shards"), model._optimizer),
+    ]
+    if isinstance(state.get("optimizers"), dict):
+        named += [
+            (f"'optimizers'[{name!r}]", saved, model._optimizers.get(name))
+            for name, saved in state["optimizers"].items()
+        ]
+    for where, saved, optimizer in named:
+        if saved is None:
+            continue
+        check_like(file, saved, {"state": {}, "param_groups": []}, where)
+        if optimizer is None:
+            continue
+        groups = optimizer.state_dict()["param_groups"]
+        shapes = [tuple(p.shape) for group in optimizer.param_groups for p in group["params"]]
+        for index, group in enumerate(saved.get("param_groups", [])):
+            check_like(file, group, groups[0], f"{where}['param_groups'][{index}]")
+            for name, value in group.items():  # a setting torch leaves None: a plain value
+                if groups[0].get(name, 0) is None and not isinstance(value, _PLAIN):
+                    refuse(
+                        file, f"{where}['param_groups'][{index}][{name!r}]", value, "a plain value"
+                    )
+        # torch's optimizers keep tensors per parameter (and a step count); LBFGS and
+        # optimizers of other libraries may keep numbers and lists of tensors too.
+        lenient = isinstance(optimizer, torch.optim.LBFGS) or not type(
+            optimizer
+        ).__module__.startswith("torch.optim")
+        for key, entry in saved.get("state", {}).items():
+            check_like(file, entry, {}, f"{where}['state'][{key!r}]")
+            shape = shapes[key] if isinstance(key, int) and 0 <= key < len(shapes) else None
+            for name, value in entry.items():
+                at = f"{where}['state'][{key!r}][{name!r}]"
+                items = value if lenient and isinstance(value, (list, tuple)) else [value]
+                plain = lenient or name == "step"
+                if not all(
+                    torch.is_tensor(v) or v is None or (plain and isinstance(v, _PLAIN))
+                    for v in items
+                ):
+                    refuse(
+                        file, at, value, "a tensor" + (", a number or a list" if lenient else "")
+                    )
+                if shape and torch.is_tensor(value) and value.dim() and value.shape != shape:
+                    refuse(file, at, value, f"a tensor of the parameter's shape {shape}")
+
+
+def _load_optimizers(
+    model: Any, file: str, state: dict, skipped: list[str], keep_hyperparameters: bool
+) -> None:
+    """The file's optimizer state(s) into the Model's optimizer(s), now or at ``prepare``.
+
+    ``keep_hyperparameters``: the settings given to prepare() win (a load); a
+    resume takes the file's too, schedules having changed them.
+    """
+    saved, shards = state.get("optimizer"), state.get("optimizer_shards")
+    load = functools.partial(load_optimizer_state, model, keep_hyperparameters=keep_hyperparameters)
+    if (saved is not None or shards is not None) and skipped:
+        warnings.warn(
+            "The optimizer state in the checkpoint was not loaded because the "
+            "network's weights did not match it.",
+            stacklevel=4,
+        )
+    elif shards is not None and model._optimizer is not None:
+        directory = checkpoint.shards_directory(file, state)
+        with restoring(file, "'optimizer'"):
+            load(
+                {"param_groups": shards["param_groups"]},
+                state.get("optimizer_type"),
+                source=file,
+                loader=lambda _: _load_optimizer_shards(directory, model, shards),
+            )
+    elif shards is not None:  # shards are read into the optimizer's own (sharded) state
+        warnings.warn(
+            f"The optimizer state in the sharded checkpoint {file!r} was not loaded: "
+            "this Model has no optimizer yet. Call prepare(optimizer=...) before load() "
+            "to restore it.",
+            stacklevel=4,
+        )
+    elif saved is not None and model._optimizer is not None:
+        with restoring(file, "'optimizer'"):
+            load(saved, state.get("optimizer_type"), source=file)
+    elif saved is not None:
+        model._pending_optimizer = (saved, state.get("optimizer_type"))
+    several = state.get("optimizers")
+    if several is None or skipped:
+        return
+    with restoring(file, "'optimizers'"):
+        if sorted(several) != sorted(model._optimizers):
+            warnings.warn(
+                f"{file!r} holds the states of optimizers {sorted(several)}, but this Model was "
+                f"prepared with {sorted(model._optimizers) or 'none'}; they were not loaded. Call "
+                "prepare() with the same optimizers (a list in the same order, or a dict with the "
+                "same names) before load().",
+                stacklevel=5,
+            )
+            return
+        for name, optimizer_state in several.items():
+            load(
+                optimizer_state,
+                state["optimizer_types"][name],
+                source=f"{file} ({name!r})",
+                optimizer=model._optimizers[name],
+            )
+
+
+def load_optimizer_state(
+    model: Any,
+    optimizer_state: dict,
+    saved_type: str | None,
+    *,
+    source: str,
+    keep_hyperparameters: bool,
+    optimizer: torch.optim.Optimizer | None = None,
+    loader: Any = None,
+) -> None:
+    """A saved state into ``optimizer`` (default: the Model's), the strategy's way."""
+    optimizer = model._optimizer if optimizer is None else optimizer
+    matching.load_optimizer_state(
+        optimizer,
+        optimizer_state,
+        saved_type,
+        source,
+        load=loader
+        or functools.partial(model._strategy._load_optimizer_state, model._network, optimizer),
+        keep_hyperparameters=keep_hyperparameters,
+    )
+
+
+def _load_optimizer_shards(directory: str, model: Any, shards: dict) -> None:
+    """A sharded checkpoint's optimizer state, once its groups hold as many parameters as this
+    optimizer's: torch's ``load_state_dict`` refuses others, its sharded loader takes them."""
+    sizes = [len(group["params"]) for group in shards["param_groups"]]
+    ours = [len(group["params"]) for group in model._optimizer.param_groups]
+    if sizes != ours:
+        raise ValueError(f"its parameter groups hold {sizes} parameters, this optimizer's {ours}")
+    checkpoint.load_optimizer_shards(directory, model._network, model._optimizer, shards)
+
+
+# -- resume -------------------------------------------------------------------------
+def restore_fit(model: Any, resume_from: str | os.PathLike | None) -> None:
+    """Continue an interrupted fit, after every callback's ``on_train_begin`` and before the
+    first batch: from ``resume_from``, then from a backup a callback keeps (its
+    ``restore_backup()``, as :class:`callbacks.BackupAndRestore` has), the later winning.
+
+    The loop then starts at the restored epoch and step; nothing rewrites it once it runs.
+    """
+    run = model._fit_run
+    run.restoring = True
+    try:
+        if resume_from is not None:
+            model.load(resume_from, resume=True)
+            if distributed.is_main():  # as BackupAndRestore says it: no silent resume
+                tqdm.write(
+                    f"Resuming from {os.fspath(resume_from)} at epoch {model.epoch + 1}, batch "
+                    f"{model.epoch_step} (optimizer step {model.step})."
+                )
+        for callback in run.callbacks:
+            restore_backup = getattr(callback, "restore_backup", None)
+            if callable(restore_backup):
+                restore_backup()
+    finally:
+        run.restoring = False
+
+
+def _resume_fit(model: Any, file: str, saved: Any) -> None:
+    """Put the fit about to run back where the file left it.
+
+    Each process restores its own part of the file: one refused on one
+    process is raised on every process (one collective), none left waiting.
+    """
+    run, failure = model._fit_run, None
+    try:
+        own = _restore_parts(model, file, saved)
+        run.data_seed = run.train_data.seed = saved["data_seed"]
+        with restoring(file, "the data position ('data')"):
+            model.epoch_step, outcome, reason = run.train_data.resume(
+                saved.get("data") or _UNKNOWN_POSITION,
+                None if own is None else own.get("data"),
+                saved["per_rank"][0].get("data") or {"generators": {}},
+                model.epoch,
+                model.epoch_step,
+            )
+    except CheckpointError as error:
+        failure = error
+    refused = [
+        message for message in distributed.gather_objects(failure and str(failure)) if message
+    ]
+    if refused:
+        raise failure or CheckpointError(refused[0])
+    _warn_resume(file, len(saved["per_rank"]), outcome, reason)
+
+
+def _check_fit(file: str, saved: Any) -> None:
+    """The fit state's layout: what :func:`_fit_state` writes, before any of it is used."""
+    keys = {"data_seed", "data", "per_rank", "callbacks"}
+    if not isinstance(saved, dict) or not keys <= set(saved):
+        refuse(file, "'fit'", saved, "a dict of 'data_seed', 'data', 'per_rank' and 'callbacks'")
+    check_like(file, saved, {"data": {}, "per_rank": [], "callbacks": []}, "'fit'")
+    count(file, saved, "data_seed")
+    per_rank = saved["per_rank"]
+    if not per_rank or not all(isinstance(part, dict) for part in per_rank):
+        refuse(file, "'per_rank'", per_rank, "a list of each process's dict")
+    for index, entry in enumerate(saved["callbacks"]):
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str)):
+            refuse(file, f"'callbacks'[{index}]", entry, "a [class name, state] pair")
+        check_like(file, entry[1], {}, f"'callbacks'[{index}] ({entry[0]}) state")
+
+
+def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
+    """Give this process its random streams, running sums and step state, each callback its state.
+
+    Returns this process's part of the file (``None`` when another number of
+    processes wrote it: the per-process parts cannot be matched, and random
+    streams and the epoch's running sums start afresh). Every part is checked
+    before it is used; one that no run writes raises :class:`CheckpointError`
+    naming it.
+    """
+    _check_fit(file, saved)
+    own = distributed.this_process_part(saved["per_rank"])
+    if own is not None:
+        where = f"'per_rank'[{distributed.rank()}]"
+        with restoring(file, f"{where}['rng']"):
+            set_global_state(own["rng"])
+        with restoring(file, f"{where}['metrics']"):
+            model._metrics.load_state_dict(own["metrics"])
+            model._metrics.compute(sync=False)  # a running sum of another shape fails here
+    callbacks = list(model._fit_run.callbacks)
+    names = [name for name, _ in saved["callbacks"]]
+    ours = [type(c).__name__ for c in callbacks]
+    if names != ours:
+        warnings.warn(
+            f"Resuming from {file!r}: its callbacks {names} differ from this fit's {ours}; "
+            "callbacks are matched by class name in order, and the others start afresh.",
+            stacklevel=5,
+        )
+    pending = list(saved["callbacks"])
+    for callback in callbacks:
+        match = next(
+            (i for i, (name, _) in enumerate(pending) if name == type(callback).__name__), None
+        )
+        if match is not None:
+            name, state = pending.pop(match)
+            with restoring(file, f"{name}'s state"):
+                callback.load_state_dict(state)
+    with restoring(file, "'step_state'"):
+        _restore_step_state(model, own, file)
+    return own
+
+
+def _restore_step_state(model: Any, own: dict[str, Any] | None, file: str) -> None:
+    """Give the Model's own step its state back from this process's part of a resumable file.
+
+    A file saved without one (by a Model without ``step_state_dict``) leaves
+    the Model's state as it is. The saved dict must hold the kinds of value
+    (and tensors of the shapes) ``step_state_dict()`` returns now, where it
+    returns one that is not ``None``: the step would trip over any other
+    later, far from the file.
+    """
+    if own is None or "step_state" not in own:
+        return
+    load_ = getattr(model, "load_step_state_dict", None)
+    if load_ is None:
+        warnings.warn(
+            f"Resuming from {file!r}: it holds the state a train_step carried between batches "
+            f"(keys {sorted(own['step_state'])}), but {type(model).__name__} defines no "
+            "load_step_state_dict(state) to take it, so it is not restored. Define "
+            "step_state_dict() and load_step_state_dict(state) on the Model subclass.",
+            stacklevel=7,
+        )
+        return
+    save_ = getattr(model, "step_state_dict", None)
+    check_like(file, own["step_state"], save_ and save_(), "'step_state'", shapes=True)
+    load_(own["step_state"])
+
+
+def _warn_resume(file: str, saved_by: int, outcome: str, reason: str | None) -> None:
+    """One warning when a resumed fit will not equal the uninterrupted one, saying why.
+
+    ``outcome`` is what :meth:`hapi.train_data.TrainData.resume` did.
+    """
+    here = distributed.world_size()
+    epoch = {
+        "exact": None,
+        "fresh": "random streams start afresh, so results differ from an uninterrupted run",
+        "split": (
+            f"the rest of the interrupted epoch is split across the processes there are now "
+            f"({here}; each remaining sample trained once); random streams and that epoch's "
+            "running figures start afresh, so results differ from an uninterrupted run"
+        ),
+        "restart": (
+            f"the interrupted epoch restarts from its first batch, because {reason}; results "
+            "differ from an uninterrupted run"
+        ),
+        "inexact": f"the rest of the interrupted epoch may differ from an uninterrupted run's: {reason}",
+    }[outcome]
+    if epoch is None:
+        return
+    moved = f", saved by {saved_by} processes, on {here}" if saved_by != here else ""
+    warnings.warn(
+        f"Resuming from {file!r}{moved}: the weights, optimizer and callbacks are restored, and "
+        f"{epoch}.",
+        stacklevel=5,
+    )
