@@ -582,33 +582,38 @@ class Model:
         :func:`hapi.distributed.sync_from_main`); weights too if DDP never aligned them."""
         distributed.sync_from_main(self._network, parameters=self._wrapped is None)
 
-    def _run_setup(
-        self,
-        data: Any,
-        role: str,
-        callbacks: Any,
-        *,
-        batch_size: int,
-        verbose: int,
-        log_freq: int,
-        num_workers: int,
-        loader_options: dict | None = None,
-        callback_options: dict | None = None,
-        **params: Any,
-    ) -> tuple[Any, CallbackList]:
-        """The loader of ``data`` and the run's callbacks, their params set (fit, evaluate, predict)."""
-        loader = make_loader(
+    def _loader(self, data: Any, role: str, batch_size: int, workers: int, **options: Any) -> Any:
+        return make_loader(
             data,
             role=role,
             batch_size=batch_size,
-            num_workers=num_workers,
+            num_workers=workers,
             device=self.device,
-            **(loader_options or {}),
+            **options,
         )
+
+    def _callbacks(
+        self,
+        callbacks: Any,
+        loader: Any,
+        batch_size: int,
+        verbose: int,
+        log_freq: int,
+        save_dir: str | None = None,
+        save_freq: int = 1,
+        **params: Any,
+    ) -> CallbackList:
+        """The run's callbacks (the user's and the defaults), their model and params set."""
         cbks = callbacks_for_run(
-            self, callbacks, verbose=verbose, log_freq=log_freq, **(callback_options or {})
+            self,
+            callbacks,
+            verbose=verbose,
+            log_freq=log_freq,
+            save_dir=save_dir,
+            save_freq=save_freq,
         )
-        params = {"epochs": None, "steps": num_batches(loader), **params}
+        if save_dir is not None:
+            params["save_dir"] = save_dir  # EarlyStopping's best_model goes there
         cbks.set_params(
             {
                 "rank": distributed.rank(),
@@ -617,10 +622,12 @@ class Model:
                 "batch_size": distributed.loader_batch_size(loader) or batch_size,
                 "verbose": verbose,
                 "log_freq": log_freq,
+                "epochs": None,
+                "steps": num_batches(loader),
                 **params,
             }
         )
-        return loader, cbks
+        return cbks
 
     # -- fit / evaluate / predict -----------------------------------------------
     def fit(
@@ -761,41 +768,34 @@ class Model:
         eval_source = as_source(eval_data, "eval_data")
         streams_for_training()  # after seed_everything: each process its own stream from here
         data_seed = fit_seed(train_source, shuffle)
-        train_loader, cbks = self._run_setup(
+        train_loader = self._loader(
             train_source,
             "train_data",
-            callbacks,
-            batch_size=train_batch_size,
-            verbose=verbose,
-            log_freq=log_freq,
-            num_workers=num_workers,
-            loader_options={"shuffle": shuffle, "drop_last": drop_last, "seed": data_seed},
-            callback_options={"save_dir": save_dir, "save_freq": save_freq},
-            eval_steps=eval_steps,
-            **({} if save_dir is None else {"save_dir": save_dir}),  # EarlyStopping's best_model
-            accumulate_grad_batches=accumulate_grad_batches,
-            num_iters=num_iters,
+            train_batch_size,
+            num_workers,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            seed=data_seed,
         )
-        eval_loader = (
-            None
-            if eval_source is None
-            else make_loader(
-                eval_source,
-                role="eval_data",
-                batch_size=eval_batch_size,
-                num_workers=num_workers,
-                device=self.device,
-            )
-        )
+        eval_loader = None
+        if eval_source is not None:
+            eval_loader = self._loader(eval_source, "eval_data", eval_batch_size, num_workers)
         steps = num_batches(train_loader)
         if num_iters is not None and steps:
             epochs = math.ceil(num_iters / steps)
-        cbks.set_params(
-            {
-                **next(iter(cbks)).params,
-                "epochs": epochs,
-                "steps": steps if num_iters is None else min(steps or num_iters, num_iters),
-            }
+        cbks = self._callbacks(
+            callbacks,
+            train_loader,
+            train_batch_size,
+            verbose,
+            log_freq,
+            save_dir=save_dir,
+            save_freq=save_freq,
+            epochs=epochs,
+            steps=steps if num_iters is None else min(steps or num_iters, num_iters),
+            eval_steps=eval_steps,
+            accumulate_grad_batches=accumulate_grad_batches,
+            num_iters=num_iters,
         )
         self.stop_training = False
         self.epoch = self.epoch_step = 0
@@ -872,15 +872,8 @@ class Model:
         require_int("evaluate", "log_freq", log_freq)
         require_int("evaluate", "num_iters", num_iters, allow_none=True)
         _check_verbose(verbose)
-        loader, cbks = self._run_setup(
-            eval_data,
-            "eval_data",
-            callbacks,
-            batch_size=batch_size,
-            verbose=verbose,
-            log_freq=log_freq,
-            num_workers=num_workers,
-        )
+        loader = self._loader(eval_data, "eval_data", batch_size, num_workers)
+        cbks = self._callbacks(callbacks, loader, batch_size, verbose, log_freq)
         self._same_model_everywhere()
         return evaluate_loop(self, loader, cbks, log_freq=log_freq, num_iters=num_iters)
 
@@ -919,15 +912,8 @@ class Model:
         """
         self._prediction_stepper()
         _check_verbose(verbose)
-        loader, cbks = self._run_setup(
-            test_data,
-            "test_data",
-            callbacks,
-            batch_size=batch_size,
-            verbose=verbose,
-            log_freq=DEFAULT_LOG_FREQ,
-            num_workers=num_workers,
-        )
+        loader = self._loader(test_data, "test_data", batch_size, num_workers)
+        cbks = self._callbacks(callbacks, loader, batch_size, verbose, DEFAULT_LOG_FREQ)
         self._same_model_everywhere()
         outputs = predict_loop(self, loader, cbks)
         if stack_outputs:
