@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from callbacks import Callback
+from hapi import Model
 
 # One torch thread in each test process. The suite runs two test processes at once
 # (pytest-xdist, ``-n 2`` in pyproject.toml) on a 2-core machine, and each multi-process
@@ -36,6 +37,33 @@ def make_tiny_data(n: int = 96, in_features: int = 4, classes: int = 3, seed: in
     x = torch.randn(n, in_features, generator=generator)
     y = x[:, :classes].argmax(dim=1)
     return x, y
+
+
+def tiny_model(
+    lr: float = 0.1,
+    metrics=None,
+    *,
+    seed: int = 0,
+    momentum: float = 0.0,
+    adam: bool = False,
+    loss=None,
+    device=None,
+    network=None,
+    **prepare,
+) -> Model:
+    """The suite's small model: ``TinyNet()`` (or ``network()``) built under
+    ``torch.manual_seed(seed)``, prepared with SGD at ``lr`` (Adam with ``adam=True``), the
+    loss (cross-entropy by default), ``metrics`` and any other ``prepare`` keyword."""
+    torch.manual_seed(seed)
+    model = Model(TinyNet() if network is None else network(), device=device)
+    parameters = model.parameters()
+    optimizer = (
+        torch.optim.Adam(parameters, lr)
+        if adam
+        else torch.optim.SGD(parameters, lr=lr, momentum=momentum)
+    )
+    model.prepare(optimizer, nn.CrossEntropyLoss() if loss is None else loss, metrics, **prepare)
+    return model
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import TinyNet, make_tiny_data
+from conftest import make_tiny_data, tiny_model
 from stub import StubModel, attach
 from torch import nn
 from torch.optim.lr_scheduler import OneCycleLR, StepLR
@@ -30,10 +30,7 @@ EVAL = make_tiny_data(20, seed=1)
 
 
 def _model(lr: float = 0.05) -> Model:
-    torch.manual_seed(0)
-    model = Model(TinyNet())
-    model.prepare(torch.optim.SGD(model.parameters(), lr=lr), nn.CrossEntropyLoss())
-    return model
+    return tiny_model(lr)
 
 
 def _weights(network: nn.Module) -> list[torch.Tensor]:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import pytest
-import torch
-from conftest import TinyNet, make_tiny_data
-from torch import nn
+from conftest import make_tiny_data, tiny_model
 
 from callbacks import Callback, CallbackList, LambdaCallback
 from callbacks.base import HOOKS
@@ -15,10 +13,7 @@ DATA = make_tiny_data(20)
 
 
 def _model() -> Model:
-    torch.manual_seed(0)
-    model = Model(TinyNet())
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.05), nn.CrossEntropyLoss())
-    return model
+    return tiny_model(0.05)
 
 
 def test_only_the_hooks_given_are_dispatched():

@@ -6,12 +6,9 @@ import itertools
 import re
 
 import pytest
-import torch
-from conftest import TinyNet, make_tiny_data
-from torch import nn
+from conftest import make_tiny_data, tiny_model
 
 from callbacks import ProgBarLogger
-from hapi import Model
 from hapi.metrics import Accuracy
 
 LINE = re.compile(
@@ -20,12 +17,7 @@ LINE = re.compile(
 
 
 def _model():
-    torch.manual_seed(0)
-    model = Model(TinyNet())
-    model.prepare(
-        torch.optim.Adam(model.parameters(), 1e-2), nn.CrossEntropyLoss(), Accuracy(topk=(1, 2))
-    )
-    return model
+    return tiny_model(1e-2, Accuracy(topk=(1, 2)), adam=True)
 
 
 def test_lines_in_paddles_form_every_log_freq_steps_and_the_last(capsys):

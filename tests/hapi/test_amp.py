@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TinyNet, make_tiny_data
+from conftest import TinyNet, make_tiny_data, tiny_model
 from torch import nn
 
 from hapi import Model
@@ -27,12 +27,7 @@ PADDLE_CONFIG = {
 
 
 def _model(amp=None, lr=0.5, **prepare):
-    torch.manual_seed(0)
-    model = Model(TinyNet(), device="cpu")
-    model.prepare(
-        torch.optim.SGD(model.parameters(), lr=lr), nn.CrossEntropyLoss(), amp=amp, **prepare
-    )
-    return model
+    return tiny_model(lr, amp=amp, device="cpu", **prepare)
 
 
 def _hand_loop(x, y, scaler: torch.amp.GradScaler, batch: int = 10, lr: float = 0.5) -> nn.Module:

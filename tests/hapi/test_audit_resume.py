@@ -15,8 +15,7 @@ import time
 
 import pytest
 import torch
-from conftest import TinyNet, make_tiny_data
-from torch import nn
+from conftest import make_tiny_data, tiny_model
 
 from callbacks import BackupAndRestore, Callback, EarlyStopping, ModelCheckpoint
 from hapi import Model
@@ -25,11 +24,8 @@ from hapi.metrics import Accuracy
 DATA, EVAL = make_tiny_data(96), make_tiny_data(48, seed=1)
 
 
-def tiny_model() -> Model:
-    torch.manual_seed(0)
-    model = Model(TinyNet(), device="cpu")
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.05), nn.CrossEntropyLoss(), Accuracy())
-    return model
+def small_model() -> Model:
+    return tiny_model(0.05, Accuracy(), device="cpu")
 
 
 class CrashAtEpoch(Callback):
@@ -72,7 +68,7 @@ def two_of_each(root: str) -> list[Callback]:
 def run(root: str, crash: int = -1) -> tuple[int, States]:
     kept = two_of_each(root)
     states = States(kept)
-    model = tiny_model()
+    model = small_model()
     history = model.fit(
         DATA,
         eval_data=EVAL,
@@ -111,10 +107,10 @@ def test_a_model_checkpoint_in_a_relative_directory_keeps_rotating_after_resume_
     tmp_path, monkeypatch
 ):
     monkeypatch.chdir(tmp_path)
-    model = tiny_model()
+    model = small_model()
     checkpoint = ModelCheckpoint("ckpt", keep=2, resumable=True)
     model.fit(DATA, batch_size=16, epochs=2, verbose=0, callbacks=[checkpoint])
-    model = tiny_model()
+    model = small_model()
     checkpoint = ModelCheckpoint("ckpt", keep=2, resumable=True)
     model.fit(
         DATA, batch_size=16, epochs=4, verbose=0, callbacks=[checkpoint], resume_from="ckpt/1"
@@ -124,7 +120,7 @@ def test_a_model_checkpoint_in_a_relative_directory_keeps_rotating_after_resume_
 
 def test_after_falling_back_from_an_unreadable_backup_the_previous_stays_readable(tmp_path):
     def crash_at_epoch_3() -> None:
-        model = tiny_model()
+        model = small_model()
         with pytest.raises(KeyboardInterrupt):
             model.fit(
                 DATA,
@@ -141,13 +137,13 @@ def test_after_falling_back_from_an_unreadable_backup_the_previous_stays_readabl
         crash_at_epoch_3()  # resumed at 2 epochs done, backed up epoch 2 again, then died
     # The unreadable file was not kept as the previous backup: both backups still resume.
     for name in ("backup", "backup-previous"):
-        model = tiny_model()
+        model = small_model()
         model.load(tmp_path / name)
         assert model.epoch == {"backup": 3, "backup-previous": 2}[name], name
 
 
 def test_a_blocking_save_lands_after_a_background_one_still_being_written(tmp_path, monkeypatch):
-    model = tiny_model()
+    model = small_model()
     real_save = torch.save
 
     def slow_in_the_background(*args, **kwargs):

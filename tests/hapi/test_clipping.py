@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TinyNet, make_tiny_data
+from conftest import TinyNet, make_tiny_data, tiny_model
 from torch import nn
 
 from callbacks import Callback
-from hapi import Model
 
 
 def _hand_loop(x, y, *, batch, lr, clip_norm=None, clip_value=None, accumulate=1, scale=1.0):
@@ -32,10 +31,7 @@ def _hand_loop(x, y, *, batch, lr, clip_norm=None, clip_value=None, accumulate=1
 
 
 def _model(lr=0.5, **prepare):
-    torch.manual_seed(0)
-    model = Model(TinyNet())
-    model.prepare(torch.optim.SGD(model.parameters(), lr=lr), nn.CrossEntropyLoss(), **prepare)
-    return model
+    return tiny_model(lr, **prepare)
 
 
 class GradientRecorder(Callback):

@@ -17,8 +17,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import TinyNet, make_tiny_data
-from torch import nn
+from conftest import make_tiny_data, tiny_model
 
 import hapi
 from callbacks import (
@@ -32,10 +31,7 @@ from callbacks import (
 
 
 def _model(seed: int = 0) -> hapi.Model:
-    torch.manual_seed(seed)
-    model = hapi.Model(TinyNet())
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
-    return model
+    return tiny_model(0.1, seed=seed)
 
 
 def _snapshot(directory: pathlib.Path) -> dict[str, tuple]:

@@ -6,7 +6,7 @@ import csv
 
 import pytest
 import torch
-from conftest import TinyNet, make_tiny_data
+from conftest import make_tiny_data, tiny_model
 from torch import nn
 
 from callbacks import (
@@ -18,17 +18,11 @@ from callbacks import (
     TerminateOnNaN,
     VisualDL,
 )
-from hapi import Model
 from hapi.metrics import Accuracy
 
 
 def _model(lr=0.05, loss=None):
-    torch.manual_seed(0)
-    model = Model(TinyNet())
-    model.prepare(
-        torch.optim.SGD(model.parameters(), lr=lr), loss or nn.CrossEntropyLoss(), Accuracy()
-    )
-    return model
+    return tiny_model(lr, Accuracy(), loss=loss)
 
 
 DATA = make_tiny_data(60)

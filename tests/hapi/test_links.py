@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import TinyNet, make_tiny_data
+from conftest import TinyNet, make_tiny_data, tiny_model
 from torch import nn
 from torch.distributed.checkpoint.filesystem import FileSystem
 
@@ -26,9 +26,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:Us
 
 
 def _model() -> hapi.Model:
-    torch.manual_seed(0)
-    model = hapi.Model(TinyNet())
-    model.prepare(torch.optim.Adam(model.parameters()), nn.CrossEntropyLoss())
+    model = tiny_model(1e-3, adam=True)
     model.fit(make_tiny_data(32), batch_size=8, verbose=0)
     return model
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TinyNet, make_tiny_data
+from conftest import TinyNet, make_tiny_data, tiny_model
 from torch import nn
 
 from callbacks import BackupAndRestore, Callback
@@ -23,12 +23,7 @@ def assert_same_history(mine: dict, theirs: dict) -> None:
 
 
 def _model() -> Model:
-    torch.manual_seed(0)
-    model = Model(TinyNet())
-    model.prepare(
-        torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9), nn.CrossEntropyLoss(), Accuracy()
-    )
-    return model
+    return tiny_model(0.3, Accuracy(), momentum=0.9)
 
 
 def test_eval_steps_evaluates_every_n_steps_without_disturbing_training():

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import torch
-from conftest import TinyNet, make_tiny_data
-from torch import nn
+from conftest import make_tiny_data, tiny_model
 
-from hapi import Model
 from hapi.metrics import Accuracy
 
 FIGURES = ("acc", "loss")
 
 
 def _model():
-    torch.manual_seed(0)
-    model = Model(TinyNet())
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), Accuracy())
-    return model
+    return tiny_model(0.1, Accuracy())
 
 
 def test_fit_calls_hooks_in_keras_order_with_the_documented_logs(recorder):

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-from conftest import TinyNet, make_tiny_data
-from torch import nn
+from conftest import make_tiny_data, tiny_model
 
 from callbacks import Callback, ModelCheckpoint
 from hapi import Model
@@ -15,12 +13,7 @@ DATA, EVAL = (X, Y), (X[:20], Y[:20])
 
 
 def _model() -> Model:
-    torch.manual_seed(0)
-    model = Model(TinyNet())
-    model.prepare(
-        torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9), nn.CrossEntropyLoss(), Accuracy()
-    )
-    return model
+    return tiny_model(0.3, Accuracy(), momentum=0.9)
 
 
 def _fit(model: Model, **options):

@@ -6,11 +6,11 @@ import warnings
 
 import pytest
 import torch
+from conftest import tiny_model
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from callbacks import BackupAndRestore, ModelCheckpoint
-from hapi import Model
 
 
 class Stream(IterableDataset):
@@ -20,10 +20,7 @@ class Stream(IterableDataset):
 
 
 def _model():
-    torch.manual_seed(0)
-    model = Model(nn.Linear(4, 2))
-    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
-    return model
+    return tiny_model(0.1, network=lambda: nn.Linear(4, 2))
 
 
 def _tensors():

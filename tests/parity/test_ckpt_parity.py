@@ -16,9 +16,7 @@ import os
 import warnings
 
 import pytest
-import torch
-from conftest import TinyNet, make_tiny_data
-from torch import nn
+from conftest import make_tiny_data, tiny_model
 
 import hapi
 from callbacks import BackupAndRestore, Callback, ModelCheckpoint
@@ -29,12 +27,7 @@ BATCH_SIZE = 5
 
 
 def _model() -> hapi.Model:
-    torch.manual_seed(0)
-    model = hapi.Model(TinyNet())
-    model.prepare(
-        torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), metrics=[Accuracy()]
-    )
-    return model
+    return tiny_model(0.1, [Accuracy()])
 
 
 def _fit(callbacks, epochs=1, batch_size=BATCH_SIZE, eval_data=True, model=None, **options):
