@@ -37,13 +37,10 @@ _NOT_ABOUT_INPUTS = re.compile(
 
 def check_clipping(clip_grad_norm: Any, clip_grad_value: Any) -> tuple[float | None, float | None]:
     """``prepare``'s clipping bounds: positive numbers, at most one of the two (as in Keras)."""
-    for name, value in (("clip_grad_norm", clip_grad_norm), ("clip_grad_value", clip_grad_value)):
-        if value is not None and (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not value > 0
-            or value == float("inf")
-        ):
+    bounds = {"clip_grad_norm": clip_grad_norm, "clip_grad_value": clip_grad_value}
+    for name, value in bounds.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if value is not None and not (number and 0 < value < float("inf")):
             raise ValueError(
                 f"{name} must be a positive finite number (or None); received {value!r}."
             )
@@ -53,38 +50,19 @@ def check_clipping(clip_grad_norm: Any, clip_grad_value: Any) -> tuple[float | N
             "choose one: clip_grad_norm scales all gradients together to a total L2 norm, "
             "clip_grad_value clips each element on its own."
         )
-    return (
-        None if clip_grad_norm is None else float(clip_grad_norm),
-        None if clip_grad_value is None else float(clip_grad_value),
-    )
+    return tuple(None if value is None else float(value) for value in bounds.values())
 
 
+@dataclass
 class PerOutputLoss:
     """``prepare(loss=[loss_0, loss_1, ...], loss_weights=...)``: Keras' per-output losses.
 
-    Loss i scores output i against label i; the trained loss is their weighted
-    sum, and each part is logged as ``output_<i>_loss``.
+    Loss i scores output i against label i; the trained loss is their sum
+    weighted by ``weights``, and each part is logged as ``output_<i>_loss``.
     """
 
-    def __init__(self, losses: list[Callable], weights: list[float] | None) -> None:
-        if weights is not None and len(weights) != len(losses):
-            raise ValueError(
-                f"loss_weights has {len(weights)} entries for {len(losses)} losses; give one "
-                "weight per output's loss."
-            )
-        self.losses = losses
-        self.weights = [1.0] * len(losses) if weights is None else [float(w) for w in weights]
-
-    def __call__(self, *outputs_and_labels: Any) -> torch.Tensor:
-        """The weighted sum, called as ``loss(*outputs, *labels)`` like any loss."""
-        count = len(self.losses)
-        return self.total(
-            self.parts(list(outputs_and_labels[:count]), list(outputs_and_labels[count:]))
-        )
-
-    def total(self, parts: list[torch.Tensor]) -> torch.Tensor:
-        """The trained loss: the parts' sum weighted by ``loss_weights``."""
-        return sum(weight * part for weight, part in zip(self.weights, parts))
+    losses: list[Callable]
+    weights: list[float]
 
     def parts(self, outputs: list[Any], labels: list[Any]) -> list[torch.Tensor]:
         if len(outputs) != len(self.losses) or len(labels) != len(self.losses):
@@ -106,8 +84,14 @@ def check_loss(loss: Any, loss_weights: Sequence[float] | None) -> Any:
                     f"loss[{index}] must be a loss instance, callable as loss(output, label); "
                     f"received {part!r}."
                 )
-        loss = PerOutputLoss(list(loss), None if loss_weights is None else list(loss_weights))
-    elif loss_weights is not None:
+        weights = [1.0] * len(loss) if loss_weights is None else [float(w) for w in loss_weights]
+        if len(weights) != len(loss):
+            raise ValueError(
+                f"loss_weights has {len(weights)} entries for {len(loss)} losses; give one "
+                "weight per output's loss."
+            )
+        return PerOutputLoss(list(loss), weights)
+    if loss_weights is not None:
         raise ValueError(
             "loss_weights weighs per-output losses: pass loss=[loss_0, loss_1, ...] with it."
         )
@@ -252,7 +236,7 @@ class Stepper:
                 self.loss_parts = {
                     f"output_{i}_loss": part.detach() for i, part in enumerate(parts)
                 }
-                loss = self.loss_fn.total(parts)
+                loss = sum(weight * part for weight, part in zip(self.loss_fn.weights, parts))
             else:
                 loss = self.loss_fn(*outputs, *labels)
         except (RuntimeError, ValueError, IndexError, TypeError) as error:
