@@ -67,6 +67,8 @@ _GLOBAL = re.compile(r"GLOBAL [A-Za-z_]\w*(\.[A-Za-z_]\w*)+(\s|$)")
 # The leaves the safe loader reads (and tensors): Python's plain values, then torch's.
 _PLAIN_LEAVES = (str, bytes, int, float, complex, bool, type(None))
 _PLAIN_LEAVES += (torch.dtype, torch.device, torch.Size)
+# A written file read back with the safe loader: its structure, not a second copy of the tensors.
+_LOADS_SAFELY = functools.partial(torch.load, map_location="cpu", weights_only=True, mmap=True)
 
 
 def resolve_path(path: str | os.PathLike) -> str:
@@ -124,7 +126,7 @@ def write_file(state: dict[str, Any], target: str) -> None:
     converted = plain(state)
     created = _missing_directories(target)
     try:
-        with files.atomic_write(target, "wb", verify=_loads_safely) as handle:
+        with files.atomic_write(target, "wb", verify=_LOADS_SAFELY) as handle:
             torch.save(converted, handle)  # an object pickle cannot even write fails here
     except BaseException as error:
         for directory in created:
@@ -134,10 +136,6 @@ def write_file(state: dict[str, Any], target: str) -> None:
         if isinstance(error, Exception) and not isinstance(error, CheckpointError):
             raise write_failed(target, error) from error  # torch says a full disk as a RuntimeError
         raise
-
-
-def _loads_safely(file: str) -> None:
-    torch.load(file, map_location="cpu", weights_only=True, mmap=True)
 
 
 def _missing_directories(target: str) -> list[str]:
@@ -216,7 +214,7 @@ def save_state(path: str | os.PathLike, state: dict[str, Any], wait: bool = True
     def start() -> None:
         converted = plain(state)
         refuse_unsafe(converted, target)  # now, not in the background
-        staged = background.stage(converted)  # the previous write has ended: reused
+        staged = background.snapshot(converted, reuse=True)  # the previous write has ended
         background.background.start(functools.partial(write_file, staged, target), target)
 
     if not wait:
@@ -294,15 +292,10 @@ def shards_directory(file: str, state: dict[str, Any]) -> str:
             a separator, a link leading elsewhere), naming the value; the
             checkpoint's directory or manifest is a symbolic link.
     """
-    _no_link(file)
-    try:
-        return files.child(
-            _no_link(os.path.dirname(file)),
-            state.get("shards"),
-            f"The manifest {file!r} entry 'shards'",
-            files.SHARDS_NAME,
-            follow_links=False,
-        )
+    directory = _no_link(os.path.dirname(_no_link(file)))
+    entry = f"The manifest {file!r} entry 'shards'"
+    try:  # follow_links=False: the shards directory is read and deleted, never replaced
+        return files.child(directory, state.get("shards"), entry, files.SHARDS_NAME, False)
     except files.UnsafeNameError as error:
         raise CheckpointError(str(error)) from None
 
