@@ -42,6 +42,7 @@ it was planted (refused with a :class:`CheckpointError` naming it).
 from __future__ import annotations
 
 import functools
+import glob
 import io
 import os
 import pickle
@@ -343,9 +344,7 @@ def load_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     if not found:
         directory = os.path.dirname(os.path.abspath(path))
         nearby = sorted(
-            name
-            for name in (os.listdir(directory) if os.path.isdir(directory) else [])
-            if name.endswith((".pt", ".pth"))
+            glob.glob("*.pt", root_dir=directory) + glob.glob("*.pth", root_dir=directory)
         )
         raise FileNotFoundError(
             f"No checkpoint found at {os.fspath(path)!r} (tried "
