@@ -261,13 +261,14 @@ def save_sharded(
 
     def write_manifest(optimizer_part: dict[str, Any] | None) -> None:
         write_file({**converted, "optimizer_shards": optimizer_part, "shards": name}, manifest)
-        files.remove_shards(directory, keep=name)
+        files.remove_shards(directory, lambda other: other != name)
 
     def cleaned(run: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
             return run(*args, **kwargs)
         except BaseException as error:  # torch's CheckpointException is no Exception
-            files.remove_shards(directory, only=name)  # each process, what is left of it
+            # Each process removes what is left of its own new shards.
+            files.remove_shards(directory, lambda other: other == name)
             for made in created:
                 files.remove_empty_directory(made)
             if isinstance(error, (CheckpointError, KeyboardInterrupt, SystemExit)):
