@@ -32,11 +32,9 @@ from hapi.checkpoint.errors import CheckpointError, cause_in_words
 from hapi.checkpoint.files import MANIFEST, UnsafeNameError, atomic_write
 from hapi.checkpoint.state import (
     FORMAT,
-    SUFFIX,
     VERSION,
     load_freshest_state,
     load_state,
-    resolve_path,
     save_sharded,
     save_state,
     shards_directory,

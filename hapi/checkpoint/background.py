@@ -5,7 +5,7 @@ A background save returns once the state is copied; a thread writes it
 call*: :func:`snapshot` copies every tensor and every container then, so that
 training going on (running sums updated in place, a callback appending to its
 lists) never reaches the file. The copies of a plain save go into buffers
-reused from one save to the next (:func:`stage`).
+reused from one save to the next (:func:`snapshot` with ``reuse``).
 
 Every process calls a save, so every process knows one is under way
 (``background.started``): a load then waits for it on every process
@@ -28,6 +28,7 @@ import torch
 
 from hapi import distributed
 from hapi.checkpoint.errors import CheckpointError
+from hapi.distributed.collectives import attempt
 
 
 class _BackgroundWrite:
@@ -139,11 +140,7 @@ os.register_at_fork(after_in_child=background.forget)
 
 def agree(action: Callable[[], None], target: str) -> None:
     """``action()`` on every process; a failure on any is raised on all."""
-    failure = None
-    try:
-        action()
-    except Exception as error:  # noqa: BLE001 -- every process must learn of it
-        failure = error
+    failure = attempt(action)[1]
     if distributed.any_true(failure is not None):
         raise failure or CheckpointError(
             f"Another process failed to write the checkpoint {target!r}; see its error."
@@ -189,50 +186,39 @@ def rebuild(value: Any, leaf: Callable[[Any], Any]) -> Any:
     return leaf(value)
 
 
-def snapshot(value: Any) -> Any:
-    """``value`` as it is now: tensors copied (to CPU memory), containers and the rest deep-copied.
-
-    For states written later from a thread: nothing in the copy is shared
-    with live objects that training goes on changing.
-    """
-    return rebuild(
-        value,
-        lambda leaf: (
-            leaf.detach().to("cpu", copy=True) if torch.is_tensor(leaf) else copy.deepcopy(leaf)
-        ),
-    )
-
-
-# CPU copies of the last background save's tensors, reused by the next (see stage).
+# CPU copies of the last plain background save's tensors, reused by the next (see snapshot).
 _staged: list[torch.Tensor] = []
 
 
-def stage(state: Any) -> Any:
-    """``state`` (which passed ``state.plain``) with every tensor replaced by a CPU copy;
-    training may change the originals.
+def snapshot(value: Any, reuse: bool = False) -> Any:
+    """``value`` as it is now: tensors copied (to CPU memory), containers and the rest deep-copied.
 
-    The copies go into the previous save's buffers where they fit (the same
-    shapes and dtypes, as a backup of the same model has): that spares
-    allocating and faulting in a fresh copy each time, about a third of the
-    copy's cost for a 300 MB state. Call it only once the write that read
-    them has ended.
+    For states written later from a thread: nothing in the copy is shared
+    with live objects that training goes on changing. With ``reuse`` the
+    tensors go into the buffers of the previous such call where they fit
+    (the same shapes and dtypes, as a backup of the same model has): that
+    spares allocating and faulting in a fresh copy each time, about a third
+    of the copy's cost for a 300 MB state. Call it so only once the write
+    that read those buffers has ended.
     """
-    previous = iter(list(_staged))
-    _staged.clear()
+    previous, kept = iter(_staged if reuse else []), []
 
-    def copy(value: Any) -> Any:
-        if not torch.is_tensor(value):
-            return value  # a plain value: immutable
+    def copied(leaf: Any) -> Any:
+        if not torch.is_tensor(leaf):
+            return copy.deepcopy(leaf)
         buffer = next(previous, None)
-        same = buffer is not None and buffer.shape == value.shape and buffer.dtype == value.dtype
-        if same and buffer.layout == value.layout and value.is_contiguous():
-            buffer.copy_(value.detach())
+        same = buffer is not None and buffer.shape == leaf.shape and buffer.dtype == leaf.dtype
+        if same and buffer.layout == leaf.layout and leaf.is_contiguous():
+            buffer.copy_(leaf.detach())
         else:
-            buffer = value.detach().to("cpu", copy=True)
-        _staged.append(buffer)
+            buffer = leaf.detach().to("cpu", copy=True)
+        kept.append(buffer)
         return buffer
 
-    return rebuild(state, copy)
+    result = rebuild(value, copied)
+    if reuse:
+        _staged[:] = kept
+    return result
 
 
 def release_staging() -> None:

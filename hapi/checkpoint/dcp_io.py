@@ -244,13 +244,16 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def _reading(directory: str) -> Iterator[None]:
-    """DCP's ``CheckpointException`` as a :class:`CheckpointError` naming ``directory`` and each
-    process's cause (a failed write is said in words by :func:`hapi.checkpoint.save_sharded`)."""
+def _load(directory: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload``'s tensors read from ``directory`` in place (resharded as they are now), safely.
+
+    DCP's ``CheckpointException`` becomes a :class:`CheckpointError` naming ``directory``
+    and each process's cause (a failed write is said in words by
+    :func:`hapi.checkpoint.save_sharded`).
+    """
     try:
         with _quiet():
-            yield
+            dcp.load(payload, storage_reader=SafeFileSystemReader(directory))
     except CheckpointException as error:
         causes = "; ".join(
             f"process {rank}: {type(cause).__name__}: {cause}"
@@ -261,6 +264,7 @@ def _reading(directory: str) -> Iterator[None]:
             f"({causes}). A shard was probably cut off or changed after it was written: use an "
             "earlier checkpoint, or save this one again with model.save(path, sharded=True)."
         ) from None
+    return payload
 
 
 def _split(values: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -272,10 +276,7 @@ def _named_groups(network: nn.Module, optimizer: torch.optim.Optimizer) -> list[
     """The optimizer's groups with parameters named, as torch's state-dict API names them."""
     names = {id(p): name for name, p in network.named_parameters()}
     return [
-        {
-            **{k: v for k, v in group.items() if k != "params"},
-            "params": [names[id(p)] for p in group["params"]],
-        }
+        {**group, "params": [names[id(p)] for p in group["params"]]}
         for group in optimizer.param_groups
     ]
 
@@ -359,10 +360,8 @@ def saved_shapes(directory: str) -> dict[str, torch.Size]:
 def load_shards(directory: str, network: nn.Module, keys: set[str]) -> None:
     """The network's entries named in ``keys`` from ``directory``, resharded as the network is now."""
     template = {k: v for k, v in _split(get_model_state_dict(network))[0].items() if k in keys}
-    payload = {"network": template}
-    with _reading(directory):
-        dcp.load(payload, storage_reader=SafeFileSystemReader(directory))
-    set_model_state_dict(network, payload["network"], options=StateDictOptions(strict=False))
+    loaded = _load(directory, {"network": template})["network"]
+    set_model_state_dict(network, loaded, options=StateDictOptions(strict=False))
 
 
 def load_optimizer_shards(
@@ -382,10 +381,7 @@ def load_optimizer_shards(
     if saved["has_tensors"]:
         template = get_optimizer_state_dict(network, optimizer)  # creates the state to read into
         tensors = {name: _split(values)[0] for name, values in template["state"].items()}
-        payload = {"optimizer": tensors}
-        with _reading(directory):
-            dcp.load(payload, storage_reader=SafeFileSystemReader(directory))
-        for name, values in payload["optimizer"].items():
+        for name, values in _load(directory, {"optimizer": tensors})["optimizer"].items():
             state.setdefault(name, {}).update(values)
     set_optimizer_state_dict(
         network, optimizer, {"state": state, "param_groups": saved["param_groups"]}

@@ -342,15 +342,10 @@ def _delete(
             os.close(fd)
 
 
-def remove_shards(
-    directory: str | os.PathLike, keep: str | None = None, only: str | None = None
-) -> None:
-    """Delete the shards directories (``shards-<16 hex>``) in ``directory``, but ``keep``
-    (or ``only`` that one: what a failed save wrote); see :func:`_delete`."""
-    _delete(
-        directory,
-        lambda name: SHARDS_NAME.fullmatch(name) and name != keep and only in (None, name),
-    )
+def remove_shards(directory: str | os.PathLike, wanted: Callable[[str], Any] = bool) -> None:
+    """Delete the shards directories (``shards-<16 hex>``) in ``directory`` whose name
+    ``wanted`` accepts (by default all); see :func:`_delete`."""
+    _delete(directory, lambda name: SHARDS_NAME.fullmatch(name) and wanted(name))
 
 
 def remove_sharded(directory: str | os.PathLike) -> None:

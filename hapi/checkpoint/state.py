@@ -42,6 +42,7 @@ it was planted (refused with a :class:`CheckpointError` naming it).
 from __future__ import annotations
 
 import functools
+import glob
 import io
 import os
 import pickle
@@ -67,6 +68,8 @@ _GLOBAL = re.compile(r"GLOBAL [A-Za-z_]\w*(\.[A-Za-z_]\w*)+(\s|$)")
 # The leaves the safe loader reads (and tensors): Python's plain values, then torch's.
 _PLAIN_LEAVES = (str, bytes, int, float, complex, bool, type(None))
 _PLAIN_LEAVES += (torch.dtype, torch.device, torch.Size)
+# A written file read back with the safe loader: its structure, not a second copy of the tensors.
+_LOADS_SAFELY = functools.partial(torch.load, map_location="cpu", weights_only=True, mmap=True)
 
 
 def resolve_path(path: str | os.PathLike) -> str:
@@ -124,7 +127,7 @@ def write_file(state: dict[str, Any], target: str) -> None:
     converted = plain(state)
     created = _missing_directories(target)
     try:
-        with files.atomic_write(target, "wb", verify=_loads_safely) as handle:
+        with files.atomic_write(target, "wb", verify=_LOADS_SAFELY) as handle:
             torch.save(converted, handle)  # an object pickle cannot even write fails here
     except BaseException as error:
         for directory in created:
@@ -134,10 +137,6 @@ def write_file(state: dict[str, Any], target: str) -> None:
         if isinstance(error, Exception) and not isinstance(error, CheckpointError):
             raise write_failed(target, error) from error  # torch says a full disk as a RuntimeError
         raise
-
-
-def _loads_safely(file: str) -> None:
-    torch.load(file, map_location="cpu", weights_only=True, mmap=True)
 
 
 def _missing_directories(target: str) -> list[str]:
@@ -216,7 +215,7 @@ def save_state(path: str | os.PathLike, state: dict[str, Any], wait: bool = True
     def start() -> None:
         converted = plain(state)
         refuse_unsafe(converted, target)  # now, not in the background
-        staged = background.stage(converted)  # the previous write has ended: reused
+        staged = background.snapshot(converted, reuse=True)  # the previous write has ended
         background.background.start(functools.partial(write_file, staged, target), target)
 
     if not wait:
@@ -262,13 +261,14 @@ def save_sharded(
 
     def write_manifest(optimizer_part: dict[str, Any] | None) -> None:
         write_file({**converted, "optimizer_shards": optimizer_part, "shards": name}, manifest)
-        files.remove_shards(directory, keep=name)
+        files.remove_shards(directory, lambda other: other != name)
 
     def cleaned(run: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
             return run(*args, **kwargs)
         except BaseException as error:  # torch's CheckpointException is no Exception
-            files.remove_shards(directory, only=name)  # each process, what is left of it
+            # Each process removes what is left of its own new shards.
+            files.remove_shards(directory, lambda other: other == name)
             for made in created:
                 files.remove_empty_directory(made)
             if isinstance(error, (CheckpointError, KeyboardInterrupt, SystemExit)):
@@ -294,15 +294,10 @@ def shards_directory(file: str, state: dict[str, Any]) -> str:
             a separator, a link leading elsewhere), naming the value; the
             checkpoint's directory or manifest is a symbolic link.
     """
-    _no_link(file)
-    try:
-        return files.child(
-            _no_link(os.path.dirname(file)),
-            state.get("shards"),
-            f"The manifest {file!r} entry 'shards'",
-            files.SHARDS_NAME,
-            follow_links=False,
-        )
+    directory = _no_link(os.path.dirname(_no_link(file)))
+    entry = f"The manifest {file!r} entry 'shards'"
+    try:  # follow_links=False: the shards directory is read and deleted, never replaced
+        return files.child(directory, state.get("shards"), entry, files.SHARDS_NAME, False)
     except files.UnsafeNameError as error:
         raise CheckpointError(str(error)) from None
 
@@ -350,9 +345,7 @@ def load_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     if not found:
         directory = os.path.dirname(os.path.abspath(path))
         nearby = sorted(
-            name
-            for name in (os.listdir(directory) if os.path.isdir(directory) else [])
-            if name.endswith((".pt", ".pth"))
+            glob.glob("*.pt", root_dir=directory) + glob.glob("*.pth", root_dir=directory)
         )
         raise FileNotFoundError(
             f"No checkpoint found at {os.fspath(path)!r} (tried "
