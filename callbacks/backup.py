@@ -79,6 +79,7 @@ class BackupAndRestore(Callback):
 
     FILE_NAME = "backup"
     PREVIOUS_NAME = "backup-previous"
+    order = 2  # after every other callback, a resumable ModelCheckpoint too (Callback.order)
     resumable = True  # its files continue a fit (fit warns at once when that cannot be exact)
 
     def __init__(

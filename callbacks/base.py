@@ -70,6 +70,20 @@ class Callback:
     :meth:`load_state_dict`; checkpoints written with ``resumable=True``
     (``BackupAndRestore``) carry it.
 
+    Callbacks run in the order given (the progress bar first, ``History``
+    last), except where a callback says otherwise with its :attr:`order`.
+
+    Attributes:
+        order: where this callback runs among the run's callbacks: lower
+            first, equal values in the order given (fastai's
+            ``Callback.order``); 0 unless the callback needs the others' hooks
+            around its own. ``EMA`` has -1, so that its average is in the
+            network before the others' evaluation hooks and out of it after
+            them. A callback whose files hold every callback's state has more,
+            so that the files hold that state after the batch or epoch they
+            save: a resumable ``ModelCheckpoint`` 1, ``BackupAndRestore`` 2
+            (its backup then holds the ModelCheckpoint's state after its save).
+
     The hooks of a ``fit`` with evaluation, in order::
 
         set_model(model); set_params(params)
@@ -96,6 +110,8 @@ class Callback:
                     if self.is_main:
                         print(f"epoch {epoch}: {logs}")
     """
+
+    order: int = 0
 
     def __init__(self) -> None:
         self.model: Any = None

@@ -76,12 +76,11 @@ class ModelCheckpoint(MonitorCallback):
     states, data order and position in the epoch, running figures, and every
     callback's state (LRScheduler's schedule, EarlyStopping's counters, this
     callback's best value and files). At an epoch's end the best is judged
-    before any file is written, so every file of that moment holds it. A file
-    holds other callbacks' state as it is when this callback saves, and
-    callbacks run in list order: list ``ModelCheckpoint`` after the callbacks
-    whose state matters (an ``LRScheduler`` stepping per epoch,
-    ``EarlyStopping``, an EMA), so that they have seen the batch or epoch the
-    file is written at.
+    before any file is written, so every file of that moment holds it. A
+    resumable ``ModelCheckpoint`` runs after the other callbacks (its
+    ``order`` is 1, see :class:`Callback`), so that the state its files hold
+    (an ``LRScheduler`` stepping per epoch, ``EarlyStopping``, an EMA) has
+    seen the batch or epoch the file is written at, wherever it is listed.
 
     Args:
         save_dir: directory of the checkpoints (first argument; Paddle's order
@@ -134,6 +133,7 @@ class ModelCheckpoint(MonitorCallback):
                 f"({type(resumable).__name__})."
             )
         self.resumable = resumable
+        self.order = 1 if resumable else 0  # its files hold the others' state (Callback.order)
         if self.save_best_only and self.save_steps is not None:
             raise ValueError(
                 f"ModelCheckpoint: save_best_only=True writes only best.pt, so save_steps={save_steps} "
