@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import warnings
 from typing import Any
 
 from tqdm import tqdm
@@ -321,22 +320,16 @@ class ModelCheckpoint(MonitorCallback):
         if self._eval_name is not None and self._judged_step == self.model.step:
             return False  # judged at on_eval_end a moment ago
         never = self.best == self._initial_best
-        if not self._warned_missing and (never or self.save_best_only):
-            self._warned_missing = True
+        if never or self.save_best_only:
             then = (
-                "best.pt keeps the best so far."
+                "best.pt keeps the best so far. "
                 if not never
                 else "Until it is logged, best.pt is written with the latest weights at every "
-                "epoch end (as Keras does), so that save_best_only=True still leaves a checkpoint."
+                "epoch end (as Keras does), so that save_best_only=True still leaves a checkpoint. "
                 if self.save_best_only
-                else "No best.pt is written until it is (the numbered files and final.pt are)."
+                else "No best.pt is written until it is (the numbered files and final.pt are). "
             )
-            warnings.warn(
-                f"ModelCheckpoint is monitoring {self.monitor!r}, which is not in the logs. "
-                f"Available keys: {sorted(logs)}. {then} Pass monitor= one of them; val_* keys "
-                "exist only on epochs that ran an evaluation (eval_data, eval_freq).",
-                stacklevel=3,
-            )
+            self._warn_missing(logs, then)
         return never
 
     def _judge(self, current: float, prefix: str, later: bool = False) -> None:
