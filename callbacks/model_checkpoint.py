@@ -365,10 +365,7 @@ class ModelCheckpoint(MonitorCallback):
         if self.verbose and self.is_main:
             tqdm.write(f"{prefix}{reason}saving model to {path}.pt")
         # Collective: every rank, never behind is_main.
-        if self.resumable:
-            self.model.save(path, resumable=True)
-        else:
-            self.model.save(path)
+        self.model.save(path, resumable=self.resumable)
 
     def _plan_numbered(self, names: list[str]) -> list[str]:
         """Record ``names`` as the newest numbered files; return those ``keep`` drops.
