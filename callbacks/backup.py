@@ -77,8 +77,7 @@ class BackupAndRestore(Callback):
             is a symbolic link.
     """
 
-    FILE_NAME = "backup"
-    PREVIOUS_NAME = "backup-previous"
+    order = 2  # after every other callback, a resumable ModelCheckpoint too (Callback.order)
     resumable = True  # its files continue a fit (fit warns at once when that cannot be exact)
 
     def __init__(
@@ -127,19 +126,12 @@ class BackupAndRestore(Callback):
     @property
     def path(self) -> str:
         """The backup as ``model.save``/``load`` name it (the file adds ``.pt``)."""
-        return os.path.join(self.backup_dir, self.FILE_NAME)
+        return os.path.join(self.backup_dir, "backup")
 
     @property
     def previous_path(self) -> str:
         """The previous backup kept by ``double_checkpoint``, named as :attr:`path` is."""
-        return os.path.join(self.backup_dir, self.PREVIOUS_NAME)
-
-    def _own_entries(self) -> set[str]:
-        """The names this callback writes in ``backup_dir``."""
-        names = {self.FILE_NAME}
-        for name in (self.FILE_NAME, self.PREVIOUS_NAME):
-            names |= {name + ".pt", os.path.basename(files.spare_of(name + ".pt"))}
-        return names
+        return os.path.join(self.backup_dir, "backup-previous")
 
     def state_dict(self) -> dict:
         # Whether the interrupted run made backup_dir: the directory then holds only the
@@ -152,26 +144,31 @@ class BackupAndRestore(Callback):
             refuse_state("BackupAndRestore", "made_for_training", made, "True or False")
         self._made_for_training = made
 
-    def _backup_read(self, path: str) -> str:
-        """The backup ``path`` names as it lies on disk: its file, or a sharded backup's directory."""
+    def _newest(self) -> str:
+        """The newest backup as it lies on disk: its file, or a sharded backup's directory."""
         found = [
             name
-            for name, kind in ((path + ".pt", os.path.isfile), (path, os.path.isdir))
+            for name, kind in ((self.path + ".pt", os.path.isfile), (self.path, os.path.isdir))
             if kind(name)
         ]
-        return " or ".join(found) or path + ".pt"
+        return " or ".join(found) or self.path + ".pt"
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        # Before any backup of this fit: what is there now
-        # is not this fit's to delete, unless it is a backup an interrupted run left.
+        # Before any backup of this fit: what is there now is not this fit's to delete,
+        # unless it is a backup an interrupted run left (backup_dir holds only this
+        # callback's names: its backups, their spares and a sharded backup's directory).
         folder = self.backup_dir
         entries = set(os.listdir(folder)) if os.path.isdir(folder) else set()
-        only_backups = bool(entries) and entries <= self._own_entries()
-        self._made_for_training = not os.path.exists(folder) or only_backups
-        for name in (self.path, self.path + ".pt", self.previous_path + ".pt"):
+        own = {"backup"} | {
+            os.path.basename(name)
+            for file in (self.path + ".pt", self.previous_path + ".pt")
+            for name in (file, files.spare_of(file))
+        }
+        self._made_for_training = not os.path.exists(folder) or bool(entries) and entries <= own
+        manifest = os.path.join(self.path, files.MANIFEST)
+        for name in (self.path, self.path + ".pt", self.previous_path + ".pt", manifest):
             files.refuse_link(name, "BackupAndRestore: ")  # planted: it could lead anywhere
-        files.refuse_link(os.path.join(self.path, files.MANIFEST), "BackupAndRestore: ")
-        self._sharded_backup = os.path.isfile(os.path.join(self.path, files.MANIFEST))
+        self._sharded_backup = os.path.isfile(manifest)
         self._newest_unreadable = False
         if self.double_checkpoint and self.model.sharded and self.is_main:
             warnings.warn(
@@ -195,31 +192,31 @@ class BackupAndRestore(Callback):
                 to start afresh), and with ``double_checkpoint`` the previous
                 one neither.
         """
-        file = self._backup_read(self.path)
+        newest = self._newest()
         try:
             self.model.load(self.path, resume=True)
         except FileNotFoundError:
             if self.double_checkpoint:
-                self._resume_from_previous(None)
+                self._resume_from_previous(newest, None)
         except (RuntimeError, ValueError) as error:
             if not self.double_checkpoint:
                 raise RuntimeError(
-                    f"BackupAndRestore could not resume from {file}: {error} To start training "
-                    f"from scratch instead, delete {file}."
+                    f"BackupAndRestore could not resume from {newest}: {error} To start training "
+                    f"from scratch instead, delete {newest}."
                 ) from error
-            self._resume_from_previous(error)
+            self._resume_from_previous(newest, error)
         else:
-            self._announce(file)
+            self._announce(newest)
         self._last_step = self.model.step
 
-    def _resume_from_previous(self, newest_error: BaseException | None) -> None:
-        """The newest backup is unreadable (or missing): resume from the previous one, if any.
+    def _resume_from_previous(self, newest: str, newest_error: BaseException | None) -> None:
+        """The ``newest`` backup is unreadable (or missing): resume from the previous one, if any.
 
         Raises:
             RuntimeError: the newest is unreadable and the previous one
                 missing or unreadable too (naming both files and errors).
         """
-        newest, previous = self._backup_read(self.path), self.previous_path + ".pt"
+        previous = self.previous_path + ".pt"
         what = "is missing" if newest_error is None else f"cannot be read ({newest_error})"
         try:
             self.model.load(self.previous_path, resume=True)

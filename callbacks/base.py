@@ -6,7 +6,9 @@ hook, ``is_main``, ``state_dict`` -- is the docstring of :class:`Callback`.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import functools
+import inspect
+from typing import Any, Callable, Iterable
 
 # Hook names, in the order a fit with evaluation calls them. CallbackList
 # precomputes, per hook, the callbacks that override it, so a hook nobody
@@ -70,6 +72,20 @@ class Callback:
     :meth:`load_state_dict`; checkpoints written with ``resumable=True``
     (``BackupAndRestore``) carry it.
 
+    Callbacks run in the order given (the progress bar first, ``History``
+    last), except where a callback says otherwise with its :attr:`order`.
+
+    Attributes:
+        order: where this callback runs among the run's callbacks: lower
+            first, equal values in the order given (fastai's
+            ``Callback.order``); 0 unless the callback needs the others' hooks
+            around its own. ``EMA`` has -1, so that its average is in the
+            network before the others' evaluation hooks and out of it after
+            them. A callback whose files hold every callback's state has more,
+            so that the files hold that state after the batch or epoch they
+            save: a resumable ``ModelCheckpoint`` 1, ``BackupAndRestore`` 2
+            (its backup then holds the ModelCheckpoint's state after its save).
+
     The hooks of a ``fit`` with evaluation, in order::
 
         set_model(model); set_params(params)
@@ -96,6 +112,8 @@ class Callback:
                     if self.is_main:
                         print(f"epoch {epoch}: {logs}")
     """
+
+    order: int = 0
 
     def __init__(self) -> None:
         self.model: Any = None
@@ -335,12 +353,28 @@ def _overrides(callback: Callback, hook: str) -> bool:
     ) and hook not in getattr(callback, "unused_hooks", ())
 
 
+def hook_method(hook: str, call: Callable[[Any, str, tuple, dict | None], None]) -> Callable:
+    """A method for ``hook`` with :class:`Callback`'s signature and docstring that runs
+    ``call(self, hook, (epoch or step,) or (), logs)``: CallbackList's and LambdaCallback's hooks."""
+    if len(inspect.signature(getattr(Callback, hook)).parameters) == 3:  # self, index, logs
+
+        def method(self: Any, index: int, logs: dict | None = None) -> None:
+            call(self, hook, (index,), logs)
+    else:
+
+        def method(self: Any, logs: dict | None = None) -> None:
+            call(self, hook, (), logs)
+
+    return functools.wraps(getattr(Callback, hook))(method)
+
+
 class CallbackList:
     """Calls each hook on the callbacks that implement it, in list order (the loop's dispatcher).
 
     Every callback gets its own copy of ``logs``, so one callback mutating the
     dict cannot change what the next one sees. ``Model`` builds one per run;
-    a script needs it only to drive callbacks by hand (in a test, say).
+    a script needs it only to drive callbacks by hand (in a test, say). It
+    has every hook of :class:`Callback`, with the same arguments.
 
     Args:
         callbacks: the callbacks, in the order their hooks run.
@@ -394,52 +428,10 @@ class CallbackList:
         for callback in self.callbacks:
             callback.set_params(params)
 
-    @staticmethod
-    def _fan_out(handlers: list, args: tuple, logs: dict | None) -> None:
-        for handler in handlers:
+    def _fan_out(self, hook: str, args: tuple, logs: dict | None) -> None:
+        for handler in self._handlers[hook]:
             handler(*args, logs=dict(logs) if logs else {})
 
-    def on_train_begin(self, logs: dict | None = None) -> None:
-        self._fan_out(self._handlers["on_train_begin"], (), logs)
 
-    def on_train_end(self, logs: dict | None = None) -> None:
-        self._fan_out(self._handlers["on_train_end"], (), logs)
-
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self._fan_out(self._handlers["on_epoch_begin"], (epoch,), logs)
-
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self._fan_out(self._handlers["on_epoch_end"], (epoch,), logs)
-
-    def on_train_batch_begin(self, step: int, logs: dict | None = None) -> None:
-        self._fan_out(self._handlers["on_train_batch_begin"], (step,), logs)
-
-    def on_before_optimizer_step(self, step: int, logs: dict | None = None) -> None:
-        self._fan_out(self._handlers["on_before_optimizer_step"], (step,), logs)
-
-    def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
-        self._fan_out(self._handlers["on_train_batch_end"], (step,), logs)
-
-    def on_eval_begin(self, logs: dict | None = None) -> None:
-        self._fan_out(self._handlers["on_eval_begin"], (), logs)
-
-    def on_eval_end(self, logs: dict | None = None) -> None:
-        self._fan_out(self._handlers["on_eval_end"], (), logs)
-
-    def on_eval_batch_begin(self, step: int, logs: dict | None = None) -> None:
-        self._fan_out(self._handlers["on_eval_batch_begin"], (step,), logs)
-
-    def on_eval_batch_end(self, step: int, logs: dict | None = None) -> None:
-        self._fan_out(self._handlers["on_eval_batch_end"], (step,), logs)
-
-    def on_predict_begin(self, logs: dict | None = None) -> None:
-        self._fan_out(self._handlers["on_predict_begin"], (), logs)
-
-    def on_predict_end(self, logs: dict | None = None) -> None:
-        self._fan_out(self._handlers["on_predict_end"], (), logs)
-
-    def on_predict_batch_begin(self, step: int, logs: dict | None = None) -> None:
-        self._fan_out(self._handlers["on_predict_batch_begin"], (step,), logs)
-
-    def on_predict_batch_end(self, step: int, logs: dict | None = None) -> None:
-        self._fan_out(self._handlers["on_predict_batch_end"], (step,), logs)
+for _hook in HOOKS:
+    setattr(CallbackList, _hook, hook_method(_hook, CallbackList._fan_out))

@@ -96,7 +96,6 @@ class EarlyStopping(MonitorCallback):
         self.best_weights: dict[str, Any] | None = None
         self.save_dir: str | None = None
         self.best_model_path: str | None = None
-        self._monitored = False  # whether any epoch of this fit logged the monitored figure
 
     def state_dict(self) -> dict[str, Any]:
         """The counters and the best weights (full plain tensors).
@@ -111,7 +110,6 @@ class EarlyStopping(MonitorCallback):
             "stopped_epoch": self.stopped_epoch,
             "best_epoch": self.best_epoch,
             "best_weights": self.best_weights,
-            "monitored": self._monitored,
             "best_model_path": self.best_model_path,
         }
 
@@ -139,7 +137,6 @@ class EarlyStopping(MonitorCallback):
         super().load_state_dict(state)
         self.stopped_epoch, self.best_epoch = stopped, best_epoch
         self.best_weights, self.best_model_path = weights, path
-        self._monitored = bool(state.get("monitored", best_epoch is not None))
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         super().on_train_begin(logs)
@@ -147,7 +144,6 @@ class EarlyStopping(MonitorCallback):
         self.best_epoch = None
         self.best_weights = None
         self.best_model_path = None
-        self._monitored = False
         save_dir = self.params.get("save_dir")
         self.save_dir = None if save_dir is None else os.fspath(save_dir)
 
@@ -158,7 +154,6 @@ class EarlyStopping(MonitorCallback):
         current = self.get_monitor_value(logs)
         if current is None or epoch < self.start_from_epoch:
             return
-        self._monitored = True
         improved = self._is_improvement(current, self.best)
         if improved:
             self.best = current

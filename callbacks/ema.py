@@ -38,9 +38,9 @@ class EMA(Callback):
     back at ``on_eval_end``, so ``val_*`` figures (and what EarlyStopping,
     ReduceLROnPlateau and ModelCheckpoint's ``best.pt`` decide from them) are
     the average's. ``evaluate()``/``predict()`` outside ``fit`` use whatever
-    the network holds. Between the two hooks the network holds the average:
-    evaluation batch hooks see it, as does the ``on_eval_end`` of a callback
-    listed before this one; ``on_epoch_end`` always sees the training weights.
+    the network holds. This callback runs before the others (its
+    ``order`` is -1, see :class:`Callback`), so their evaluation hooks see
+    the average and the rest of their hooks the training weights.
 
     At the end of training (``on_train_end``) the averaged weights are copied
     into the network for good (as Keras' ``use_ema`` does), so ``evaluate``,
@@ -55,11 +55,10 @@ class EMA(Callback):
     ``best.pt`` was chosen on the average's figures. The average itself is
     this callback's state (:meth:`state_dict`), saved in BackupAndRestore's
     backups, so a resumed run ends with exactly the average of an
-    uninterrupted one. ``final.pt`` holds the average when this callback is
-    listed before the ModelCheckpoint (a ``ModelCheckpoint`` added by
-    ``fit(save_dir=...)`` always comes after): ``on_train_end`` runs in list
-    order. For the same reason, with ``EarlyStopping(restore_best_weights=
-    True)`` the callback listed last decides what the network ends with.
+    uninterrupted one. ``final.pt`` holds the average, this callback's
+    ``on_train_end`` coming first; for the same reason, with
+    ``EarlyStopping(restore_best_weights=True)`` the best epoch's weights are
+    what the network ends with.
 
     Several processes: under DDP every process holds the same weights after
     every step, so every process computes the same average, with no
@@ -77,6 +76,8 @@ class EMA(Callback):
             (the decay then applies per update, not per step).
         swap_at_end: copy the average into the network when training ends.
     """
+
+    order = -1  # its average is in place around the others' evaluation hooks (Callback.order)
 
     def __init__(
         self, decay: float = 0.999, every_n_steps: int = 1, swap_at_end: bool = True

@@ -8,11 +8,9 @@ not need a class. The loop calls a hook only on the callbacks that implement it
 
 from __future__ import annotations
 
-import functools
-import inspect
 from typing import Any, Callable
 
-from .base import HOOKS, Callback
+from .base import HOOKS, Callback, hook_method
 
 # Keras' names for what torch-hapi calls evaluation ("test") and its old batch aliases.
 _KERAS_NAMES = {
@@ -95,22 +93,9 @@ class LambdaCallback(Callback):
         self.unused_hooks = tuple(hook for hook in HOOKS if hook not in self._functions)
 
 
-def _forward(hook: str) -> Callable[..., None]:
-    """The method for ``hook``: it calls the function given for it with the hook's arguments.
-
-    It carries the signature and docstring of ``Callback``'s hook (``functools.wraps``).
-    """
-    if len(inspect.signature(getattr(Callback, hook)).parameters) == 3:  # self, index, logs
-
-        def forward(self: LambdaCallback, index: int, logs: dict | None = None) -> None:
-            self._functions[hook](index, logs)
-    else:
-
-        def forward(self: LambdaCallback, logs: dict | None = None) -> None:
-            self._functions[hook](logs)
-
-    return functools.wraps(getattr(Callback, hook))(forward)
+def _call(self: LambdaCallback, hook: str, args: tuple, logs: dict | None) -> None:
+    self._functions[hook](*args, logs)
 
 
 for _hook in HOOKS:
-    setattr(LambdaCallback, _hook, _forward(_hook))
+    setattr(LambdaCallback, _hook, hook_method(_hook, _call))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import warnings
 from typing import Any
 
 from tqdm import tqdm
@@ -76,12 +75,11 @@ class ModelCheckpoint(MonitorCallback):
     states, data order and position in the epoch, running figures, and every
     callback's state (LRScheduler's schedule, EarlyStopping's counters, this
     callback's best value and files). At an epoch's end the best is judged
-    before any file is written, so every file of that moment holds it. A file
-    holds other callbacks' state as it is when this callback saves, and
-    callbacks run in list order: list ``ModelCheckpoint`` after the callbacks
-    whose state matters (an ``LRScheduler`` stepping per epoch,
-    ``EarlyStopping``, an EMA), so that they have seen the batch or epoch the
-    file is written at.
+    before any file is written, so every file of that moment holds it. A
+    resumable ``ModelCheckpoint`` runs after the other callbacks (its
+    ``order`` is 1, see :class:`Callback`), so that the state its files hold
+    (an ``LRScheduler`` stepping per epoch, ``EarlyStopping``, an EMA) has
+    seen the batch or epoch the file is written at, wherever it is listed.
 
     Args:
         save_dir: directory of the checkpoints (first argument; Paddle's order
@@ -134,6 +132,7 @@ class ModelCheckpoint(MonitorCallback):
                 f"({type(resumable).__name__})."
             )
         self.resumable = resumable
+        self.order = 1 if resumable else 0  # its files hold the others' state (Callback.order)
         if self.save_best_only and self.save_steps is not None:
             raise ValueError(
                 f"ModelCheckpoint: save_best_only=True writes only best.pt, so save_steps={save_steps} "
@@ -321,22 +320,16 @@ class ModelCheckpoint(MonitorCallback):
         if self._eval_name is not None and self._judged_step == self.model.step:
             return False  # judged at on_eval_end a moment ago
         never = self.best == self._initial_best
-        if not self._warned_missing and (never or self.save_best_only):
-            self._warned_missing = True
+        if never or self.save_best_only:
             then = (
-                "best.pt keeps the best so far."
+                "best.pt keeps the best so far. "
                 if not never
                 else "Until it is logged, best.pt is written with the latest weights at every "
-                "epoch end (as Keras does), so that save_best_only=True still leaves a checkpoint."
+                "epoch end (as Keras does), so that save_best_only=True still leaves a checkpoint. "
                 if self.save_best_only
-                else "No best.pt is written until it is (the numbered files and final.pt are)."
+                else "No best.pt is written until it is (the numbered files and final.pt are). "
             )
-            warnings.warn(
-                f"ModelCheckpoint is monitoring {self.monitor!r}, which is not in the logs. "
-                f"Available keys: {sorted(logs)}. {then} Pass monitor= one of them; val_* keys "
-                "exist only on epochs that ran an evaluation (eval_data, eval_freq).",
-                stacklevel=3,
-            )
+            self._warn_missing(logs, then)
         return never
 
     def _judge(self, current: float, prefix: str, later: bool = False) -> None:
@@ -372,10 +365,7 @@ class ModelCheckpoint(MonitorCallback):
         if self.verbose and self.is_main:
             tqdm.write(f"{prefix}{reason}saving model to {path}.pt")
         # Collective: every rank, never behind is_main.
-        if self.resumable:
-            self.model.save(path, resumable=True)
-        else:
-            self.model.save(path)
+        self.model.save(path, resumable=self.resumable)
 
     def _plan_numbered(self, names: list[str]) -> list[str]:
         """Record ``names`` as the newest numbered files; return those ``keep`` drops.

@@ -29,26 +29,6 @@ from .base import Callback
 _MAX_HINTS = ("acc", "auc", "precision", "recall", "f1", "score")
 
 
-def resolve_mode(mode: Any, monitor: str, owner: str = "MonitorCallback") -> str:
-    """Turn ``"auto"`` into ``"min"`` or ``"max"`` from the monitored name.
-
-    An unknown ``mode`` warns and is read as ``"auto"``, as Paddle's hapi and
-    Keras do: a script written for either (``EarlyStopping(mode="auto_")``)
-    keeps running, and the warning names the value to fix.
-    """
-    if mode in ("min", "max"):
-        return mode
-    if mode != "auto":
-        warnings.warn(
-            f"{owner}: mode {mode!r} is unknown; using 'auto' instead (accepted: 'auto', "
-            "'min', 'max'). Pass mode='min' for losses and errors, mode='max' for accuracies "
-            "and scores, or mode='auto' to pick from the monitored name.",
-            UserWarning,
-            stacklevel=4,  # resolve_mode <- MonitorCallback.__init__ <- subclass <- the caller
-        )
-    return "max" if any(hint in monitor.lower() for hint in _MAX_HINTS) else "min"
-
-
 def refuse_state(owner: str, key: str, value: Any, expected: str) -> NoReturn:
     """Raise the ValueError for an entry of a saved callback state that no run writes.
 
@@ -112,8 +92,18 @@ class MonitorCallback(Callback):
                 f"{owner}: min_delta must be a non-negative number; received {min_delta!r}. "
                 "It is the smallest change that counts as an improvement, in either mode."
             )
+        if mode not in ("auto", "min", "max"):  # read as "auto", as Paddle's hapi and Keras do
+            warnings.warn(
+                f"{owner}: mode {mode!r} is unknown; using 'auto' instead (accepted: 'auto', "
+                "'min', 'max'). Pass mode='min' for losses and errors, mode='max' for accuracies "
+                "and scores, or mode='auto' to pick from the monitored name.",
+                UserWarning,
+                stacklevel=3,  # MonitorCallback.__init__ <- subclass <- the caller
+            )
+        if mode not in ("min", "max"):
+            mode = "max" if any(hint in monitor.lower() for hint in _MAX_HINTS) else "min"
         self.monitor = monitor
-        self.mode = resolve_mode(mode, monitor, owner)
+        self.mode = mode
         self.min_delta = float(min_delta)
         self.best, self.wait = self._initial_best, 0
         self._warned_missing = False
@@ -185,14 +175,17 @@ class MonitorCallback(Callback):
                     stacklevel=2,
                 )
         value = logs.get(self.monitor)
-        if value is None:
-            if warn and not self._warned_missing:
-                self._warned_missing = True
-                warnings.warn(
-                    f"{type(self).__name__} is monitoring {self.monitor!r}, which is not in "
-                    f"the logs. Available keys: {sorted(logs)}. Pass monitor= one of them; "
-                    "val_* keys exist only on epochs that ran an evaluation (eval_data, eval_freq).",
-                    stacklevel=2,
-                )
-            return None
-        return float(value)
+        if value is None and warn:
+            self._warn_missing(logs)
+        return None if value is None else float(value)
+
+    def _warn_missing(self, logs: dict, then: str = "") -> None:
+        """Warn, once per callback, that ``monitor`` is not in ``logs`` (``then``: what follows)."""
+        if not self._warned_missing:
+            self._warned_missing = True
+            warnings.warn(
+                f"{type(self).__name__} is monitoring {self.monitor!r}, which is not in the logs. "
+                f"Available keys: {sorted(logs)}. {then}Pass monitor= one of them; val_* keys "
+                "exist only on epochs that ran an evaluation (eval_data, eval_freq).",
+                stacklevel=4,
+            )

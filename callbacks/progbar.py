@@ -223,18 +223,14 @@ class ProgBarLogger(Callback):
 
     def _start(self, steps: int | None, description: str, line: str) -> None:
         """Begin a pass: a bar named ``description``, or the ``line`` that opens it."""
-        bar = None
         tqdm = _bar_class(self.params.get("world_size", 1)) if self.verbose == 1 else None
-        if tqdm is not None:
-            bar = tqdm(
-                total=steps,
-                desc=description,
-                file=sys.stdout,
-                mininterval=0.25,
-                dynamic_ncols=True,
-            )
-        else:
+        if tqdm is None:
             print(line, flush=True)
+            bar = None
+        else:
+            bar = tqdm(
+                total=steps, desc=description, file=sys.stdout, mininterval=0.25, dynamic_ncols=True
+            )
         self._phase = _Phase(steps, bar)
 
     def _print_line(self, phase: _Phase) -> None:

@@ -29,6 +29,7 @@ import types
 
 NAME = "hapi.callbacks"
 HOME = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "callbacks")
+INIT = os.path.join(HOME, "__init__.py")
 
 
 def _origin_of_callbacks() -> str | None:
@@ -49,16 +50,7 @@ def _origin_of_callbacks() -> str | None:
 def _is_ours(origin: str | None) -> bool:
     if origin is None or not os.path.isfile(origin):
         return False
-    return os.path.realpath(origin) == os.path.realpath(os.path.join(HOME, "__init__.py"))
-
-
-def _shown(path: str) -> str:
-    """The path as the user would type it: ``./callbacks.py`` for one in the working directory."""
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:  # another drive on Windows
-        return path
-    return path if relative.startswith("..") else os.path.join(".", relative)
+    return os.path.realpath(origin) == os.path.realpath(INIT)
 
 
 def _first_process() -> bool:
@@ -70,45 +62,39 @@ def _first_process() -> bool:
     return os.environ.get("RANK", "0") == "0" and not child
 
 
-def _alias_submodules(package: types.ModuleType, prefix: str) -> None:
-    """Make ``hapi.callbacks.<module>`` the very module ``<prefix>.<module>``, every module of it."""
-    for info in pkgutil.iter_modules(package.__path__):
-        sys.modules[f"{NAME}.{info.name}"] = importlib.import_module(f"{prefix}.{info.name}")
-
-
-def _load_own_package() -> types.ModuleType:
-    """Load torch-hapi's callbacks package from its installed directory as ``hapi.callbacks``."""
-    init = os.path.join(HOME, "__init__.py")
-    if not os.path.isfile(init):
-        raise ImportError(
-            f"torch-hapi's callbacks package is missing: expected {init} beside hapi/. "
-            "Reinstall torch-hapi (pip install --force-reinstall torch-hapi)."
-        )
-    spec = importlib.util.spec_from_file_location(NAME, init, submodule_search_locations=[HOME])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[NAME] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[NAME]
-        raise
-    return module
-
-
 def _resolve() -> types.ModuleType:
     if NAME in sys.modules:
         return sys.modules[NAME]
     origin = _origin_of_callbacks()
-    if _is_ours(origin):
-        package = importlib.import_module("callbacks")
+    ours = _is_ours(origin)
+    if ours:
+        package, prefix = importlib.import_module("callbacks"), "callbacks"
         sys.modules[NAME] = package
-        _alias_submodules(package, "callbacks")
-        return package
-    package = _load_own_package()
-    _alias_submodules(package, NAME)
-    if origin is not None and _first_process():
+    else:  # load torch-hapi's package from its installed directory as hapi.callbacks
+        if not os.path.isfile(INIT):
+            raise ImportError(
+                f"torch-hapi's callbacks package is missing: expected {INIT} beside hapi/. "
+                "Reinstall torch-hapi (pip install --force-reinstall torch-hapi)."
+            )
+        spec = importlib.util.spec_from_file_location(NAME, INIT, submodule_search_locations=[HOME])
+        package, prefix = importlib.util.module_from_spec(spec), NAME
+        sys.modules[NAME] = package
+        try:
+            spec.loader.exec_module(package)
+        except BaseException:
+            del sys.modules[NAME]
+            raise
+    # hapi.callbacks.<module> is the very module <prefix>.<module>, for every module of it.
+    for info in pkgutil.iter_modules(package.__path__):
+        sys.modules[f"{NAME}.{info.name}"] = importlib.import_module(f"{prefix}.{info.name}")
+    if origin is not None and not ours and _first_process():
+        try:  # shown as the user would type it: ./callbacks.py for one in the working directory
+            relative = os.path.relpath(origin)
+        except ValueError:  # another drive on Windows
+            relative = ".."
+        shown = origin if relative.startswith("..") else os.path.join(".", relative)
         print(
-            f"torch-hapi: {_shown(origin)} shadows torch-hapi's callbacks package; torch-hapi uses its own "
+            f"torch-hapi: {shown} shadows torch-hapi's callbacks package; torch-hapi uses its own "
             "(importable as hapi.callbacks), and `import callbacks` gives yours.",
             file=sys.stderr,
         )

@@ -31,7 +31,7 @@ class StubModel:
     def set_weights(self, weights: dict) -> None:
         self.network.load_state_dict(weights)
 
-    def save(self, path: str) -> None:
+    def save(self, path: str, resumable: bool = False) -> None:
         self.saved.append(path)
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         torch.save(self.network.state_dict(), path + ".pt")
