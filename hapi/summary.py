@@ -33,33 +33,11 @@ def _is_dim(value: Any) -> bool:
     return value is None or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
 
 
-def _check_shape(shape: tuple, input_size: Any) -> torch.Size:
-    """One input's shape, its batch dimension (-1 or None) made 1."""
-    where = f"input_size {input_size!r}"
-    if not (isinstance(input_size, (tuple, list)) and tuple(input_size) == shape):
-        where += f" holds the shape {shape!r}, which"
-    unknown = [i for i, d in enumerate(shape) if d is None or d == -1]
-    if len(unknown) > 1:
-        raise ValueError(
-            f"{where} has {len(unknown)} dimensions given as -1 or None; only the first "
-            "(batch) dimension may be -1 or None, one per shape (for an RNN's h0/c0 the batch "
-            "dimension is the second). Give every other dimension its size, e.g. (-1, 16) "
-            "instead of (-1, -1)."
-        )
-    for d in shape:
-        if d is not None and d != -1 and d <= 0:
-            raise ValueError(
-                f"{where} has the size {d}; every size must be greater than zero (-1 or None "
-                "only for the batch dimension)."
-            )
-    return torch.Size(1 if i in unknown else int(d) for i, d in enumerate(shape))
-
-
 def _dtype(value: Any) -> torch.dtype:
     """``dtype=`` of one input: ``None`` (float32), a ``torch.dtype`` or its name."""
-    if value is None or isinstance(value, torch.dtype):
-        return value or torch.float32
-    found = getattr(torch, value.removeprefix("torch."), None) if isinstance(value, str) else None
+    found = (
+        torch.float32 if value is None else getattr(torch, str(value).removeprefix("torch."), None)
+    )
     if isinstance(found, torch.dtype):
         return found
     raise TypeError(
@@ -79,12 +57,30 @@ def _zeros(size: Any, dtype: Any, input_size: Any, device: torch.device) -> Any:
             f"neither a size nor a shape. {_SHAPE_HELP}."
         )
     several = isinstance(dtype, (list, tuple))
-    if all(_is_dim(d) for d in size):
-        shape = _check_shape(tuple(size), input_size)
+    if all(_is_dim(d) for d in size):  # one input's shape, its batch dimension (-1 or None) made 1
+        shape = tuple(size)
+        where = f"input_size {input_size!r}"
+        if not (isinstance(input_size, (tuple, list)) and tuple(input_size) == shape):
+            where += f" holds the shape {shape!r}, which"
+        unknown = [i for i, d in enumerate(shape) if d is None or d == -1]
+        if len(unknown) > 1:
+            raise ValueError(
+                f"{where} has {len(unknown)} dimensions given as -1 or None; only the first "
+                "(batch) dimension may be -1 or None, one per shape (for an RNN's h0/c0 the "
+                "batch dimension is the second). Give every other dimension its size, e.g. "
+                "(-1, 16) instead of (-1, -1)."
+            )
+        for d in shape:
+            if d is not None and d != -1 and d <= 0:
+                raise ValueError(
+                    f"{where} has the size {d}; every size must be greater than zero (-1 or "
+                    "None only for the batch dimension)."
+                )
+        shape = tuple(1 if i in unknown else int(d) for i, d in enumerate(shape))
         if several:
             raise ValueError(
                 f"dtype {dtype!r} is a list where the input is the single shape "
-                f"{tuple(shape)}; give one dtype for it, e.g. 'int64'."
+                f"{shape}; give one dtype for it, e.g. 'int64'."
             )
         return torch.zeros(shape, dtype=_dtype(dtype), device=device)
     dtypes = dtype if several else [dtype] * len(size)
