@@ -101,11 +101,10 @@ def normalise_metrics(metrics: Any) -> dict[str, Any]:
                 named[f"output_{position}_{name}"] = metric
         return named
     if isinstance(metrics, dict):
-        for key, metric in metrics.items():
+        for key in metrics:
             if not isinstance(key, str) or not key:
                 raise TypeError(f"metric names must be non-empty strings; received key {key!r}.")
-            _check_metric(metric, f"[{key!r}]")
-        return dict(metrics)
+        return {key: _check_metric(metric, f"[{key!r}]") for key, metric in metrics.items()}
     single = not isinstance(metrics, (list, tuple))
     named = {}
     for index, metric in enumerate([metrics] if single else metrics):

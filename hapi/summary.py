@@ -297,9 +297,9 @@ def count_flops(
         m: next((counters[c] for c in type(m).__mro__ if c in counters), None)
         for m in network.modules()
     }
-    if device is None:  # where the first parameter or buffer lives; the CPU for neither
-        tensors = (*network.parameters(), *network.buffers())
-        device = tensors[0].device if tensors else torch.device("cpu")
+    tensors = (*network.parameters(), *network.buffers())
+    # Model.flops passes its device; else where the first parameter or buffer lives, or the CPU.
+    device = device or next((t.device for t in tensors), torch.device("cpu"))
     args = example_args(input_size, None, input, device)
     if args is None:
         raise ValueError(
