@@ -160,14 +160,12 @@ class MetricSet:
         """Run an evaluation inside a training pass: the training figures come back after it,
         and :meth:`training_state_dict` answers with them meanwhile (a resumable save made
         during that evaluation must hold the training figures, not the evaluation's)."""
-        saved, use_metrics = self.state_dict(), self.use_metrics
-        self._set_aside = saved
+        self._set_aside, use_metrics = self.state_dict(), self.use_metrics
         try:
             yield
         finally:
-            self._set_aside = None
-            self.load_state_dict(saved)
-            self.use_metrics = use_metrics
+            self.load_state_dict(self._set_aside)
+            self._set_aside, self.use_metrics = None, use_metrics
 
     def training_state_dict(self) -> dict[str, Any]:
         """The training pass's running sums, also while an evaluation has set them aside."""
