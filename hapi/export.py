@@ -178,11 +178,10 @@ def _problem(error: BaseException, network: nn.Module) -> str:
     ]
     text = " ".join(kept).rstrip(".")
     text = f"{type(error).__name__}: " + (text if len(text) <= 400 else text[:397] + "...")
-    own = set()
-    for module in network.modules():
-        filename = getattr(sys.modules.get(type(module).__module__), "__file__", None)
-        if filename and not os.path.abspath(filename).startswith(_TORCH_DIR):
-            own.add(os.path.abspath(filename))
+    files = {
+        getattr(sys.modules.get(type(m).__module__), "__file__", None) for m in network.modules()
+    }
+    own = {os.path.abspath(f) for f in files if f and not os.path.abspath(f).startswith(_TORCH_DIR)}
     frames = traceback.extract_tb(error.__traceback__)
     frames = [frame for frame in frames if os.path.abspath(frame.filename) in own]
     if not frames:
