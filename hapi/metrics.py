@@ -230,7 +230,6 @@ class MetricSet:
         self.update_logs({} if loss is None else {"loss": loss}, batch_size)
         for key, metric in self.metrics.items():
             position = getattr(metric, "_hapi_output", None)
-            pair = (outputs, labels)
             if position is not None and position >= min(len(outputs), len(labels)):
                 raise ValueError(
                     f"The metric {key!r} is for output {position}, but a batch gave "
@@ -238,8 +237,8 @@ class MetricSet:
                     f"{describe(labels)}. Give one list of metrics per output, and one label per "
                     "output (Model(labels=...) counts them)."
                 )
-            if position is not None:
-                pair = ([outputs[position]], [labels[position]])
+            whole = position is None
+            pair = (outputs, labels) if whole else ([outputs[position]], [labels[position]])
             try:
                 metric.update(*pair[0], *pair[1])
             except TypeError as error:

@@ -33,19 +33,6 @@ def _is_dim(value: Any) -> bool:
     return value is None or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
 
 
-def _dtype(value: Any) -> torch.dtype:
-    """``dtype=`` of one input: ``None`` (float32), a ``torch.dtype`` or its name."""
-    found = (
-        torch.float32 if value is None else getattr(torch, str(value).removeprefix("torch."), None)
-    )
-    if isinstance(found, torch.dtype):
-        return found
-    raise TypeError(
-        f"dtype must be a torch.dtype or its name (e.g. torch.int64 or 'int64'), one for all "
-        f"inputs or a list with one per input; received {value!r}."
-    )
-
-
 def _zeros(size: Any, dtype: Any, input_size: Any, device: torch.device) -> Any:
     """Zeros for a shape (not random: the global RNG stays untouched), else the same
     list/tuple of what its items give, with one dtype each or one for all."""
@@ -82,7 +69,13 @@ def _zeros(size: Any, dtype: Any, input_size: Any, device: torch.device) -> Any:
                 f"dtype {dtype!r} is a list where the input is the single shape "
                 f"{shape}; give one dtype for it, e.g. 'int64'."
             )
-        return torch.zeros(shape, dtype=_dtype(dtype), device=device)
+        name = "float32" if dtype is None else str(dtype).removeprefix("torch.")
+        if not isinstance(getattr(torch, name, None), torch.dtype):
+            raise TypeError(
+                f"dtype must be a torch.dtype or its name (e.g. torch.int64 or 'int64'), one for "
+                f"all inputs or a list with one per input; received {dtype!r}."
+            )
+        return torch.zeros(shape, dtype=getattr(torch, name), device=device)
     dtypes = dtype if several else [dtype] * len(size)
     if len(dtypes) != len(size):
         raise ValueError(
