@@ -201,36 +201,33 @@ class ImageDataset(Dataset):
             return [root, root / self.name]
         return default_data_dirs(self.name, self.system_dir)
 
+    def _fetch(self, filename: str, target: Path, check: Callable[[bytes, Path], Any]) -> Any:
+        """Download ``filename`` from the first of ``self.mirrors`` that serves good bytes.
 
-def fetch(
-    dataset: ImageDataset, filename: str, target: Path, check: Callable[[bytes, Path], Any]
-) -> Any:
-    """Download ``filename`` from the first of ``dataset.mirrors`` that serves good bytes.
+        ``check(data, path)`` must raise :class:`DatasetError` on bad content, so
+        that a mirror answering with an error page never leaves a file behind;
+        good bytes are written atomically to ``target/filename``. Returns what
+        ``check`` returned, so the caller need not parse the file twice.
+        """
+        # Imported here: only a download writes a file (hapi.checkpoint owns every write).
+        from hapi.checkpoint import atomic_write
 
-    ``check(data, path)`` must raise :class:`DatasetError` on bad content, so
-    that a mirror answering with an error page never leaves a file behind;
-    good bytes are written atomically to ``target/filename``. Returns what
-    ``check`` returned, so the caller need not parse the file twice.
-    """
-    # Imported here: only a download writes a file (hapi.checkpoint owns every write).
-    from hapi.checkpoint import atomic_write
-
-    path = target / filename
-    urls, last_error = [base.rstrip("/") + "/" + filename for base in dataset.mirrors], None
-    for url in urls:
-        try:
-            with urllib.request.urlopen(url, timeout=dataset.download_timeout) as response:
-                data = response.read()
-            result = check(data, path)
-        except (OSError, DatasetError) as error:  # URLError, HTTPError, timeouts are OSErrors
-            last_error = error
-            continue
-        with atomic_write(path, "wb") as handle:
-            handle.write(data)
-        return result
-    tried = "\n".join(f"  {u}" for u in urls) or "  (no mirrors configured)"
-    raise DatasetError(
-        f"{type(dataset).__name__}: could not download {filename} into {target}. URLs tried:\n"
-        f"{tried}\nLast error: {last_error!r}.",
-        path,
-    )
+        path = target / filename
+        urls, last_error = [base.rstrip("/") + "/" + filename for base in self.mirrors], None
+        for url in urls:
+            try:
+                with urllib.request.urlopen(url, timeout=self.download_timeout) as response:
+                    data = response.read()
+                result = check(data, path)
+            except (OSError, DatasetError) as error:  # URLError, HTTPError, timeouts are OSErrors
+                last_error = error
+                continue
+            with atomic_write(path, "wb") as handle:
+                handle.write(data)
+            return result
+        tried = "\n".join(f"  {u}" for u in urls) or "  (no mirrors configured)"
+        raise DatasetError(
+            f"{type(self).__name__}: could not download {filename} into {target}. URLs tried:\n"
+            f"{tried}\nLast error: {last_error!r}.",
+            path,
+        )

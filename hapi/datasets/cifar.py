@@ -113,7 +113,7 @@ class Cifar10(base.ImageDataset):
                 return _read_tarball(tried[-1].read_bytes(), tried[-1], names), top
         if download:  # into the first directory searched; the tarball serves both modes
             check = functools.partial(_read_tarball, names=_BATCHES)
-            return base.fetch(self, _TARBALL, tried[0], check), tried[0]
+            return self._fetch(_TARBALL, tried[0], check), tried[0]
         python_release = [d / n for d in tried for n in _PYTHON_NAMES if (d / n).exists()]
         if python_release:
             what = ", ".join(map(str, python_release))

@@ -47,9 +47,7 @@ class _IDXDataset(base.ImageDataset):
             target = tried[0]
             for stem, magic in zip(stems, (_IMAGE_MAGIC, _LABEL_MAGIC)):
                 if _find_file(target, stem) is None:
-                    base.fetch(
-                        self, f"{stem}.gz", target, functools.partial(_parse_idx, magic=magic)
-                    )
+                    self._fetch(f"{stem}.gz", target, functools.partial(_parse_idx, magic=magic))
             found = [_find_file(target, stem) for stem in stems]
         image_path, label_path = found
         images = _parse_idx(image_path.read_bytes(), image_path, _IMAGE_MAGIC)
