@@ -13,10 +13,10 @@ even where a ``callbacks.py`` of the user's hides the top-level one.
 from hapi._callbacks import callbacks  # isort: skip
 from hapi import metrics
 from hapi.distributed.strategies import DDP, FSDP
-from hapi.flop_count import flops  # the module has another name than the function
 from hapi.launch import spawn
 from hapi.model import Model
 from hapi.seed import seed_everything
+from hapi.summary import flops
 
 __all__ = [
     "Model",

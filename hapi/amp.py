@@ -38,39 +38,19 @@ from hapi.checkpoint.errors import refuse
 
 # torch-hapi's names of the autocast dtypes; the steps and strategies read these.
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-LEVELS = ("O0", "O1", "O2")
-# Paddle's loss-scaling key -> (torch.amp.GradScaler's keyword, the values it takes, what they are).
+_LEVELS = ("O0", "O1", "O2")
+# Paddle's loss-scaling key -> (torch.amp.GradScaler's keyword, the open range of its values,
+# what they are).
 _SCALER_KEYS = {
-    "init_loss_scaling": (
-        "init_scale",
-        lambda v: 0 < v < math.inf,
-        "a positive finite number (Paddle's and torch's default: 65536)",
-    ),
-    "incr_ratio": (
-        "growth_factor",
-        lambda v: 1 < v < math.inf,
-        "greater than 1 (the scale grows by it)",
-    ),
-    "decr_ratio": (
-        "backoff_factor",
-        lambda v: 0 < v < 1,
-        "between 0 and 1 (the scale shrinks by it)",
-    ),
-    "incr_every_n_steps": (
-        "growth_interval",
-        lambda v: isinstance(v, int) and v >= 1,
-        "a positive int",
-    ),
+    "init_loss_scaling": ("init_scale", 0, math.inf, "a positive finite number (default 65536)"),
+    "incr_ratio": ("growth_factor", 1, math.inf, "greater than 1 (the scale grows by it)"),
+    "decr_ratio": ("backoff_factor", 0, 1, "between 0 and 1 (the scale shrinks by it)"),
+    "incr_every_n_steps": ("growth_interval", 0, math.inf, "a positive int"),
 }
+_STEP_COUNTS = ("growth_interval", "_growth_tracker")  # ints in GradScaler's state
 _LOSS_SCALING = (*_SCALER_KEYS, "decr_every_n_nan_or_inf", "use_dynamic_loss_scaling")
 _OP_LISTS = ("custom_white_list", "custom_black_list", "custom_black_varnames")
-ACCEPTED_KEYS = ("level", "dtype", *_LOSS_SCALING, *_OP_LISTS, "use_fp16_guard")
-_DTYPE_NAMES = {
-    "float16": "fp16",
-    "bfloat16": "bf16",
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-}
+_ACCEPTED_KEYS = ("level", "dtype", *_LOSS_SCALING, *_OP_LISTS, "use_fp16_guard")
 
 
 class AmpSetting(NamedTuple):
@@ -109,7 +89,7 @@ def parse_amp(amp: Any) -> AmpSetting:
     """
     if amp is None or (isinstance(amp, str) and amp in AMP_DTYPES):
         return AmpSetting(amp)
-    if isinstance(amp, str) and amp in LEVELS:
+    if isinstance(amp, str) and amp in _LEVELS:
         return _from_configs({"level": amp}, where="amp")
     if isinstance(amp, Mapping):
         return _from_configs(amp, where="amp['level']")
@@ -123,7 +103,7 @@ def parse_amp(amp: Any) -> AmpSetting:
 
 def _from_configs(configs: Mapping, where: str) -> AmpSetting:
     """A Paddle level (``where`` names it in a message) with Paddle's other amp_configs keys."""
-    unknown = [key for key in configs if key not in ACCEPTED_KEYS]
+    unknown = [key for key in configs if key not in _ACCEPTED_KEYS]
     if "use_pure_fp16" in unknown:
         raise ValueError(
             "amp['use_pure_fp16'] is not a key: as in Paddle, the level alone chooses the kind of "
@@ -133,17 +113,15 @@ def _from_configs(configs: Mapping, where: str) -> AmpSetting:
     if unknown:
         raise ValueError(
             f"amp has unknown key(s) {unknown!r}. Accepted keys (Paddle's amp_configs): "
-            f"{', '.join(ACCEPTED_KEYS)}."
+            f"{', '.join(_ACCEPTED_KEYS)}."
         )
     level = configs.get("level", "O1")  # Paddle: a dict without 'level' means O1
-    if not isinstance(level, str) or level not in LEVELS:
+    if level not in _LEVELS:
         raise ValueError(
             f"amp['level'] must be 'O0', 'O1' or 'O2' (Paddle's levels); received {level!r}."
         )
-    if level == "O0" or not configs:
-        return AmpSetting(
-            None
-        )  # Paddle: O0, or an empty amp_configs, is float32 (other keys ignored)
+    if level == "O0" or not configs:  # Paddle: float32, whatever the other keys say
+        return AmpSetting()
     if level == "O2":
         raise ValueError(
             f"{where}={level!r} is Paddle's pure float16 training (the network's weights cast to "
@@ -171,51 +149,46 @@ def _from_configs(configs: Mapping, where: str) -> AmpSetting:
                 "enabled=False) in your forward and cast its inputs with .float()."
             )
     dtype = configs.get("dtype", "float16")
-    name = _DTYPE_NAMES.get(dtype) if isinstance(dtype, (str, torch.dtype)) else None
-    if name is None:
+    name = {"float16": "fp16", "bfloat16": "bf16"}.get(str(dtype).removeprefix("torch."))
+    if name is None or not isinstance(dtype, (str, torch.dtype)):
         raise ValueError(f"amp['dtype'] must be 'float16' or 'bfloat16'; received {dtype!r}.")
     scaling = [k for k in _LOSS_SCALING if k in configs]
-    if name == "bf16":
-        if scaling:
-            raise ValueError(
-                f"amp has dtype 'bfloat16' and loss-scaling key(s) {scaling!r}: bfloat16 has "
-                "float32's range, so torch-hapi uses no loss scaler with it. Remove those keys, "
-                "or use dtype 'float16' to scale the loss."
-            )
-        return AmpSetting("bf16")
-    options = _scaler_options(configs)
+    if name == "bf16" and scaling:
+        raise ValueError(
+            f"amp has dtype 'bfloat16' and loss-scaling key(s) {scaling!r}: bfloat16 has "
+            "float32's range, so torch-hapi uses no loss scaler with it. Remove those keys, "
+            "or use dtype 'float16' to scale the loss."
+        )
+    decr = configs.get("decr_every_n_nan_or_inf", 1)
+    if isinstance(decr, bool) or decr != 1:
+        raise ValueError(
+            f"amp['decr_every_n_nan_or_inf']={decr!r}: torch.amp.GradScaler shrinks the scale at "
+            "every step with inf/NaN gradients and keeps no count of them, so only 1 (Paddle's "
+            "default) has an equivalent. Remove the key, or set it to 1; a gentler back-off is "
+            "amp['decr_ratio'] closer to 1."
+        )
+    options = {}
+    for key, (option, low, high, meaning) in _SCALER_KEYS.items():
+        if key not in configs:
+            continue
+        value = configs[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"amp[{key!r}] must be a number; received {value!r}.")
+        if not _fits(option, value, low, high):
+            raise ValueError(f"amp[{key!r}] must be {meaning}; received {value!r}.")
+        options[option] = value if option in _STEP_COUNTS else float(value)
     dynamic = configs.get("use_dynamic_loss_scaling", True)
     if not isinstance(dynamic, bool):
         raise ValueError(
             f"amp['use_dynamic_loss_scaling'] must be True or False; received {dynamic!r}."
         )
-    return AmpSetting("fp16", options, dynamic)
+    return AmpSetting(name, options, dynamic)
 
 
-def _is_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and value == value
-
-
-def _scaler_options(configs: Mapping) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for key, (option, allowed, meaning) in _SCALER_KEYS.items():
-        if key in configs:
-            value = configs[key]
-            if not _is_number(value):
-                raise ValueError(f"amp[{key!r}] must be a number; received {value!r}.")
-            if not allowed(value):
-                raise ValueError(f"amp[{key!r}] must be {meaning}; received {value!r}.")
-            options[option] = value if option == "growth_interval" else float(value)
-    if "decr_every_n_nan_or_inf" in configs:
-        value = configs["decr_every_n_nan_or_inf"]
-        if isinstance(value, bool) or value != 1:
-            raise ValueError(
-                f"amp['decr_every_n_nan_or_inf']={value!r}: torch.amp.GradScaler shrinks the "
-                "scale at every step with inf/NaN gradients and keeps no count of them, so only "
-                "1 (Paddle's default) has an equivalent. Remove the key, or set it to 1; "
-                "a gentler back-off is amp['decr_ratio'] closer to 1."
-            )
-    return options
+def _fits(option: str, value: Any, low: float, high: float) -> bool:
+    """``value`` is a number (an int for a step count) in the open range ``(low, high)``."""
+    kinds = int if option in _STEP_COUNTS else (int, float)
+    return not isinstance(value, bool) and isinstance(value, kinds) and low < value < high
 
 
 def check_scaler_state(file: str, saved: Any) -> None:
@@ -229,10 +202,10 @@ def check_scaler_state(file: str, saved: Any) -> None:
         refuse(file, "'scaler'", saved, "a GradScaler's state dict")
     # The state names GradScaler's init_scale "scale", its other keywords as they are.
     ranges = {option.replace("init_", ""): rest for option, *rest in _SCALER_KEYS.values()}
-    ranges["_growth_tracker"] = [lambda v: isinstance(v, int) and v >= 0, "an int of at least 0"]
+    ranges["_growth_tracker"] = [-1, math.inf, "an int of at least 0"]
     for key, value in saved.items():
-        if key in ranges and not (_is_number(value) and ranges[key][0](value)):
-            refuse(file, f"'scaler'[{key!r}]", value, ranges[key][1])
+        if key in ranges and not _fits(key, value, *ranges[key][:2]):
+            refuse(file, f"'scaler'[{key!r}]", value, ranges[key][2])
     tracker, interval = saved.get("_growth_tracker", 0), saved.get("growth_interval", 2**31)
     if tracker >= min(interval, 2**31):  # the tracker is an int32 tensor
         refuse(file, "'scaler'['_growth_tracker']", tracker, f"below {interval}, its interval")

@@ -36,15 +36,13 @@ from hapi import distributed
 from hapi.checkpoint import atomic_write
 from hapi.data import describe
 
-SUFFIX = ".pt2"
-
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
 def export_path(path: str | os.PathLike) -> str:
     """The file ``export_network`` writes: ``path`` itself if it ends in ``.pt2``, else ``path + ".pt2"``."""
     path = os.fspath(path)
-    return path if path.endswith(SUFFIX) else path + SUFFIX
+    return path if path.endswith(".pt2") else path + ".pt2"
 
 
 def export_network(
@@ -79,29 +77,41 @@ def export_network(
             cannot trace it; the message says which operation and line, and
             what to change. The original exception is chained.
     """
-    _check_not_sharded(network)
+    sharded = distributed.sharded_parameters(network)
+    if sharded:  # a forward would wait for every other process's shards
+        raise RuntimeError(
+            f"{distributed.class_name(network)}'s parameters are sharded over processes (DTensors: "
+            f"{', '.join(sharded[:3])}{', ...' if len(sharded) > 3 else ''}), as FSDP leaves "
+            "them; its forward gathers the shards from every process, so one process cannot "
+            "run or export it alone. Call model.export(...) on every process (it gathers the "
+            "full weights and exports a plain copy on rank 0), or load a saved checkpoint "
+            "into an unsharded network and export that."
+        )
     device = next((t.device for t in (*network.parameters(), *network.buffers())), None)
     inputs = _as_inputs(example_inputs, device)
-    file = export_path(path)
     modes = {module: module.training for module in network.modules()}
     network.eval()
     try:
         _check_runs(network, inputs)
-        traced, dynamic_shapes = inputs, None
-        if dynamic_batch:
-            traced = _batch_of_two(inputs)
-            # Dim.DYNAMIC (not Dim.AUTO): if forward fixes the batch size, export fails and says
-            # so, instead of silently writing a program that rejects every other batch size.
-            dynamic_shapes = tuple(
-                {0: torch.export.Dim.DYNAMIC} if t.dim() > 0 else None for t in traced
-            )
+        # A batch of 1 is traced as a batch of 2: the tracer would make a size-1 dim 0 the
+        # constant 1. Only when every input's batch is 1: an input of size 1 beside larger
+        # ones is more likely broadcast than batched.
+        batched = [tensor.dim() > 0 for tensor in inputs]
+        if dynamic_batch and any(batched) and all(t.shape[0] == 1 for t in inputs if t.dim()):
+            inputs = tuple(torch.cat([t, t]) if t.dim() else t for t in inputs)
+        # Dim.DYNAMIC (not Dim.AUTO): if forward fixes the batch size, export fails and says
+        # so, instead of silently writing a program that rejects every other batch size.
+        dynamic = tuple({0: torch.export.Dim.DYNAMIC} if b else None for b in batched)
         try:
-            program = torch.export.export(network, traced, dynamic_shapes=dynamic_shapes)
+            program = torch.export.export(
+                network, inputs, dynamic_shapes=dynamic if dynamic_batch else None
+            )
         except Exception as error:
             raise RuntimeError(_explain(network, error, dynamic_batch)) from error
     finally:
         for module, training in modes.items():
             module.training = training
+    file = export_path(path)
     with atomic_write(file) as handle:
         torch.export.save(program, handle)
         # The archive writer leaves the position at 0; atomic_write truncates at the position.
@@ -135,20 +145,6 @@ def _as_inputs(example_inputs: Any, device: torch.device | None) -> tuple[torch.
     return tuple(tensors)
 
 
-def _check_not_sharded(network: nn.Module) -> None:
-    """Refuse FSDP's sharded parameters: a forward would wait for every other process's shards."""
-    sharded = distributed.sharded_parameters(network)
-    if sharded:
-        raise RuntimeError(
-            f"{distributed.class_name(network)}'s parameters are sharded over processes (DTensors: "
-            f"{', '.join(sharded[:3])}{', ...' if len(sharded) > 3 else ''}), as FSDP leaves "
-            "them; its forward gathers the shards from every process, so one process cannot "
-            "run or export it alone. Call model.export(...) on every process (it gathers the "
-            "full weights and exports a plain copy on rank 0), or load a saved checkpoint "
-            "into an unsharded network and export that."
-        )
-
-
 def _check_runs(network: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
     """Run ``forward`` eagerly once, so that a wrong example is not reported as an export failure."""
     try:
@@ -156,65 +152,43 @@ def _check_runs(network: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
             network(*inputs)
     except Exception as error:
         name = distributed.class_name(network)
-        problem = (
-            f"{type(error).__name__}: {_first_lines(str(error))}{_user_location(error, network)}"
-        )
         if distributed.is_collective_failure(error):  # not the inputs' fault: say so
             raise RuntimeError(
-                f"{name}'s forward made a collective that failed, before any export: {problem}. "
-                "Export runs forward on rank 0 alone; a forward that needs the other processes "
-                "cannot be exported as it is."
+                f"{name}'s forward made a collective that failed, before any export: "
+                f"{_problem(error, network)}. Export runs forward on rank 0 alone; a forward "
+                "that needs the other processes cannot be exported as it is."
             ) from error
         raise RuntimeError(
             f"{name} fails on example_inputs {describe(list(inputs))} before any "
-            f"export: {problem}. If example_inputs are not what forward takes, pass them as it "
-            "does (one tensor per positional argument, the shapes and dtypes of a real batch); "
-            "if they are, the line named is where forward itself fails."
+            f"export: {_problem(error, network)}. If example_inputs are not what forward takes, "
+            "pass them as it does (one tensor per positional argument, the shapes and dtypes "
+            "of a real batch); if they are, the line named is where forward itself fails."
         ) from error
 
 
-def _batch_of_two(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """A batch of 1 repeated to 2: the tracer would treat a dim 0 of size 1 as the constant 1.
-
-    Only when every input's batch is 1; an input of size 1 beside larger ones
-    is more likely broadcast than batched, and repeating it would change
-    what ``forward`` computes.
-    """
-    batched = [tensor for tensor in inputs if tensor.dim() > 0]
-    if not batched or any(tensor.shape[0] != 1 for tensor in batched):
-        return inputs
-    return tuple(torch.cat([tensor, tensor]) if tensor.dim() > 0 else tensor for tensor in inputs)
-
-
-def _first_lines(message: str, limit: int = 400) -> str:
-    """The first non-empty line of torch's message, with the ``- ...`` detail lines that follow it."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()] or ["(no message)"]
-    # torch's own hints in detail lines name its API (mark_dynamic, Dim.DYNAMIC), not export()'s: cut them.
+def _problem(error: BaseException, network: nn.Module) -> str:
+    """``Type: message (at file:line in function: `code`)``: torch's first lines, then the
+    deepest frame in a file that defines one of the network's modules, torch's own excepted
+    (the line of ``forward`` to change)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or ["(no message)"]
+    # torch's own hints in its detail lines name its API (mark_dynamic, Dim.DYNAMIC), not
+    # export()'s: cut them.
     kept = [lines[0]] + [
         line.split(" If you're using")[0] for line in lines[1:4] if line.startswith("- ")
     ]
     text = " ".join(kept).rstrip(".")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _user_location(error: BaseException, network: nn.Module) -> str:
-    """`` (at file:line in function: `code`)`` for the line of the network's code that failed, or ``""``.
-
-    The deepest frame in a file that defines one of the network's modules, torch's
-    own excepted: the line of ``forward`` to change.
-    """
-    own = set()
-    for module in network.modules():
-        filename = getattr(sys.modules.get(type(module).__module__), "__file__", None)
-        if filename and not os.path.abspath(filename).startswith(_TORCH_DIR):
-            own.add(os.path.abspath(filename))
+    text = f"{type(error).__name__}: " + (text if len(text) <= 400 else text[:397] + "...")
+    files = {
+        getattr(sys.modules.get(type(m).__module__), "__file__", None) for m in network.modules()
+    }
+    own = {os.path.abspath(f) for f in files if f and not os.path.abspath(f).startswith(_TORCH_DIR)}
     frames = traceback.extract_tb(error.__traceback__)
     frames = [frame for frame in frames if os.path.abspath(frame.filename) in own]
     if not frames:
-        return ""
+        return text
     frame = frames[-1]
     code = f": `{frame.line.strip()}`" if frame.line else ""
-    return f" (at {frame.filename}:{frame.lineno} in {frame.name}{code})"
+    return f"{text} (at {frame.filename}:{frame.lineno} in {frame.name}{code})"
 
 
 def _explain(network: nn.Module, error: BaseException, dynamic_batch: bool) -> str:
@@ -241,6 +215,6 @@ def _explain(network: nn.Module, error: BaseException, dynamic_batch: bool) -> s
             "problem at once."
         )
     return (
-        f"torch.export could not export {type(network).__name__}: {type(error).__name__}: "
-        f"{_first_lines(message)}{_user_location(error, network)}. {advice}"
+        f"torch.export could not export {type(network).__name__}: {_problem(error, network)}. "
+        f"{advice}"
     )

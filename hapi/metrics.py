@@ -101,16 +101,14 @@ def normalise_metrics(metrics: Any) -> dict[str, Any]:
                 named[f"output_{position}_{name}"] = metric
         return named
     if isinstance(metrics, dict):
-        for key, metric in metrics.items():
+        for key in metrics:
             if not isinstance(key, str) or not key:
                 raise TypeError(f"metric names must be non-empty strings; received key {key!r}.")
-            _check_metric(metric, f"[{key!r}]")
-        return dict(metrics)
-    if not isinstance(metrics, (list, tuple)):
-        metrics = [_check_metric(metrics, "")]
+        return {key: _check_metric(metric, f"[{key!r}]") for key, metric in metrics.items()}
+    single = not isinstance(metrics, (list, tuple))
     named = {}
-    for index, metric in enumerate(metrics):
-        _check_metric(metric, f"[{index}]")
+    for index, metric in enumerate([metrics] if single else metrics):
+        _check_metric(metric, "" if single else f"[{index}]")
         base = metric.name if _is_accuracy(metric) else _snake_case(type(metric).__name__)
         name, n = base, 1
         while name in named:
@@ -162,14 +160,12 @@ class MetricSet:
         """Run an evaluation inside a training pass: the training figures come back after it,
         and :meth:`training_state_dict` answers with them meanwhile (a resumable save made
         during that evaluation must hold the training figures, not the evaluation's)."""
-        saved, use_metrics = self.state_dict(), self.use_metrics
-        self._set_aside = saved
+        self._set_aside, use_metrics = self.state_dict(), self.use_metrics
         try:
             yield
         finally:
-            self._set_aside = None
-            self.load_state_dict(saved)
-            self.use_metrics = use_metrics
+            self.load_state_dict(self._set_aside)
+            self._set_aside, self.use_metrics = None, use_metrics
 
     def training_state_dict(self) -> dict[str, Any]:
         """The training pass's running sums, also while an evaluation has set them aside."""
@@ -179,12 +175,11 @@ class MetricSet:
         """A copy of the running sums of the pass in progress (for a resume mid-epoch): the
         pass goes on adding to its own tensors."""
         on_cpu = functools.partial(_moved, device="cpu", copy=True)
-        # None while no step returned a weight: the weights are then the sample count.
-        weight_sum = self._weight_sum if torch.is_tensor(self._weight_sum) else None
         return {
-            "loss_sum": None if self._loss_sum is None else on_cpu(self._loss_sum),
+            "loss_sum": on_cpu(self._loss_sum),
             "samples": self._samples,
-            "weight_sum": None if weight_sum is None else on_cpu(weight_sum),
+            # None while no step returned a weight: the weights are then the sample count.
+            "weight_sum": on_cpu(self._weight_sum) if torch.is_tensor(self._weight_sum) else None,
             "figures": {name: on_cpu(total) for name, total in self._log_sums.items()},
             "metrics": [
                 {name: on_cpu(value) for name, value in metric.metric_state.items()}
@@ -196,9 +191,9 @@ class MetricSet:
         leaves = _leaves(self.metrics)
         states = [t for m in leaves for t in m.metric_state.values() if torch.is_tensor(t)]
         device = states[0].device if states else torch.device("cpu")
-        loss_sum, weight_sum = state["loss_sum"], state.get("weight_sum")
-        self._loss_sum = None if loss_sum is None else loss_sum.to(device)
+        self._loss_sum = _moved(state["loss_sum"], device)
         self._samples = int(state["samples"])
+        weight_sum = state.get("weight_sum")
         self._weight_sum = self._samples if weight_sum is None else weight_sum.to(device)
         self._log_sums = {
             name: total.to(device) for name, total in state.get("figures", {}).items()
@@ -232,13 +227,9 @@ class MetricSet:
         A metric of output ``i`` (``prepare(metrics=[[...], [...]])``) gets output ``i`` and
         label ``i`` only.
         """
-        if loss is not None:
-            self.add_logs({"loss": loss}, batch_size)
-        self._samples += batch_size
-        self._weight_sum = self._weight_sum + batch_size
+        self.update_logs({} if loss is None else {"loss": loss}, batch_size)
         for key, metric in self.metrics.items():
             position = getattr(metric, "_hapi_output", None)
-            pair = (outputs, labels)
             if position is not None and position >= min(len(outputs), len(labels)):
                 raise ValueError(
                     f"The metric {key!r} is for output {position}, but a batch gave "
@@ -246,8 +237,8 @@ class MetricSet:
                     f"{describe(labels)}. Give one list of metrics per output, and one label per "
                     "output (Model(labels=...) counts them)."
                 )
-            if position is not None:
-                pair = ([outputs[position]], [labels[position]])
+            whole = position is None
+            pair = (outputs, labels) if whole else ([outputs[position]], [labels[position]])
             try:
                 metric.update(*pair[0], *pair[1])
             except TypeError as error:
@@ -268,10 +259,22 @@ class MetricSet:
         pass's figures are per token (the sum of value * weight over the sum of
         the weights, over every process).
         """
-        weight = batch_size
-        if "weight" in figures:
+        weight: int | torch.Tensor = batch_size
+        if "weight" in figures:  # a tensor weight stays on its device: no read back per batch
             figures = dict(figures)
-            weight = _weight_of(figures.pop("weight"))
+            value = figures.pop("weight")
+            weight = torch.as_tensor(value).detach()
+            if weight.numel() != 1 or weight.is_complex() or weight.dtype == torch.bool:
+                raise ValueError(
+                    f"A step's 'weight' must be one number (what its figures are weighted by, "
+                    f"e.g. the batch's token count); received {describe([value])}."
+                )
+            if weight.device.type == "cpu" and float(weight) < 0:
+                raise ValueError(
+                    f"A step's 'weight' must not be negative; received {float(weight)}. Return "
+                    "the count its figures are averaged over (samples, tokens)."
+                )
+            weight = weight.reshape(()).double()
         self._weight_sum = self._weight_sum + weight  # a tensor weight stays on its device
         self.add_logs(figures, weight)
         self._samples += batch_size
@@ -346,44 +349,23 @@ class MetricSet:
                         f"Two metrics log the name {name!r} (the second from metrics[{key!r}]); give "
                         "them distinct names with a dict, or a prefix on the MetricCollection."
                     )
-                results[name] = _to_float(sub_value, name)
+                if torch.is_tensor(sub_value) and sub_value.numel() != 1:
+                    raise ValueError(
+                        f"metric {name!r} computed a tensor of shape {tuple(sub_value.shape)}; "
+                        "only scalar metrics can be logged. Use average='micro' or 'macro' (not "
+                        "average=None), or a MetricCollection of scalar metrics."
+                    )
+                results[name] = float(sub_value)
         return results
 
 
 def _moved(value: Any, device: Any, copy: bool = False) -> Any:
-    """A running sum or a metric state (a tensor, or a list of them) on ``device``."""
-    if torch.is_tensor(value):
-        return value.to(device, copy=copy)
+    """A running sum or a metric state (a tensor, a list of them, or None) on ``device``."""
+    if value is None or torch.is_tensor(value):
+        return value if value is None else value.to(device, copy=copy)
     return [v.to(device, copy=copy) for v in value]
-
-
-def _weight_of(value: Any) -> torch.Tensor:
-    """A step's ``"weight"``: a non-negative scalar (a number or a one-element tensor), kept on
-    its device (a token count summed on the GPU is not read back per batch)."""
-    weight = torch.as_tensor(value).detach()
-    if weight.numel() != 1 or weight.is_complex() or weight.dtype == torch.bool:
-        raise ValueError(
-            f"A step's 'weight' must be one number (what its figures are weighted by, e.g. "
-            f"the batch's token count); received {describe([value])}."
-        )
-    if weight.device.type == "cpu" and float(weight) < 0:  # no device read for a GPU tensor
-        raise ValueError(
-            f"A step's 'weight' must not be negative; received {float(weight)}. Return the "
-            "count its figures are averaged over (samples, tokens)."
-        )
-    return weight.reshape(()).double()
 
 
 def _leaves(metrics: Any) -> list[Any]:
     """The Metric objects of a ``{name: metric}`` dict, looking inside MetricCollections."""
     return [leaf for m in metrics.values() for leaf in (_leaves(m) if _is_collection(m) else [m])]
-
-
-def _to_float(value: Any, name: str) -> float:
-    if torch.is_tensor(value) and value.numel() != 1:
-        raise ValueError(
-            f"metric {name!r} computed a tensor of shape {tuple(value.shape)}; only "
-            "scalar metrics can be logged. Use average='micro' or 'macro' (not "
-            "average=None), or a MetricCollection of scalar metrics."
-        )
-    return float(value)

@@ -62,11 +62,10 @@ from hapi.data import (
     num_batches,
     with_last,
 )
-from hapi.flop_count import count_flops
 from hapi.metrics import MetricSet, normalise_metrics
 from hapi.seed import streams_for_training
 from hapi.steps import Stepper, as_list, check_clipping, check_loss
-from hapi.summary import summarize
+from hapi.summary import count_flops, summarize
 from hapi.train_data import TrainData
 
 DEFAULT_BATCH_SIZE = 32  # Keras' default; Paddle's is 1, which is rarely what anyone wants.

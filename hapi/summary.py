@@ -1,18 +1,26 @@
-"""``Model.summary``: parameter counts and, given example inputs, each layer's shapes.
+"""``Model.summary`` and ``hapi.flops`` (Paddle's ``paddle.summary`` and ``paddle.flops``).
 
-Also home of what ``summary`` and ``flops`` share: reading Paddle's ``input_size`` (or
-``input=``) into the arguments of one forward pass, and running that pass without changing
-the network (no gradients, every module's train/eval mode and the global RNG left as found).
+Both read Paddle's ``input_size`` (or ``input=``) into the arguments of one forward pass and
+run that pass without changing the network: no gradients, every module's train/eval mode and
+the global RNG left as found. ``summary`` prints each leaf module's shapes and parameters;
+``flops`` counts each leaf module's operations the way Paddle's ``dynamic_flops`` does: a
+multiply-add counts once, a convolution adds one per output element for its bias (a
+``Linear`` layer does not), and layers with no count function (max pooling, most
+activations, ...) count zero. ``custom_ops`` counts any other module type.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
+
+CountFn = Callable[[nn.Module, tuple, Any], Any]
 
 _SHAPE_HELP = (
     "Give a shape such as (1, 1, 28, 28) or an int (one dimension), a list of shapes for "
@@ -25,72 +33,56 @@ def _is_dim(value: Any) -> bool:
     return value is None or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
 
 
-def _check_shape(shape: tuple, input_size: Any) -> torch.Size:
-    """One input's shape, its batch dimension (-1 or None) made 1."""
-    where = f"input_size {input_size!r}"
-    if not (isinstance(input_size, (tuple, list)) and tuple(input_size) == shape):
-        where += f" holds the shape {shape!r}, which"
-    unknown = [i for i, d in enumerate(shape) if d is None or d == -1]
-    if len(unknown) > 1:
-        raise ValueError(
-            f"{where} has {len(unknown)} dimensions given as -1 or None; only the first "
-            "(batch) dimension may be -1 or None, one per shape (for an RNN's h0/c0 the batch "
-            "dimension is the second). Give every other dimension its size, e.g. (-1, 16) "
-            "instead of (-1, -1)."
-        )
-    for d in shape:
-        if d is not None and d != -1 and d <= 0:
-            raise ValueError(
-                f"{where} has the size {d}; every size must be greater than zero (-1 or None "
-                "only for the batch dimension)."
-            )
-    return torch.Size(1 if i in unknown else int(d) for i, d in enumerate(shape))
-
-
-def _parse(size: Any, input_size: Any) -> Any:
-    """A ``torch.Size`` for a shape, else the same list/tuple of parsed items."""
+def _zeros(size: Any, dtype: Any, input_size: Any, device: torch.device) -> Any:
+    """Zeros for a shape (not random: the global RNG stays untouched), else the same
+    list/tuple of what its items give, with one dtype each or one for all."""
     if _is_dim(size) and size is not None:
-        return _check_shape((size,), input_size)  # Paddle: an int n is the shape (n,)
-    if isinstance(size, (tuple, list)):
-        if all(_is_dim(d) for d in size):
-            return _check_shape(tuple(size), input_size)
-        return type(size)(_parse(item, input_size) for item in size)
-    raise TypeError(
-        f"input_size {input_size!r} holds {size!r} ({type(size).__name__}), which is neither "
-        f"a size nor a shape. {_SHAPE_HELP}."
-    )
-
-
-def _dtype(value: Any) -> torch.dtype:
-    """``dtype=`` of one input: ``None`` (float32), a ``torch.dtype`` or its name."""
-    if value is None or isinstance(value, torch.dtype):
-        return value or torch.float32
-    found = getattr(torch, value.removeprefix("torch."), None) if isinstance(value, str) else None
-    if isinstance(found, torch.dtype):
-        return found
-    raise TypeError(
-        f"dtype must be a torch.dtype or its name (e.g. torch.int64 or 'int64'), one for all "
-        f"inputs or a list with one per input; received {value!r}."
-    )
-
-
-def _zeros(parsed: Any, dtype: Any, device: torch.device) -> Any:
-    """Zeros for each shape (zeros, not random: the global RNG stays untouched)."""
-    if isinstance(parsed, torch.Size):
-        if isinstance(dtype, (list, tuple)):
+        size = (size,)  # Paddle: an int n is the shape (n,)
+    if not isinstance(size, (tuple, list)):
+        raise TypeError(
+            f"input_size {input_size!r} holds {size!r} ({type(size).__name__}), which is "
+            f"neither a size nor a shape. {_SHAPE_HELP}."
+        )
+    several = isinstance(dtype, (list, tuple))
+    if all(_is_dim(d) for d in size):  # one input's shape, its batch dimension (-1 or None) made 1
+        shape = tuple(size)
+        where = f"input_size {input_size!r}"
+        if not (isinstance(input_size, (tuple, list)) and tuple(input_size) == shape):
+            where += f" holds the shape {shape!r}, which"
+        unknown = [i for i, d in enumerate(shape) if d is None or d == -1]
+        if len(unknown) > 1:
+            raise ValueError(
+                f"{where} has {len(unknown)} dimensions given as -1 or None; only the first "
+                "(batch) dimension may be -1 or None, one per shape (for an RNN's h0/c0 the "
+                "batch dimension is the second). Give every other dimension its size, e.g. "
+                "(-1, 16) instead of (-1, -1)."
+            )
+        for d in shape:
+            if d is not None and d != -1 and d <= 0:
+                raise ValueError(
+                    f"{where} has the size {d}; every size must be greater than zero (-1 or "
+                    "None only for the batch dimension)."
+                )
+        shape = tuple(1 if i in unknown else int(d) for i, d in enumerate(shape))
+        if several:
             raise ValueError(
                 f"dtype {dtype!r} is a list where the input is the single shape "
-                f"{tuple(parsed)}; give one dtype for it, e.g. 'int64'."
+                f"{shape}; give one dtype for it, e.g. 'int64'."
             )
-        return torch.zeros(parsed, dtype=_dtype(dtype), device=device)
-    if not isinstance(dtype, (list, tuple)):
-        dtype = [dtype] * len(parsed)
-    if len(dtype) != len(parsed):
+        name = "float32" if dtype is None else str(dtype).removeprefix("torch.")
+        if not isinstance(getattr(torch, name, None), torch.dtype):
+            raise TypeError(
+                f"dtype must be a torch.dtype or its name (e.g. torch.int64 or 'int64'), one for "
+                f"all inputs or a list with one per input; received {dtype!r}."
+            )
+        return torch.zeros(shape, dtype=getattr(torch, name), device=device)
+    dtypes = dtype if several else [dtype] * len(size)
+    if len(dtypes) != len(size):
         raise ValueError(
-            f"dtype {dtype!r} has {len(dtype)} entries for {len(parsed)} inputs; give one "
+            f"dtype {dtype!r} has {len(dtypes)} entries for {len(size)} inputs; give one "
             "dtype per input, or a single dtype for all of them."
         )
-    return type(parsed)(_zeros(p, d, device) for p, d in zip(parsed, dtype))
+    return type(size)(_zeros(s, d, input_size, device) for s, d in zip(size, dtypes))
 
 
 def example_args(input_size: Any, dtype: Any, input: Any, device: torch.device) -> list[Any] | None:
@@ -112,19 +104,16 @@ def example_args(input_size: Any, dtype: Any, input: Any, device: torch.device) 
         return None
     if isinstance(input_size, (list, tuple)) and len(input_size) == 0:
         raise ValueError(f"input_size is empty ({input_size!r}). {_SHAPE_HELP}.")
-    parsed = _parse(input_size, input_size)
-    args = [parsed] if isinstance(parsed, torch.Size) else list(parsed)
-    return list(_zeros(args, dtype, device))
+    args = _zeros(input_size, dtype, input_size, device)
+    return [args] if torch.is_tensor(args) else list(args)
 
 
-def leaf_modules(network: nn.Module) -> list[tuple[str, nn.Module]]:
+def _leaf_modules(network: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(name, module)`` for every module with no children: the layers a table lists."""
-    return [
-        (name, module) for name, module in network.named_modules() if not list(module.children())
-    ]
+    return [(name, m) for name, m in network.named_modules() if not list(m.children())]
 
 
-def forward_once(
+def _forward_once(
     network: nn.Module, args: list[Any], input_size: Any, hook: Callable[..., None]
 ) -> None:
     """Runs ``network(*args)`` in eval mode without gradients, ``hook`` on every leaf module.
@@ -135,7 +124,7 @@ def forward_once(
     in eval). A failing forward says which example inputs it was given.
     """
     modes = [(module, module.training) for module in network.modules()]
-    hooks = [module.register_forward_hook(hook) for _, module in leaf_modules(network)]
+    hooks = [module.register_forward_hook(hook) for _, module in _leaf_modules(network)]
     network.eval()
     try:
         with torch.no_grad():
@@ -145,7 +134,7 @@ def forward_once(
         if hasattr(error, "add_note"):  # Python 3.11+
             error.add_note(
                 f"(raised by the example forward pass of {type(network).__name__} on "
-                f"inputs of shapes {shapes(args)} built from {given})"
+                f"inputs of shapes {_shapes(args)} built from {given})"
             )
         raise
     finally:
@@ -155,27 +144,31 @@ def forward_once(
             module.training = training
 
 
-def shapes(value: Any) -> str:
+def _shapes(value: Any) -> str:
     """Shapes of the tensors in ``value`` (nested lists, tuples and dicts)."""
     if torch.is_tensor(value):
         return str(list(value.shape))
     if isinstance(value, (list, tuple)):
-        return ", ".join(shapes(v) for v in value)
+        return ", ".join(_shapes(v) for v in value)
     if isinstance(value, Mapping):
-        return ", ".join(f"{k}: {shapes(v)}" for k, v in value.items())
+        return ", ".join(f"{k}: {_shapes(v)}" for k, v in value.items())
     return type(value).__name__
 
 
-def print_table(headers: tuple[str, ...], rows: list[tuple]) -> int:
+def _numel(tensors: Any) -> int:
+    return sum(t.numel() for t in tensors)
+
+
+def _print_table(headers: tuple[str, ...], rows: list[tuple]) -> int:
     """Prints a ruled table; returns its width for the lines printed after it."""
     widths = [max(len(str(value)) for value in column) for column in zip(headers, *rows)]
     line = "-" * (sum(widths) + 2 * (len(headers) - 1))
     print(line)
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
-    print(line.replace("-", "="))
-    for row in rows:
-        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
-    print(line.replace("-", "="))
+    for row in (headers, None, *rows, None):
+        if row is None:
+            print(line.replace("-", "="))
+        else:
+            print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
     return len(line)
 
 
@@ -191,24 +184,179 @@ def summarize(
     seen: dict[nn.Module, tuple[str, str]] = {}
 
     def record(module: nn.Module, inputs: tuple, output: Any) -> None:
-        seen[module] = (shapes(inputs), shapes(output))
+        seen[module] = (_shapes(inputs), _shapes(output))
 
     if args is not None:
-        forward_once(network, args, input_size, record)
+        _forward_once(network, args, input_size, record)
     rows = [
         (
             name or type(network).__name__,
             type(module).__name__,
             *seen.get(module, ("-", "-")),
-            f"{sum(p.numel() for p in module.parameters(recurse=False)):,}",
+            f"{_numel(module.parameters(recurse=False)):,}",
         )
-        for name, module in leaf_modules(network)
+        for name, module in _leaf_modules(network)
     ]
-    total = sum(p.numel() for p in network.parameters())
-    trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
-    width = print_table(("Layer", "Type", "Input shape", "Output shape", "Params"), rows)
+    total = _numel(network.parameters())
+    trainable = _numel(p for p in network.parameters() if p.requires_grad)
+    width = _print_table(("Layer", "Type", "Input shape", "Output shape", "Params"), rows)
     print(f"Total params: {total:,}")
     print(f"Trainable params: {trainable:,}")
     print(f"Non-trainable params: {total - trainable:,}")
     print("-" * width)
     return {"total_params": total, "trainable_params": trainable}
+
+
+def _first_tensor(value: Any) -> torch.Tensor:
+    """A layer's (first) output: Paddle counts on ``y[0]`` when a layer returns several."""
+    while isinstance(value, (list, tuple)) and value:
+        value = value[0]
+    return value
+
+
+def _conv(m: nn.Module, x: tuple, y: Any) -> int:
+    # Per output element: in_channels / groups * kernel multiply-adds, plus one for the bias.
+    kernel = math.prod(m.weight.shape[2:])
+    per_output = m.in_channels // m.groups * kernel + (1 if m.bias is not None else 0)
+    return _first_tensor(y).numel() * per_output
+
+
+def _adaptive_avg_pool(dims: int, m: nn.Module, x: tuple, y: Any) -> int:
+    """An adaptive average pooling over the last ``dims`` dimensions."""
+    out = _first_tensor(y)
+    kernel = math.prod(i // o for i, o in zip(x[0].shape[-dims:], out.shape[-dims:]))
+    return (kernel + 1) * out.numel()  # the adds of a window, and one division
+
+
+# Paddle's table (paddle/hapi/dynamic_flops.py register_hooks), in torch's names. BatchNorm
+# of every rank counts as Paddle counts BatchNorm2D; torch's other dropouts count as Dropout.
+_COUNTS_BY_NAME: dict[str, CountFn] = {
+    "Conv1d Conv2d Conv3d ConvTranspose1d ConvTranspose2d ConvTranspose3d": _conv,
+    # normalise and scale, in eval mode
+    "BatchNorm1d BatchNorm2d BatchNorm3d": lambda m, x, y: 2 * x[0].numel(),
+    "ReLU ReLU6 Dropout Dropout1d Dropout2d Dropout3d AlphaDropout": lambda m, x, y: 0,
+    "LeakyReLU": lambda m, x, y: x[0].numel(),
+    "Linear": lambda m, x, y: m.in_features * _first_tensor(y).numel(),
+    "AvgPool1d AvgPool2d AvgPool3d": lambda m, x, y: _first_tensor(y).numel(),
+    **{f"AdaptiveAvgPool{d}d": functools.partial(_adaptive_avg_pool, d) for d in (1, 2, 3)},
+}
+COUNTERS: dict[type, CountFn] = {
+    getattr(nn, name): count for names, count in _COUNTS_BY_NAME.items() for name in names.split()
+}
+_UNSET = object()
+
+
+def _run_custom(fn: CountFn, module: nn.Module, inputs: tuple, output: Any) -> int:
+    """A user's count function, returning its count or adding it to ``module.total_ops``."""
+    previous = module.__dict__.get("total_ops", _UNSET)  # a module's own attribute stays
+    module.__dict__["total_ops"] = 0  # Paddle's functions do ``m.total_ops += n``
+    try:
+        returned = fn(module, inputs, output)
+        return int(module.__dict__["total_ops"]) + (0 if returned is None else int(returned))
+    finally:
+        module.__dict__.pop("total_ops", None)
+        if previous is not _UNSET:
+            module.__dict__["total_ops"] = previous
+
+
+def count_flops(
+    network: nn.Module,
+    input_size: Any = None,
+    custom_ops: Mapping[type, CountFn] | None = None,
+    print_detail: bool = False,
+    input: Any = None,
+    device: torch.device | None = None,
+) -> int:
+    """``flops`` on a given device (``Model.flops`` passes the model's)."""
+    if not isinstance(network, nn.Module):
+        raise TypeError(
+            f"flops needs a torch.nn.Module; received {type(network).__name__}. Pass your "
+            "network, e.g. hapi.flops(LeNet(), (1, 1, 28, 28)), or call model.flops(...)."
+        )
+    custom_ops = {} if custom_ops is None else custom_ops
+    if not isinstance(custom_ops, Mapping) or not all(
+        isinstance(k, type) and issubclass(k, nn.Module) and callable(v)
+        for k, v in custom_ops.items()
+    ):
+        raise TypeError(
+            "custom_ops must map module classes to functions fn(module, inputs, output) that "
+            "return the module's FLOPs (or add them to module.total_ops, as Paddle's do), e.g. "
+            f"{{nn.LeakyReLU: count_leaky_relu}}; received {custom_ops!r}."
+        )
+    # A custom entry wins at the same class; a subclass (a user's Conv2d with weight
+    # standardisation) counts as its nearest base class that has a count function.
+    counters = {**COUNTERS, **{k: functools.partial(_run_custom, v) for k, v in custom_ops.items()}}
+    counter_of = {
+        m: next((counters[c] for c in type(m).__mro__ if c in counters), None)
+        for m in network.modules()
+    }
+    tensors = (*network.parameters(), *network.buffers())
+    # Model.flops passes its device; else where the first parameter or buffer lives, or the CPU.
+    device = device or next((t.device for t in tensors), torch.device("cpu"))
+    args = example_args(input_size, None, input, device)
+    if args is None:
+        raise ValueError(
+            "flops needs example inputs to run the network once: give input_size, e.g. "
+            "flops(net, (1, 1, 28, 28)), or input= with the tensor(s) themselves."
+        )
+    records: dict[nn.Module, tuple[str, str, int]] = {}  # inputs, output, FLOPs
+
+    def hook(module: nn.Module, inputs: tuple, output: Any) -> None:
+        count = counter_of[module]
+        ops = records.get(module, ("", "", 0))[2] + (count(module, inputs, output) if count else 0)
+        records[module] = (_shapes(inputs), _shapes(_first_tensor(output)), ops)
+
+    _forward_once(network, args, input_size, hook)
+    # A module this forward pass did not run counts neither FLOPs nor parameters.
+    ran = [(name, m) for name, m in _leaf_modules(network) if m in records]
+    rows = [
+        (name or type(network).__name__, *records[m][:2], _numel(m.parameters()), records[m][2])
+        for name, m in ran
+    ]
+    uncounted = dict.fromkeys(type(m).__name__ for _, m in ran if counter_of[m] is None)
+    if print_detail:
+        _print_table(("Layer Name", "Input Shape", "Output Shape", "Params", "Flops"), rows)
+    if uncounted:
+        print(
+            f"No count function for {', '.join(uncounted)}: counted as zero FLOPs "
+            "(custom_ops={Type: fn(module, inputs, output)} counts them)."
+        )
+    total_ops = sum(row[4] for row in rows)
+    print(f"Total Flops: {total_ops}     Total Params: {sum(row[3] for row in rows)}")
+    return total_ops
+
+
+def flops(
+    net: nn.Module,
+    input_size: Any = None,
+    custom_ops: Mapping[type, CountFn] | None = None,
+    print_detail: bool = False,
+    *,
+    input: Any = None,
+) -> int:
+    """Count the network's FLOPs on one forward pass, as Paddle's ``paddle.flops`` does.
+
+    Useful to compare architectures before training: the count depends only on the
+    layers and the input shape. The pass runs under ``torch.no_grad()`` in eval mode on
+    zeros, with no copy of the network, which is left in the mode and on the device it was.
+
+    Args:
+        net: the network (a ``torch.nn.Module``).
+        input_size: the example input's shape with its batch dimension, e.g.
+            ``(1, 1, 28, 28)`` (``-1``/``None`` for the batch dimension reads as 1), or any
+            form ``Model.summary`` accepts (a list of shapes for several inputs, ...).
+        custom_ops: ``{ModuleType: fn(module, inputs, output)}`` for types with no
+            built-in count (or to replace one); ``fn`` returns the count or adds it to
+            ``module.total_ops`` as Paddle's functions do.
+        print_detail: also print a table of each layer's shapes, parameters and FLOPs.
+        input: instead of ``input_size``, the actual input (a tensor, or a list or dict of
+            them, passed to the network as its one argument).
+
+    Returns:
+        The total FLOPs (multiply-adds counted once), an int.
+
+    Raises:
+        TypeError: ``net`` is no module, or ``custom_ops``/``input_size`` are malformed.
+        ValueError: no input was given, or a shape has more than one unknown dimension.
+    """
+    return count_flops(net, input_size, custom_ops, print_detail, input=input)

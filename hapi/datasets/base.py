@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-_GZIP_MAGIC = b"\x1f\x8b"
+GZIP_MAGIC = b"\x1f\x8b"
 _NUM_CLASSES = 10
 
 
@@ -60,29 +60,31 @@ def default_data_dirs(name: str, system_dir: str | os.PathLike | None = None) ->
     return dirs if system_dir is None else [*dirs, Path(system_dir)]
 
 
-def _bad_file(path: Path, what: str, hint: str, todo: str = "Delete it and get good files.") -> Any:
-    """The :class:`DatasetError` for a file that is there but wrong: the file, what, what to do."""
-    return DatasetError(f"{path}: {what}. {todo} {hint}", path)
+def bad_file(path: Path, what: str, todo: str = "Delete it and get good files.") -> DatasetError:
+    """The :class:`DatasetError` for a file that is there but wrong: the file, what, what to do
+    (the data set adds how to get good files)."""
+    return DatasetError(f"{path}: {what}. {todo}", path)
 
 
-def _damaged(error: BaseException) -> str:
+def damaged(error: BaseException) -> str:
     """Why gzip or tar gave up, for a message (a truncated stream often says nothing)."""
     return f"({type(error).__name__}: {str(error) or 'truncated'})"
 
 
-def _first_bad_label(labels: np.ndarray) -> int | None:
+def first_bad_label(labels: np.ndarray) -> int | None:
     """The index of the first label outside ``0..9``, or ``None`` when all are classes."""
     if len(labels) and int(labels.max()) >= _NUM_CLASSES:
         return int(np.argmax(labels >= _NUM_CLASSES))
     return None
 
 
-class _ImageDataset(Dataset):
+class ImageDataset(Dataset):
     """What every reader here shares: arguments, uint8 storage, float items, whole batches.
 
     Subclasses set the class attributes and implement ``_load(root, download)``, which
     finds (or fetches) and checks the files and returns ``(uint8 images, labels, the
-    directory they came from)``; ``_get_files`` says what to fetch for :meth:`_hint`.
+    directory they came from)``; ``_get_files`` says what to fetch for :meth:`_hint`, which
+    ends the message of every :class:`DatasetError` it raises.
     Images stay uint8 (a quarter of float32's memory) and become float only when
     accessed, one item or one batch at a time.
     """
@@ -107,7 +109,11 @@ class _ImageDataset(Dataset):
             )
         self.mode = mode
         self.transform = transform
-        images, labels, self.root = self._load(root, download)
+        try:
+            images, labels, self.root = self._load(root, download)
+        except DatasetError as error:  # how to get good files (download=True once not tried)
+            error.args = (f"{error} {self._hint(offer_download=not download)}",)
+            raise
         self.images = torch.from_numpy(images)  # uint8, one row per sample
         self.labels = torch.from_numpy(labels.astype(np.int64))  # int64 [N]
 
@@ -152,7 +158,7 @@ class _ImageDataset(Dataset):
         """Bytes the stored images and labels take (what a copy to a GPU would take)."""
         return self.images.nbytes + self.labels.nbytes
 
-    def to(self, device: str | torch.device) -> "_ImageDataset":
+    def to(self, device: str | torch.device) -> "ImageDataset":
         """The same data set with its stored images and labels on ``device``.
 
         torch-hapi calls this to batch in-memory data on the GPU with no copy
@@ -189,45 +195,39 @@ class _ImageDataset(Dataset):
         )
 
     def _search_dirs(self, root) -> list[Path]:
+        """Where to look, in order; ``download=True`` puts files in the first."""
         if root is not None:
             root = Path(root).expanduser()
             return [root, root / self.name]
         return default_data_dirs(self.name, self.system_dir)
 
-    def _download_dir(self, root) -> Path:
-        """Where ``download=True`` puts files: ``root``, else the first default directory."""
-        return Path(root).expanduser() if root is not None else default_data_dirs(self.name)[0]
+    def _fetch(self, filename: str, target: Path, check: Callable[[bytes, Path], Any]) -> Any:
+        """Download ``filename`` from the first of ``self.mirrors`` that serves good bytes.
 
+        ``check(data, path)`` must raise :class:`DatasetError` on bad content, so
+        that a mirror answering with an error page never leaves a file behind;
+        good bytes are written atomically to ``target/filename``. Returns what
+        ``check`` returned, so the caller need not parse the file twice.
+        """
+        # Imported here: only a download writes a file (hapi.checkpoint owns every write).
+        from hapi.checkpoint import atomic_write
 
-def _fetch(
-    dataset: _ImageDataset, filename: str, target: Path, check: Callable[[bytes, Path], Any]
-) -> Any:
-    """Download ``filename`` from the first of ``dataset.mirrors`` that serves good bytes.
-
-    ``check(data, path)`` must raise :class:`DatasetError` on bad content, so
-    that a mirror answering with an error page never leaves a file behind;
-    good bytes are written atomically to ``target/filename``. Returns what
-    ``check`` returned, so the caller need not parse the file twice.
-    """
-    # Imported here: only a download writes a file (hapi.checkpoint owns every write).
-    from hapi.checkpoint import atomic_write
-
-    path = target / filename
-    urls, last_error = [base.rstrip("/") + "/" + filename for base in dataset.mirrors], None
-    for url in urls:
-        try:
-            with urllib.request.urlopen(url, timeout=dataset.download_timeout) as response:
-                data = response.read()
-            result = check(data, path)
-        except (OSError, DatasetError) as error:  # URLError, HTTPError, timeouts are OSErrors
-            last_error = error
-            continue
-        with atomic_write(path, "wb") as handle:
-            handle.write(data)
-        return result
-    tried = "\n".join(f"  {u}" for u in urls) or "  (no mirrors configured)"
-    raise DatasetError(
-        f"{type(dataset).__name__}: could not download {filename} into {target}. URLs tried:\n"
-        f"{tried}\nLast error: {last_error!r}\n{dataset._hint(offer_download=False)}",
-        path,
-    )
+        path = target / filename
+        urls, last_error = [base.rstrip("/") + "/" + filename for base in self.mirrors], None
+        for url in urls:
+            try:
+                with urllib.request.urlopen(url, timeout=self.download_timeout) as response:
+                    data = response.read()
+                result = check(data, path)
+            except (OSError, DatasetError) as error:  # URLError, HTTPError, timeouts are OSErrors
+                last_error = error
+                continue
+            with atomic_write(path, "wb") as handle:
+                handle.write(data)
+            return result
+        tried = "\n".join(f"  {u}" for u in urls) or "  (no mirrors configured)"
+        raise DatasetError(
+            f"{type(self).__name__}: could not download {filename} into {target}. URLs tried:\n"
+            f"{tried}\nLast error: {last_error!r}.",
+            path,
+        )

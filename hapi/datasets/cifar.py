@@ -11,15 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hapi.datasets.base import (
-    _GZIP_MAGIC,
-    DatasetError,
-    _bad_file,
-    _damaged,
-    _fetch,
-    _first_bad_label,
-    _ImageDataset,
-)
+from hapi.datasets import base
 
 _SIDE = 32
 _RECORD = 1 + 3 * _SIDE * _SIDE  # 3073: a label byte, then the red, green, blue planes
@@ -32,7 +24,7 @@ _BATCHES = _FILES["train"] + _FILES["test"]
 _PYTHON_NAMES = ("cifar-10-python.tar.gz", "cifar-10-batches-py", "data_batch_1", "test_batch")
 
 
-class Cifar10(_ImageDataset):
+class Cifar10(base.ImageDataset):
     """CIFAR-10: 50,000 training and 10,000 test 32x32 colour images, 10 classes.
 
     Reads the *binary* release, ``cifar-10-binary.tar.gz``: either the tarball
@@ -79,74 +71,67 @@ class Cifar10(_ImageDataset):
     classes = "airplane automobile bird cat deer dog frog horse ship truck".split()
 
     def _load(self, root, download: bool) -> tuple[np.ndarray, np.ndarray, Path]:
-        names, hint = _FILES[self.mode], self._hint()
-        directory, tarball = self._locate(root, download)
-        if directory is None:  # nothing local, download=True: the tarball serves both modes
-            directory = self._download_dir(root)
-            check = functools.partial(_read_tarball, names=_BATCHES, hint=hint)
-            parsed = _fetch(self, _TARBALL, directory, check)
-        elif tarball is not None:
-            parsed = _read_tarball(tarball.read_bytes(), tarball, names, hint)
-        else:
-            parsed = {
-                n: _parse_cifar((directory / n).read_bytes(), directory / n, hint) for n in names
-            }
+        parsed, directory = self._read(root, download)
         # One copy into fresh, writable, contiguous arrays (frombuffer views are read-only).
-        images, labels = zip(*(parsed[n] for n in names))
+        images, labels = zip(*(parsed[n] for n in _FILES[self.mode]))
         return np.concatenate(images), np.concatenate(labels), directory
 
-    def _locate(self, root, download: bool) -> tuple[Path | None, Path | None]:
-        """``(directory, None)`` for extracted files, ``(directory, tarball)``, or ``(None, None)``
-        to download."""
+    def _read(self, root, download: bool) -> tuple[dict[str, tuple], Path]:
+        """``({batch name: (images, labels)}, the directory)`` from the first place searched that
+        holds extracted batches or the tarball, else downloaded."""
         names = _FILES[self.mode]
         path = None if root is None else Path(root).expanduser()
         if path is not None and path.is_file():
             if path.name in _PYTHON_NAMES:
-                raise _python_release_error(str(path), path, self._hint())
+                raise _python_release_error(str(path), path)
             if path.suffix == ".bin":
                 raise ValueError(
                     f"{type(self).__name__}: root={str(path)!r} is one batch file; pass the directory "
                     f"that holds all of them, {str(path.parent)!r}, or the {_TARBALL} tarball."
                 )
-            return path.parent, path  # any other file is read as the tarball, whatever its name
+            # Any other file is read as the tarball, whatever its name.
+            return _read_tarball(path.read_bytes(), path, names), path.parent
         tried: list[Path] = []
-        for base in self._search_dirs(root):
-            for directory in (base, base / _DIR):
+        for top in self._search_dirs(root):
+            for directory in (top, top / _DIR):
                 tried.append(directory)
                 present = [n for n in names if (directory / n).is_file()]
                 missing = [n for n in names if n not in present]
                 if present and missing:  # a broken extraction is an error, not a miss
-                    raise DatasetError(
-                        f"{directory / missing[0]}: missing; {directory} has {', '.join(present)} but not "
-                        f"{', '.join(missing)}, so the extraction of {_TARBALL} is incomplete. "
-                        f"Extract the tarball again, or delete {directory}. {self._hint()}",
+                    raise base.bad_file(
                         directory / missing[0],
+                        f"missing; {directory} has {', '.join(present)} but not "
+                        f"{', '.join(missing)}, so the extraction of {_TARBALL} is incomplete",
+                        f"Extract the tarball again, or delete {directory}.",
                     )
                 if present:
-                    return directory, None
-            tried.append(base / _TARBALL)
+                    return {
+                        n: _parse_cifar((directory / n).read_bytes(), directory / n) for n in names
+                    }, directory
+            tried.append(top / _TARBALL)
             if tried[-1].is_file():
-                return base, tried[-1]
-        if download:
-            return None, None
+                return _read_tarball(tried[-1].read_bytes(), tried[-1], names), top
+        if download:  # into the first directory searched; the tarball serves both modes
+            check = functools.partial(_read_tarball, names=_BATCHES)
+            return self._fetch(_TARBALL, tried[0], check), tried[0]
         python_release = [d / n for d in tried for n in _PYTHON_NAMES if (d / n).exists()]
         if python_release:
             what = ", ".join(map(str, python_release))
-            raise _python_release_error(what, python_release[0], self._hint())
+            raise _python_release_error(what, python_release[0])
         raise self._not_found(f"found neither {', '.join(names)} nor {_TARBALL}", tried)
 
 
-def _python_release_error(what: str, path: Path, hint: str) -> DatasetError:
-    return DatasetError(
-        f"{what}: this is the CIFAR-10 Python release, whose batches are pickles; torch-hapi does not "
-        f"unpickle data files (unpickling runs code from the file). It reads the binary release, "
-        f"{_TARBALL}. {hint}",
+def _python_release_error(what: str, path: Path) -> base.DatasetError:
+    return base.DatasetError(
+        f"{what}: this is the CIFAR-10 Python release, whose batches are pickles; torch-hapi does "
+        "not unpickle data files (unpickling runs code from the file). It reads the binary "
+        f"release, {_TARBALL}.",
         path,
     )
 
 
 def _read_tarball(
-    data: bytes, path: Path, names: tuple[str, ...], hint: str
+    data: bytes, path: Path, names: tuple[str, ...]
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Parse the batches ``names`` of a ``cifar-10-binary.tar.gz`` whose bytes are ``data``.
 
@@ -157,10 +142,10 @@ def _read_tarball(
     reported rather than half-read.
     """
 
-    def fail(what: str) -> DatasetError:
-        return _bad_file(path, what, hint, "Delete it and download it again.")
+    def fail(what: str) -> base.DatasetError:
+        return base.bad_file(path, what, "Delete it and download it again.")
 
-    if data[:2] != _GZIP_MAGIC:
+    if data[:2] != base.GZIP_MAGIC:
         raise fail("not a gzip file, so not cifar-10-binary.tar.gz")
     wanted = {f"{_DIR}/{n}": n for n in names}
     allowed = {_DIR} | {f"{_DIR}/{n}" for n in (*_BATCHES, "batches.meta.txt", "readme.html")}
@@ -171,7 +156,7 @@ def _read_tarball(
                 for member in archive:
                     member_name = member.name.removeprefix("./").rstrip("/")
                     if member_name.split("/")[0] == "cifar-10-batches-py":
-                        raise _python_release_error(str(path), path, hint)
+                        raise _python_release_error(str(path), path)
                     if member_name not in allowed:
                         raise fail(
                             f"unexpected member {member.name!r}; the binary release holds only "
@@ -188,24 +173,23 @@ def _read_tarball(
             while stream.read(1 << 20):
                 pass
     except (tarfile.TarError, OSError, EOFError, zlib.error) as error:
-        raise fail(f"damaged gzip or tar data {_damaged(error)}") from error
+        raise fail(f"damaged gzip or tar data {base.damaged(error)}") from error
     missing = [m for m in wanted if m not in payloads]
     if missing:
         raise fail(f"member {', '.join(missing)} missing from the archive")
-    return {wanted[m]: _parse_cifar(payloads[m], path, hint, member=m) for m in wanted}
+    return {wanted[m]: _parse_cifar(payloads[m], path, member=m) for m in wanted}
 
 
 def _parse_cifar(
-    data: bytes, path: Path, hint: str, member: str | None = None
+    data: bytes, path: Path, member: str | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Check one binary batch: ``(images uint8 [N, 3, 32, 32], labels uint8 [N])``, views of ``data``."""
 
-    def fail(what: str) -> DatasetError:
+    def fail(what: str) -> base.DatasetError:
         if member is None:
-            return _bad_file(path, what, hint)
-        return DatasetError(
-            f"{path} (member {member}): {what}. Delete {path.name} and download it again. {hint}",
-            path,
+            return base.bad_file(path, what)
+        return base.DatasetError(
+            f"{path} (member {member}): {what}. Delete {path.name} and download it again.", path
         )
 
     if not data:
@@ -217,7 +201,7 @@ def _parse_cifar(
         )
     records = np.frombuffer(data, dtype=np.uint8).reshape(-1, _RECORD)
     labels = records[:, 0]
-    bad = _first_bad_label(labels)
+    bad = base.first_bad_label(labels)
     if bad is not None:
         raise fail(f"record {bad} has label {int(labels[bad])} outside 0..9")
     # Each record's pixels are the red, then green, then blue 32x32 plane, row-major: already [3, 32, 32].

@@ -9,15 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hapi.datasets.base import (
-    _GZIP_MAGIC,
-    DatasetError,
-    _bad_file,
-    _damaged,
-    _fetch,
-    _first_bad_label,
-    _ImageDataset,
-)
+from hapi.datasets import base
 
 _IMAGE_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dimensions
 _LABEL_MAGIC = 2049  # 0x00000801: unsigned bytes, 1 dimension
@@ -33,7 +25,7 @@ def _find_file(directory: Path, stem: str) -> Path | None:
     return next((p for p in (directory / f"{stem}.gz", directory / stem) if p.is_file()), None)
 
 
-class _IDXDataset(_ImageDataset):
+class _IDXDataset(base.ImageDataset):
     """Shared reader for MNIST-format data sets; subclasses set the class attributes."""
 
     _get_files = (
@@ -43,7 +35,7 @@ class _IDXDataset(_ImageDataset):
     def _load(self, root, download: bool) -> tuple[np.ndarray, np.ndarray, Path]:
         """The image and label files of the first directory searched that holds both (else
         fetched), checked."""
-        stems, hint = _STEMS[self.mode], self._hint()
+        stems = _STEMS[self.mode]
         tried = self._search_dirs(root)
         found = next((ps for d in tried if all(ps := [_find_file(d, s) for s in stems])), None)
         if found is None and not download:
@@ -52,19 +44,18 @@ class _IDXDataset(_ImageDataset):
                 f"no directory holds {names} (or the same names without .gz)", tried
             )
         if found is None:
-            target = self._download_dir(root)
+            target = tried[0]
             for stem, magic in zip(stems, (_IMAGE_MAGIC, _LABEL_MAGIC)):
                 if _find_file(target, stem) is None:
-                    check = functools.partial(_parse_idx, magic=magic, hint=hint)
-                    _fetch(self, f"{stem}.gz", target, check)
+                    self._fetch(f"{stem}.gz", target, functools.partial(_parse_idx, magic=magic))
             found = [_find_file(target, stem) for stem in stems]
         image_path, label_path = found
-        images = _parse_idx(image_path.read_bytes(), image_path, _IMAGE_MAGIC, hint)
-        labels = _parse_idx(label_path.read_bytes(), label_path, _LABEL_MAGIC, hint)
+        images = _parse_idx(image_path.read_bytes(), image_path, _IMAGE_MAGIC)
+        labels = _parse_idx(label_path.read_bytes(), label_path, _LABEL_MAGIC)
         if len(images) != len(labels):
-            raise DatasetError(
-                f"{image_path} holds {len(images)} images but {label_path} holds {len(labels)} labels; "
-                f"the two files do not belong together. {hint}",
+            raise base.DatasetError(
+                f"{image_path} holds {len(images)} images but {label_path} holds {len(labels)} "
+                "labels; the two files do not belong together.",
                 label_path,
             )
         return images, labels, image_path.parent
@@ -138,37 +129,37 @@ class MNIST(_IDXDataset):
     classes = [str(digit) for digit in range(10)]
 
 
-def _parse_idx(data: bytes, path: Path, magic: int, hint: str) -> np.ndarray:
+def _parse_idx(data: bytes, path: Path, magic: int) -> np.ndarray:
     """Decompress (when ``path`` ends in .gz) and check one IDX file; images -> [N, 28, 28], labels -> [N]."""
     if str(path).endswith(".gz"):
-        if data[:2] != _GZIP_MAGIC:
-            raise _bad_file(path, "not a gzip file although its name ends in .gz", hint)
+        if data[:2] != base.GZIP_MAGIC:
+            raise base.bad_file(path, "not a gzip file although its name ends in .gz")
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as error:
-            raise _bad_file(path, f"damaged gzip data {_damaged(error)}", hint) from error
+            raise base.bad_file(path, f"damaged gzip data {base.damaged(error)}") from error
     is_images = magic == _IMAGE_MAGIC
     header = 16 if is_images else 8
     if len(data) < header:
         what = f"only {len(data)} bytes, shorter than the {header}-byte IDX header"
-        raise _bad_file(path, what, hint)
+        raise base.bad_file(path, what)
     fields = [int(field) for field in np.frombuffer(data, dtype=">u4", count=header // 4)]
     if fields[0] != magic:
         kind = "image" if is_images else "label"
-        raise _bad_file(
-            path, f"magic number {fields[0]}, expected {magic} for an IDX {kind} file", hint
+        raise base.bad_file(
+            path, f"magic number {fields[0]}, expected {magic} for an IDX {kind} file"
         )
     count = fields[1]
     if is_images and fields[2:] != [_SIDE, _SIDE]:
-        raise _bad_file(path, f"images are {fields[2]}x{fields[3]}, expected {_SIDE}x{_SIDE}", hint)
+        raise base.bad_file(path, f"images are {fields[2]}x{fields[3]}, expected {_SIDE}x{_SIDE}")
     expected = header + count * (_SIDE * _SIDE if is_images else 1)
     if len(data) != expected:
         what = f"{len(data)} bytes after decompression, but its header ({count} items) implies {expected}"
-        raise _bad_file(path, what, hint)
+        raise base.bad_file(path, what)
     array = np.frombuffer(data, dtype=np.uint8, offset=header)
     if is_images:
         return array.reshape(count, _SIDE, _SIDE).copy()  # copy: frombuffer arrays are read-only
-    bad = _first_bad_label(array)
+    bad = base.first_bad_label(array)
     if bad is not None:
-        raise _bad_file(path, f"label {int(array[bad])} at index {bad}, expected labels 0..9", hint)
+        raise base.bad_file(path, f"label {int(array[bad])} at index {bad}, expected labels 0..9")
     return array
