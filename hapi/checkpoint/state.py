@@ -15,7 +15,7 @@ Layout of a training checkpoint (``FORMAT``)::
      "scaler": state_dict | None, "epoch": int, "step": int,
      "rng": {"torch": ByteTensor, "cuda": [ByteTensor], "numpy": {...},
              "python": [int, ...]},
-     "fit": {...}}  # resumable saves only (hapi.resume.fit_state): the data order, and per
+     "fit": {...}}  # resumable saves only (hapi.state._fit_state): the data order, and per
                     # process its random streams, running figures and, for a Model whose own
                     # train_step carries state between batches, its "step_state" dict
 
