@@ -18,14 +18,19 @@ from __future__ import annotations
 import numbers
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import (
+    BatchSampler,
     DataLoader,
     Dataset,
+    DistributedSampler,
     IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
     TensorDataset,
     default_collate,
     get_worker_info,
@@ -33,7 +38,8 @@ from torch.utils.data import (
 
 from hapi import distributed
 from hapi.arguments import require_int
-from hapi.rng import seeded_streams
+from hapi.distributed import DistributedSetupError, group
+from hapi.rng import mix, seeded_streams
 
 ACCEPTED = (
     "a torch.utils.data.Dataset or any map-style data set (__len__ and __getitem__(int), e.g. a "
@@ -335,8 +341,11 @@ def make_loader(
     """
     if data is None:
         raise ValueError(f"{role} is None; pass {ACCEPTED}.")
+    training = role == "train_data"
     if isinstance(data, DataLoader):
-        return _checked(_resharded(data, role, seed), role, data.batch_size, data.drop_last)
+        sampler = reshard(data, training, seed)
+        loader = data if sampler is None else rebuilt(data, sampler)
+        return _checked(loader, role, data.batch_size, data.drop_last)
     require_int(
         {"train_data": "fit", "eval_data": "evaluate", "test_data": "predict"}.get(role, role),
         "batch_size",
@@ -367,28 +376,21 @@ def make_loader(
     if len(dataset) == 0:
         raise ValueError(f"{role} is empty (0 samples); there is nothing to iterate over.")
     resident = (
-        device_resident(dataset, device, free_device_memory(device))
-        if num_workers == 0
-        else dataset
+        dataset if num_workers else device_resident(dataset, device, free_device_memory(device))
     )
-    pin_memory = device.type == "cuda" and resident is dataset  # pinned only for host data
-    dataset = resident
-    training = role == "train_data"
-    share = (
-        {"batch_sampler": distributed.train_sampler(dataset, shuffle, seed, batch_size, drop_last)}
-        if training
-        else {
-            "sampler": distributed.eval_sampler(dataset),
-            "batch_size": batch_size,
-            "drop_last": drop_last,
-        }
+    sampler = EpochBatches(
+        permutation(len(dataset), shuffle),
+        len(dataset),
+        batch_size=batch_size,
+        drop_last=drop_last,
+        seed=seed,
+        training=training,
     )
     loader = _loader(
-        dataset,
-        training=training,
-        **share,
+        resident,
+        sampler,
         num_workers=num_workers,
-        pin_memory=pin_memory,
+        pin_memory=device.type == "cuda" and resident is dataset,  # pinned only for host data
         persistent_workers=num_workers > 0 and not training,
         collate_fn=ExplainingCollate(role),
     )
@@ -415,12 +417,11 @@ class SeededDataset(Dataset):
     step s is taken; in worker processes on which worker got which batch,
     which starts afresh when a resumed epoch starts mid-way. Here each
     training batch's loading draws from streams seeded by (fit seed, epoch,
-    batch position, rank) alone (the seed :class:`hapi.distributed.EpochBatches`
-    tags its indices with): torch's, Python's and NumPy's generators are
-    seeded with it before the fetch, in the main process (handing torch's
-    stream back to the model afterwards) or in a worker. The same batch then
-    gets the same random numbers in a resumed run, whatever the number of
-    workers.
+    batch position, rank) alone (the seed :class:`EpochBatches` tags its
+    indices with): torch's, Python's and NumPy's generators are seeded with
+    it before the fetch, in the main process (handing torch's stream back to
+    the model afterwards) or in a worker. The same batch then gets the same
+    random numbers in a resumed run, whatever the number of workers.
     """
 
     def __init__(self, dataset: Any) -> None:
@@ -432,65 +433,312 @@ class SeededDataset(Dataset):
     def __getitem__(self, index: Any) -> Any:
         return self.dataset[index]
 
-    def __getitems__(self, indices: list) -> Any:
-        seed = getattr(indices, "seed", None)
-        if seed is None:
-            return self._fetch(indices)
-        # A worker draws only for loading; the main process gives the model its torch stream back.
-        with seeded_streams(seed, hand_back_torch=get_worker_info() is None):
-            return self._fetch(indices)
-
-    def _fetch(self, indices: list) -> Any:
+    def __getitems__(self, indices: SeededIndices) -> Any:
         getitems = getattr(self.dataset, "__getitems__", None)
-        return getitems(indices) if getitems else [self.dataset[index] for index in indices]
+        # A worker draws only for loading; the main process gives the model its torch stream back.
+        with seeded_streams(indices.seed, hand_back_torch=get_worker_info() is None):
+            return getitems(indices) if getitems else [self.dataset[index] for index in indices]
 
 
-def _loader(dataset: Any, *, training: bool, **options: Any) -> DataLoader:
-    """The DataLoader of one role; a training one seeds each batch's loading when it may draw.
+def _loader(dataset: Any, sampler: EpochBatches, **options: Any) -> DataLoader:
+    """The DataLoader reading ``dataset`` through ``sampler``.
 
-    Every loader gets its own generator: iterating data must not draw from
-    torch's global one, which the model's dropout uses. Training workers start
-    afresh each epoch (not persistent), and each training batch that may draw
-    random numbers loads under its own seed (:class:`SeededDataset`), so a
-    resumed run gets the same random transforms.
+    Every loader gets the sampler's generator: iterating data must not draw
+    from torch's global one, which the model's dropout uses. Each training
+    batch that may draw random numbers loads under its own seed
+    (:class:`SeededDataset`), so a resumed run gets the same random transforms.
     """
-    batches = options.get("batch_sampler")
-    batches = batches if isinstance(batches, distributed.EpochBatches) else None
-    generator = batches.loader_generator if training and batches is not None else None
-    options["generator"] = generator or torch.Generator()
-    if batches is not None and batches.training and may_draw_random_numbers(dataset):
+    if sampler.training and may_draw_random_numbers(dataset):
         dataset = SeededDataset(dataset)
-    return DataLoader(dataset, **options)
+    return DataLoader(dataset, batch_sampler=sampler, generator=sampler.loader_generator, **options)
 
 
-def _resharded(loader: DataLoader, role: str, seed: int) -> DataLoader:
-    """A user's DataLoader, rebuilt with this process's share when there are several.
-
-    Kept as given on one process and where
-    :func:`hapi.distributed.reshard` says so; otherwise rebuilt (:func:`rebuilt`)
-    with the sampler that keeps its meaning.
-    """
-    training = role == "train_data"
-    share = distributed.reshard(loader, training=training, seed=seed)
-    return loader if share is None else rebuilt(loader, share, training=training)
-
-
-def rebuilt(loader: DataLoader, share: dict[str, Any], *, training: bool) -> DataLoader:
-    """``loader`` read through another sampler (``share``: DataLoader keywords that pick it),
-    with the same data set, workers, collate function, memory pinning and timeouts."""
-    dataset = loader.dataset
+def rebuilt(loader: DataLoader, sampler: EpochBatches) -> DataLoader:
+    """``loader`` read through ``sampler``, with the same data set, workers, collate function,
+    memory pinning and timeouts. Training workers start afresh each epoch (not persistent)."""
     return _loader(
-        dataset.dataset if isinstance(dataset, SeededDataset) else dataset,
-        training=training,
-        **share,
+        loader.dataset,
+        sampler,
         num_workers=loader.num_workers,
         collate_fn=loader.collate_fn,
         pin_memory=loader.pin_memory,
         timeout=loader.timeout,
         worker_init_fn=loader.worker_init_fn,
-        persistent_workers=loader.persistent_workers and not training,
+        persistent_workers=loader.persistent_workers and not sampler.training,
         prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
     )
+
+
+# -- which samples each process reads -------------------------------------------------------
+#
+# No collective call here: every process computes its own share from the same seed, rank and
+# world size (and, for a user's sampler, the same stream drawn under the same seed).
+
+
+class SeededIndices(list):
+    """One batch's sample indices, with the seed its loading draws from (:class:`SeededDataset`)."""
+
+    seed: int
+
+
+class EpochBatches(Sampler[list]):
+    """The batch sampler of every loader torch-hapi builds: this process's batches.
+
+    Each epoch's *stream* -- the order of its units, sample indices or whole
+    batches of a user's batch sampler -- is drawn once, alike on every
+    process, by ``draw(seed, epoch)``. Process r of N reads units r, r+N, ...
+    of the stream (padded with its first units to a multiple of N, so every
+    process runs as many steps, as ``DistributedSampler`` does), in batches of
+    ``batch_size`` units (``None``: each unit is a batch). Together the N
+    processes' k-th batches are then the stream's k-th N*b units, as one
+    process at batch N*b reads them; after k steps the stream's first k*N*b
+    units are done, whatever N. A checkpoint keeps the rest of the stream
+    (:meth:`state`); :meth:`resume` serves it in the next pass, split over
+    the processes there are then, and each remaining unit is read once.
+
+    Each batch carries the seed its loading draws from, made from (seed,
+    epoch, position of the batch in the epoch, rank), so a resumed run loads
+    its batches with the random numbers the uninterrupted run drew.
+
+    Evaluation shares (``training=False``) are contiguous and unpadded: no
+    unit twice, and predictions gathered in rank order come back in stream
+    order. Their stream is drawn at every pass.
+
+    ``num_replicas`` and ``rank`` default to the job's.
+    """
+
+    def __init__(
+        self,
+        draw: Callable[[int, int], list],
+        length: int,
+        *,
+        batch_size: int | None,
+        drop_last: bool = False,
+        seed: int = 0,
+        training: bool = True,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+    ) -> None:
+        self.draw, self.units = draw, length  # units: the stream's length in a new epoch
+        self.batch_size, self.drop_last = batch_size, drop_last
+        self.seed, self.training = seed, training
+        self.num_replicas = group.world_size() if num_replicas is None else num_replicas
+        self.rank = group.rank() if rank is None else rank
+        # The DataLoader draws its workers' base seed from this generator, not torch's global
+        # one: iterating the data never shifts the numbers the model draws (dropout), and a
+        # resumed epoch gets the same worker seeds.
+        self.loader_generator = torch.Generator()
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """A new epoch: its stream is drawn at the next pass."""
+        self.epoch, self.first_position, self.length = epoch, 0, self.units
+        self._stream: list | None = None
+        self._padding: list | None = None  # units that pad the stream (a resumed one's head)
+        self.loader_generator.manual_seed(mix(self.seed, epoch))
+
+    def resume(self, epoch: int, rest: list, padding: list, position: int) -> None:
+        """Serve ``rest`` of epoch ``epoch``'s stream in the next pass, its first batch at
+        ``position`` of the epoch, padded from ``padding`` (the stream's first units)."""
+        self.set_epoch(epoch)
+        self._stream, self._padding, self.first_position = list(rest), list(padding), position
+        self.length = len(rest)
+
+    def stream(self) -> list:
+        """This epoch's stream (what is left of it, in a resumed epoch)."""
+        if self._stream is None or not self.training:
+            self._stream = self.draw(self.seed, self.epoch)
+            if len(self._stream) != self.length:
+                raise DistributedSetupError(
+                    f"The DataLoader's sampler says it has {self.length} items (__len__) but "
+                    f"yielded {len(self._stream)}; torch-hapi splits its items across "
+                    f"{self.num_replicas} processes by that length. Make __len__ match what "
+                    "__iter__ yields."
+                )
+        return self._stream
+
+    def _contiguous(self, length: int) -> slice:
+        """An evaluation share: sizes differ by at most one, and the shares in rank order
+        give back the whole, in order."""
+        base, extra = divmod(length, self.num_replicas)
+        start = self.rank * base + min(self.rank, extra)
+        return slice(start, start + base + (self.rank < extra))
+
+    def _share(self, stream: list) -> list:
+        if not self.training:
+            return stream[self._contiguous(len(stream))]
+        pool = (stream if self._padding is None else self._padding + stream) or [None]
+        padded = stream + [pool[i % len(pool)] for i in range(-len(stream) % self.num_replicas)]
+        return padded[self.rank :: self.num_replicas]
+
+    def __iter__(self) -> Iterator[list]:
+        share, size = self._share(self.stream()), self.batch_size
+        batches = (
+            share if size is None else [share[i : i + size] for i in range(0, len(share), size)]
+        )
+        if size is not None and self.drop_last and batches and len(batches[-1]) < size:
+            batches.pop()
+        for position, batch in enumerate(batches, start=self.first_position):
+            tagged = SeededIndices(batch)
+            tagged.seed = mix(self.seed, self.epoch, position, self.rank)
+            yield tagged
+
+    def __len__(self) -> int:
+        if self.training:
+            share = -(-self.length // self.num_replicas)
+        else:
+            share = len(range(self.length)[self._contiguous(self.length)])
+        if self.batch_size is None:
+            return share
+        return share // self.batch_size if self.drop_last else -(-share // self.batch_size)
+
+    def state(self, batches: int) -> dict[str, Any]:
+        """What is left of the epoch's stream after ``batches`` steps of this pass, and the
+        units that pad it (what :meth:`resume` takes)."""
+        stream = self.stream()
+        done = batches * self.num_replicas * (self.batch_size or 1)
+        padding = stream if self._padding is None else self._padding
+        return {"rest": stream[done:], "padding": padding[: self.num_replicas]}
+
+
+def permutation(length: int, shuffle: bool) -> Callable[[int, int], list]:
+    """The stream of torch-hapi's own order: a permutation of ``range(length)`` seeded by
+    (seed, epoch), as ``DistributedSampler`` draws it; ``range(length)`` without shuffling."""
+
+    def draw(seed: int, epoch: int) -> list:
+        if not shuffle:
+            return list(range(length))
+        return torch.randperm(
+            length, generator=torch.Generator().manual_seed(seed + epoch)
+        ).tolist()
+
+    return draw
+
+
+def user_stream(source: Any) -> Callable[[int, int], list]:
+    """The stream of a user's (batch) sampler: drawn under random streams seeded by (seed,
+    epoch), so that every process draws the same one."""
+
+    def draw(seed: int, epoch: int) -> list:
+        if hasattr(source, "set_epoch"):
+            source.set_epoch(epoch)
+        with seeded_streams(mix(seed, epoch, 0x5A3)):
+            return list(source)
+
+    return draw
+
+
+def _length(sampler: Any, what: str) -> int:
+    try:
+        return len(sampler)
+    except TypeError:
+        raise DistributedSetupError(
+            f"The DataLoader's {what} {type(sampler).__name__} has no length, so torch-hapi "
+            f"cannot split what it yields across {group.world_size()} processes (it may never "
+            "end). Give it a __len__, or give the DataLoader a sampler that knows the rank (e.g. "
+            "DistributedSampler) and keep the same number of batches on every process."
+        ) from None
+
+
+def reshard(loader: DataLoader, training: bool, seed: int) -> EpochBatches | None:
+    """The batch sampler of this process's share of a user's DataLoader.
+
+    ``None`` keeps the loader as given: on one process, for iterable data
+    sets (they shard themselves), and for training when it already knows
+    the rank (a ``DistributedSampler``, or a batch sampler that knows epochs,
+    like Paddle's DistributedBatchSampler). Otherwise the share keeps the
+    meaning of the user's sampler:
+
+    * torch's plain orders (``SequentialSampler``, ``RandomSampler`` without
+      replacement) become a seeded shard of the whole data set, for
+      evaluation a contiguous one (no sample twice, none left out);
+    * any other sampler (``SubsetRandomSampler``, ``WeightedRandomSampler``,
+      the user's own) is kept, and the indices it yields are split across
+      the processes;
+    * a batch sampler of the user's own (not torch's ``BatchSampler``) is
+      kept whole, and its batches are split.
+
+    Raises:
+        DistributedSetupError: the sampler cannot be split (no length, or no
+            batch size where its batches must be split).
+    """
+    if group.world_size() == 1 or isinstance(loader.dataset, IterableDataset):
+        return None
+    batches = loader.batch_sampler  # None when the user turned automatic batching off
+    own_batches = loader.batch_size is None and not isinstance(batches, (BatchSampler, type(None)))
+    inner = (
+        getattr(batches, "sampler", loader.sampler) if loader.batch_size is None else loader.sampler
+    )
+    rank_aware = isinstance(inner, DistributedSampler) or hasattr(batches, "set_epoch")
+    if training and rank_aware:
+        return None
+    options = {"seed": seed, "training": training}
+    if own_batches and not rank_aware:
+        return EpochBatches(
+            user_stream(batches), _length(batches, "batch_sampler"), batch_size=None, **options
+        )
+    batch_size = loader_batch_size(loader)
+    if batches is None:
+        raise DistributedSetupError(
+            "This DataLoader was built with batch_size=None (no automatic batching), so its "
+            f"items are whole batches that torch-hapi cannot split across {group.world_size()} "
+            "processes. Give it a batch_size, or a batch_sampler (torch-hapi then deals its "
+            "batches out whole)."
+        )
+    if batch_size is None:
+        raise DistributedSetupError(
+            "This DataLoader has a rank-aware batch_sampler without a batch_size, which "
+            f"torch-hapi cannot split across {group.world_size()} processes. Give it a sampler "
+            "that knows the rank (e.g. BatchSampler(DistributedSampler(dataset), batch_size, "
+            "drop_last)), or pass the Dataset and batch_size to fit()."
+        )
+    options.update(batch_size=batch_size, drop_last=bool(getattr(batches, "drop_last", False)))
+    if rank_aware or _plain_order(inner):
+        shuffle = training and isinstance(inner, RandomSampler)
+        length = len(loader.dataset)
+        return EpochBatches(permutation(length, shuffle), length, **options)
+    return EpochBatches(user_stream(inner), _length(inner, "sampler"), **options)
+
+
+def _plain_order(sampler: Any) -> bool:
+    """torch's default orders, which a seeded shard of the whole data set reproduces."""
+    if type(sampler) is SequentialSampler:
+        return True
+    return (
+        type(sampler) is RandomSampler
+        and not sampler.replacement
+        and sampler.num_samples == len(sampler.data_source)
+    )
+
+
+def loader_batch_size(loader: Any) -> int | None:
+    """Samples per batch of a DataLoader, also when it was given a ``batch_sampler``."""
+    size = getattr(loader, "batch_size", None)
+    if size is None:
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return size if isinstance(size, int) else None
+
+
+def set_epoch(loader: Any, epoch: int) -> None:
+    """Tell the samplers which epoch starts, so each epoch reshuffles (all ranks alike)."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    samplers = {
+        id(s): s
+        for s in (
+            getattr(loader, "sampler", None),
+            batch_sampler,
+            getattr(batch_sampler, "sampler", None),
+        )
+    }
+    for sampler in samplers.values():  # e.g. BatchSampler(DistributedSampler(...)): the inner one
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+
+
+def epoch_batches(loader: Any) -> EpochBatches | None:
+    """The :class:`EpochBatches` torch-hapi gave ``loader``, or ``None``."""
+    sampler = getattr(loader, "batch_sampler", None)
+    return sampler if isinstance(sampler, EpochBatches) else None
 
 
 def num_batches(loader: Iterable) -> int | None:

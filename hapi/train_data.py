@@ -4,7 +4,7 @@ What decides an epoch's order is kept with every resumable checkpoint:
 
 * a loader torch-hapi built -- over the user's data, or over a user's
   DataLoader split across processes -- reads the batches of
-  :class:`hapi.distributed.EpochBatches`: the epoch's stream of sample
+  :class:`hapi.data.EpochBatches`: the epoch's stream of sample
   indices (or of a user's batch sampler's batches) is drawn once when the
   epoch begins, and a checkpoint keeps what is left of it (``"batches"``).
   A resume serves that rest, split over the processes there are now: on as
@@ -32,7 +32,15 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from hapi import distributed
-from hapi.data import exact_length, num_batches, rebuilt
+from hapi.data import (
+    EpochBatches,
+    epoch_batches,
+    exact_length,
+    loader_batch_size,
+    num_batches,
+    rebuilt,
+    set_epoch,
+)
 from hapi.rng import (
     generator_states,
     generators_of,
@@ -80,7 +88,7 @@ class TrainData:
         resumed, self._resumed = self._resumed, None
         if resumed is not None and resumed[0] == epoch:
             return resumed[1]()
-        distributed.set_epoch(self.loader, epoch)
+        set_epoch(self.loader, epoch)
         self._serve(self.loader, 0)
         if self.kind in ("given", "iterable"):  # what a resume replays the epoch from
             self._epoch_start = self._states()
@@ -97,7 +105,7 @@ class TrainData:
     # -- what a checkpoint records ------------------------------------------------
     @property
     def kind(self) -> str:
-        if distributed.epoch_batches(self.loader) is not None:
+        if epoch_batches(self.loader) is not None:
             return "batches"
         if self.given is None or isinstance(self.given.dataset, IterableDataset):
             return "iterable"
@@ -122,7 +130,7 @@ class TrainData:
     def position(self, batches: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """Where this epoch is after ``batches`` steps: what every process shares (rank 0's
         is kept), and this process's own random states (each keeps its own)."""
-        sampler = distributed.epoch_batches(self._serving)  # a resumed epoch's, maybe
+        sampler = epoch_batches(self._serving)  # a resumed epoch's, maybe
         kind = "batches" if sampler is not None else self.kind
         shared: dict[str, Any] = {"kind": kind, "world": distributed.world_size()}
         if sampler is not None and batches:
@@ -155,7 +163,7 @@ class TrainData:
         """
         self._resumed = None  # a later file (a backup after resume_from's) wins whole
         self._check_position(shared, own, first_rank, epoch_step)
-        sampler = distributed.epoch_batches(self.loader)
+        sampler = epoch_batches(self.loader)
         if sampler is not None:
             sampler.seed = self.seed  # the interrupted run's: every later epoch is its epoch too
         set_generator_states(self._generators, (first_rank if own is None else own)["generators"])
@@ -229,7 +237,7 @@ class TrainData:
         """The same world, the user's loader as given: its epoch replayed from the random states
         it began with, the first ``epoch_step`` batches read and dropped, then the states of
         the save."""
-        distributed.set_epoch(self.loader, epoch)
+        set_epoch(self.loader, epoch)
         self._serve(self.loader, 0)
         self._epoch_start = own["epoch_start"]
         now = global_state()
@@ -274,7 +282,7 @@ class TrainData:
 
     def _in_units(self, rest: list) -> tuple[list | None, str | None]:
         """``rest`` if this run reads its units (samples, or a batch sampler's batches)."""
-        sampler = distributed.epoch_batches(self.loader)
+        sampler = epoch_batches(self.loader)
         whole_batches = (
             self._given_batch_size() if sampler is None else sampler.batch_size
         ) is None
@@ -288,13 +296,13 @@ class TrainData:
         given = self.given
         if given.batch_size is None and not isinstance(given.batch_sampler, BatchSampler):
             return None
-        return distributed.loader_batch_size(given)
+        return loader_batch_size(given)
 
     def _given_stream(self, epoch: int) -> list:
         """The stream of the user's loader as torch's DataLoader iterator draws it: the
         workers' base seed, then the sampler's order; in samples when it batches them."""
         given = self.given
-        distributed.set_epoch(given, epoch)
+        set_epoch(given, epoch)
         torch.empty((), dtype=torch.int64).random_(generator=given.generator)
         batches = given.batch_sampler if given.batch_sampler is not None else given.sampler
         stream = list(batches)
@@ -304,10 +312,10 @@ class TrainData:
 
     def _split(self, rest: list, epoch: int) -> Iterable:
         """Another world: the stream's rest, split across the processes there are now."""
-        sampler = distributed.epoch_batches(self.loader)
+        sampler = epoch_batches(self.loader)
         loader = self.loader
         if sampler is None:  # the user's loader as given: read the rest through torch-hapi's
-            sampler = distributed.EpochBatches(
+            sampler = EpochBatches(
                 lambda seed, epoch: [],
                 0,
                 batch_size=self._given_batch_size(),
@@ -316,7 +324,7 @@ class TrainData:
                 ),
                 seed=self.seed,
             )
-            loader = rebuilt(self.given, {"batch_sampler": sampler}, training=True)
+            loader = rebuilt(self.given, sampler)
         sampler.resume(epoch, rest, [], 0)
         return self._served(loader, 0)
 
