@@ -66,18 +66,11 @@ def seeded_streams(seed: int, hand_back_torch: bool = True) -> Iterator[None]:
 
 def global_state() -> dict[str, Any]:
     """Every global generator's state (torch, CUDA, NumPy, Python), in tensors and plain values."""
-    np_state = np.random.get_state()
-    python = random.getstate()
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": {
-            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "cached_gaussian": float(np_state[4]),
-        },
-        "python": [python[0], *python[1], python[2]],
+        "numpy": _plain(np.random.get_state(legacy=False)),
+        "python": _plain(random.getstate()),
     }
 
 
@@ -86,18 +79,8 @@ def set_global_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-    saved_np = state["numpy"]
-    np.random.set_state(
-        (
-            "MT19937",
-            saved_np["keys"].numpy().astype(np.uint32),
-            saved_np["pos"],
-            saved_np["has_gauss"],
-            saved_np["cached_gaussian"],
-        )
-    )
-    python = state["python"]
-    random.setstate((python[0], tuple(python[1:-1]), python[-1]))
+    np.random.set_state(_native(state["numpy"]))
+    random.setstate(_native(state["python"]))
 
 
 # Attributes never searched for generators: the data itself, and what is not an order.
@@ -139,53 +122,51 @@ def generators_of(root: Any, depth: int = 3) -> dict[str, Any]:
 
 def generator_states(generators: dict[str, Any]) -> dict[str, Any]:
     """The states of :func:`generators_of`'s generators, in tensors and plain values."""
-    return {path: _state_of(generator) for path, generator in generators.items()}
+    states = {}
+    for path, generator in generators.items():
+        if isinstance(generator, torch.Generator):
+            states[path] = generator.get_state()
+        elif isinstance(generator, random.Random):
+            states[path] = _plain(generator.getstate())
+        elif isinstance(generator, np.random.RandomState):
+            states[path] = _plain(generator.get_state(legacy=False))
+        else:
+            states[path] = _plain(generator.bit_generator.state)
+    return states
 
 
 def set_generator_states(generators: dict[str, Any], states: dict[str, Any]) -> None:
     """Put saved states back into the generators found at the same paths (others are left)."""
     for path, state in states.items():
         generator = generators.get(path)
-        if generator is not None:
-            _set_state(generator, state)
+        if isinstance(generator, torch.Generator):
+            generator.set_state(state)
+        elif isinstance(generator, random.Random):
+            generator.setstate(_native(state))
+        elif isinstance(generator, np.random.RandomState):
+            generator.set_state(_native(state))
+        elif generator is not None:
+            generator.bit_generator.state = _native(state)
 
 
-def _state_of(generator: Any) -> Any:
-    if isinstance(generator, torch.Generator):
-        return generator.get_state()
-    if isinstance(generator, random.Random):
-        version, internal, gauss = generator.getstate()
-        return [version, list(internal), gauss]
-    if isinstance(generator, np.random.RandomState):
-        _, keys, pos, has_gauss, cached = generator.get_state()
-        return [torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
-    return _plain_numpy(generator.bit_generator.state)
-
-
-def _set_state(generator: Any, state: Any) -> None:
-    if isinstance(generator, torch.Generator):
-        generator.set_state(state)
-    elif isinstance(generator, random.Random):
-        generator.setstate((state[0], tuple(state[1]), state[2]))
-    elif isinstance(generator, np.random.RandomState):
-        keys, pos, has_gauss, cached = state
-        generator.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    else:
-        generator.bit_generator.state = _numpy_plain(state)
-
-
-def _plain_numpy(value: Any) -> Any:
-    """A NumPy bit generator's state with arrays as (tensor, dtype) pairs: loadable safely."""
+def _plain(value: Any) -> Any:
+    """A Python or NumPy generator's state as tensors, lists and numbers (arrays as (tensor,
+    dtype) pairs): what ``torch.load(weights_only=True)`` reads back."""
     if isinstance(value, np.ndarray):
         return {"array": torch.from_numpy(value.astype(np.int64)), "dtype": str(value.dtype)}
     if isinstance(value, dict):
-        return {key: _plain_numpy(item) for key, item in value.items()}
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
     return value
 
 
-def _numpy_plain(value: Any) -> Any:
+def _native(value: Any) -> Any:
+    """What :func:`_plain` was given: arrays and tuples again."""
     if isinstance(value, dict) and set(value) == {"array", "dtype"}:
         return value["array"].numpy().astype(value["dtype"])
     if isinstance(value, dict):
-        return {key: _numpy_plain(item) for key, item in value.items()}
+        return {key: _native(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return tuple(_native(item) for item in value)
     return value

@@ -25,8 +25,9 @@ sampler of the user's on another number of processes)
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
@@ -58,6 +59,8 @@ class TrainData:
     ``loader`` is what :func:`hapi.data.make_loader` built for this process;
     ``given`` the user's own DataLoader, when one was passed (its samplers and
     generators decide the order, also when ``loader`` reads a share of it).
+    ``steps`` counts the batches of the epoch being read as its steps are
+    (``None``: unknown): a resumed epoch's first step is the one it continues at.
     """
 
     def __init__(self, loader: Iterable, given: Any, seed: int) -> None:
@@ -65,19 +68,16 @@ class TrainData:
         self.given = given if isinstance(given, DataLoader) else None
         self.seed = seed
         # The generators a user's loader and its samplers keep (found once: the same objects all fit).
-        self._generators = generators_of(self.given) if self.given is not None else {}
-        self._serving: Iterable = loader  # this epoch's loader (a resumed epoch may read another)
-        self._first_step = 0  # the epoch's step this pass of it began at
+        self._generators = generators_of(self.given)
+        if epoch_batches(loader) is not None:
+            self.kind = "batches"
+        elif self.given is None or isinstance(self.given.dataset, IterableDataset):
+            self.kind = "iterable"
+        else:
+            self.kind = "given"
+        self._serve(loader, 0)
         self._epoch_start: dict[str, Any] | None = None  # random states when this epoch began
         self._resumed: tuple[int, Callable[[], Iterable]] | None = None  # an interrupted epoch
-        self._steps: int | None = exact_length(loader)
-
-    # -- what the loop reads --------------------------------------------------
-    @property
-    def steps(self) -> int | None:
-        """Batches of the epoch being read, counted as its steps are (``None``: unknown): a
-        resumed epoch's first step is the one it continues at."""
-        return self._steps
 
     @property
     def steps_per_epoch(self) -> int | None:
@@ -89,27 +89,32 @@ class TrainData:
         if resumed is not None and resumed[0] == epoch:
             return resumed[1]()
         set_epoch(self.loader, epoch)
-        self._serve(self.loader, 0)
         if self.kind in ("given", "iterable"):  # what a resume replays the epoch from
             self._epoch_start = self._states()
-        return self.loader
+        return self._serve(self.loader, 0)
 
-    def _serve(self, loader: Iterable, first_step: int) -> None:
+    def _serve(self, loader: Iterable, first_step: int) -> Iterable:
+        """Read ``loader`` as the epoch's batches from step ``first_step`` on."""
         self._serving, self._first_step = loader, first_step
         rest = exact_length(loader)
-        self._steps = None if rest is None else first_step + rest
+        self.steps = None if rest is None else first_step + rest
+        return loader
 
     def _states(self) -> dict[str, Any]:
         return {"global": global_state(), "generators": generator_states(self._generators)}
 
-    # -- what a checkpoint records ------------------------------------------------
-    @property
-    def kind(self) -> str:
-        if epoch_batches(self.loader) is not None:
-            return "batches"
-        if self.given is None or isinstance(self.given.dataset, IterableDataset):
-            return "iterable"
-        return "given"
+    @contextlib.contextmanager
+    def _states_at(self, start: dict[str, Any]) -> Iterator[None]:
+        """Run the block with the global generators and the loader's at ``start``; then give
+        each the state it had before."""
+        now = self._states()
+        try:
+            set_global_state(start["global"])
+            set_generator_states(self._generators, start["generators"])
+            yield
+        finally:
+            set_global_state(now["global"])
+            set_generator_states(self._generators, now["generators"])
 
     def inexact_reason(self) -> str | None:
         """Why a resumed epoch of this data cannot equal the uninterrupted one, or ``None``."""
@@ -129,20 +134,18 @@ class TrainData:
 
     def position(self, batches: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """Where this epoch is after ``batches`` steps: what every process shares (rank 0's
-        is kept), and this process's own random states (each keeps its own)."""
+        is kept), and this process's own random states (each keeps its own: rank 0's
+        ``epoch_start`` is what a resume on another number of processes draws from)."""
         sampler = epoch_batches(self._serving)  # a resumed epoch's, maybe
         kind = "batches" if sampler is not None else self.kind
         shared: dict[str, Any] = {"kind": kind, "world": distributed.world_size()}
         if sampler is not None and batches:
             shared.update(sampler.state(batches - self._first_step))
         elif kind == "given":
-            shared.update(
-                epoch_start=self._epoch_start, done=batches * (self._given_batch_size() or 1)
-            )
+            shared["done"] = batches * (self._given_batch_size() or 1)
         own = {"epoch_start": self._epoch_start, "generators": generator_states(self._generators)}
         return shared, own
 
-    # -- resuming -------------------------------------------------------------------
     def resume(
         self,
         shared: dict[str, Any],
@@ -172,22 +175,43 @@ class TrainData:
         kind = shared.get("kind", "unknown")
         same_units = "rest" in shared and self._in_units(shared["rest"])[0] is not None
         if own is not None and kind == self.kind == "batches" and same_units:
-            sampler.resume(epoch, shared["rest"], shared["padding"], epoch_step)
-            self._resumed = (epoch, lambda: self._served(self.loader, epoch_step))
+            self._continue(
+                self.loader, sampler, epoch, shared["rest"], shared["padding"], epoch_step
+            )
             return epoch_step, "exact", None
         if own is not None and kind == self.kind and kind in ("given", "iterable"):
             self._resumed = (epoch, lambda: self._replay(own, epoch, epoch_step))
             reason = self.inexact_reason()
             return epoch_step, "exact" if reason is None else "inexact", reason
-        rest, reason = self._rest_of(shared, epoch)
+        rest, reason = self._rest_of(shared, first_rank.get("epoch_start"), epoch)
         if rest is None:
             return 0, "restart", reason
-        self._resumed = (epoch, lambda: self._split(rest, epoch))
+        loader = self.loader
+        if sampler is None:  # the user's loader as given: read the rest through torch-hapi's
+            drop_last = getattr(self.given.batch_sampler, "drop_last", self.given.drop_last)
+            sampler = EpochBatches(
+                lambda seed, epoch: [],
+                0,
+                batch_size=self._given_batch_size(),
+                drop_last=bool(drop_last),
+                seed=self.seed,
+            )
+            loader = rebuilt(self.given, sampler)
+        self._continue(loader, sampler, epoch, rest, [], 0)
         return 0, "split", None
 
-    def _served(self, loader: Iterable, first_step: int) -> Iterable:
-        self._serve(loader, first_step)
-        return loader
+    def _continue(
+        self,
+        loader: Iterable,
+        sampler: EpochBatches,
+        epoch: int,
+        rest: list,
+        padding: list,
+        step: int,
+    ) -> None:
+        """Serve ``rest`` of epoch ``epoch``'s stream as the epoch's batches from ``step`` on."""
+        sampler.resume(epoch, rest, padding, step)
+        self._resumed = (epoch, lambda: self._serve(loader, step))
 
     def _check_position(self, shared: Any, own: Any, first_rank: Any, epoch_step: int) -> None:
         """Refuse a position no run writes before any of it is used (it is used batches later).
@@ -199,12 +223,10 @@ class TrainData:
         kind = shared.get("kind", "unknown")
         if kind not in KINDS:
             raise ValueError(f"'kind' is {kind!r}, not one of {KINDS}")
-        world = shared.get("world", 1)
-        if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-            raise ValueError(f"'world' is {world!r}, not a number of processes")
-        done = shared.get("done", 0)
-        if isinstance(done, bool) or not isinstance(done, int) or done < 0:
-            raise ValueError(f"'done' is {done!r}, not a count of samples or batches")
+        for name, least, what in (("world", 1, "processes"), ("done", 0, "samples or batches")):
+            value = shared.get(name, least)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name!r} is {value!r}, not a count of {what}")
         try:
             length = len(getattr(self.given or self.loader, "dataset", None))
         except TypeError:  # an IterableDataset: no index to check
@@ -218,20 +240,13 @@ class TrainData:
             raise ValueError(
                 f"'epoch_step' is {epoch_step}, beyond the epoch's {self.steps} batches"
             )
-        starts = [shared.get("epoch_start")] + [
-            part.get("epoch_start") for part in (own, first_rank) if part
-        ]
-        states = [s["global"] for s in starts if s is not None]
-        generators = [s["generators"] for s in (*starts, own, first_rank) if s is not None]
-        now = self._states()
-        try:
-            for state in states:
-                set_global_state(state)
-            for state in generators:
-                set_generator_states(self._generators, state)
-        finally:
-            set_global_state(now["global"])
-            set_generator_states(self._generators, now["generators"])
+        now = global_state()
+        for part in (own, first_rank):
+            if part:
+                for state in (part.get("epoch_start"), {"global": now, **part}):
+                    if state is not None:
+                        with self._states_at(state):
+                            pass
 
     def _replay(self, own: dict[str, Any], epoch: int, epoch_step: int) -> Iterable:
         """The same world, the user's loader as given: its epoch replayed from the random states
@@ -240,19 +255,18 @@ class TrainData:
         set_epoch(self.loader, epoch)
         self._serve(self.loader, 0)
         self._epoch_start = own["epoch_start"]
-        now = global_state()
-        set_global_state(own["epoch_start"]["global"])
-        set_generator_states(self._generators, own["epoch_start"]["generators"])
-        iterator = iter(self.loader)
-        for _ in range(epoch_step):
-            next(iterator)
-        set_global_state(now)
+        with self._states_at(own["epoch_start"]):
+            iterator = iter(self.loader)
+            for _ in range(epoch_step):
+                next(iterator)
         set_generator_states(self._generators, own["generators"])
         return iterator
 
-    def _rest_of(self, shared: dict[str, Any], epoch: int) -> tuple[list | None, str | None]:
+    def _rest_of(
+        self, shared: dict[str, Any], start: dict[str, Any] | None, epoch: int
+    ) -> tuple[list | None, str | None]:
         """What is left of the interrupted epoch's stream, as the run that wrote ``shared``
-        read it, or why it cannot be had."""
+        read it (from the random states ``start`` it began with), or why it cannot be had."""
         kind = shared.get("kind", "unknown")
         if kind == "batches":
             if "rest" not in shared:
@@ -263,21 +277,15 @@ class TrainData:
                 None,
                 "the checkpoint's run read a DataLoader of the user's, and this one has none",
             )
-        if kind == "given" and shared["world"] > 1:
+        if kind == "given" and shared.get("world", 1) > 1:
             return None, (
                 "the DataLoader's sampler knew the rank itself, so its order cannot be split "
                 "anew on another number of processes"
             )
-        if kind == "given" and shared.get("epoch_start") is not None:
-            now = self._states()
-            set_global_state(shared["epoch_start"]["global"])
-            set_generator_states(self._generators, shared["epoch_start"]["generators"])
-            try:
+        if kind == "given" and start is not None:
+            with self._states_at(start):
                 stream = self._given_stream(epoch)
-            finally:
-                set_global_state(now["global"])
-                set_generator_states(self._generators, now["generators"])
-            return self._in_units(stream[shared["done"] :])
+            return self._in_units(stream[shared.get("done", 0) :])
         return None, self.inexact_reason() or "its order cannot be split anew"
 
     def _in_units(self, rest: list) -> tuple[list | None, str | None]:
@@ -309,24 +317,6 @@ class TrainData:
         if isinstance(batches, BatchSampler):
             return list(itertools.chain.from_iterable(stream))
         return stream
-
-    def _split(self, rest: list, epoch: int) -> Iterable:
-        """Another world: the stream's rest, split across the processes there are now."""
-        sampler = epoch_batches(self.loader)
-        loader = self.loader
-        if sampler is None:  # the user's loader as given: read the rest through torch-hapi's
-            sampler = EpochBatches(
-                lambda seed, epoch: [],
-                0,
-                batch_size=self._given_batch_size(),
-                drop_last=bool(
-                    getattr(self.given.batch_sampler, "drop_last", self.given.drop_last)
-                ),
-                seed=self.seed,
-            )
-            loader = rebuilt(self.given, sampler)
-        sampler.resume(epoch, rest, [], 0)
-        return self._served(loader, 0)
 
 
 def _check_units(name: str, units: Any, length: int | None) -> None:
