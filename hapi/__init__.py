@@ -16,7 +16,7 @@ from hapi.distributed.strategies import DDP, FSDP
 from hapi.flop_count import flops  # the module has another name than the function
 from hapi.launch import spawn
 from hapi.model import Model
-from hapi.seed import seed_everything
+from hapi.rng import seed_everything
 
 __all__ = [
     "Model",

@@ -53,6 +53,7 @@ from hapi.batches import BatchSplitter, batch_length
 from hapi.callbacks import Callback, CallbackList, History
 from hapi.callbacks.run import callbacks_for_run
 from hapi.data import (
+    TrainData,
     as_source,
     batch_sizes,
     exact_length,
@@ -65,10 +66,9 @@ from hapi.data import (
 from hapi.flop_count import count_flops
 from hapi.metrics import MetricSet, normalise_metrics
 from hapi.model_io import ModelFiles
-from hapi.seed import streams_for_training
+from hapi.rng import streams_for_training
 from hapi.steps import Stepper, as_list, check_clipping, check_loss
 from hapi.summary import summarize
-from hapi.train_data import TrainData
 
 DEFAULT_BATCH_SIZE = 32  # Keras' default; Paddle's is 1, which is rarely what anyone wants.
 DEFAULT_LOG_FREQ = 10  # Paddle's default.
