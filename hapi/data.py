@@ -161,27 +161,14 @@ def device_resident(dataset: Any, device: torch.device, free_bytes: int) -> Any:
     return dataset.to(device)
 
 
-class Samples(Dataset):
-    """A list of samples (tuples or dicts) as a data set.
+class Samples(list, Dataset):
+    """A list of samples (tuples or dicts) as a data set (a list, and a ``Dataset``).
 
     Indexing a list draws no random numbers, so its batches need no seeds
-    (:class:`SeededDataset`); ``__getitems__`` fetches a batch in one call.
+    (:class:`SeededDataset`).
     """
 
     draws_random_numbers = False
-
-    def __init__(self, samples: list) -> None:
-        self.samples = samples
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, index: int) -> Any:
-        return self.samples[index]
-
-    def __getitems__(self, indices: list[int]) -> list:
-        samples = self.samples
-        return [samples[index] for index in indices]
 
 
 def is_map_style(data: Any) -> bool:
@@ -311,15 +298,9 @@ def _checked(loader: Iterable, role: str, batch_size: int | None, drop_last: boo
     if batches is None:
         return NonEmpty(loader, role)
     dataset = getattr(loader, "dataset", None)
-    if (
-        batches == 0
-        and not drop_last
-        and not isinstance(dataset, IterableDataset)
-        and is_map_style(dataset)
-        and len(dataset) > 0
-    ):
-        return loader  # data set smaller than the process count: this process's shard is empty
-    if batches == 0:
+    # A map-style data set smaller than the process count leaves this process's shard empty.
+    samples = is_map_style(dataset) and not isinstance(dataset, IterableDataset) and len(dataset)
+    if batches == 0 and (drop_last or not samples):
         reason = f" with batch_size={batch_size} and drop_last=True" if drop_last else ""
         raise ValueError(
             f"{role} is empty: it gives no batch{reason}, so there is nothing to "
@@ -731,16 +712,9 @@ def loader_batch_size(loader: Any) -> int | None:
 
 def set_epoch(loader: Any, epoch: int) -> None:
     """Tell the samplers which epoch starts, so each epoch reshuffles (all ranks alike)."""
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    samplers = {
-        id(s): s
-        for s in (
-            getattr(loader, "sampler", None),
-            batch_sampler,
-            getattr(batch_sampler, "sampler", None),
-        )
-    }
-    for sampler in samplers.values():  # e.g. BatchSampler(DistributedSampler(...)): the inner one
+    batches = getattr(loader, "batch_sampler", None)
+    samplers = (getattr(loader, "sampler", None), batches, getattr(batches, "sampler", None))
+    for sampler in {id(s): s for s in samplers}.values():  # e.g. BatchSampler(DistributedSampler)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
 
@@ -898,12 +872,6 @@ class TrainData:
         if epoch_step == 0:  # the next epoch starts afresh from the restored states
             return 0, "exact" if own is not None else "fresh", None
         kind = shared.get("kind", "unknown")
-        same_units = "rest" in shared and self._in_units(shared["rest"])[0] is not None
-        if own is not None and kind == self.kind == "batches" and same_units:
-            self._continue(
-                self.loader, sampler, epoch, shared["rest"], shared["padding"], epoch_step
-            )
-            return epoch_step, "exact", None
         if own is not None and kind == self.kind and kind in ("given", "iterable"):
             self._resumed = (epoch, lambda: self._replay(own, epoch, epoch_step))
             reason = self.inexact_reason()
@@ -911,6 +879,9 @@ class TrainData:
         rest, reason = self._rest_of(shared, first_rank.get("epoch_start"), epoch)
         if rest is None:
             return 0, "restart", reason
+        # As many processes, the same units: each batch as the uninterrupted run read it.
+        exact = own is not None and kind == self.kind == "batches"
+        padding, step = (shared["padding"], epoch_step) if exact else ([], 0)
         loader = self.loader
         if sampler is None:  # the user's loader as given: read the rest through torch-hapi's
             drop_last = getattr(self.given.batch_sampler, "drop_last", self.given.drop_last)
@@ -922,21 +893,9 @@ class TrainData:
                 seed=self.seed,
             )
             loader = rebuilt(self.given, sampler)
-        self._continue(loader, sampler, epoch, rest, [], 0)
-        return 0, "split", None
-
-    def _continue(
-        self,
-        loader: Iterable,
-        sampler: EpochBatches,
-        epoch: int,
-        rest: list,
-        padding: list,
-        step: int,
-    ) -> None:
-        """Serve ``rest`` of epoch ``epoch``'s stream as the epoch's batches from ``step`` on."""
         sampler.resume(epoch, rest, padding, step)
         self._resumed = (epoch, lambda: self._serve(loader, step))
+        return step, "exact" if exact else "split", None
 
     def _check_position(self, shared: Any, own: Any, first_rank: Any, epoch_step: int) -> None:
         """Refuse a position no run writes before any of it is used (it is used batches later).
