@@ -20,6 +20,7 @@ import itertools
 import numbers
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
@@ -337,11 +338,8 @@ def make_loader(
         sampler = reshard(data, training, seed)
         loader = data if sampler is None else rebuilt(data, sampler)
         return _checked(loader, role, data.batch_size, data.drop_last)
-    require_int(
-        {"train_data": "fit", "eval_data": "evaluate", "test_data": "predict"}.get(role, role),
-        "batch_size",
-        batch_size,
-    )
+    method = {"train_data": "fit", "eval_data": "evaluate", "test_data": "predict"}.get(role, role)
+    require_int(method, "batch_size", batch_size)
     require_int("DataLoader", "num_workers", num_workers, minimum=0)
     dataset = as_dataset(data, role)
     if isinstance(dataset, IterableDataset):
@@ -472,6 +470,7 @@ class SeededIndices(list):
     seed: int
 
 
+@dataclass(eq=False)
 class EpochBatches(Sampler[list]):
     """The batch sampler of every loader torch-hapi builds: this process's batches.
 
@@ -498,23 +497,21 @@ class EpochBatches(Sampler[list]):
     ``num_replicas`` and ``rank`` default to the job's.
     """
 
-    def __init__(
-        self,
-        draw: Callable[[int, int], list],
-        length: int,
-        *,
-        batch_size: int | None,
-        drop_last: bool = False,
-        seed: int = 0,
-        training: bool = True,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-    ) -> None:
-        self.draw, self.units = draw, length  # units: the stream's length in a new epoch
-        self.batch_size, self.drop_last = batch_size, drop_last
-        self.seed, self.training = seed, training
-        self.num_replicas = group.world_size() if num_replicas is None else num_replicas
-        self.rank = group.rank() if rank is None else rank
+    draw: Callable[[int, int], list]
+    units: int  # the stream's length in a new epoch
+    _: KW_ONLY
+    batch_size: int | None
+    drop_last: bool = False
+    seed: int = 0
+    training: bool = True
+    num_replicas: int | None = None  # None: the job's
+    rank: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_replicas is None:
+            self.num_replicas = group.world_size()
+        if self.rank is None:
+            self.rank = group.rank()
         # The DataLoader draws its workers' base seed from this generator, not torch's global
         # one: iterating the data never shifts the numbers the model draws (dropout), and a
         # resumed epoch gets the same worker seeds.
