@@ -342,6 +342,7 @@ def make_loader(
     require_int(method, "batch_size", batch_size)
     require_int("DataLoader", "num_workers", num_workers, minimum=0)
     dataset = as_dataset(data, role)
+    options = {"num_workers": num_workers, "collate_fn": ExplainingCollate(role)}
     if isinstance(dataset, IterableDataset):
         if distributed.world_size() > 1:
             warnings.warn(
@@ -351,15 +352,9 @@ def make_loader(
                 "same number of batches.",
                 stacklevel=3,
             )
+        generator = torch.Generator()  # not torch's global one, which the model draws from
         return NonEmpty(
-            DataLoader(
-                dataset,
-                batch_size=batch_size,
-                drop_last=drop_last,
-                num_workers=num_workers,
-                collate_fn=ExplainingCollate(role),
-                generator=torch.Generator(),
-            ),
+            DataLoader(dataset, batch_size, drop_last=drop_last, generator=generator, **options),
             role,
         )
     if len(dataset) == 0:
@@ -378,10 +373,9 @@ def make_loader(
     loader = _loader(
         resident,
         sampler,
-        num_workers=num_workers,
         pin_memory=device.type == "cuda" and resident is dataset,  # pinned only for host data
         persistent_workers=num_workers > 0 and not training,
-        collate_fn=ExplainingCollate(role),
+        **options,
     )
     return _checked(loader, role, batch_size, drop_last)
 
@@ -912,9 +906,25 @@ class TrainData:
             length = len(getattr(self.given or self.loader, "dataset", None))
         except TypeError:  # an IterableDataset: no index to check
             length = None
-        for name in ("rest", "padding"):
-            if name in shared:
-                _check_units(name, shared[name], length)
+        for name in ("rest", "padding"):  # sample indices, or batches of them
+            units = shared.get(name, [])
+            if not isinstance(units, list):
+                raise ValueError(
+                    f"{name!r} is {type(units).__name__}, not a list of sample indices"
+                )
+            if len({isinstance(unit, list) for unit in units}) > 1:
+                raise ValueError(f"{name!r} mixes sample indices and batches of them")
+            for unit in units:
+                for index in unit if isinstance(unit, list) else [unit]:
+                    if (
+                        isinstance(index, bool)
+                        or not isinstance(index, int)
+                        or index < 0
+                        or (length is not None and index >= length)
+                    ):
+                        raise ValueError(
+                            f"{name!r} holds {index!r}, not a sample index below the data's {length}"
+                        )
         if "rest" in shared and "padding" not in shared:
             raise ValueError("'padding' is missing beside 'rest'")
         if own is not None and self.steps is not None and epoch_step > self.steps:
@@ -998,25 +1008,6 @@ class TrainData:
         if isinstance(batches, BatchSampler):
             return list(itertools.chain.from_iterable(stream))
         return stream
-
-
-def _check_units(name: str, units: Any, length: int | None) -> None:
-    """A stream's units as a run writes them: sample indices, or batches of them."""
-    if not isinstance(units, list):
-        raise ValueError(f"{name!r} is {type(units).__name__}, not a list of sample indices")
-    if len({isinstance(unit, list) for unit in units}) > 1:
-        raise ValueError(f"{name!r} mixes sample indices and batches of them")
-    for unit in units:
-        for index in unit if isinstance(unit, list) else [unit]:
-            if (
-                isinstance(index, bool)
-                or not isinstance(index, int)
-                or index < 0
-                or (length is not None and index >= length)
-            ):
-                raise ValueError(
-                    f"{name!r} holds {index!r}, not a sample index below the data's {length}"
-                )
 
 
 def num_batches(loader: Iterable) -> int | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -90,7 +90,17 @@ def set_global_state(state: dict[str, Any]) -> None:
 _NOT_SEARCHED = frozenset(
     {"dataset", "data_source", "collate_fn", "worker_init_fn", "indices", "weights"}
 )
-_GENERATORS = (torch.Generator, random.Random, np.random.RandomState, np.random.Generator)
+_STATE_ACCESS: tuple[tuple[type, Callable, Callable], ...] = (
+    (torch.Generator, torch.Generator.get_state, torch.Generator.set_state),
+    (random.Random, random.Random.getstate, random.Random.setstate),
+    (np.random.RandomState, lambda g: g.get_state(legacy=False), np.random.RandomState.set_state),
+    (
+        np.random.Generator,
+        lambda g: g.bit_generator.state,
+        lambda g, s: setattr(g.bit_generator, "state", s),
+    ),
+)
+_GENERATORS = tuple(kind for kind, _, _ in _STATE_ACCESS)
 
 
 def generators_of(root: Any, depth: int = 3) -> dict[str, Any]:
@@ -125,31 +135,20 @@ def generators_of(root: Any, depth: int = 3) -> dict[str, Any]:
 
 def generator_states(generators: dict[str, Any]) -> dict[str, Any]:
     """The states of :func:`generators_of`'s generators, in tensors and plain values."""
-    states = {}
-    for path, generator in generators.items():
-        if isinstance(generator, torch.Generator):
-            states[path] = generator.get_state()
-        elif isinstance(generator, random.Random):
-            states[path] = _plain(generator.getstate())
-        elif isinstance(generator, np.random.RandomState):
-            states[path] = _plain(generator.get_state(legacy=False))
-        else:
-            states[path] = _plain(generator.bit_generator.state)
-    return states
+    return {path: _plain(_access(g)[0](g)) for path, g in generators.items()}
 
 
 def set_generator_states(generators: dict[str, Any], states: dict[str, Any]) -> None:
     """Put saved states back into the generators found at the same paths (others are left)."""
     for path, state in states.items():
         generator = generators.get(path)
-        if isinstance(generator, torch.Generator):
-            generator.set_state(state)
-        elif isinstance(generator, random.Random):
-            generator.setstate(_native(state))
-        elif isinstance(generator, np.random.RandomState):
-            generator.set_state(_native(state))
-        elif generator is not None:
-            generator.bit_generator.state = _native(state)
+        if generator is not None:
+            _access(generator)[1](generator, _native(state))
+
+
+def _access(generator: Any) -> tuple[Callable, Callable]:
+    """How to read and how to set ``generator``'s state (NumPy's legacy one as a dict)."""
+    return next((get, put) for kind, get, put in _STATE_ACCESS if isinstance(generator, kind))
 
 
 def _plain(value: Any) -> Any:
