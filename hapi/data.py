@@ -76,21 +76,17 @@ def describe(values: Any) -> str:
 
 
 def _as_tensor(array: Any, position: int, role: str) -> torch.Tensor:
+    """A tensor, or a NumPy array as one (:func:`as_dataset` passes nothing else)."""
     if torch.is_tensor(array):
         return array
-    if isinstance(array, np.ndarray):
-        try:
-            return torch.from_numpy(np.ascontiguousarray(array))
-        except TypeError as error:
-            raise TypeError(
-                f"Element {position} of {role} is a NumPy array of dtype {array.dtype} "
-                f"({array.dtype.type.__name__}), which a tensor cannot hold: {error}. Convert it "
-                "first, e.g. class names to int64 indices."
-            ) from error
-    raise TypeError(
-        f"Element {position} of the tuple passed as {role} is {type(array).__name__}; it must "
-        f"hold tensors or NumPy arrays. Accepted data: {ACCEPTED}."
-    )
+    try:
+        return torch.from_numpy(np.ascontiguousarray(array))
+    except TypeError as error:
+        raise TypeError(
+            f"Element {position} of {role} is a NumPy array of dtype {array.dtype} "
+            f"({array.dtype.type.__name__}), which a tensor cannot hold: {error}. Convert it "
+            "first, e.g. class names to int64 indices."
+        ) from error
 
 
 class Batch(Sequence):
@@ -241,6 +237,7 @@ def as_dataset(data: Any, role: str) -> Any:
     raise _refusal(data, role)
 
 
+@dataclass
 class ExplainingCollate:
     """``default_collate`` whose errors name the data argument and the samples.
 
@@ -251,8 +248,7 @@ class ExplainingCollate:
     A class (not a closure) so that DataLoader workers can pickle it.
     """
 
-    def __init__(self, role: str) -> None:
-        self.role = role
+    role: str
 
     def __call__(self, samples: Any) -> Any:
         if isinstance(samples, Batch):
@@ -271,12 +267,12 @@ class ExplainingCollate:
             ) from error
 
 
+@dataclass(eq=False)
 class NonEmpty:
     """Wraps a loader of unknown length: iterating it to the end without a batch raises."""
 
-    def __init__(self, loader: Iterable, role: str) -> None:
-        self.loader = loader
-        self.role = role
+    loader: Iterable
+    role: str
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.loader, name)
@@ -390,6 +386,7 @@ def may_draw_random_numbers(dataset: Any) -> bool:
     return bool(getattr(dataset, "draws_random_numbers", True))
 
 
+@dataclass(eq=False)
 class SeededDataset(Dataset):
     """A map-style data set whose batches load under the seed their indices carry.
 
@@ -407,8 +404,7 @@ class SeededDataset(Dataset):
     random numbers in a resumed run, whatever the number of workers.
     """
 
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
+    dataset: Any
 
     def __len__(self) -> int:
         return len(self.dataset)
