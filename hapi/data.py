@@ -755,6 +755,13 @@ class TrainData:
         self.seed = seed
         # The generators a user's loader and its samplers keep (found once: the same objects all fit).
         self._generators = generators_of(self.given)
+        # Samples per batch of the user's loader; None where its items are whole batches of a
+        # batch sampler of the user's own (torch's BatchSampler batches samples).
+        given = self.given
+        whole = given is None or (
+            given.batch_size is None and not isinstance(given.batch_sampler, BatchSampler)
+        )
+        self._given_size = None if whole else loader_batch_size(given)
         if epoch_batches(loader) is not None:
             self.kind = "batches"
         elif self.given is None or isinstance(self.given.dataset, IterableDataset):
@@ -828,7 +835,7 @@ class TrainData:
         if sampler is not None and batches:
             shared.update(sampler.state(batches - self._first_step))
         elif kind == "given":
-            shared["done"] = batches * (self._given_batch_size() or 1)
+            shared["done"] = batches * (self._given_size or 1)
         own = {"epoch_start": self._epoch_start, "generators": generator_states(self._generators)}
         return shared, own
 
@@ -875,7 +882,7 @@ class TrainData:
             sampler = EpochBatches(
                 lambda seed, epoch: [],
                 0,
-                batch_size=self._given_batch_size(),
+                batch_size=self._given_size,
                 drop_last=bool(drop_last),
                 seed=self.seed,
             )
@@ -910,17 +917,11 @@ class TrainData:
                 )
             if len({isinstance(unit, list) for unit in units}) > 1:
                 raise ValueError(f"{name!r} mixes sample indices and batches of them")
-            for unit in units:
-                for index in unit if isinstance(unit, list) else [unit]:
-                    if (
-                        isinstance(index, bool)
-                        or not isinstance(index, int)
-                        or index < 0
-                        or (length is not None and index >= length)
-                    ):
-                        raise ValueError(
-                            f"{name!r} holds {index!r}, not a sample index below the data's {length}"
-                        )
+            for index in itertools.chain(*(u if isinstance(u, list) else [u] for u in units)):
+                if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+                    raise ValueError(f"{name!r} holds {index!r}, not a sample index")
+                if length is not None and index >= length:
+                    raise ValueError(f"{name!r} holds {index}, beyond the data's {length} samples")
         if "rest" in shared and "padding" not in shared:
             raise ValueError("'padding' is missing beside 'rest'")
         if own is not None and self.steps is not None and epoch_step > self.steps:
@@ -978,20 +979,10 @@ class TrainData:
     def _in_units(self, rest: list) -> tuple[list | None, str | None]:
         """``rest`` if this run reads its units (samples, or a batch sampler's batches)."""
         sampler = epoch_batches(self.loader)
-        whole_batches = (
-            self._given_batch_size() if sampler is None else sampler.batch_size
-        ) is None
+        whole_batches = (self._given_size if sampler is None else sampler.batch_size) is None
         if rest and isinstance(rest[0], list) != whole_batches:
             return None, "the checkpoint's run split the epoch into other units (batches, samples)"
         return rest, None
-
-    def _given_batch_size(self) -> int | None:
-        """Samples per batch of the user's loader; ``None`` where its items are whole batches
-        of a batch sampler of the user's own (torch's ``BatchSampler`` batches samples)."""
-        given = self.given
-        if given.batch_size is None and not isinstance(given.batch_sampler, BatchSampler):
-            return None
-        return loader_batch_size(given)
 
     def _given_stream(self, epoch: int) -> list:
         """The stream of the user's loader as torch's DataLoader iterator draws it: the
