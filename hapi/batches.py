@@ -32,19 +32,6 @@ def _count(value: Any, name: str) -> int | None:
     return count
 
 
-def _as_batch(values: Any, name: str) -> list[torch.Tensor]:
-    """``train_batch``'s inputs/labels: a tensor/array or a list of them."""
-    items = [] if values is None else values if isinstance(values, (list, tuple)) else [values]
-    tensors = [torch.from_numpy(i) if isinstance(i, np.ndarray) else i for i in items]
-    for item in tensors:
-        if not torch.is_tensor(item):
-            raise TypeError(
-                f"{name} must be tensors or NumPy arrays (or a list of them); "
-                f"received {type(item).__name__}."
-            )
-    return tensors
-
-
 class KeywordInputs(dict):
     """The network inputs of a dict batch: the network is called as ``network(**inputs)``."""
 
@@ -76,25 +63,24 @@ class BatchSplitter:
     def for_model(cls, device: torch.device, inputs: Any, labels: Any) -> "BatchSplitter":
         """From ``Model(inputs=, labels=)``: counts, or lists whose length counts (label names
         also name a dict batch's label keys)."""
-        names = (
-            isinstance(labels, Sequence)
-            and not isinstance(labels, str)
-            and labels
-            and all(isinstance(item, str) for item in labels)
-        )
-        return cls(
-            device,
-            _count(inputs, "inputs"),
-            _count(labels, "labels"),
-            list(labels) if names else None,
-        )
+        counts = _count(inputs, "inputs"), _count(labels, "labels")  # int or list: checked
+        names = not isinstance(labels, int) and labels and all(isinstance(k, str) for k in labels)
+        return cls(device, *counts, list(labels) if names else None)
 
     def user_batch(self, inputs: Any, labels: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """``train_batch``'s inputs and labels (tensors or arrays, one or a list) on the device."""
-        return (
-            self._to_device(_as_batch(inputs, "inputs")),
-            self._to_device(_as_batch(labels, "labels")),
-        )
+        return self._user_tensors(inputs, "inputs"), self._user_tensors(labels, "labels")
+
+    def _user_tensors(self, values: Any, name: str) -> list[torch.Tensor]:
+        items = [] if values is None else values if isinstance(values, (list, tuple)) else [values]
+        tensors = [torch.from_numpy(i) if isinstance(i, np.ndarray) else i for i in items]
+        for item in tensors:
+            if not torch.is_tensor(item):
+                raise TypeError(
+                    f"{name} must be tensors or NumPy arrays (or a list of them); "
+                    f"received {type(item).__name__}."
+                )
+        return self._to_device(tensors)
 
     def _to_device(self, items: Iterable[Any]) -> list[Any]:
         non_blocking = self.device.type == "cuda"
