@@ -1029,15 +1029,9 @@ def with_last(iterable: Iterable, length: int | None = None) -> Iterator[tuple[A
             for index, item in zip(range(length), iterable):
                 yield item, index + 1 == length
         return
-    iterator = iter(iterable)
-    try:
-        current = next(iterator)
-    except StopIteration:
-        return
-    for upcoming in iterator:
-        yield current, False
-        current = upcoming
-    yield current, True
+    end = object()
+    for item, upcoming in itertools.pairwise(itertools.chain(iterable, [end])):
+        yield item, upcoming is end
 
 
 # -- what fit decides about its data before any loader is built: batch sizes, the data seed --
