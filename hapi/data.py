@@ -4,13 +4,17 @@ Accepted data: a map-style ``Dataset`` whose items are tuples (or dicts), any
 other map-style object (``__len__`` and ``__getitem__(int)``, such as a Hugging
 Face ``datasets.Dataset``), a list of samples (tuples or dicts), an
 ``IterableDataset``, a ``DataLoader`` (used as given on one process), or a
-tuple/list of tensors or NumPy arrays ``(x, y)`` of equal length. Samplers
-come from :mod:`hapi.distributed`, so sharding is decided there, alike for
-every kind of map-style data.
+tuple/list of tensors or NumPy arrays ``(x, y)`` of equal length. Every
+kind of map-style data is sharded alike, by :class:`EpochBatches`.
 
-Each batch is split into network inputs and loss labels: by default every
-element but the last is an input and the last is the label; ``Model(inputs=,
-labels=)`` override the counts.
+The whole data path lives here, in the order a batch takes it: the data
+as a data set (:func:`as_dataset`), the loader of one pass
+(:func:`make_loader`), which samples each process reads
+(:class:`EpochBatches`, the one resumable batch sampler of every loader
+torch-hapi builds, for training and evaluation; a user's loader resharded
+by :func:`reshard`), and each epoch of a fit with the position a checkpoint
+keeps of it (:class:`TrainData`). Each batch is then split into network
+inputs and loss labels by :mod:`hapi.batches`.
 """
 
 from __future__ import annotations
