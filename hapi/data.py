@@ -766,12 +766,9 @@ class TrainData:
             given.batch_size is None and not isinstance(given.batch_sampler, BatchSampler)
         )
         self._given_size = None if whole else loader_batch_size(given)
-        if epoch_batches(loader) is not None:
-            self.kind = "batches"
-        elif self.given is None or isinstance(self.given.dataset, IterableDataset):
-            self.kind = "iterable"
-        else:
-            self.kind = "given"
+        iterable = self.given is None or isinstance(self.given.dataset, IterableDataset)
+        ours = epoch_batches(loader) is not None
+        self.kind = "batches" if ours else "iterable" if iterable else "given"
         self._serve(loader, 0)
         self._epoch_start: dict[str, Any] | None = None  # random states when this epoch began
         self._resumed: tuple[int, Callable[[], Iterable]] | None = None  # an interrupted epoch
