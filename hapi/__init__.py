@@ -15,7 +15,7 @@ from hapi import metrics
 from hapi.distributed.strategies import DDP, FSDP
 from hapi.launch import spawn
 from hapi.model import Model
-from hapi.seed import seed_everything
+from hapi.rng import seed_everything
 from hapi.summary import flops
 
 __all__ = [

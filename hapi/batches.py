@@ -9,6 +9,7 @@ see :class:`BatchSplitter`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import numpy as np
@@ -25,41 +26,10 @@ def _count(value: Any, name: str) -> int | None:
             f"(names or specs, one per {name[:-1]}); received {value!r}."
         )
     count = value if isinstance(value, int) else len(value)
-    if count < (1 if name == "inputs" else 0):
-        raise ValueError(
-            f"{name} must count at least {1 if name == 'inputs' else 0}; received {value!r}."
-        )
+    least = 1 if name == "inputs" else 0
+    if count < least:
+        raise ValueError(f"{name} must count at least {least}; received {value!r}.")
     return count
-
-
-def _names(value: Any) -> list[str] | None:
-    """``labels=["labels"]``: the keys of a dict batch that hold labels."""
-    if (
-        isinstance(value, Sequence)
-        and not isinstance(value, str)
-        and value
-        and all(isinstance(item, str) for item in value)
-    ):
-        return list(value)
-    return None
-
-
-def _as_batch(values: Any, name: str) -> list[torch.Tensor]:
-    """``train_batch``'s inputs/labels: a tensor/array or a list of them."""
-    items = (
-        [] if values is None else (list(values) if isinstance(values, (list, tuple)) else [values])
-    )
-    tensors = []
-    for item in items:
-        if isinstance(item, np.ndarray):
-            item = torch.from_numpy(item)
-        if not torch.is_tensor(item):
-            raise TypeError(
-                f"{name} must be tensors or NumPy arrays (or a list of them); "
-                f"received {type(item).__name__}."
-            )
-        tensors.append(item)
-    return tensors
 
 
 class KeywordInputs(dict):
@@ -70,6 +40,7 @@ class KeywordInputs(dict):
 DEFAULT_LABEL_KEYS = ("labels", "label")
 
 
+@dataclass(eq=False)
 class BatchSplitter:
     """Splits a batch into ``(inputs, labels)`` and moves them to the device.
 
@@ -82,38 +53,39 @@ class BatchSplitter:
     label keys go to the network too, which then computes its own loss.
     """
 
-    def __init__(
-        self,
-        device: torch.device,
-        n_inputs: int | None,
-        n_labels: int | None,
-        label_keys: Sequence[str] | None = None,
-    ) -> None:
-        self.device = device
-        self.n_inputs = n_inputs
-        self.n_labels = n_labels
-        self.label_keys = None if label_keys is None else list(label_keys)
-        self.labels_to_network = False
-        self.non_blocking = device.type == "cuda"
+    device: torch.device
+    n_inputs: int | None
+    n_labels: int | None
+    label_keys: Sequence[str] | None = None
+    labels_to_network: bool = False
 
     @classmethod
     def for_model(cls, device: torch.device, inputs: Any, labels: Any) -> "BatchSplitter":
         """From ``Model(inputs=, labels=)``: counts, or lists whose length counts (label names
         also name a dict batch's label keys)."""
-        return cls(
-            device, _count(inputs, "inputs"), _count(labels, "labels"), label_keys=_names(labels)
-        )
+        counts = _count(inputs, "inputs"), _count(labels, "labels")  # int or list: checked
+        names = not isinstance(labels, int) and labels and all(isinstance(k, str) for k in labels)
+        return cls(device, *counts, list(labels) if names else None)
 
     def user_batch(self, inputs: Any, labels: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """``train_batch``'s inputs and labels (tensors or arrays, one or a list) on the device."""
-        return (
-            self._to_device(_as_batch(inputs, "inputs")),
-            self._to_device(_as_batch(labels, "labels")),
-        )
+        return self._user_tensors(inputs, "inputs"), self._user_tensors(labels, "labels")
+
+    def _user_tensors(self, values: Any, name: str) -> list[torch.Tensor]:
+        items = [] if values is None else values if isinstance(values, (list, tuple)) else [values]
+        tensors = [torch.from_numpy(i) if isinstance(i, np.ndarray) else i for i in items]
+        for item in tensors:
+            if not torch.is_tensor(item):
+                raise TypeError(
+                    f"{name} must be tensors or NumPy arrays (or a list of them); "
+                    f"received {type(item).__name__}."
+                )
+        return self._to_device(tensors)
 
     def _to_device(self, items: Iterable[Any]) -> list[Any]:
+        non_blocking = self.device.type == "cuda"
         return [
-            item.to(self.device, non_blocking=self.non_blocking) if torch.is_tensor(item) else item
+            item.to(self.device, non_blocking=non_blocking) if torch.is_tensor(item) else item
             for item in items
         ]
 
@@ -124,19 +96,12 @@ class BatchSplitter:
                 return self._split_dict(batch, need_labels)
             return [batch], []
         batch = list(batch)
-        if self.n_inputs is not None:
-            inputs = batch[: self.n_inputs]
-            rest = batch[self.n_inputs :]
-            labels = rest[: self.n_labels] if self.n_labels is not None else rest
-        elif self.n_labels is not None:
-            inputs, labels = (
-                batch[: len(batch) - self.n_labels],
-                batch[len(batch) - self.n_labels :],
+        first_label = self.n_inputs
+        if first_label is None:
+            first_label = (
+                max(len(batch) - 1, 1) if self.n_labels is None else len(batch) - self.n_labels
             )
-        elif len(batch) == 1:
-            inputs, labels = batch, []
-        else:
-            inputs, labels = batch[:-1], batch[-1:]
+        inputs, labels = batch[:first_label], batch[first_label:][: self.n_labels]
         if need_labels and (self.n_labels or 0) > len(labels):
             raise ValueError(
                 f"A batch has {len(batch)} elements but Model(inputs={self.n_inputs}, "
@@ -170,27 +135,22 @@ class BatchSplitter:
     @staticmethod
     def length(batch: Any) -> int:
         """Samples in a whole batch (tuple, mapping or tensor)."""
-        values = (
-            list(batch.values())
-            if isinstance(batch, Mapping)
-            else (list(batch) if isinstance(batch, (tuple, list)) else [batch])
-        )
-        return batch_length(values, [])
+        if isinstance(batch, Mapping):
+            return batch_length(list(batch.values()), [])
+        return batch_length(list(batch) if isinstance(batch, (tuple, list)) else [batch], [])
 
     def _split_dict(self, batch: Mapping, need_labels: bool) -> tuple[list[Any], list[Any]]:
-        if self.label_keys is not None:
-            keys = self.label_keys
+        keys = self.label_keys
+        if keys is None:
+            keys = [key for key in DEFAULT_LABEL_KEYS if key in batch][:1]
+        elif need_labels and any(key not in batch for key in keys):
             missing = [key for key in keys if key not in batch]
-            if missing and need_labels:
-                raise KeyError(
-                    f"A batch is a {type(batch).__name__} with keys {sorted(batch)}, without the "
-                    f"label keys {missing} that Model(labels={keys}) names. Name the keys your "
-                    f"data set returns, e.g. Model(network, "
-                    f"labels={[k for k in sorted(batch) if 'label' in k] or ['labels']})."
-                )
-        else:
-            keys = [next((key for key in DEFAULT_LABEL_KEYS if key in batch), None)]
-            keys = [key for key in keys if key is not None]
+            raise KeyError(
+                f"A batch is a {type(batch).__name__} with keys {sorted(batch)}, without the "
+                f"label keys {missing} that Model(labels={keys}) names. Name the keys your "
+                f"data set returns, e.g. Model(network, "
+                f"labels={[k for k in sorted(batch) if 'label' in k] or ['labels']})."
+            )
         features = {
             key: value for key, value in batch.items() if self.labels_to_network or key not in keys
         }
@@ -199,21 +159,17 @@ class BatchSplitter:
                 f"A {type(batch).__name__} batch with keys {sorted(batch)} leaves no network "
                 f"inputs: every key is a label key ({keys})."
             )
-        inputs = KeywordInputs(features)
         labels = [batch[key] for key in keys if key in batch] if need_labels else []
-        return [inputs], labels
+        return [KeywordInputs(features)], labels
 
 
 def batch_length(inputs: list[Any], labels: list[Any]) -> int:
-    """Samples in a batch: the first dimension of its first tensor."""
-    for item in (
-        *labels,
-        *(
-            value
-            for item in inputs
-            for value in (item.values() if isinstance(item, KeywordInputs) else [item])
-        ),
-    ):
+    """Samples in a batch: the first dimension of its first tensor (the labels' first)."""
+    for item in labels:
         if torch.is_tensor(item) and item.ndim > 0:
             return int(item.shape[0])
+    for item in inputs:
+        for value in item.values() if isinstance(item, KeywordInputs) else [item]:
+            if torch.is_tensor(value) and value.ndim > 0:
+                return int(value.shape[0])
     return 1

@@ -4,28 +4,40 @@ Accepted data: a map-style ``Dataset`` whose items are tuples (or dicts), any
 other map-style object (``__len__`` and ``__getitem__(int)``, such as a Hugging
 Face ``datasets.Dataset``), a list of samples (tuples or dicts), an
 ``IterableDataset``, a ``DataLoader`` (used as given on one process), or a
-tuple/list of tensors or NumPy arrays ``(x, y)`` of equal length. Samplers
-come from :mod:`hapi.distributed`, so sharding is decided there, alike for
-every kind of map-style data.
+tuple/list of tensors or NumPy arrays ``(x, y)`` of equal length. Every
+kind of map-style data is sharded alike, by :class:`EpochBatches`.
 
-Each batch is split into network inputs and loss labels: by default every
-element but the last is an input and the last is the label; ``Model(inputs=,
-labels=)`` override the counts.
+The whole data path lives here, in the order a batch takes it: the data
+as a data set (:func:`as_dataset`), the loader of one pass
+(:func:`make_loader`), which samples each process reads
+(:class:`EpochBatches`, the one resumable batch sampler of every loader
+torch-hapi builds, for training and evaluation; a user's loader resharded
+by :func:`reshard`), and each epoch of a fit with the position a checkpoint
+keeps of it (:class:`TrainData`). Each batch is then split into network
+inputs and loss labels by :mod:`hapi.batches`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import numbers
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any, Iterable, Iterator
+from dataclasses import KW_ONLY, dataclass
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import (
+    BatchSampler,
     DataLoader,
     Dataset,
+    DistributedSampler,
     IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
     TensorDataset,
     default_collate,
     get_worker_info,
@@ -33,7 +45,16 @@ from torch.utils.data import (
 
 from hapi import distributed
 from hapi.arguments import require_int
-from hapi.rng import seeded_streams
+from hapi.distributed import DistributedSetupError, group
+from hapi.rng import (
+    generator_states,
+    generators_of,
+    global_state,
+    mix,
+    seeded_streams,
+    set_generator_states,
+    set_global_state,
+)
 
 ACCEPTED = (
     "a torch.utils.data.Dataset or any map-style data set (__len__ and __getitem__(int), e.g. a "
@@ -59,21 +80,17 @@ def describe(values: Any) -> str:
 
 
 def _as_tensor(array: Any, position: int, role: str) -> torch.Tensor:
+    """A tensor, or a NumPy array as one (:func:`as_dataset` passes nothing else)."""
     if torch.is_tensor(array):
         return array
-    if isinstance(array, np.ndarray):
-        try:
-            return torch.from_numpy(np.ascontiguousarray(array))
-        except TypeError as error:
-            raise TypeError(
-                f"Element {position} of {role} is a NumPy array of dtype {array.dtype} "
-                f"({array.dtype.type.__name__}), which a tensor cannot hold: {error}. Convert it "
-                "first, e.g. class names to int64 indices."
-            ) from error
-    raise TypeError(
-        f"Element {position} of the tuple passed as {role} is {type(array).__name__}; it must "
-        f"hold tensors or NumPy arrays. Accepted data: {ACCEPTED}."
-    )
+    try:
+        return torch.from_numpy(np.ascontiguousarray(array))
+    except TypeError as error:
+        raise TypeError(
+            f"Element {position} of {role} is a NumPy array of dtype {array.dtype} "
+            f"({array.dtype.type.__name__}), which a tensor cannot hold: {error}. Convert it "
+            "first, e.g. class names to int64 indices."
+        ) from error
 
 
 class Batch(Sequence):
@@ -145,27 +162,14 @@ def device_resident(dataset: Any, device: torch.device, free_bytes: int) -> Any:
     return dataset.to(device)
 
 
-class Samples(Dataset):
-    """A list of samples (tuples or dicts) as a data set.
+class Samples(list, Dataset):
+    """A list of samples (tuples or dicts) as a data set (a list, and a ``Dataset``).
 
     Indexing a list draws no random numbers, so its batches need no seeds
-    (:class:`SeededDataset`); ``__getitems__`` fetches a batch in one call.
+    (:class:`SeededDataset`).
     """
 
     draws_random_numbers = False
-
-    def __init__(self, samples: list) -> None:
-        self.samples = samples
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, index: int) -> Any:
-        return self.samples[index]
-
-    def __getitems__(self, indices: list[int]) -> list:
-        samples = self.samples
-        return [samples[index] for index in indices]
 
 
 def is_map_style(data: Any) -> bool:
@@ -237,6 +241,7 @@ def as_dataset(data: Any, role: str) -> Any:
     raise _refusal(data, role)
 
 
+@dataclass
 class ExplainingCollate:
     """``default_collate`` whose errors name the data argument and the samples.
 
@@ -247,8 +252,7 @@ class ExplainingCollate:
     A class (not a closure) so that DataLoader workers can pickle it.
     """
 
-    def __init__(self, role: str) -> None:
-        self.role = role
+    role: str
 
     def __call__(self, samples: Any) -> Any:
         if isinstance(samples, Batch):
@@ -267,12 +271,12 @@ class ExplainingCollate:
             ) from error
 
 
+@dataclass(eq=False)
 class NonEmpty:
     """Wraps a loader of unknown length: iterating it to the end without a batch raises."""
 
-    def __init__(self, loader: Iterable, role: str) -> None:
-        self.loader = loader
-        self.role = role
+    loader: Iterable
+    role: str
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.loader, name)
@@ -295,15 +299,9 @@ def _checked(loader: Iterable, role: str, batch_size: int | None, drop_last: boo
     if batches is None:
         return NonEmpty(loader, role)
     dataset = getattr(loader, "dataset", None)
-    if (
-        batches == 0
-        and not drop_last
-        and not isinstance(dataset, IterableDataset)
-        and is_map_style(dataset)
-        and len(dataset) > 0
-    ):
-        return loader  # data set smaller than the process count: this process's shard is empty
-    if batches == 0:
+    # A map-style data set smaller than the process count leaves this process's shard empty.
+    samples = is_map_style(dataset) and not isinstance(dataset, IterableDataset) and len(dataset)
+    if batches == 0 and (drop_last or not samples):
         reason = f" with batch_size={batch_size} and drop_last=True" if drop_last else ""
         raise ValueError(
             f"{role} is empty: it gives no batch{reason}, so there is nothing to "
@@ -335,15 +333,16 @@ def make_loader(
     """
     if data is None:
         raise ValueError(f"{role} is None; pass {ACCEPTED}.")
+    training = role == "train_data"
     if isinstance(data, DataLoader):
-        return _checked(_resharded(data, role, seed), role, data.batch_size, data.drop_last)
-    require_int(
-        {"train_data": "fit", "eval_data": "evaluate", "test_data": "predict"}.get(role, role),
-        "batch_size",
-        batch_size,
-    )
+        sampler = reshard(data, training, seed)
+        loader = data if sampler is None else rebuilt(data, sampler)
+        return _checked(loader, role, data.batch_size, data.drop_last)
+    method = {"train_data": "fit", "eval_data": "evaluate", "test_data": "predict"}.get(role, role)
+    require_int(method, "batch_size", batch_size)
     require_int("DataLoader", "num_workers", num_workers, minimum=0)
     dataset = as_dataset(data, role)
+    options = {"num_workers": num_workers, "collate_fn": ExplainingCollate(role)}
     if isinstance(dataset, IterableDataset):
         if distributed.world_size() > 1:
             warnings.warn(
@@ -353,44 +352,30 @@ def make_loader(
                 "same number of batches.",
                 stacklevel=3,
             )
+        generator = torch.Generator()  # not torch's global one, which the model draws from
         return NonEmpty(
-            DataLoader(
-                dataset,
-                batch_size=batch_size,
-                drop_last=drop_last,
-                num_workers=num_workers,
-                collate_fn=ExplainingCollate(role),
-                generator=torch.Generator(),
-            ),
+            DataLoader(dataset, batch_size, drop_last=drop_last, generator=generator, **options),
             role,
         )
     if len(dataset) == 0:
         raise ValueError(f"{role} is empty (0 samples); there is nothing to iterate over.")
     resident = (
-        device_resident(dataset, device, free_device_memory(device))
-        if num_workers == 0
-        else dataset
+        dataset if num_workers else device_resident(dataset, device, free_device_memory(device))
     )
-    pin_memory = device.type == "cuda" and resident is dataset  # pinned only for host data
-    dataset = resident
-    training = role == "train_data"
-    share = (
-        {"batch_sampler": distributed.train_sampler(dataset, shuffle, seed, batch_size, drop_last)}
-        if training
-        else {
-            "sampler": distributed.eval_sampler(dataset),
-            "batch_size": batch_size,
-            "drop_last": drop_last,
-        }
+    sampler = EpochBatches(
+        permutation(len(dataset), shuffle),
+        len(dataset),
+        batch_size=batch_size,
+        drop_last=drop_last,
+        seed=seed,
+        training=training,
     )
     loader = _loader(
-        dataset,
-        training=training,
-        **share,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
+        resident,
+        sampler,
+        pin_memory=device.type == "cuda" and resident is dataset,  # pinned only for host data
         persistent_workers=num_workers > 0 and not training,
-        collate_fn=ExplainingCollate(role),
+        **options,
     )
     return _checked(loader, role, batch_size, drop_last)
 
@@ -405,6 +390,7 @@ def may_draw_random_numbers(dataset: Any) -> bool:
     return bool(getattr(dataset, "draws_random_numbers", True))
 
 
+@dataclass(eq=False)
 class SeededDataset(Dataset):
     """A map-style data set whose batches load under the seed their indices carry.
 
@@ -415,16 +401,14 @@ class SeededDataset(Dataset):
     step s is taken; in worker processes on which worker got which batch,
     which starts afresh when a resumed epoch starts mid-way. Here each
     training batch's loading draws from streams seeded by (fit seed, epoch,
-    batch position, rank) alone (the seed :class:`hapi.distributed.EpochBatches`
-    tags its indices with): torch's, Python's and NumPy's generators are
-    seeded with it before the fetch, in the main process (handing torch's
-    stream back to the model afterwards) or in a worker. The same batch then
-    gets the same random numbers in a resumed run, whatever the number of
-    workers.
+    batch position, rank) alone (the seed :class:`EpochBatches` tags its
+    indices with): torch's, Python's and NumPy's generators are seeded with
+    it before the fetch, in the main process (handing torch's stream back to
+    the model afterwards) or in a worker. The same batch then gets the same
+    random numbers in a resumed run, whatever the number of workers.
     """
 
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
+    dataset: Any
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -432,65 +416,586 @@ class SeededDataset(Dataset):
     def __getitem__(self, index: Any) -> Any:
         return self.dataset[index]
 
-    def __getitems__(self, indices: list) -> Any:
-        seed = getattr(indices, "seed", None)
-        if seed is None:
-            return self._fetch(indices)
-        # A worker draws only for loading; the main process gives the model its torch stream back.
-        with seeded_streams(seed, hand_back_torch=get_worker_info() is None):
-            return self._fetch(indices)
-
-    def _fetch(self, indices: list) -> Any:
+    def __getitems__(self, indices: SeededIndices) -> Any:
         getitems = getattr(self.dataset, "__getitems__", None)
-        return getitems(indices) if getitems else [self.dataset[index] for index in indices]
+        # A worker draws only for loading; the main process gives the model its torch stream back.
+        with seeded_streams(indices.seed, hand_back_torch=get_worker_info() is None):
+            return getitems(indices) if getitems else [self.dataset[index] for index in indices]
 
 
-def _loader(dataset: Any, *, training: bool, **options: Any) -> DataLoader:
-    """The DataLoader of one role; a training one seeds each batch's loading when it may draw.
+def _loader(dataset: Any, sampler: EpochBatches, **options: Any) -> DataLoader:
+    """The DataLoader reading ``dataset`` through ``sampler``.
 
-    Every loader gets its own generator: iterating data must not draw from
-    torch's global one, which the model's dropout uses. Training workers start
-    afresh each epoch (not persistent), and each training batch that may draw
-    random numbers loads under its own seed (:class:`SeededDataset`), so a
-    resumed run gets the same random transforms.
+    Every loader gets the sampler's generator: iterating data must not draw
+    from torch's global one, which the model's dropout uses. Each training
+    batch that may draw random numbers loads under its own seed
+    (:class:`SeededDataset`), so a resumed run gets the same random transforms.
     """
-    batches = options.get("batch_sampler")
-    batches = batches if isinstance(batches, distributed.EpochBatches) else None
-    generator = batches.loader_generator if training and batches is not None else None
-    options["generator"] = generator or torch.Generator()
-    if batches is not None and batches.training and may_draw_random_numbers(dataset):
+    if sampler.training and may_draw_random_numbers(dataset):
         dataset = SeededDataset(dataset)
-    return DataLoader(dataset, **options)
+    return DataLoader(dataset, batch_sampler=sampler, generator=sampler.loader_generator, **options)
 
 
-def _resharded(loader: DataLoader, role: str, seed: int) -> DataLoader:
-    """A user's DataLoader, rebuilt with this process's share when there are several.
-
-    Kept as given on one process and where
-    :func:`hapi.distributed.reshard` says so; otherwise rebuilt (:func:`rebuilt`)
-    with the sampler that keeps its meaning.
-    """
-    training = role == "train_data"
-    share = distributed.reshard(loader, training=training, seed=seed)
-    return loader if share is None else rebuilt(loader, share, training=training)
-
-
-def rebuilt(loader: DataLoader, share: dict[str, Any], *, training: bool) -> DataLoader:
-    """``loader`` read through another sampler (``share``: DataLoader keywords that pick it),
-    with the same data set, workers, collate function, memory pinning and timeouts."""
-    dataset = loader.dataset
+def rebuilt(loader: DataLoader, sampler: EpochBatches) -> DataLoader:
+    """``loader`` read through ``sampler``, with the same data set, workers, collate function,
+    memory pinning and timeouts. Training workers start afresh each epoch (not persistent)."""
     return _loader(
-        dataset.dataset if isinstance(dataset, SeededDataset) else dataset,
-        training=training,
-        **share,
+        loader.dataset,
+        sampler,
         num_workers=loader.num_workers,
         collate_fn=loader.collate_fn,
         pin_memory=loader.pin_memory,
         timeout=loader.timeout,
         worker_init_fn=loader.worker_init_fn,
-        persistent_workers=loader.persistent_workers and not training,
+        persistent_workers=loader.persistent_workers and not sampler.training,
         prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
     )
+
+
+# -- which samples each process reads -------------------------------------------------------
+#
+# No collective call here: every process computes its own share from the same seed, rank and
+# world size (and, for a user's sampler, the same stream drawn under the same seed).
+
+
+class SeededIndices(list):
+    """One batch's sample indices, with the seed its loading draws from (:class:`SeededDataset`)."""
+
+    seed: int
+
+
+@dataclass(eq=False)
+class EpochBatches(Sampler[list]):
+    """The batch sampler of every loader torch-hapi builds: this process's batches.
+
+    Each epoch's *stream* -- the order of its units, sample indices or whole
+    batches of a user's batch sampler -- is drawn once, alike on every
+    process, by ``draw(seed, epoch)``. Process r of N reads units r, r+N, ...
+    of the stream (padded with its first units to a multiple of N, so every
+    process runs as many steps, as ``DistributedSampler`` does), in batches of
+    ``batch_size`` units (``None``: each unit is a batch). Together the N
+    processes' k-th batches are then the stream's k-th N*b units, as one
+    process at batch N*b reads them; after k steps the stream's first k*N*b
+    units are done, whatever N. A checkpoint keeps the rest of the stream
+    (:meth:`state`); :meth:`resume` serves it in the next pass, split over
+    the processes there are then, and each remaining unit is read once.
+
+    Each batch carries the seed its loading draws from, made from (seed,
+    epoch, position of the batch in the epoch, rank), so a resumed run loads
+    its batches with the random numbers the uninterrupted run drew.
+
+    Evaluation shares (``training=False``) are contiguous and unpadded: no
+    unit twice, and predictions gathered in rank order come back in stream
+    order. Their stream is drawn at every pass.
+
+    ``num_replicas`` and ``rank`` default to the job's.
+    """
+
+    draw: Callable[[int, int], list]
+    units: int  # the stream's length in a new epoch
+    _: KW_ONLY
+    batch_size: int | None
+    drop_last: bool = False
+    seed: int = 0
+    training: bool = True
+    num_replicas: int | None = None  # None: the job's
+    rank: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_replicas is None:
+            self.num_replicas = group.world_size()
+        if self.rank is None:
+            self.rank = group.rank()
+        # The DataLoader draws its workers' base seed from this generator, not torch's global
+        # one: iterating the data never shifts the numbers the model draws (dropout), and a
+        # resumed epoch gets the same worker seeds.
+        self.loader_generator = torch.Generator()
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """A new epoch: its stream is drawn at the next pass."""
+        self.epoch, self.first_position, self.length = epoch, 0, self.units
+        self._stream: list | None = None
+        self._padding: list | None = None  # units that pad the stream (a resumed one's head)
+        self.loader_generator.manual_seed(mix(self.seed, epoch))
+
+    def resume(self, epoch: int, rest: list, padding: list, position: int) -> None:
+        """Serve ``rest`` of epoch ``epoch``'s stream in the next pass, its first batch at
+        ``position`` of the epoch, padded from ``padding`` (the stream's first units)."""
+        self.set_epoch(epoch)
+        self._stream, self._padding, self.first_position = list(rest), list(padding), position
+        self.length = len(rest)
+
+    def stream(self) -> list:
+        """This epoch's stream (what is left of it, in a resumed epoch)."""
+        if self._stream is None or not self.training:
+            self._stream = self.draw(self.seed, self.epoch)
+            if len(self._stream) != self.length:
+                raise DistributedSetupError(
+                    f"The DataLoader's sampler says it has {self.length} items (__len__) but "
+                    f"yielded {len(self._stream)}; torch-hapi splits its items across "
+                    f"{self.num_replicas} processes by that length. Make __len__ match what "
+                    "__iter__ yields."
+                )
+        return self._stream
+
+    def _contiguous(self, length: int) -> slice:
+        """An evaluation share: sizes differ by at most one, and the shares in rank order
+        give back the whole, in order."""
+        base, extra = divmod(length, self.num_replicas)
+        start = self.rank * base + min(self.rank, extra)
+        return slice(start, start + base + (self.rank < extra))
+
+    def _share(self, stream: list) -> list:
+        if not self.training:
+            return stream[self._contiguous(len(stream))]
+        pool = (stream if self._padding is None else self._padding + stream) or [None]
+        padded = stream + [pool[i % len(pool)] for i in range(-len(stream) % self.num_replicas)]
+        return padded[self.rank :: self.num_replicas]
+
+    def __iter__(self) -> Iterator[list]:
+        share, size = self._share(self.stream()), self.batch_size
+        batches = (
+            share if size is None else [share[i : i + size] for i in range(0, len(share), size)]
+        )
+        if size is not None and self.drop_last and batches and len(batches[-1]) < size:
+            batches.pop()
+        for position, batch in enumerate(batches, start=self.first_position):
+            tagged = SeededIndices(batch)
+            tagged.seed = mix(self.seed, self.epoch, position, self.rank)
+            yield tagged
+
+    def __len__(self) -> int:
+        if self.training:
+            share = -(-self.length // self.num_replicas)
+        else:
+            share = len(range(self.length)[self._contiguous(self.length)])
+        if self.batch_size is None:
+            return share
+        return share // self.batch_size if self.drop_last else -(-share // self.batch_size)
+
+    def state(self, batches: int) -> dict[str, Any]:
+        """What is left of the epoch's stream after ``batches`` steps of this pass, and the
+        units that pad it (what :meth:`resume` takes)."""
+        stream = self.stream()
+        done = batches * self.num_replicas * (self.batch_size or 1)
+        padding = stream if self._padding is None else self._padding
+        return {"rest": stream[done:], "padding": padding[: self.num_replicas]}
+
+
+def permutation(length: int, shuffle: bool) -> Callable[[int, int], list]:
+    """The stream of torch-hapi's own order: a permutation of ``range(length)`` seeded by
+    (seed, epoch), as ``DistributedSampler`` draws it; ``range(length)`` without shuffling."""
+
+    def draw(seed: int, epoch: int) -> list:
+        if not shuffle:
+            return list(range(length))
+        return torch.randperm(
+            length, generator=torch.Generator().manual_seed(seed + epoch)
+        ).tolist()
+
+    return draw
+
+
+def user_stream(source: Any) -> Callable[[int, int], list]:
+    """The stream of a user's (batch) sampler: drawn under random streams seeded by (seed,
+    epoch), so that every process draws the same one."""
+
+    def draw(seed: int, epoch: int) -> list:
+        if hasattr(source, "set_epoch"):
+            source.set_epoch(epoch)
+        with seeded_streams(mix(seed, epoch, 0x5A3)):
+            return list(source)
+
+    return draw
+
+
+def _length(sampler: Any, what: str) -> int:
+    try:
+        return len(sampler)
+    except TypeError:
+        raise DistributedSetupError(
+            f"The DataLoader's {what} {type(sampler).__name__} has no length, so torch-hapi "
+            f"cannot split what it yields across {group.world_size()} processes (it may never "
+            "end). Give it a __len__, or give the DataLoader a sampler that knows the rank (e.g. "
+            "DistributedSampler) and keep the same number of batches on every process."
+        ) from None
+
+
+def reshard(loader: DataLoader, training: bool, seed: int) -> EpochBatches | None:
+    """The batch sampler of this process's share of a user's DataLoader.
+
+    ``None`` keeps the loader as given: on one process, for iterable data
+    sets (they shard themselves), and for training when it already knows
+    the rank (a ``DistributedSampler``, or a batch sampler that knows epochs,
+    like Paddle's DistributedBatchSampler). Otherwise the share keeps the
+    meaning of the user's sampler:
+
+    * torch's plain orders (``SequentialSampler``, ``RandomSampler`` without
+      replacement) become a seeded shard of the whole data set, for
+      evaluation a contiguous one (no sample twice, none left out);
+    * any other sampler (``SubsetRandomSampler``, ``WeightedRandomSampler``,
+      the user's own) is kept, and the indices it yields are split across
+      the processes;
+    * a batch sampler of the user's own (not torch's ``BatchSampler``) is
+      kept whole, and its batches are split.
+
+    Raises:
+        DistributedSetupError: the sampler cannot be split (no length, or no
+            batch size where its batches must be split).
+    """
+    if group.world_size() == 1 or isinstance(loader.dataset, IterableDataset):
+        return None
+    batches = loader.batch_sampler  # None when the user turned automatic batching off
+    own_batches = loader.batch_size is None and not isinstance(batches, (BatchSampler, type(None)))
+    inner = (
+        getattr(batches, "sampler", loader.sampler) if loader.batch_size is None else loader.sampler
+    )
+    rank_aware = isinstance(inner, DistributedSampler) or hasattr(batches, "set_epoch")
+    if training and rank_aware:
+        return None
+    options = {"seed": seed, "training": training}
+    if own_batches and not rank_aware:
+        return EpochBatches(
+            user_stream(batches), _length(batches, "batch_sampler"), batch_size=None, **options
+        )
+    batch_size = loader_batch_size(loader)
+    if batches is None:
+        raise DistributedSetupError(
+            "This DataLoader was built with batch_size=None (no automatic batching), so its "
+            f"items are whole batches that torch-hapi cannot split across {group.world_size()} "
+            "processes. Give it a batch_size, or a batch_sampler (torch-hapi then deals its "
+            "batches out whole)."
+        )
+    if batch_size is None:
+        raise DistributedSetupError(
+            "This DataLoader has a rank-aware batch_sampler without a batch_size, which "
+            f"torch-hapi cannot split across {group.world_size()} processes. Give it a sampler "
+            "that knows the rank (e.g. BatchSampler(DistributedSampler(dataset), batch_size, "
+            "drop_last)), or pass the Dataset and batch_size to fit()."
+        )
+    options.update(batch_size=batch_size, drop_last=bool(getattr(batches, "drop_last", False)))
+    if rank_aware or _plain_order(inner):
+        shuffle = training and isinstance(inner, RandomSampler)
+        length = len(loader.dataset)
+        return EpochBatches(permutation(length, shuffle), length, **options)
+    return EpochBatches(user_stream(inner), _length(inner, "sampler"), **options)
+
+
+def _plain_order(sampler: Any) -> bool:
+    """torch's default orders, which a seeded shard of the whole data set reproduces."""
+    if type(sampler) is SequentialSampler:
+        return True
+    return (
+        type(sampler) is RandomSampler
+        and not sampler.replacement
+        and sampler.num_samples == len(sampler.data_source)
+    )
+
+
+def loader_batch_size(loader: Any) -> int | None:
+    """Samples per batch of a DataLoader, also when it was given a ``batch_sampler``."""
+    size = getattr(loader, "batch_size", None)
+    if size is None:
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return size if isinstance(size, int) else None
+
+
+def set_epoch(loader: Any, epoch: int) -> None:
+    """Tell the samplers which epoch starts, so each epoch reshuffles (all ranks alike)."""
+    batches = getattr(loader, "batch_sampler", None)
+    samplers = (getattr(loader, "sampler", None), batches, getattr(batches, "sampler", None))
+    for sampler in {id(s): s for s in samplers}.values():  # e.g. BatchSampler(DistributedSampler)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+
+
+def epoch_batches(loader: Any) -> EpochBatches | None:
+    """The :class:`EpochBatches` torch-hapi gave ``loader``, or ``None``."""
+    sampler = getattr(loader, "batch_sampler", None)
+    return sampler if isinstance(sampler, EpochBatches) else None
+
+
+# -- the training data of one fit: each epoch's batches, and resuming an interrupted one --
+
+KINDS = ("batches", "given", "iterable", "unknown")
+
+
+class TrainData:
+    """The batches of each epoch of one ``fit``, and the position a checkpoint records.
+
+    What decides an epoch's order is kept with every resumable checkpoint:
+
+    * a loader torch-hapi built -- over the user's data, or over a user's
+      DataLoader split across processes -- reads the batches of
+      :class:`hapi.data.EpochBatches`: the epoch's stream of sample
+      indices (or of a user's batch sampler's batches) is drawn once when the
+      epoch begins, and a checkpoint keeps what is left of it (``"batches"``).
+      A resume serves that rest, split over the processes there are now: on as
+      many, exactly the batches the uninterrupted run read, each under the same
+      loading seed; on another number, each remaining sample once.
+    * a user's DataLoader used as given (one process): torch's own iterator
+      draws the order from the global generators and those the loader and its
+      samplers keep, and a checkpoint keeps their states as they were when the
+      epoch began (``"given"``). A resume on one process replays the epoch's
+      start from them and skips the batches already trained (reading them), then
+      puts back the states of the moment of the save; on several, the epoch's
+      stream is drawn again from those states and its rest split.
+
+    Where neither can be had (an ``IterableDataset``'s stream, a rank-aware
+    sampler of the user's on another number of processes)
+    :meth:`TrainData.inexact_reason` says why, before training.
+
+    ``loader`` is what :func:`make_loader` built for this process;
+    ``given`` the user's own DataLoader, when one was passed (its samplers and
+    generators decide the order, also when ``loader`` reads a share of it).
+    ``steps`` counts the batches of the epoch being read as its steps are
+    (``None``: unknown): a resumed epoch's first step is the one it continues at.
+    """
+
+    def __init__(self, loader: Iterable, given: Any, seed: int) -> None:
+        self.loader = loader
+        self.given = given if isinstance(given, DataLoader) else None
+        self.seed = seed
+        # The generators a user's loader and its samplers keep (found once: the same objects all fit).
+        self._generators = generators_of(self.given)
+        # Samples per batch of the user's loader; None where its items are whole batches of a
+        # batch sampler of the user's own (torch's BatchSampler batches samples).
+        given = self.given
+        whole = given is None or (
+            given.batch_size is None and not isinstance(given.batch_sampler, BatchSampler)
+        )
+        self._given_size = None if whole else loader_batch_size(given)
+        iterable = self.given is None or isinstance(self.given.dataset, IterableDataset)
+        ours = epoch_batches(loader) is not None
+        self.kind = "batches" if ours else "iterable" if iterable else "given"
+        self._serve(loader, 0)
+        self._epoch_start: dict[str, Any] | None = None  # random states when this epoch began
+        self._resumed: tuple[int, Callable[[], Iterable]] | None = None  # an interrupted epoch
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        return num_batches(self.loader)
+
+    def epoch(self, epoch: int) -> Iterable:
+        """Epoch ``epoch``'s batches: all of them, or the rest of a resumed epoch."""
+        resumed, self._resumed = self._resumed, None
+        if resumed is not None and resumed[0] == epoch:
+            return resumed[1]()
+        set_epoch(self.loader, epoch)
+        if self.kind in ("given", "iterable"):  # what a resume replays the epoch from
+            self._epoch_start = self._states()
+        return self._serve(self.loader, 0)
+
+    def _serve(self, loader: Iterable, first_step: int) -> Iterable:
+        """Read ``loader`` as the epoch's batches from step ``first_step`` on."""
+        self._serving, self._first_step = loader, first_step
+        rest = exact_length(loader)
+        self.steps = None if rest is None else first_step + rest
+        return loader
+
+    def _states(self) -> dict[str, Any]:
+        return {"global": global_state(), "generators": generator_states(self._generators)}
+
+    @contextlib.contextmanager
+    def _states_at(self, start: dict[str, Any]) -> Iterator[None]:
+        """Run the block with the global generators and the loader's at ``start``; then give
+        each the state it had before."""
+        now = self._states()
+        try:
+            set_global_state(start["global"])
+            set_generator_states(self._generators, start["generators"])
+            yield
+        finally:
+            set_global_state(now["global"])
+            set_generator_states(self._generators, now["generators"])
+
+    def inexact_reason(self) -> str | None:
+        """Why a resumed epoch of this data cannot equal the uninterrupted one, or ``None``."""
+        if self.kind == "iterable":
+            return (
+                "the training data is an IterableDataset: a resumed epoch reads its stream again "
+                "from the start and drops the batches already trained, which is exact only if the "
+                "stream yields the same items in the same order again"
+            )
+        if self.kind == "given" and self.given.persistent_workers and self.given.num_workers > 0:
+            return (
+                "the DataLoader keeps its workers across epochs (persistent_workers=True), so "
+                "the random state of its workers cannot be replayed; pass "
+                "persistent_workers=False"
+            )
+        return None
+
+    def position(self, batches: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Where this epoch is after ``batches`` steps: what every process shares (rank 0's
+        is kept), and this process's own random states (each keeps its own: rank 0's
+        ``epoch_start`` is what a resume on another number of processes draws from)."""
+        sampler = epoch_batches(self._serving)  # a resumed epoch's, maybe
+        kind = "batches" if sampler is not None else self.kind
+        shared: dict[str, Any] = {"kind": kind, "world": distributed.world_size()}
+        if sampler is not None and batches:
+            shared.update(sampler.state(batches - self._first_step))
+        elif kind == "given":
+            shared["done"] = batches * (self._given_size or 1)
+        own = {"epoch_start": self._epoch_start, "generators": generator_states(self._generators)}
+        return shared, own
+
+    def resume(
+        self,
+        shared: dict[str, Any],
+        own: dict[str, Any] | None,
+        first_rank: dict[str, Any],
+        epoch: int,
+        epoch_step: int,
+    ) -> tuple[int, str, str | None]:
+        """Continue ``epoch`` where a checkpoint left it (its ``position``).
+
+        ``own`` is this process's part when the file was written by as many
+        processes as there are now (else ``None``), ``first_rank`` rank 0's.
+        Returns the step this run's epoch continues from, how (``"exact"``;
+        ``"inexact"``: replayed, but see the reason; ``"split"``: the rest of
+        the epoch split across another number of processes; ``"fresh"``: a
+        new epoch on another number of processes; ``"restart"``: the epoch
+        starts again), and the reason where it is not exact.
+        """
+        self._resumed = None  # a later file (a backup after resume_from's) wins whole
+        self._check_position(shared, own, first_rank, epoch_step)
+        sampler = epoch_batches(self.loader)
+        if sampler is not None:
+            sampler.seed = self.seed  # the interrupted run's: every later epoch is its epoch too
+        set_generator_states(self._generators, (first_rank if own is None else own)["generators"])
+        if epoch_step == 0:  # the next epoch starts afresh from the restored states
+            return 0, "exact" if own is not None else "fresh", None
+        kind = shared.get("kind", "unknown")
+        if own is not None and kind == self.kind and kind in ("given", "iterable"):
+            self._resumed = (epoch, lambda: self._replay(own, epoch, epoch_step))
+            reason = self.inexact_reason()
+            return epoch_step, "exact" if reason is None else "inexact", reason
+        rest, reason = self._rest_of(shared, first_rank.get("epoch_start"), epoch)
+        if rest is None:
+            return 0, "restart", reason
+        # As many processes, the same units: each batch as the uninterrupted run read it.
+        exact = own is not None and kind == self.kind == "batches"
+        padding, step = (shared["padding"], epoch_step) if exact else ([], 0)
+        loader = self.loader
+        if sampler is None:  # the user's loader as given: read the rest through torch-hapi's
+            drop_last = getattr(self.given.batch_sampler, "drop_last", self.given.drop_last)
+            sampler = EpochBatches(
+                lambda seed, epoch: [],
+                0,
+                batch_size=self._given_size,
+                drop_last=bool(drop_last),
+                seed=self.seed,
+            )
+            loader = rebuilt(self.given, sampler)
+        sampler.resume(epoch, rest, padding, step)
+        self._resumed = (epoch, lambda: self._serve(loader, step))
+        return step, "exact" if exact else "split", None
+
+    def _check_position(self, shared: Any, own: Any, first_rank: Any, epoch_step: int) -> None:
+        """Refuse a position no run writes before any of it is used (it is used batches later).
+
+        Raises:
+            ValueError: naming the entry and its value; each random state is set
+                once and put back, so that one of another layout fails here.
+        """
+        kind = shared.get("kind", "unknown")
+        if kind not in KINDS:
+            raise ValueError(f"'kind' is {kind!r}, not one of {KINDS}")
+        for name, least, what in (("world", 1, "processes"), ("done", 0, "samples or batches")):
+            value = shared.get(name, least)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name!r} is {value!r}, not a count of {what}")
+        try:
+            length = len(getattr(self.given or self.loader, "dataset", None))
+        except TypeError:  # an IterableDataset: no index to check
+            length = None
+        for name in ("rest", "padding"):  # sample indices, or batches of them
+            units = shared.get(name, [])
+            if not isinstance(units, list):
+                raise ValueError(
+                    f"{name!r} is {type(units).__name__}, not a list of sample indices"
+                )
+            if len({isinstance(unit, list) for unit in units}) > 1:
+                raise ValueError(f"{name!r} mixes sample indices and batches of them")
+            for index in itertools.chain(*(u if isinstance(u, list) else [u] for u in units)):
+                if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+                    raise ValueError(f"{name!r} holds {index!r}, not a sample index")
+                if length is not None and index >= length:
+                    raise ValueError(f"{name!r} holds {index}, beyond the data's {length} samples")
+        if "rest" in shared and "padding" not in shared:
+            raise ValueError("'padding' is missing beside 'rest'")
+        if own is not None and self.steps is not None and epoch_step > self.steps:
+            raise ValueError(
+                f"'epoch_step' is {epoch_step}, beyond the epoch's {self.steps} batches"
+            )
+        now = global_state()
+        for part in (own, first_rank):
+            if part:
+                for state in (part.get("epoch_start"), {"global": now, **part}):
+                    if state is not None:
+                        with self._states_at(state):
+                            pass
+
+    def _replay(self, own: dict[str, Any], epoch: int, epoch_step: int) -> Iterable:
+        """The same world, the user's loader as given: its epoch replayed from the random states
+        it began with, the first ``epoch_step`` batches read and dropped, then the states of
+        the save."""
+        set_epoch(self.loader, epoch)
+        self._serve(self.loader, 0)
+        self._epoch_start = own["epoch_start"]
+        with self._states_at(own["epoch_start"]):
+            iterator = iter(self.loader)
+            for _ in range(epoch_step):
+                next(iterator)
+        set_generator_states(self._generators, own["generators"])
+        return iterator
+
+    def _rest_of(
+        self, shared: dict[str, Any], start: dict[str, Any] | None, epoch: int
+    ) -> tuple[list | None, str | None]:
+        """What is left of the interrupted epoch's stream, as the run that wrote ``shared``
+        read it (from the random states ``start`` it began with), or why it cannot be had."""
+        kind = shared.get("kind", "unknown")
+        if kind == "batches":
+            if "rest" not in shared:
+                return None, "the checkpoint does not say how far its run read the epoch"
+            return self._in_units(shared["rest"])
+        if kind == "given" and self.given is None:
+            return (
+                None,
+                "the checkpoint's run read a DataLoader of the user's, and this one has none",
+            )
+        if kind == "given" and shared.get("world", 1) > 1:
+            return None, (
+                "the DataLoader's sampler knew the rank itself, so its order cannot be split "
+                "anew on another number of processes"
+            )
+        if kind == "given" and start is not None:
+            with self._states_at(start):
+                stream = self._given_stream(epoch)
+            return self._in_units(stream[shared.get("done", 0) :])
+        return None, self.inexact_reason() or "its order cannot be split anew"
+
+    def _in_units(self, rest: list) -> tuple[list | None, str | None]:
+        """``rest`` if this run reads its units (samples, or a batch sampler's batches)."""
+        sampler = epoch_batches(self.loader)
+        whole_batches = (self._given_size if sampler is None else sampler.batch_size) is None
+        if rest and isinstance(rest[0], list) != whole_batches:
+            return None, "the checkpoint's run split the epoch into other units (batches, samples)"
+        return rest, None
+
+    def _given_stream(self, epoch: int) -> list:
+        """The stream of the user's loader as torch's DataLoader iterator draws it: the
+        workers' base seed, then the sampler's order; in samples when it batches them."""
+        given = self.given
+        set_epoch(given, epoch)
+        torch.empty((), dtype=torch.int64).random_(generator=given.generator)
+        batches = given.batch_sampler if given.batch_sampler is not None else given.sampler
+        stream = list(batches)
+        if isinstance(batches, BatchSampler):
+            return list(itertools.chain.from_iterable(stream))
+        return stream
 
 
 def num_batches(loader: Iterable) -> int | None:
@@ -525,15 +1030,9 @@ def with_last(iterable: Iterable, length: int | None = None) -> Iterator[tuple[A
             for index, item in zip(range(length), iterable):
                 yield item, index + 1 == length
         return
-    iterator = iter(iterable)
-    try:
-        current = next(iterator)
-    except StopIteration:
-        return
-    for upcoming in iterator:
-        yield current, False
-        current = upcoming
-    yield current, True
+    end = object()
+    for item, upcoming in itertools.pairwise(itertools.chain(iterable, [end])):
+        yield item, upcoming is end
 
 
 # -- what fit decides about its data before any loader is built: batch sizes, the data seed --

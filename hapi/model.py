@@ -54,19 +54,20 @@ from hapi.batches import BatchSplitter, batch_length
 from hapi.callbacks import Callback, CallbackList, History
 from hapi.callbacks.run import callbacks_for_run
 from hapi.data import (
+    TrainData,
     as_source,
     batch_sizes,
     exact_length,
     fit_seed,
+    loader_batch_size,
     make_loader,
     num_batches,
     with_last,
 )
 from hapi.metrics import MetricSet, normalise_metrics
-from hapi.seed import streams_for_training
+from hapi.rng import streams_for_training
 from hapi.steps import Stepper, as_list, check_clipping, check_loss
 from hapi.summary import count_flops, summarize
-from hapi.train_data import TrainData
 
 DEFAULT_BATCH_SIZE = 32  # Keras' default; Paddle's is 1, which is rarely what anyone wants.
 DEFAULT_LOG_FREQ = 10  # Paddle's default.
@@ -618,7 +619,7 @@ class Model:
                 "rank": distributed.rank(),
                 "world_size": distributed.world_size(),
                 "metrics": self._metrics.names() if self._metrics else [],
-                "batch_size": distributed.loader_batch_size(loader) or batch_size,
+                "batch_size": loader_batch_size(loader) or batch_size,
                 "verbose": verbose,
                 "log_freq": log_freq,
                 "epochs": None,

@@ -9,17 +9,20 @@ assignment changes. :func:`seeded_streams` gives a block of code fresh
 streams seeded that way and hands torch's previous one back afterwards, so
 the model's own draws (dropout) are never shifted by loading.
 
-A leaf module: it imports nothing from torch-hapi.
+``hapi.seed_everything`` lives here too: one call that makes a run reproducible, with a
+stream per process (see :func:`seed_everything`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
+
+from hapi import distributed
 
 _MASK64 = 2**64 - 1
 
@@ -66,18 +69,11 @@ def seeded_streams(seed: int, hand_back_torch: bool = True) -> Iterator[None]:
 
 def global_state() -> dict[str, Any]:
     """Every global generator's state (torch, CUDA, NumPy, Python), in tensors and plain values."""
-    np_state = np.random.get_state()
-    python = random.getstate()
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": {
-            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "cached_gaussian": float(np_state[4]),
-        },
-        "python": [python[0], *python[1], python[2]],
+        "numpy": _plain(np.random.get_state(legacy=False)),
+        "python": _plain(random.getstate()),
     }
 
 
@@ -86,25 +82,25 @@ def set_global_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-    saved_np = state["numpy"]
-    np.random.set_state(
-        (
-            "MT19937",
-            saved_np["keys"].numpy().astype(np.uint32),
-            saved_np["pos"],
-            saved_np["has_gauss"],
-            saved_np["cached_gaussian"],
-        )
-    )
-    python = state["python"]
-    random.setstate((python[0], tuple(python[1:-1]), python[-1]))
+    np.random.set_state(_native(state["numpy"]))
+    random.setstate(_native(state["python"]))
 
 
 # Attributes never searched for generators: the data itself, and what is not an order.
 _NOT_SEARCHED = frozenset(
     {"dataset", "data_source", "collate_fn", "worker_init_fn", "indices", "weights"}
 )
-_GENERATORS = (torch.Generator, random.Random, np.random.RandomState, np.random.Generator)
+_STATE_ACCESS: tuple[tuple[type, Callable, Callable], ...] = (
+    (torch.Generator, torch.Generator.get_state, torch.Generator.set_state),
+    (random.Random, random.Random.getstate, random.Random.setstate),
+    (np.random.RandomState, lambda g: g.get_state(legacy=False), np.random.RandomState.set_state),
+    (
+        np.random.Generator,
+        lambda g: g.bit_generator.state,
+        lambda g, s: setattr(g.bit_generator, "state", s),
+    ),
+)
+_GENERATORS = tuple(kind for kind, _, _ in _STATE_ACCESS)
 
 
 def generators_of(root: Any, depth: int = 3) -> dict[str, Any]:
@@ -139,7 +135,7 @@ def generators_of(root: Any, depth: int = 3) -> dict[str, Any]:
 
 def generator_states(generators: dict[str, Any]) -> dict[str, Any]:
     """The states of :func:`generators_of`'s generators, in tensors and plain values."""
-    return {path: _state_of(generator) for path, generator in generators.items()}
+    return {path: _plain(_access(g)[0](g)) for path, g in generators.items()}
 
 
 def set_generator_states(generators: dict[str, Any], states: dict[str, Any]) -> None:
@@ -147,45 +143,118 @@ def set_generator_states(generators: dict[str, Any], states: dict[str, Any]) -> 
     for path, state in states.items():
         generator = generators.get(path)
         if generator is not None:
-            _set_state(generator, state)
+            _access(generator)[1](generator, _native(state))
 
 
-def _state_of(generator: Any) -> Any:
-    if isinstance(generator, torch.Generator):
-        return generator.get_state()
-    if isinstance(generator, random.Random):
-        version, internal, gauss = generator.getstate()
-        return [version, list(internal), gauss]
-    if isinstance(generator, np.random.RandomState):
-        _, keys, pos, has_gauss, cached = generator.get_state()
-        return [torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
-    return _plain_numpy(generator.bit_generator.state)
+def _access(generator: Any) -> tuple[Callable, Callable]:
+    """How to read and how to set ``generator``'s state (NumPy's legacy one as a dict)."""
+    return next((get, put) for kind, get, put in _STATE_ACCESS if isinstance(generator, kind))
 
 
-def _set_state(generator: Any, state: Any) -> None:
-    if isinstance(generator, torch.Generator):
-        generator.set_state(state)
-    elif isinstance(generator, random.Random):
-        generator.setstate((state[0], tuple(state[1]), state[2]))
-    elif isinstance(generator, np.random.RandomState):
-        keys, pos, has_gauss, cached = state
-        generator.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    else:
-        generator.bit_generator.state = _numpy_plain(state)
-
-
-def _plain_numpy(value: Any) -> Any:
-    """A NumPy bit generator's state with arrays as (tensor, dtype) pairs: loadable safely."""
+def _plain(value: Any) -> Any:
+    """A Python or NumPy generator's state as tensors, lists and numbers (arrays as (tensor,
+    dtype) pairs): what ``torch.load(weights_only=True)`` reads back."""
     if isinstance(value, np.ndarray):
         return {"array": torch.from_numpy(value.astype(np.int64)), "dtype": str(value.dtype)}
     if isinstance(value, dict):
-        return {key: _plain_numpy(item) for key, item in value.items()}
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
     return value
 
 
-def _numpy_plain(value: Any) -> Any:
+def _native(value: Any) -> Any:
+    """What :func:`_plain` was given: arrays and tuples again."""
     if isinstance(value, dict) and set(value) == {"array", "dtype"}:
         return value["array"].numpy().astype(value["dtype"])
     if isinstance(value, dict):
-        return {key: _numpy_plain(item) for key, item in value.items()}
+        return {key: _native(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return tuple(_native(item) for item in value)
     return value
+
+
+# -- hapi.seed_everything --
+#
+# ``hapi.seed_everything``: one call that makes a run reproducible, with a stream per process.
+#
+# Seeding every process alike (``torch.manual_seed(0)`` at the top of a script run by
+# torchrun) makes every process draw the same random numbers during training: a GAN's
+# ``train_step`` feeds the same noise to every copy of the generator, dropout drops the same
+# units on every rank, and the processes' batches are less independent than they look.
+# Seeding each process differently at the top (``torch.manual_seed(seed + rank)``) breaks
+# what must agree: synthetic data or a split made after seeding then differs per process, and
+# ``fit`` would shard a different data set on each.
+#
+# :func:`seed_everything` does both, each at its moment. At the call it seeds Python's, NumPy's
+# and torch's global generators (CPU and every CUDA device) alike on every process, so what
+# the script builds next -- data, splits, the network -- is the same everywhere. Then, with
+# ``per_process=True``, each ``fit`` moves every process but the first to a stream of its own,
+# mixed from (seed, rank, the how-many-th fit since seeding), before it draws anything: the
+# noise and dropout of training differ between processes and are the same run after run. The
+# first process keeps the stream it had, so one process trains exactly as a hand loop seeded
+# with ``torch.manual_seed(seed)`` does. ``fit``'s shuffling stays agreed (it is drawn on the
+# first process and sent to the others); a DataLoader's workers need nothing more (``fit``
+# loads each batch under a seed of (shuffling seed, epoch, batch, rank)). A resume puts every
+# process's saved generator states back, so it continues each stream exactly.
+
+_per_process_seed: int | None = None  # the seed of the last seed_everything(per_process=True)
+_fits_since_seeding = 0
+
+
+def seed_everything(seed: int, per_process: bool = True) -> int:
+    """Seed Python's ``random``, NumPy's and torch's global generators alike on every process.
+
+    Call it once at the top of the script, before building data and network (every
+    process runs it with the same ``seed``). A run started again with the same seed on as
+    many processes draws the same numbers on each.
+
+    Args:
+        seed: the run's seed, an integer from 0 to 2**63 - 1.
+        per_process: give every process its own stream for training (the default): each
+            ``fit`` moves every process but the first to a stream mixed from (seed, rank,
+            fit number), so the noise a ``train_step`` of your own draws and the units
+            dropout drops differ between processes. ``False`` leaves every process on the
+            same stream, as Lightning's ``seed_everything`` does.
+
+    Returns:
+        ``seed``: what every process's generators got (NumPy's: its low 32 bits).
+
+    Raises:
+        TypeError: ``seed`` is not an integer.
+        ValueError: ``seed`` is negative or does not fit in 63 bits.
+    """
+    global _per_process_seed, _fits_since_seeding
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(
+            f"seed_everything(seed) needs an integer seed; received {type(seed).__name__} "
+            f"{seed!r}. Pass e.g. hapi.seed_everything(42)."
+        )
+    seed = int(seed)
+    if not 0 <= seed < 2**63:
+        raise ValueError(
+            f"seed_everything(seed) takes a seed from 0 to 2**63 - 1; received {seed}. Pass a "
+            "non-negative integer that fits in 63 bits."
+        )
+    _seed_generators(seed)
+    _per_process_seed = seed if per_process else None
+    _fits_since_seeding = 0
+    return seed
+
+
+def streams_for_training() -> None:
+    """At the start of ``fit``: after ``seed_everything(per_process=True)``, every process but
+    the first moves to a stream of its own for this fit (see the comment above
+    :func:`seed_everything`)."""
+    global _fits_since_seeding
+    if _per_process_seed is None:
+        return
+    _fits_since_seeding += 1  # counted on every process alike: each fit has its own streams
+    rank = distributed.rank()
+    if rank != 0:
+        _seed_generators(mix(_per_process_seed, rank, _fits_since_seeding))
+
+
+def _seed_generators(seed: int) -> None:
+    seed_python_and_numpy(seed)
+    torch.manual_seed(seed)  # every CUDA device's generator too

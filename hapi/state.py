@@ -140,7 +140,7 @@ def _fit_state(model: Any, rng: dict[str, Any]) -> dict[str, Any]:
 
     Random streams and running sums differ between processes, so each rank's
     are kept and each resumes its own. The training data's position
-    (:meth:`hapi.train_data.TrainData.position`) is what decides the epoch's
+    (:meth:`hapi.data.TrainData.position`) is what decides the epoch's
     order and how far the epoch went into it, which a resume on another
     number of processes continues from, and each process's random states at
     the epoch's start, which a resume on as many replays.
@@ -548,7 +548,7 @@ def _restore_step_state(model: Any, own: dict[str, Any] | None, file: str) -> No
 def _warn_resume(file: str, saved_by: int, outcome: str, reason: str | None) -> None:
     """One warning when a resumed fit will not equal the uninterrupted one, saying why.
 
-    ``outcome`` is what :meth:`hapi.train_data.TrainData.resume` did.
+    ``outcome`` is what :meth:`hapi.data.TrainData.resume` did.
     """
     here = distributed.world_size()
     epoch = {

@@ -70,17 +70,6 @@ from hapi.distributed.group import (
 from hapi.distributed.group import launched_is_main as is_main
 from hapi.distributed.group import launched_rank as rank
 from hapi.distributed.group import launched_world_size as world_size
-from hapi.distributed.samplers import (
-    ContiguousShardSampler,
-    EpochBatches,
-    epoch_batches,
-    eval_sampler,
-    index_sampler,
-    loader_batch_size,
-    reshard,
-    set_epoch,
-    train_sampler,
-)
 from hapi.distributed.strategies import DDP, FSDP, Strategy, class_name
 from hapi.distributed.strategies import resolve as resolve_strategy
 

@@ -11,6 +11,7 @@ import torch
 from dist_helpers import child_env
 
 from hapi import distributed
+from hapi.data import EpochBatches, permutation
 
 
 def test_a_port_in_use_names_the_address_and_the_fix():
@@ -78,6 +79,20 @@ def test_an_incomplete_environment_says_what_is_missing(monkeypatch):
 
 
 def test_contiguous_eval_shards_cover_every_sample_once():
-    shards = [list(distributed.ContiguousShardSampler(1001, 3, r)) for r in range(3)]
+    shards = [
+        [
+            i
+            for batch in EpochBatches(
+                permutation(1001, False),
+                1001,
+                batch_size=500,
+                training=False,
+                num_replicas=3,
+                rank=r,
+            )
+            for i in batch
+        ]
+        for r in range(3)
+    ]
     assert [len(s) for s in shards] == [334, 334, 333]
     assert sum(shards, []) == list(range(1001))

@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 from torch.utils.data import Sampler
 
-from hapi.distributed.samplers import EpochBatches, permutation, user_stream
+from hapi.data import EpochBatches, permutation, user_stream
 
 WORLDS = [2, 3, 4]
 LENGTHS = [1, 2, 3, 4, 5, 6, 7, 10, 11, 13]
@@ -129,8 +129,8 @@ def test_evaluating_with_a_rank_aware_batch_sampler_without_drop_last(monkeypatc
     drop_last is read for evaluation in samples, none dropped."""
     import torch
 
+    from hapi.data import reshard
     from hapi.distributed import group
-    from hapi.distributed.samplers import reshard
 
     class EpochAwareBatches:
         batch_size = 2
@@ -149,5 +149,5 @@ def test_evaluating_with_a_rank_aware_batch_sampler_without_drop_last(monkeypatc
     dataset = torch.utils.data.TensorDataset(torch.arange(5))
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=EpochAwareBatches())
     share = reshard(loader, training=False, seed=0)
-    assert share["batch_size"] == 2 and share["drop_last"] is False
-    assert list(share["sampler"]) == [3, 4]
+    assert share.batch_size == 2 and share.drop_last is False
+    assert list(share) == [[3, 4]]

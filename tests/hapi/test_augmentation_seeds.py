@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from hapi import Model
-from hapi.distributed import EpochBatches
+from hapi.data import EpochBatches
 
 SAMPLES = 8
 BATCH = 4

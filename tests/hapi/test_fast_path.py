@@ -6,10 +6,16 @@ import torch
 from idx_files import make_mnist_dir
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from hapi import distributed
-from hapi.data import Batch, ExplainingCollate, TensorBatches, make_loader
+from hapi.data import (
+    Batch,
+    EpochBatches,
+    ExplainingCollate,
+    TensorBatches,
+    make_loader,
+    permutation,
+    set_epoch,
+)
 from hapi.datasets import FashionMNIST
-from hapi.distributed.samplers import permutation
 
 
 class PerSample(Dataset):
@@ -30,7 +36,7 @@ class PerSample(Dataset):
 def _epochs(loader, epochs=2):
     batches = []
     for epoch in range(epochs):
-        distributed.set_epoch(loader, epoch)
+        set_epoch(loader, epoch)
         batches.append([tuple(t.clone() for t in batch) for batch in loader])
     return batches
 
@@ -81,7 +87,7 @@ def test_each_rank_gets_its_shard_as_whole_batches():
     data = TensorBatches(x, torch.arange(20))
     seen = []
     for rank in (0, 1):
-        batches = distributed.EpochBatches(
+        batches = EpochBatches(
             permutation(20, True), 20, batch_size=4, seed=5, num_replicas=2, rank=rank
         )
         loader = DataLoader(data, batch_sampler=batches, collate_fn=ExplainingCollate("train_data"))

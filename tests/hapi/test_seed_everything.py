@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import hapi
-from hapi import seed as seed_module
-from hapi.rng import mix
+from hapi.rng import mix, streams_for_training
 
 
 def _draws():
@@ -39,9 +38,9 @@ def test_every_rank_is_seeded_alike_and_fit_moves_the_others_to_their_own_stream
     random.seed(123)
     assert made == _draws()  # the same on rank 0 and rank 1: the script's data agrees
 
-    seed_module.streams_for_training()  # what fit does first
+    streams_for_training()  # what fit does first
     first_fit = _draws()
-    seed_module.streams_for_training()  # a second fit gets streams of its own
+    streams_for_training()  # a second fit gets streams of its own
     second_fit = _draws()
     torch.manual_seed(mix(123, 1, 1))
     np.random.seed(mix(123, 1, 1) & 0xFFFFFFFF)
@@ -50,11 +49,11 @@ def test_every_rank_is_seeded_alike_and_fit_moves_the_others_to_their_own_stream
 
     hapi.seed_everything(123)  # seeding again starts the count again: the same run again
     _draws()
-    seed_module.streams_for_training()
+    streams_for_training()
     assert _draws() == first_fit
 
     hapi.seed_everything(123, per_process=False)
-    seed_module.streams_for_training()  # nothing moves: every process on one stream
+    streams_for_training()  # nothing moves: every process on one stream
     alike = _draws()
     torch.manual_seed(123)
     np.random.seed(123)

@@ -1,4 +1,4 @@
-"""hapi/train_data.py: the position a checkpoint keeps of an epoch, and resuming from it.
+"""hapi/data.py's TrainData: the position a checkpoint keeps of an epoch, and resuming from it.
 
 Driven directly (no fit, no files): an epoch read part-way, its position taken as a
 checkpoint takes it, and a new ``TrainData`` of the same data resumed from it, as the
@@ -11,8 +11,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from hapi.data import make_loader
-from hapi.train_data import TrainData
+from hapi.data import TrainData, make_loader
 
 
 class Stream(IterableDataset):
