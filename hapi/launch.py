@@ -202,7 +202,6 @@ def spawn(
         )
     run_id = f"hapi-{uuid.uuid4().hex[:8]}"
     redirect = {"redirects": Std.ALL, "tee": {0: Std.ALL}} if log_dir else {}
-    logs = DefaultLogsSpecs(log_dir=log_dir or os.devnull, **redirect)
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -214,7 +213,7 @@ def spawn(
         max_restarts=0,
         monitor_interval=0.1,
         start_method=start_method,
-        logs_specs=logs,
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir or os.devnull, **redirect),
         shutdown_timeout=5,
     )
     updates = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}

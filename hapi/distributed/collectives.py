@@ -172,8 +172,6 @@ def gather_in_order(per_output: list[list[Any]]) -> list[list[Any]]:
 
     One collective, called by every process, also those whose shard was empty.
     """
-    if world_size() == 1:
-        return per_output
     ranks = [outputs for outputs in gather_objects(per_output) if outputs]
     if not ranks:
         return []
