@@ -87,19 +87,16 @@ def selected_units(network: nn.Module, wrap: Any) -> list[nn.Module]:
     """
     classes = check_wrap(wrap)
     if wrap is None:
-        chosen = [child for child in network.children() if any(True for _ in child.parameters())]
+        chosen = [(n, m) for n, m in network.named_children() if any(True for _ in m.parameters())]
     else:
         chosen = [
-            m
-            for m in network.modules()
-            if m is not network and (wrap(m) if classes is None else isinstance(m, classes))
+            (n, m)
+            for n, m in network.named_modules()
+            if n and (wrap(m) if classes is None else isinstance(m, classes))  # not the root
         ]
-    shared = {id(m): names for m in chosen if (names := _shared_outside(network, m))}
+    shared = {n: names for n, m in chosen if (names := _shared_outside(network, m))}
     if shared and wrap is not None:
-        where = {id(m): name for name, m in network.named_modules(remove_duplicate=False)}
-        listed = "; ".join(
-            f"{where[key]!r} shares {', '.join(names)}" for key, names in shared.items()
-        )
+        listed = "; ".join(f"{n!r} shares {', '.join(names)}" for n, names in shared.items())
         warnings.warn(
             f"hapi.FSDP(wrap={wrap!r}) selected module(s) whose parameters are also used "
             f"outside them ({listed}). FSDP needs a shared parameter in one unit, so these "
@@ -107,7 +104,7 @@ def selected_units(network: nn.Module, wrap: Any) -> list[nn.Module]:
             "(the whole network's at worst). To shard them separately, untie the parameters.",
             stacklevel=4,
         )
-    return _children_first(network, [m for m in chosen if id(m) not in shared])
+    return _children_first(network, [m for n, m in chosen if n not in shared])
 
 
 def _shared_outside(network: nn.Module, module: nn.Module) -> list[str]:
@@ -162,7 +159,7 @@ def shard(
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     sync_from_main(network, parameters=True)  # one starting model, whatever each rank initialised
-    saved_optimizer = optimizer.state_dict() if optimizer is not None and optimizer.state else None
+    saved_optimizer = optimizer.state_dict() if optimizer is not None else None
     options: dict[str, Any] = {
         "mesh": init_device_mesh(device.type, (world_size(),)),
         "reshard_after_forward": reshard_after_forward,
@@ -184,9 +181,7 @@ def shard(
         current = dict(network.named_parameters())
         for group in optimizer.param_groups:
             group["params"] = [current[names[id(p)]] for p in group["params"]]
-        optimizer.state.clear()
-        if saved_optimizer is not None:
-            load_optimizer_state(network, optimizer, saved_optimizer)
+        load_optimizer_state(network, optimizer, saved_optimizer)  # its state, on the shards
     return network
 
 
