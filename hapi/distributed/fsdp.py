@@ -250,6 +250,8 @@ def _full_tensors(state: dict[str, Any], keep: bool) -> dict[str, Any]:
 def _shards_like(current: dict[str, Any], full: dict[str, Any]) -> dict[str, Any]:
     """``full``, each tensor whose key names a DTensor in ``current`` cut as that one is: this
     process's slice, with no communication."""
+    if not any(_is_dtensor(value) for value in current.values()):
+        return full  # and DTensor is not imported (see above)
     from torch.distributed.tensor import distribute_tensor
 
     return {
