@@ -19,8 +19,8 @@ inherit ``fn`` as it is in memory.
 
 from __future__ import annotations
 
-import glob
 import os
+import pathlib
 import signal
 import sys
 import tempfile
@@ -174,8 +174,7 @@ def spawn(
     if not callable(fn):
         raise TypeError(f"spawn needs a function to run; received {type(fn).__name__}.")
     if os.environ.get(_ERROR_DIR):  # a child importing the script: tell the parent why
-        with open(os.path.join(os.environ[_ERROR_DIR], "unguarded"), "w") as handle:
-            handle.write(_UNGUARDED)
+        pathlib.Path(os.environ[_ERROR_DIR], "unguarded").write_text(_UNGUARDED)
         raise RuntimeError(f"hapi.spawn in a process it started: {_UNGUARDED}")
     from unittest import mock
 
@@ -203,7 +202,6 @@ def spawn(
         )
     run_id = f"hapi-{uuid.uuid4().hex[:8]}"
     redirect = {"redirects": Std.ALL, "tee": {0: Std.ALL}} if log_dir else {}
-    logs = DefaultLogsSpecs(log_dir=log_dir or os.devnull, **redirect)
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -215,7 +213,7 @@ def spawn(
         max_restarts=0,
         monitor_interval=0.1,
         start_method=start_method,
-        logs_specs=logs,
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir or os.devnull, **redirect),
         shutdown_timeout=5,
     )
     updates = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
@@ -260,8 +258,8 @@ def _run_child(fn: Callable[..., Any], args: tuple) -> Any:
         from hapi import distributed
 
         distributed.note_failure()  # multiprocessing catches it: sys.excepthook never sees it
-        with open(os.path.join(error_dir, f"error.{os.environ.get('RANK', '0')}"), "w") as handle:
-            handle.write(traceback.format_exc())
+        report = pathlib.Path(error_dir, f"error.{os.environ.get('RANK', '0')}")
+        report.write_text(traceback.format_exc())
         raise
 
 
@@ -272,26 +270,21 @@ def _failure_report(
     if os.path.exists(os.path.join(error_dir, "unguarded")):
         return f"hapi.spawn could not start its {count} processes: {_UNGUARDED}"
     where = ""
-    if log_dir and logs:
-        where = f" Each process's output is in {', '.join(logs.values())}."
-    elif log_dir:
+    if log_dir:
         where = (
-            f" No process wrote anything to {log_dir}: they died before their output could "
-            "go there."
+            f" Each process's output is in {', '.join(logs.values())}."
+            if logs
+            else f" No process wrote anything to {log_dir}: they died before their output "
+            "could go there."
         )
     # The first report written is the root cause; later ones are ranks that
     # lost their peer ("Connection closed by peer") because of it.
-    reports = sorted(
-        (name for name in os.listdir(error_dir) if name.startswith("error.")),
-        key=lambda name: os.stat(os.path.join(error_dir, name)).st_mtime_ns,
-    )
+    reports = sorted(pathlib.Path(error_dir).glob("error.*"), key=lambda p: p.stat().st_mtime_ns)
     if reports:
-        rank = reports[0].split(".", 1)[1]
-        with open(os.path.join(error_dir, reports[0])) as handle:
-            return (
-                f"Process {rank} of {count} started by hapi.spawn raised an error; the other "
-                f"processes were stopped.{where}\n{handle.read().rstrip()}"
-            )
+        return (
+            f"Process {reports[0].suffix[1:]} of {count} started by hapi.spawn raised an error; "
+            f"the other processes were stopped.{where}\n{reports[0].read_text().rstrip()}"
+        )
     rank, failure = error.get_first_failure()
     output = f"in {logs[str(rank)]}" if str(rank) in logs else "above"
     hint = (  # forked: nothing was imported, the cause is in fn or what it ran
@@ -318,19 +311,13 @@ def _name_worker_logs(log_dir: str, run_id: str) -> dict[str, str]:
     from hapi.checkpoint import files
 
     written = {}  # rank -> its workerlog, when this run added output to it (not an earlier run)
-    run_dirs = glob.glob(os.path.join(glob.escape(log_dir), f"{run_id}_*"))
-    sources = [
-        p for d in run_dirs for p in glob.glob(os.path.join(d, "attempt_*", "*", "std*.log"))
-    ]
-    for source in sorted(sources, key=lambda path: (os.path.dirname(path), "stderr" in path)):
-        rank = os.path.basename(os.path.dirname(source))
-        target = os.path.join(log_dir, f"workerlog.{rank}")
-        with (
-            open(source, encoding="utf-8", errors="replace") as part,
-            open(target, "a", encoding="utf-8") as log,
-        ):
-            if log.write(part.read()):
-                written[rank] = target
+    run_dirs = list(pathlib.Path(log_dir).glob(f"{run_id}_*"))
+    sources = [path for run_dir in run_dirs for path in run_dir.glob("attempt_*/*/std*.log")]
+    for source in sorted(sources, key=lambda path: (path.parent, path.name == "stderr.log")):
+        target = os.path.join(log_dir, f"workerlog.{source.parent.name}")
+        with open(target, "a", encoding="utf-8") as log:
+            if log.write(source.read_text(encoding="utf-8", errors="replace")):
+                written[source.parent.name] = target
     for run_dir in run_dirs:
         for directory, _, _ in os.walk(run_dir, topdown=False):
             files.remove_empty_directory(directory)

@@ -63,13 +63,9 @@ def broadcast_bytes(payload: bytes | None, source: int = 0) -> bytes | None:
     if total < 0:
         return None
     received = bytearray(payload if sending else total)
+    whole = torch.frombuffer(received, dtype=torch.uint8) if total else None
     for start in range(0, total, _BROADCAST_PIECE_BYTES):
-        piece = torch.frombuffer(
-            received,
-            dtype=torch.uint8,
-            offset=start,
-            count=min(_BROADCAST_PIECE_BYTES, total - start),
-        )
+        piece = whole[start : start + _BROADCAST_PIECE_BYTES]
         on_device = _broadcast(piece, source)
         if not sending and on_device is not piece:
             piece.copy_(on_device)
@@ -176,8 +172,6 @@ def gather_in_order(per_output: list[list[Any]]) -> list[list[Any]]:
 
     One collective, called by every process, also those whose shard was empty.
     """
-    if world_size() == 1:
-        return per_output
     ranks = [outputs for outputs in gather_objects(per_output) if outputs]
     if not ranks:
         return []
@@ -197,8 +191,7 @@ def average_gradients(parameters: list[torch.Tensor]) -> None:
     """
     if world_size() == 1 or not parameters:
         return
-    present = torch.tensor([float(p.grad is not None) for p in parameters], dtype=torch.float64)
-    present = all_reduce_sum(present)
+    present = all_reduce_sum(torch.tensor([float(p.grad is not None) for p in parameters]))
     used = [p for p, count in zip(parameters, present.tolist()) if count > 0]
     for parameter in used:
         if parameter.grad is None:

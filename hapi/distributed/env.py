@@ -252,9 +252,8 @@ def tasks_per_node(text: str) -> list[int]:
 
 def first_host(node_list: str) -> str:
     """The first host of a Slurm node list: ``"gpu[03-05,9],cpu1"`` -> ``"gpu03"``."""
-    match = re.match(r"([^,\[]*)(?:\[([^\]]*)\])?([^,]*)", node_list.strip())
-    prefix, ranges, suffix = match.groups() if match else (node_list, None, "")
-    if not ranges:
-        return prefix + suffix
-    first = ranges.split(",")[0].split("-")[0]
-    return prefix + first + suffix
+    # Every part of the pattern is optional: it matches any text.
+    prefix, ranges, suffix = re.match(
+        r"([^,\[]*)(?:\[([^\]]*)\])?([^,]*)", node_list.strip()
+    ).groups()
+    return prefix + (ranges or "").split(",")[0].split("-")[0] + suffix

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -34,12 +34,12 @@ from torch import nn
 from hapi.distributed.collectives import sync_from_main
 from hapi.distributed.ddp import unwrap
 from hapi.distributed.env import DistributedSetupError
-from hapi.distributed.group import world_size
+from hapi.distributed.group import rank, world_size
 
 _NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
 
 
-# torch's FSDP2, its state-dict helpers and DTensor are imported where they are used: together
+# torch's FSDP2 and DTensor are imported where they are used: together
 # they cost about a second at import (DTensor brings sympy), paid by every process of every run,
 # and most runs never shard. A run that never imported them holds no DTensor and no FSDP module,
 # which is what the two checks below rely on.
@@ -87,19 +87,16 @@ def selected_units(network: nn.Module, wrap: Any) -> list[nn.Module]:
     """
     classes = check_wrap(wrap)
     if wrap is None:
-        chosen = [child for child in network.children() if any(True for _ in child.parameters())]
+        chosen = [(n, m) for n, m in network.named_children() if any(True for _ in m.parameters())]
     else:
         chosen = [
-            m
-            for m in network.modules()
-            if m is not network and (wrap(m) if classes is None else isinstance(m, classes))
+            (n, m)
+            for n, m in network.named_modules()
+            if n and (wrap(m) if classes is None else isinstance(m, classes))  # not the root
         ]
-    shared = {id(m): names for m in chosen if (names := _shared_outside(network, m))}
+    shared = {n: names for n, m in chosen if (names := _shared_outside(network, m))}
     if shared and wrap is not None:
-        where = {id(m): name for name, m in network.named_modules(remove_duplicate=False)}
-        listed = "; ".join(
-            f"{where[key]!r} shares {', '.join(names)}" for key, names in shared.items()
-        )
+        listed = "; ".join(f"{n!r} shares {', '.join(names)}" for n, names in shared.items())
         warnings.warn(
             f"hapi.FSDP(wrap={wrap!r}) selected module(s) whose parameters are also used "
             f"outside them ({listed}). FSDP needs a shared parameter in one unit, so these "
@@ -107,7 +104,7 @@ def selected_units(network: nn.Module, wrap: Any) -> list[nn.Module]:
             "(the whole network's at worst). To shard them separately, untie the parameters.",
             stacklevel=4,
         )
-    return _children_first(network, [m for m in chosen if id(m) not in shared])
+    return _children_first(network, [m for n, m in chosen if n not in shared])
 
 
 def _shared_outside(network: nn.Module, module: nn.Module) -> list[str]:
@@ -162,7 +159,7 @@ def shard(
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     sync_from_main(network, parameters=True)  # one starting model, whatever each rank initialised
-    saved_optimizer = optimizer.state_dict() if optimizer is not None and optimizer.state else None
+    saved_optimizer = optimizer.state_dict() if optimizer is not None else None
     options: dict[str, Any] = {
         "mesh": init_device_mesh(device.type, (world_size(),)),
         "reshard_after_forward": reshard_after_forward,
@@ -180,14 +177,11 @@ def shard(
     for unit in [*units, network]:
         policy = MixedPrecisionPolicy() if isinstance(unit, _NORMS) else mixed
         fully_shard(unit, mp_policy=policy, **options)
-        unit._hapi_reshard_after_forward = reshard_after_forward  # restored after gathered()
     if optimizer is not None:  # its groups, moved from the replaced parameters to the shards
         current = dict(network.named_parameters())
         for group in optimizer.param_groups:
             group["params"] = [current[names[id(p)]] for p in group["params"]]
-        optimizer.state.clear()
-        if saved_optimizer is not None:
-            load_optimizer_state(network, optimizer, saved_optimizer)
+        load_optimizer_state(network, optimizer, saved_optimizer)  # its state, on the shards
     return network
 
 
@@ -238,6 +232,12 @@ def gather_state_dict(network: nn.Module, keep: bool) -> dict[str, torch.Tensor]
     state = unwrap(network).state_dict()
     if not any(_is_dtensor(value) for value in state.values()):
         return state
+    return _full_tensors(state, keep)
+
+
+def _full_tensors(state: dict[str, Any], keep: bool) -> dict[str, Any]:
+    """``state`` with each DTensor shard gathered into its full tensor (a collective), all on
+    the CPU; empty unless ``keep``."""
     full = {}
     for key, value in state.items():
         if _is_dtensor(value):
@@ -245,6 +245,23 @@ def gather_state_dict(network: nn.Module, keep: bool) -> dict[str, torch.Tensor]
         if keep:
             full[key] = value.cpu() if torch.is_tensor(value) else value
     return full
+
+
+def _shards_like(current: dict[str, Any], full: dict[str, Any]) -> dict[str, Any]:
+    """``full``, each tensor whose key names a DTensor in ``current`` cut as that one is: this
+    process's slice, with no communication."""
+    if not any(_is_dtensor(value) for value in current.values()):
+        return full  # and DTensor is not imported (see above)
+    from torch.distributed.tensor import distribute_tensor
+
+    return {
+        key: distribute_tensor(
+            value, current[key].device_mesh, current[key].placements, src_data_rank=None
+        )
+        if _is_dtensor(current.get(key)) and not _is_dtensor(value)
+        else value
+        for key, value in full.items()
+    }
 
 
 def load_full_state_dict(
@@ -269,19 +286,7 @@ def load_full_state_dict(
             tensor whose shape is not the parameter's (``load_state_dict``'s error).
     """
     network = unwrap(network)
-    current = network.state_dict()
-    if any(_is_dtensor(value) for value in current.values()):
-        from torch.distributed.tensor import distribute_tensor
-
-        state = {
-            key: distribute_tensor(
-                value, current[key].device_mesh, current[key].placements, src_data_rank=None
-            )
-            if _is_dtensor(current.get(key)) and not _is_dtensor(value)
-            else value
-            for key, value in state.items()
-        }
-    network.load_state_dict(state, strict=strict)
+    network.load_state_dict(_shards_like(network.state_dict(), state), strict=strict)
 
 
 def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
@@ -307,12 +312,8 @@ def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
             return copies[id(module)]
         cls = user_class(type(module))
         twin = copies[id(module)] = cls.__new__(cls)
-        # Not torch's composable-API state (FSDP's state and registry), nor shard()'s own note.
-        fields = {
-            k: v
-            for k, v in vars(module).items()
-            if not k.startswith("__composable_api_") and k != "_hapi_reshard_after_forward"
-        }
+        # Not torch's composable-API state (FSDP's state and registry).
+        fields = {k: v for k, v in vars(module).items() if not k.startswith("__composable_api_")}
         fields["_parameters"] = {
             k: p if p is None else copies[id(p)] for k, p in module._parameters.items()
         }
@@ -344,67 +345,46 @@ def _is_fsdp_hook(hook: Any) -> bool:
     return module.startswith("torch.distributed.fsdp")
 
 
-def _parameter_names(network: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-    """Each optimized parameter's name, in the order torch numbers them in a state dict."""
-    names = {id(p): name for name, p in network.named_parameters()}
-    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-
-
-def _renumber(state: dict[str, Any], key: Callable[[Any], Any]) -> dict[str, Any]:
-    """An optimizer state with each parameter's key (its number or its name) replaced by ``key(it)``."""
-    return {
-        "state": {key(k): value for k, value in state.get("state", {}).items()},
-        "param_groups": [
-            {**group, "params": [key(k) for k in group["params"]]}
-            for group in state.get("param_groups", [])
-        ],
-    }
-
-
 def full_optimizer_state(network: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer state in torch's plain layout (full tensors, parameters numbered), on rank 0.
 
-    ``optimizer.state_dict()`` itself unless the network is sharded and the
-    optimizer holds state (without, only the groups: the same on every process).
+    ``optimizer.state_dict()``, whose numbering is already torch's; under FSDP
+    each state tensor that is a shard is gathered (a collective) and kept, on
+    the CPU, on rank 0 alone.
     """
-    if not optimizer.state or not is_sharded(network):
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    by_name = get_optimizer_state_dict(network, optimizer, options=options)
-    numbers = {name: index for index, name in enumerate(_parameter_names(network, optimizer))}
-    return _renumber(by_name, numbers.__getitem__)
+    state = optimizer.state_dict()
+    if is_sharded(network):
+        keep = rank() == 0
+        state["state"] = {
+            index: _full_tensors(values, keep) for index, values in state["state"].items()
+        }
+    return state
 
 
 def load_optimizer_state(
     network: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
 ) -> None:
     """A plain-layout optimizer state (full tensors, on every process) into the optimizer,
-    sharded as the network is."""
-    if not is_sharded(network):
-        optimizer.load_state_dict(state)
-        return
-    names = _parameter_names(network, optimizer)
-    saved_count = sum(len(group["params"]) for group in state["param_groups"])
-    if saved_count != len(names) or len(state["param_groups"]) != len(optimizer.param_groups):
-        raise ValueError(
-            f"it holds {saved_count} parameters in {len(state['param_groups'])} group(s), "
-            f"the optimizer {len(names)} in {len(optimizer.param_groups)}"
-        )
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    by_name = _renumber(state, lambda index: names[int(index)])
-    options = StateDictOptions(full_state_dict=True)
-    set_optimizer_state_dict(network, optimizer, by_name, options=options)
+    sharded as the network is: each process keeps its own slice of every full tensor shaped
+    like its parameter, with no communication."""
+    optimizer.load_state_dict(state)
+    for parameter, values in optimizer.state.items():
+        if _is_dtensor(parameter):
+            shaped = {
+                key: parameter
+                for key, value in values.items()
+                if torch.is_tensor(value) and value.shape == parameter.shape
+            }
+            values.update(_shards_like(shaped, values))
 
 
 @contextlib.contextmanager
-def gathered(network: nn.Module) -> Iterator[None]:
+def gathered(network: nn.Module, reshard_after_forward: bool = True) -> Iterator[None]:
     """Every process holds the full weights inside: forwards there make no collective.
 
     Evaluation shards may differ by a batch between processes; with the
-    weights gathered once, each runs its own batches. Resharded on the way out.
+    weights gathered once, each runs its own batches. Resharded on the way
+    out, each unit then back to ``reshard_after_forward`` (the strategy's).
     """
     units = [m for m in network.modules() if isinstance(m, _unit_class())]
     for unit in units:
@@ -415,9 +395,7 @@ def gathered(network: nn.Module) -> Iterator[None]:
     finally:
         for unit in units:
             unit.reshard()
-            unit.set_reshard_after_forward(
-                getattr(unit, "_hapi_reshard_after_forward", True), recurse=False
-            )
+            unit.set_reshard_after_forward(reshard_after_forward, recurse=False)
 
 
 def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:

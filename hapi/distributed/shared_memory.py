@@ -200,14 +200,11 @@ class SharedMemoryAllReduce:
         target = os.readlink(path)
         if target != f"/memfd:{reservation.name} (deleted)":
             raise OSError(f"{path} is {target!r}, not rank 0's buffer {reservation.name}")
-        descriptor = os.open(path, os.O_RDWR)
-        try:
-            actual = os.fstat(descriptor).st_size
+        with open(path, "r+b") as file:
+            actual = os.fstat(file.fileno()).st_size
             if actual != size:
                 raise OSError(f"{path} holds {actual} bytes, not the buffer's {size}")
-            self._mapping = mmap.mmap(descriptor, size)
-        finally:
-            os.close(descriptor)
+            self._mapping = mmap.mmap(file.fileno(), size)
         if bytes(self._mapping[:_TOKEN_BYTES]) != self._token:
             self._mapping.close()
             raise OSError(f"{path} does not hold rank 0's token: not the same memory")

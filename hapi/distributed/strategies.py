@@ -13,7 +13,7 @@ is a no-op: nothing is wrapped and every method is the plain one.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -23,21 +23,18 @@ from hapi.distributed.env import DistributedSetupError
 from hapi.distributed.group import rank, world_size
 
 
-@contextlib.contextmanager
-def _no_sync(wrapped: nn.Module, skip_gradient_sync: bool) -> Iterator[None]:
-    """DDP skips its all-reduce, FSDP its reduce-scatter: the update step syncs what accumulated."""
+def _no_sync(wrapped: nn.Module, skip_gradient_sync: bool) -> contextlib.AbstractContextManager:
+    """DDP skips its all-reduce, FSDP its reduce-scatter: the update step syncs what accumulated.
+
+    FSDP's switch is set at every step rather than restored after one: every
+    backward of a sharded network runs inside this (the built-in step; a step
+    of the user's own is refused under FSDP).
+    """
+    if fsdp.is_sharded(wrapped):
+        wrapped.set_requires_gradient_sync(not skip_gradient_sync)
     if skip_gradient_sync and isinstance(wrapped, nn.parallel.DistributedDataParallel):
-        with wrapped.no_sync():
-            yield
-        return
-    sharded = skip_gradient_sync and fsdp.is_sharded(wrapped)
-    if sharded:
-        wrapped.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        if sharded:
-            wrapped.set_requires_gradient_sync(True)
+        return wrapped.no_sync()
+    return contextlib.nullcontext()
 
 
 def class_name(network: nn.Module) -> str:
@@ -149,9 +146,7 @@ class DDP(Strategy):
         amp_dtype: torch.dtype | None,
     ) -> nn.Module:
         """The module training runs (``network`` itself on one process)."""
-        if world_size() == 1:
-            return network
-        if self.sync_batchnorm:
+        if self.sync_batchnorm and world_size() > 1:
             if device.type != "cuda":
                 raise DistributedSetupError(
                     "hapi.DDP(sync_batchnorm=True) converts BatchNorm layers to torch's "
@@ -223,6 +218,9 @@ class FSDP(Strategy):
     @property
     def _shards_weights(self) -> bool:
         return world_size() > 1
+
+    def _gathered(self, network: nn.Module) -> contextlib.AbstractContextManager:
+        return fsdp.gathered(network, self.reshard_after_forward)
 
     def _wrap_network(
         self,
