@@ -356,10 +356,15 @@ def _overrides(callback: Callback, hook: str) -> bool:
 def hook_method(hook: str, call: Callable[[Any, str, tuple, dict | None], None]) -> Callable:
     """A method for ``hook`` with :class:`Callback`'s signature and docstring that runs
     ``call(self, hook, (epoch or step,) or (), logs)``: CallbackList's and LambdaCallback's hooks."""
-    if len(inspect.signature(getattr(Callback, hook)).parameters) == 3:  # self, index, logs
+    names = list(inspect.signature(getattr(Callback, hook)).parameters)
+    if names[1:2] == ["epoch"]:  # the same keywords as Callback's: hook(epoch=3, logs={})
 
-        def method(self: Any, index: int, logs: dict | None = None) -> None:
-            call(self, hook, (index,), logs)
+        def method(self: Any, epoch: int, logs: dict | None = None) -> None:
+            call(self, hook, (epoch,), logs)
+    elif names[1:2] == ["step"]:
+
+        def method(self: Any, step: int, logs: dict | None = None) -> None:
+            call(self, hook, (step,), logs)
     else:
 
         def method(self: Any, logs: dict | None = None) -> None:

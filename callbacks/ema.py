@@ -55,10 +55,11 @@ class EMA(Callback):
     ``best.pt`` was chosen on the average's figures. The average itself is
     this callback's state (:meth:`state_dict`), saved in BackupAndRestore's
     backups, so a resumed run ends with exactly the average of an
-    uninterrupted one. ``final.pt`` holds the average, this callback's
-    ``on_train_end`` coming first; for the same reason, with
-    ``EarlyStopping(restore_best_weights=True)`` the best epoch's weights are
-    what the network ends with.
+    uninterrupted one. ``final.pt`` holds the average: this callback's
+    ``on_train_end`` comes first (its ``order`` is -1). With
+    ``EarlyStopping(restore_best_weights=True)``, whose ``on_train_end`` comes
+    later, the best epoch's weights are what the network ends with, and what
+    ``final.pt`` holds.
 
     Several processes: under DDP every process holds the same weights after
     every step, so every process computes the same average, with no

@@ -132,7 +132,6 @@ class ModelCheckpoint(MonitorCallback):
                 f"({type(resumable).__name__})."
             )
         self.resumable = resumable
-        self.order = 1 if resumable else 0  # its files hold the others' state (Callback.order)
         if self.save_best_only and self.save_steps is not None:
             raise ValueError(
                 f"ModelCheckpoint: save_best_only=True writes only best.pt, so save_steps={save_steps} "
@@ -357,6 +356,11 @@ class ModelCheckpoint(MonitorCallback):
         )
 
     # -- files ----------------------------------------------------------------
+    @property
+    def order(self) -> int:  # type: ignore[override]
+        """Resumable, it runs after the others: its files hold their state (``Callback.order``)."""
+        return 1 if self.resumable else 0
+
     def _file(self, name: str) -> str:
         return files.child(self.save_dir, name, "ModelCheckpoint's file name") + ".pt"
 
@@ -364,8 +368,12 @@ class ModelCheckpoint(MonitorCallback):
         path = files.child(self.save_dir, name, "ModelCheckpoint's file name")
         if self.verbose and self.is_main:
             tqdm.write(f"{prefix}{reason}saving model to {path}.pt")
-        # Collective: every rank, never behind is_main.
-        self.model.save(path, resumable=self.resumable)
+        # Collective: every rank, never behind is_main. ``resumable`` only when asked for, so
+        # that a Model subclass's own save(path, training=True) still serves.
+        if self.resumable:
+            self.model.save(path, resumable=True)
+        else:
+            self.model.save(path)
 
     def _plan_numbered(self, names: list[str]) -> list[str]:
         """Record ``names`` as the newest numbered files; return those ``keep`` drops.

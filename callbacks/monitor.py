@@ -187,5 +187,5 @@ class MonitorCallback(Callback):
                 f"{type(self).__name__} is monitoring {self.monitor!r}, which is not in the logs. "
                 f"Available keys: {sorted(logs)}. {then}Pass monitor= one of them; val_* keys "
                 "exist only on epochs that ran an evaluation (eval_data, eval_freq).",
-                stacklevel=4,
+                stacklevel=3,  # the caller of get_monitor_value (or of ModelCheckpoint's check)
             )

@@ -45,6 +45,18 @@ def callbacks_for_run(
         chosen.append(ModelCheckpoint(save_dir, save_freq=save_freq))
     if not any(isinstance(c, History) for c in user):
         chosen.append(History())
-    cbks = CallbackList(sorted(chosen, key=lambda c: c.order))
+    cbks = CallbackList(sorted(chosen, key=_order))
     cbks.set_model(model)
     return cbks
+
+
+def _order(callback: Any) -> float:
+    """Where ``callback`` runs (:attr:`Callback.order`), refused unless it is a number."""
+    order = getattr(callback, "order", 0)  # a non-Callback is refused by CallbackList
+    if isinstance(order, bool) or not isinstance(order, (int, float)):
+        raise TypeError(
+            f"{type(callback).__name__}.order is {order!r}; Callback.order is a number that says "
+            "where a callback runs among the others (lower first, 0 by default). Give your own "
+            "attribute another name."
+        )
+    return order

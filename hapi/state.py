@@ -363,7 +363,7 @@ def _load_optimizers(
                 f"prepared with {sorted(model._optimizers) or 'none'}; they were not loaded. Call "
                 "prepare() with the same optimizers (a list in the same order, or a dict with the "
                 "same names) before load().",
-                stacklevel=5,
+                stacklevel=4,
             )
             return
         for name, optimizer_state in several.items():

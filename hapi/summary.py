@@ -64,6 +64,8 @@ def _zeros(size: Any, dtype: Any, input_size: Any, device: torch.device) -> Any:
                     "None only for the batch dimension)."
                 )
         shape = tuple(1 if i in unknown else int(d) for i, d in enumerate(shape))
+        if several and len(dtype) == 1:  # Paddle takes a list's one dtype for one input
+            dtype, several = dtype[0], False
         if several:
             raise ValueError(
                 f"dtype {dtype!r} is a list where the input is the single shape "

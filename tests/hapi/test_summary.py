@@ -108,3 +108,12 @@ def test_a_failing_forward_says_which_example_inputs_it_had():
     if sys.version_info < (3, 11):
         pytest.skip("exception notes need Python 3.11")
     assert "input_size=(1, 5)" in "".join(getattr(raised.value, "__notes__", []))
+
+
+def test_one_input_takes_a_one_element_list_of_dtypes_as_paddle_does():
+    network = nn.Sequential(nn.Embedding(100, 8), nn.Linear(8, 2))
+    expected = {"total_params": 818, "trainable_params": 818}
+    assert Model(network).summary((1, 28), dtype=["int64"]) == expected
+    assert Model(network).summary(28, dtype=("int64",)) == expected
+    with pytest.raises(ValueError, match=r"dtype \['int64', 'int64'\] is a list"):
+        Model(network).summary((1, 28), dtype=["int64", "int64"])
