@@ -517,7 +517,8 @@ class EpochBatches(Sampler[list]):
         self.epoch, self.first_position, self.length = epoch, 0, self.units
         self._stream: list | None = None
         self._padding: list | None = None  # units that pad the stream (a resumed one's head)
-        self.loader_generator.manual_seed(mix(self.seed, epoch))
+        if self.training:  # evaluation's workers draw from a fresh generator, as torch's do
+            self.loader_generator.manual_seed(mix(self.seed, epoch))
 
     def resume(self, epoch: int, rest: list, padding: list, position: int) -> None:
         """Serve ``rest`` of epoch ``epoch``'s stream in the next pass, its first batch at
@@ -526,10 +527,12 @@ class EpochBatches(Sampler[list]):
         self._stream, self._padding, self.first_position = list(rest), list(padding), position
         self.length = len(rest)
 
-    def stream(self) -> list:
+    def stream(self) -> Sequence:
         """This epoch's stream (what is left of it, in a resumed epoch)."""
         if self._stream is None or not self.training:
-            self._stream = self.draw(self.seed, self.epoch)
+            stream = self.draw(self.seed, self.epoch)
+            # Evaluation reads a range as it is: no list of every index, however large the data.
+            self._stream = list(stream) if self.training else stream
             if len(self._stream) != self.length:
                 raise DistributedSetupError(
                     f"The DataLoader's sampler says it has {self.length} items (__len__) but "
@@ -583,13 +586,13 @@ class EpochBatches(Sampler[list]):
         return {"rest": stream[done:], "padding": padding[: self.num_replicas]}
 
 
-def permutation(length: int, shuffle: bool) -> Callable[[int, int], list]:
+def permutation(length: int, shuffle: bool) -> Callable[[int, int], Sequence[int]]:
     """The stream of torch-hapi's own order: a permutation of ``range(length)`` seeded by
     (seed, epoch), as ``DistributedSampler`` draws it; ``range(length)`` without shuffling."""
 
-    def draw(seed: int, epoch: int) -> list:
+    def draw(seed: int, epoch: int) -> Sequence[int]:
         if not shuffle:
-            return list(range(length))
+            return range(length)
         return torch.randperm(
             length, generator=torch.Generator().manual_seed(seed + epoch)
         ).tolist()

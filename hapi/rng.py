@@ -82,8 +82,11 @@ def set_global_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-    np.random.set_state(_native(state["numpy"]))
-    random.setstate(_native(state["python"]))
+    np.random.set_state(_native(_legacy_numpy(state["numpy"])))
+    python = state["python"]
+    if len(python) > 3:  # written before 2026-11-27: version, the 625 words, gauss in one list
+        python = [python[0], python[1:-1], python[-1]]
+    random.setstate(_native(python))
 
 
 # Attributes never searched for generators: the data itself, and what is not an order.
@@ -143,12 +146,30 @@ def set_generator_states(generators: dict[str, Any], states: dict[str, Any]) -> 
     for path, state in states.items():
         generator = generators.get(path)
         if generator is not None:
-            _access(generator)[1](generator, _native(state))
+            _access(generator)[1](generator, _native(_legacy_numpy(state)))
 
 
 def _access(generator: Any) -> tuple[Callable, Callable]:
     """How to read and how to set ``generator``'s state (NumPy's legacy one as a dict)."""
     return next((get, put) for kind, get, put in _STATE_ACCESS if isinstance(generator, kind))
+
+
+def _legacy_numpy(state: Any) -> Any:
+    """A NumPy MT19937 state as files written before 2026-11-27 hold it (a dict of
+    ``keys``/``pos``/``has_gauss``/``cached_gaussian``, or that list for a generator of the
+    data's), as :func:`_plain` writes it now; any other state as it is."""
+    if isinstance(state, dict) and "keys" in state:
+        state = [state[key] for key in ("keys", "pos", "has_gauss", "cached_gaussian")]
+    if not (isinstance(state, list) and len(state) == 4 and torch.is_tensor(state[0])):
+        return state
+    keys, pos, has_gauss, gauss = state
+    key = {"array": keys, "dtype": "uint32"}
+    return {
+        "bit_generator": "MT19937",
+        "state": {"key": key, "pos": pos},
+        "has_gauss": has_gauss,
+        "gauss": gauss,
+    }
 
 
 def _plain(value: Any) -> Any:
