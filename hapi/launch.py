@@ -211,7 +211,6 @@ def spawn(
         rdzv_endpoint="127.0.0.1:0",  # a free port, as torchrun --standalone picks it
         rdzv_configs={"timeout": 120},
         max_restarts=0,
-        monitor_interval=0.1,
         start_method=start_method,
         logs_specs=DefaultLogsSpecs(log_dir=log_dir or os.devnull, **redirect),
         shutdown_timeout=5,
