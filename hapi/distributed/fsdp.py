@@ -335,8 +335,7 @@ def user_class(cls: type) -> type:
 
 
 def _is_fsdp_hook(hook: Any) -> bool:
-    function = getattr(hook, "func", hook)  # through functools.partial
-    module = getattr(function, "__module__", None) or ""
+    module = getattr(getattr(hook, "func", hook), "__module__", None) or ""  # through partial
     return module.startswith("torch.distributed.fsdp")
 
 
@@ -349,8 +348,7 @@ def full_optimizer_state(network: nn.Module, optimizer: torch.optim.Optimizer) -
     """
     state = optimizer.state_dict()
     if is_sharded(network):
-        keep = rank() == 0
-        state["state"] = {index: full_tensors(v, keep) for index, v in state["state"].items()}
+        state["state"] = {i: full_tensors(v, keep=rank() == 0) for i, v in state["state"].items()}
     return state
 
 

@@ -93,10 +93,7 @@ def reason_not_to_use(network: nn.Module, parameters: list[nn.Parameter]) -> str
     missing = [n for n in ("memfd_create", "posix_fallocate", "sched_yield") if not hasattr(os, n)]
     if missing:
         return f"this Python's os module lacks {', '.join(missing)}"
-    plain = (torch.float32, "cpu")
-    others = sorted(
-        {f"{p.dtype} on {p.device}" for p in parameters if (p.dtype, p.device.type) != plain}
-    )
+    others = sorted({f"{p.dtype} on {p.device}" for p in parameters} - {"torch.float32 on cpu"})
     if others:
         return f"parameters are {', '.join(others)}; the buffer holds float32 CPU gradients"
     sparse = [
