@@ -16,7 +16,9 @@ from hapi.distributed.env import env_int, timeout
 from hapi.distributed.group import rank, release_at_teardown, world_size
 
 
-def wrap(network: nn.Module, device: torch.device, ddp_options: dict[str, Any]) -> nn.Module:
+def wrap(
+    network: nn.Module, device: torch.device, ddp_options: dict[str, Any] | None = None
+) -> nn.Module:
     """The module training runs: DDP around ``network`` on several processes.
 
     ``ddp_options`` are the user's DistributedDataParallel keywords
@@ -26,7 +28,9 @@ def wrap(network: nn.Module, device: torch.device, ddp_options: dict[str, Any]) 
     if world_size() == 1 or not any(p.requires_grad for p in network.parameters()):
         return network
     device_ids = [device.index] if device.type == "cuda" else None
-    wrapped = nn.parallel.DistributedDataParallel(network, device_ids=device_ids, **ddp_options)
+    wrapped = nn.parallel.DistributedDataParallel(
+        network, device_ids=device_ids, **(ddp_options or {})
+    )
     release_at_teardown(functools.partial(_release, weakref.ref(wrapped)))
     _average_through_shared_memory(wrapped, [p for p in network.parameters() if p.requires_grad])
     return wrapped
