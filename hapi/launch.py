@@ -28,6 +28,8 @@ import traceback
 import uuid
 from typing import Any, Callable, Sequence
 
+import torch
+
 
 class SpawnedProcessError(RuntimeError):
     """A process started by :func:`hapi.spawn` raised or died; raised in the parent.
@@ -106,8 +108,6 @@ def _visible_devices(gpus: str | Sequence[int] | None) -> str | None:
 
 def resolve_nprocs(nprocs: int, visible_devices: str | None) -> int:
     """Paddle's rule: ``-1`` means one process per selected GPU, else per visible GPU, else per CPU."""
-    import torch
-
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or (nprocs < 1 and nprocs != -1):
         raise ValueError(
             f"nprocs must be a positive integer or -1 (one per device); received {nprocs!r}."
@@ -178,7 +178,6 @@ def spawn(
         raise RuntimeError(f"hapi.spawn in a process it started: {_UNGUARDED}")
     from unittest import mock
 
-    import torch
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -211,7 +210,6 @@ def spawn(
         rdzv_endpoint="127.0.0.1:0",  # a free port, as torchrun --standalone picks it
         rdzv_configs={"timeout": 120},
         max_restarts=0,
-        monitor_interval=0.1,
         start_method=start_method,
         logs_specs=DefaultLogsSpecs(log_dir=log_dir or os.devnull, **redirect),
         shutdown_timeout=5,
@@ -249,8 +247,6 @@ def _run_child(fn: Callable[..., Any], args: tuple) -> Any:
     error_dir = os.environ.pop(_ERROR_DIR)  # fn may start a spawn of its own
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:  # a forked child kept its parent's thread pool
-        import torch
-
         torch.set_num_threads(int(threads))
     try:
         return fn(*args)

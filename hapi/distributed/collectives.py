@@ -83,8 +83,6 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 
 def any_true(flag: bool) -> bool:
     """True when ``flag`` is true on any process, so all ranks stop together."""
-    if world_size() == 1:
-        return bool(flag)
     return bool(all_reduce_sum(torch.tensor(int(bool(flag)))).item())
 
 
@@ -173,11 +171,7 @@ def gather_in_order(per_output: list[list[Any]]) -> list[list[Any]]:
     One collective, called by every process, also those whose shard was empty.
     """
     ranks = [outputs for outputs in gather_objects(per_output) if outputs]
-    if not ranks:
-        return []
-    return [
-        [batch for outputs in ranks for batch in outputs[index]] for index in range(len(ranks[0]))
-    ]
+    return [[batch for part in parts for batch in part] for parts in zip(*ranks)]
 
 
 def average_gradients(parameters: list[torch.Tensor]) -> None:

@@ -72,9 +72,8 @@ def _average_through_shared_memory(wrapped: nn.Module, trained: list[nn.Paramete
 
     try:
         reason = _why_not(facts)
-        if reason is not None or reservation is None:
-            size = facts[0]["numel"] * 8 * len(facts)
-            return reason or f"rank 0 found no memory for the {size} bytes of the buffer"
+        if reason is not None:
+            return reason
         refusals = _everyone(attach)  # returns once every process has tried to map it
     finally:
         if reservation is not None and rank() == 0:
@@ -92,7 +91,7 @@ def _average_through_shared_memory(wrapped: nn.Module, trained: list[nn.Paramete
 
 def _local_facts(network: nn.Module, trained: list[nn.Parameter]) -> dict[str, Any]:
     """What every process needs to know of this one to decide together; on rank 0, when it
-    can take part, also the buffer it reserved (released by the caller)."""
+    can take part, also the buffer it reserved (released by the caller), or why it could not."""
     reason = shared_memory.reason_not_to_use(network, trained)
     local_world = env_int("LOCAL_WORLD_SIZE", -1)  # set by launchers; -1 where they were not used
     if reason is None and local_world not in (-1, world_size()):
@@ -104,6 +103,8 @@ def _local_facts(network: nn.Module, trained: list[nn.Parameter]) -> dict[str, A
     reserved = None
     if rank() == 0 and reason is None:
         reserved = shared_memory.reserve(numel, world_size())
+        if reserved is None:
+            reason = f"found no memory for the {numel * 8 * world_size()} bytes of the buffer"
     return {"reason": reason, "numel": numel, "reservation": reserved, **shared_memory.identity()}
 
 

@@ -9,8 +9,6 @@ import re
 import warnings
 import zlib
 
-DEFAULT_TIMEOUT_S = 300
-
 
 class DistributedSetupError(RuntimeError):
     """The distributed environment is inconsistent or the process group cannot be joined.
@@ -29,7 +27,7 @@ class DistributedSetupError(RuntimeError):
 
 def env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
-    if value is None or value == "":
+    if not value:
         return default
     try:
         return int(value)
@@ -41,39 +39,77 @@ def env_int(name: str, default: int) -> int:
 
 
 def timeout() -> datetime.timedelta:
-    """How long a collective may wait for the others (``HAPI_DIST_TIMEOUT``, seconds)."""
-    return datetime.timedelta(seconds=env_int("HAPI_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+    """How long a collective may wait for the others (``HAPI_DIST_TIMEOUT``, seconds; 300 unset)."""
+    return datetime.timedelta(seconds=env_int("HAPI_DIST_TIMEOUT", 300))
+
+
+# Each launcher's own variables for a process's rank and the number of processes. Open MPI
+# and MPICH (or Intel MPI) are two entries of mpirun's.
+_PLACES = {
+    "torch": ("RANK", "WORLD_SIZE"),
+    "slurm": ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS"),
+    "lsf": ("JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE"),
+    "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    "mpich": ("PMI_RANK", "PMI_SIZE"),
+}
+
+
+def _launcher() -> str | None:
+    """Which launcher placed this process (a key of ``_PLACES``), ``None`` for one process.
+
+    ``torchrun``, :func:`hapi.spawn` and Kubeflow's PyTorchJob set
+    ``WORLD_SIZE`` themselves, and win. Otherwise Slurm's ``srun`` when its
+    step has several tasks, unless LSF's ``jsrun`` or ``mpirun`` count
+    another number of processes in their per-process variables: ``mpirun``
+    inside an allocation, whose processes may inherit the step of Open MPI's
+    daemons (one task per node). LSF comes before MPI, since ``jsrun`` also
+    sets Open MPI's variables but only LSF's name the first host.
+    """
+    if os.environ.get("WORLD_SIZE"):
+        return "torch"
+    mpi = "openmpi" if "OMPI_COMM_WORLD_RANK" in os.environ else "mpich"
+    per_process = None
+    if env_int("JSM_NAMESPACE_SIZE", 0) > 1 and "LSB_JOBID" in os.environ:
+        per_process = "lsf"
+    elif env_int(_PLACES[mpi][1], 0) > 1 and _PLACES[mpi][0] in os.environ:
+        per_process = mpi
+    step_tasks = env_int("SLURM_STEP_NUM_TASKS", 0)
+    if per_process and step_tasks != env_int(_PLACES[per_process][1], 0):
+        return per_process
+    return "slurm" if step_tasks > 1 else per_process
 
 
 def launcher_variables() -> dict[str, str]:
     """The torch.distributed variables this process's launcher implies, read without changing them.
 
-    ``torchrun``, :func:`hapi.spawn` and Kubeflow's PyTorchJob set
-    ``WORLD_SIZE`` themselves, and win; Kubeflow sets no ``LOCAL_RANK``: one
-    process per pod, or ``RANK`` mod ``LOCAL_WORLD_SIZE`` where that is set.
-    Otherwise the first launcher found gives them, in this order: Slurm's
-    ``srun`` (:func:`_from_slurm`), LSF's ``jsrun`` (:func:`_from_lsf`; before
-    MPI, since ``jsrun`` also sets Open MPI's variables but only LSF's name
-    the first host), then ``mpirun`` (:func:`_from_mpi`); but where LSF's or
-    MPI's per-process variables count another world size than the Slurm step
-    (``mpirun`` inside an allocation), they win. Each starts N
-    copies of the script and tells each its place only in its own variables:
-    read as one process each, every copy would train alone as rank 0 and
-    write the same files. ``MASTER_ADDR``/``MASTER_PORT`` set by the user
-    are kept.
+    The launcher is :func:`_launcher`'s. Kubeflow sets no ``LOCAL_RANK``:
+    one process per pod, or ``RANK`` mod ``LOCAL_WORLD_SIZE`` where that is
+    set. ``srun`` (:func:`_from_slurm`), ``jsrun`` (:func:`_from_lsf`) and
+    ``mpirun`` (:func:`_from_mpi`) each start N copies of the script and
+    tell each its place only in their own variables: read as one process
+    each, every copy would train alone as rank 0 and write the same files.
+    ``MASTER_ADDR``/``MASTER_PORT`` set by the user are kept. A script run
+    directly in a Slurm batch script (no ``srun``) sees the allocation's
+    ``SLURM_NTASKS`` but no step variables: it is one process, and a warning
+    says how to start the others.
     """
-    if os.environ.get("WORLD_SIZE"):
+    launcher = _launcher()
+    if launcher == "torch":
         if os.environ.get("LOCAL_RANK"):
             return {}
         return {"LOCAL_RANK": str(env_int("RANK", 0) % max(env_int("LOCAL_WORLD_SIZE", 1), 1))}
-    # mpirun inside a Slurm allocation: its processes may inherit the step of Open MPI's
-    # daemons (one task per node), so the per-process variables win where the counts differ,
-    # and no "not started by srun" warning is given when they are there.
-    per_process = _from_lsf() or _from_mpi()
-    step_tasks = env_int("SLURM_STEP_NUM_TASKS", 0)
-    if per_process and step_tasks != int(per_process["WORLD_SIZE"]):
-        return per_process
-    return _from_slurm() or per_process or {}
+    if launcher is None:
+        if env_int("SLURM_NTASKS", 1) > 1 and "SLURM_STEP_NUM_TASKS" not in os.environ:
+            warnings.warn(
+                f"This Slurm allocation has SLURM_NTASKS={os.environ['SLURM_NTASKS']} tasks, but the "
+                "script was not started by srun, so it trains as one process. Start it with "
+                "`srun python train.py` to train on all of them.",
+                stacklevel=4,
+            )
+        return {}
+    if launcher == "slurm":
+        return _from_slurm()
+    return _from_lsf() if launcher == "lsf" else _from_mpi(*_PLACES[launcher])
 
 
 def _place(rank: str, local: str, world: int, local_world: int, host: str, job: str) -> dict:
@@ -90,30 +126,14 @@ def _place(rank: str, local: str, world: int, local_world: int, host: str, job: 
     }
 
 
-def _from_slurm() -> dict | None:
+def _from_slurm() -> dict:
     """Under ``srun`` with several tasks: ``RANK`` from ``SLURM_PROCID``,
     ``LOCAL_RANK`` from ``SLURM_LOCALID``, ``WORLD_SIZE`` from the step's task
     count, ``LOCAL_WORLD_SIZE`` from this node's share of
     ``SLURM_STEP_TASKS_PER_NODE``, ``MASTER_ADDR`` the first host of the
-    step's node list and ``MASTER_PORT`` derived from the job id.
-
-    A script run directly in a batch script (no ``srun``) sees the
-    allocation's ``SLURM_NTASKS`` but no step variables: it is one process,
-    and a warning says how to start the others.
-    """
+    step's node list and ``MASTER_PORT`` derived from the job id."""
     step_tasks = env_int("SLURM_STEP_NUM_TASKS", 0)
-    if step_tasks <= 1:
-        if env_int("SLURM_NTASKS", 1) > 1 and "SLURM_STEP_NUM_TASKS" not in os.environ:
-            warnings.warn(
-                f"This Slurm allocation has SLURM_NTASKS={os.environ['SLURM_NTASKS']} tasks, but the "
-                "script was not started by srun, so it trains as one process. Start it with "
-                "`srun python train.py` to train on all of them.",
-                stacklevel=5,
-            )
-        return None
-    missing = [
-        name for name in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_ID") if name not in os.environ
-    ]
+    missing = [n for n in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_ID") if n not in os.environ]
     nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     if missing or not nodes:
         raise DistributedSetupError(
@@ -135,15 +155,13 @@ def _from_slurm() -> dict | None:
     )
 
 
-def _from_lsf() -> dict | None:
+def _from_lsf() -> dict:
     """Under LSF's ``jsrun`` with several tasks: ``RANK``, ``LOCAL_RANK`` and
     ``WORLD_SIZE`` from ``JSM_NAMESPACE_RANK``, ``_LOCAL_RANK`` and ``_SIZE``;
     ``MASTER_ADDR`` the first compute host of ``LSB_DJOB_RANKFILE`` (else of
     ``LSB_HOSTS``), after the job's launch node, which comes first;
     ``MASTER_PORT`` derived from ``LSB_JOBID``."""
     world = env_int("JSM_NAMESPACE_SIZE", 0)
-    if world <= 1 or "LSB_JOBID" not in os.environ:
-        return None
     rank_file = os.environ.get("LSB_DJOB_RANKFILE")
     hosts = (
         pathlib.Path(rank_file).read_text() if rank_file else os.environ.get("LSB_HOSTS", "")
@@ -166,10 +184,11 @@ def _from_lsf() -> dict | None:
     )
 
 
-def _from_mpi() -> dict | None:
+def _from_mpi(rank_name: str, world_name: str) -> dict:
     """Under ``mpirun`` with several processes: Open MPI's ``OMPI_COMM_WORLD_RANK``,
     ``_SIZE``, ``_LOCAL_RANK`` and ``_LOCAL_SIZE``, or MPICH's and Intel MPI's
-    ``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID`` and ``MPI_LOCALNRANKS``.
+    ``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID`` and ``MPI_LOCALNRANKS``
+    (``rank_name`` and ``world_name`` are the first two).
 
     On one machine ``MASTER_ADDR`` is 127.0.0.1 and ``MASTER_PORT`` is
     derived from what all the processes share with no communication: the
@@ -178,10 +197,8 @@ def _from_mpi() -> dict | None:
     if that port is taken. On several machines the two must be passed to
     every process (``mpirun -x MASTER_ADDR -x MASTER_PORT``).
     """
-    ompi = "OMPI_COMM_WORLD_RANK" in os.environ
-    world = env_int("OMPI_COMM_WORLD_SIZE" if ompi else "PMI_SIZE", 0)
-    if world <= 1 or not (ompi or "PMI_RANK" in os.environ):
-        return None
+    ompi = rank_name.startswith("OMPI")
+    world = env_int(world_name, 0)
     local_world = env_int("OMPI_COMM_WORLD_LOCAL_SIZE" if ompi else "MPI_LOCALNRANKS", world)
     if local_world < world and not (
         os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")
@@ -192,7 +209,7 @@ def _from_mpi() -> dict | None:
             "the first machine's address and a free port, and pass them to every process: "
             "mpirun -x MASTER_ADDR -x MASTER_PORT ..."
         )
-    rank = os.environ["OMPI_COMM_WORLD_RANK" if ompi else "PMI_RANK"]
+    rank = os.environ[rank_name]
     local = os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK" if ompi else "MPI_LOCALRANKID", rank)
     job = os.environ.get("PMIX_NAMESPACE") or str(os.getppid())
     return _place(rank, local, world, local_world, "127.0.0.1", job)
@@ -201,42 +218,21 @@ def _from_mpi() -> dict | None:
 def launcher_place() -> tuple[int, int]:
     """``(rank, world size)`` as the launcher set them, read without changing the environment.
 
-    ``RANK``/``WORLD_SIZE``, or what :func:`launcher_variables` will set from
-    Slurm's, LSF's or MPI's variables. ``(0, 1)`` when no launcher said
-    anything usable: a value that is not an integer, or a rank outside
-    ``[0, world size)``, counts as none here, since this is asked before
-    (and outside) the setup that reports such errors, and a question like
-    "am I the main process?" must not fail.
+    The launcher's own variables (``RANK``/``WORLD_SIZE``, or Slurm's, LSF's
+    or MPI's, which :func:`launcher_variables` turns into those). ``(0, 1)``
+    when no launcher said anything usable: a value that is not an integer,
+    or a rank outside ``[0, world size)``, counts as none here, since this is
+    asked before (and outside) the setup that reports such errors, and a
+    question like "am I the main process?" must not fail. Variables the
+    setup will refuse as incomplete do not matter here: the launcher's own
+    rank and count still answer.
     """
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the setup warns, once
-            found = {**os.environ, **launcher_variables()}
-    except (DistributedSetupError, ValueError, OSError):
-        # The set-up will say what is missing; the launcher's own rank and count still answer.
-        found = next(
-            (
-                {"RANK": os.environ[r], "WORLD_SIZE": os.environ[w]}
-                for r, w in _RAW_PLACES
-                if r in os.environ and w in os.environ
-            ),
-            {},
-        )
-    try:
-        world, place = int(found.get("WORLD_SIZE") or 1), int(found.get("RANK") or -1)
-    except ValueError:
+        rank_name, world_name = _PLACES.get(_launcher(), _PLACES["torch"])
+        place, world = int(os.environ.get(rank_name) or -1), int(os.environ.get(world_name) or 1)
+    except (DistributedSetupError, ValueError):
         return 0, 1
     return (place, world) if 0 <= place < world else (0, 1)
-
-
-# Each launcher's own rank and process count, in the order launcher_variables reads them.
-_RAW_PLACES = (
-    ("RANK", "WORLD_SIZE"),
-    ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS"),
-    ("JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE"),
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-    ("PMI_RANK", "PMI_SIZE"),
-)
 
 
 def tasks_per_node(text: str) -> list[int]:

@@ -220,24 +220,19 @@ def full_state_dict(network: nn.Module) -> dict[str, torch.Tensor]:
 
             best = {k: v.clone() for k, v in hapi.distributed.full_state_dict(net).items()}
     """
-    return gather_state_dict(network, keep=True)
+    return full_tensors(unwrap(network).state_dict(), keep=True)
 
 
-def gather_state_dict(network: nn.Module, keep: bool) -> dict[str, torch.Tensor]:
-    """:func:`full_state_dict`, kept only where ``keep`` (empty elsewhere) when it is gathered.
+def full_tensors(state: dict[str, Any], keep: bool) -> dict[str, Any]:
+    """``state`` with each DTensor shard gathered into its full tensor (a collective), all on
+    the CPU; kept only where ``keep`` (empty elsewhere). ``state`` itself where it holds no
+    shard.
 
     A save keeps it on rank 0 alone: one full copy of a sharded model in the
     machine's memory rather than one per process.
     """
-    state = unwrap(network).state_dict()
     if not any(_is_dtensor(value) for value in state.values()):
         return state
-    return _full_tensors(state, keep)
-
-
-def _full_tensors(state: dict[str, Any], keep: bool) -> dict[str, Any]:
-    """``state`` with each DTensor shard gathered into its full tensor (a collective), all on
-    the CPU; empty unless ``keep``."""
     full = {}
     for key, value in state.items():
         if _is_dtensor(value):
@@ -340,8 +335,7 @@ def user_class(cls: type) -> type:
 
 
 def _is_fsdp_hook(hook: Any) -> bool:
-    function = getattr(hook, "func", hook)  # through functools.partial
-    module = getattr(function, "__module__", None) or ""
+    module = getattr(getattr(hook, "func", hook), "__module__", None) or ""  # through partial
     return module.startswith("torch.distributed.fsdp")
 
 
@@ -354,10 +348,7 @@ def full_optimizer_state(network: nn.Module, optimizer: torch.optim.Optimizer) -
     """
     state = optimizer.state_dict()
     if is_sharded(network):
-        keep = rank() == 0
-        state["state"] = {
-            index: _full_tensors(values, keep) for index, values in state["state"].items()
-        }
+        state["state"] = {i: full_tensors(v, keep=rank() == 0) for i, v in state["state"].items()}
     return state
 
 

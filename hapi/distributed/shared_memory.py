@@ -90,15 +90,10 @@ def reason_not_to_use(network: nn.Module, parameters: list[nn.Parameter]) -> str
     machine = platform.machine()
     if not sys.platform.startswith("linux") or machine.lower() not in ("x86_64", "amd64"):
         return f"the platform is {sys.platform} on {machine}; the buffer's protocol needs Linux on x86-64"
-    missing = [
-        name for name in ("memfd_create", "posix_fallocate", "sched_yield") if not hasattr(os, name)
-    ]
+    missing = [n for n in ("memfd_create", "posix_fallocate", "sched_yield") if not hasattr(os, n)]
     if missing:
         return f"this Python's os module lacks {', '.join(missing)}"
-    plain = (torch.float32, "cpu")
-    others = sorted(
-        {f"{p.dtype} on {p.device}" for p in parameters if (p.dtype, p.device.type) != plain}
-    )
+    others = sorted({f"{p.dtype} on {p.device}" for p in parameters} - {"torch.float32 on cpu"})
     if others:
         return f"parameters are {', '.join(others)}; the buffer holds float32 CPU gradients"
     sparse = [
@@ -139,11 +134,6 @@ class Reservation:
     numel: int
     world: int
 
-    @property
-    def path(self) -> str:
-        """Where another process of this machine opens it while rank 0 holds it."""
-        return f"/proc/{self.pid}/fd/{self.fd}"
-
 
 def reserve(numel: int, world: int) -> Reservation | None:
     """A new anonymous buffer for ``world`` processes' ``numel`` gradients, its pages reserved.
@@ -176,7 +166,7 @@ def release(reservation: Reservation) -> None:
 class SharedMemoryAllReduce:
     """The state of the hook: the mapped buffer, this process's row, the call count.
 
-    Maps rank 0's buffer through :attr:`Reservation.path`, after checking that
+    Maps rank 0's buffer through ``/proc/<its pid>/fd/<its fd>``, after checking that
     it is that buffer: a memfd of that name (not whatever that descriptor
     number means in some other process), of that size, holding rank 0's
     token. Writes this process's id into its line. ``peers`` is every rank's
@@ -196,7 +186,9 @@ class SharedMemoryAllReduce:
                     f"rank {other}'s process {pid} (started at tick {start}) is not visible "
                     "in this process's /proc: another machine, container or process namespace"
                 )
-        path, size, self._token = reservation.path, _size(self.numel, self.world), reservation.token
+        # Where a process of this machine opens rank 0's buffer while rank 0 holds it.
+        path = f"/proc/{reservation.pid}/fd/{reservation.fd}"
+        size, self._token = _size(self.numel, self.world), reservation.token
         target = os.readlink(path)
         if target != f"/memfd:{reservation.name} (deleted)":
             raise OSError(f"{path} is {target!r}, not rank 0's buffer {reservation.name}")

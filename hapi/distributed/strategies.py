@@ -82,7 +82,7 @@ class Strategy:
 
     def _full_state_dict(self, network: nn.Module) -> dict[str, torch.Tensor]:
         """The weights as full tensors (on rank 0 at least; a collective under FSDP)."""
-        return fsdp.gather_state_dict(network, keep=rank() == 0)
+        return fsdp.full_tensors(ddp.unwrap(network).state_dict(), keep=rank() == 0)
 
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and vars(self) == vars(other)

@@ -233,7 +233,10 @@ def test_the_buffer_has_no_name_and_its_descriptor_is_released():
     descriptors = len(os.listdir("/proc/self/fd"))
     reservation = reserve(numel=4, world=2)
     assert reservation is not None
-    assert os.readlink(reservation.path) == f"/memfd:{reservation.name} (deleted)"
+    assert (
+        os.readlink(f"/proc/{reservation.pid}/fd/{reservation.fd}")
+        == f"/memfd:{reservation.name} (deleted)"
+    )
     assert (set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()) == before
     release(reservation)
     assert len(os.listdir("/proc/self/fd")) == descriptors
