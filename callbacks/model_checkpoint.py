@@ -148,7 +148,6 @@ class ModelCheckpoint(MonitorCallback):
         self._written: list[str] = []  # numbered checkpoints this callback wrote, oldest first
         self._last_step = 0  # model.step when on_train_batch_end last looked
         self._pending_step: str | None = None  # a step checkpoint left to the epoch's end
-        self._fitting = False  # on_eval_end judges only evaluations inside a fit
         # An evaluation at the epoch's last batch, judged at the epoch's end: [value, step].
         self._deferred: list[float] = []
         self._judged_step = -1  # model.step of the last evaluation judged at on_eval_end
@@ -210,21 +209,15 @@ class ModelCheckpoint(MonitorCallback):
             self._written = written
 
     # -- hooks ----------------------------------------------------------------
-    def set_params(self, params: dict[str, Any]) -> None:
-        super().set_params(params)
-        self._fitting = False  # until on_train_begin: evaluate() alone writes nothing
-
     def on_train_begin(self, logs: dict | None = None) -> None:
         super().on_train_begin(logs)
         self._last_step = self.model.step
         self._pending_step = None
-        self._fitting = True
         self._deferred = []
         self._judged_step = -1
         self._best_due = None
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        self._fitting = False
         if not self.save_best_only:
             self._save("final", "")
 
@@ -258,7 +251,8 @@ class ModelCheckpoint(MonitorCallback):
         Args:
             logs: the evaluation's figures (``loss``, each metric), over every process.
         """
-        value = (logs or {}).get(self._eval_name) if self._fitting else None
+        in_fit = self.params.get("epochs") is not None  # evaluate() alone writes nothing
+        value = (logs or {}).get(self._eval_name) if in_fit else None
         if value is None:
             return
         if self._at_epoch_end():

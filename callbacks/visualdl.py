@@ -105,7 +105,6 @@ class _Curves(Callback):
         self.train_step = 0
         self._in_batch = False  # between a batch's begin and end
         self._epoch = 0
-        self._training = False
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
@@ -157,8 +156,6 @@ class _ScalarLogger(_Curves):
         # "auto", until the main process picks version_<N>.
         self._run: str | None = None if self._auto else run
         self.next_eval_step = 1  # where the next standalone evaluate is plotted
-        # During a fit with eval_steps: evaluations are plotted at train_step, not at the epoch.
-        self._eval_at_batch = False
         self._writer: Any = None
 
     @property
@@ -232,10 +229,6 @@ class _ScalarLogger(_Curves):
             self.close()
             self._run = restored
 
-    def on_train_begin(self, logs: dict | None = None) -> None:
-        self._training = True
-        self._eval_at_batch = self.params.get("eval_steps") is not None
-
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
         scalars = self._train_scalars(logs)
         if scalars:  # else a step between log_freq steps: nothing new to plot
@@ -245,25 +238,25 @@ class _ScalarLogger(_Curves):
         self.next_eval_step = max(self.next_eval_step, epoch + 1)
 
     def on_eval_end(self, logs: dict | None = None) -> None:
-        if self._training and self._eval_at_batch:
+        fitting = self.params.get("epochs") is not None  # None in a standalone evaluate
+        if fitting and self.params.get("eval_steps") is not None:
             # The batches trained so far, the x of the train/* curves: the
             # evaluated weights are those the train curve shows at that x.
             step = self.train_step + int(self._in_batch)
-        elif self._training:
+        elif fitting:
             step = self._epoch
         else:
             step = self.next_eval_step
             self.next_eval_step += 1
         self._write("eval", dict(logs or {}), step)
-        if not self._training and self._writer is not None:
+        if not fitting and self._writer is not None:
             self._writer.flush()
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        if self._eval_at_batch:
+        if self.params.get("eval_steps") is not None:
             # A standalone evaluate comes after every batch of this fit (and so
             # after its evaluations): the eval/* curve never runs backwards.
             self.next_eval_step = max(self.next_eval_step, self.train_step + 1)
-        self._training = self._eval_at_batch = False
         if self._writer is not None:
             self._writer.flush()
 

@@ -163,10 +163,9 @@ class WandbCallback(_Curves):
         super().set_params(params)
         # Called as each fit, evaluate or predict sets up, before its first hook: none is
         # under way now, even if the last fit raised before its on_train_end.
-        self._training = self._in_batch = False
+        self._in_batch = False
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self._training = True
         if self.is_main:
             self._start()
 
@@ -180,21 +179,21 @@ class WandbCallback(_Curves):
         self._epochs_trained = max(self._epochs_trained, epoch + 1)
 
     def on_eval_begin(self, logs: dict | None = None) -> None:
-        if not self._training and self.is_main:
+        if self.params.get("epochs") is None and self.is_main:
             self._start()  # a standalone evaluate: a run of its own
 
     def on_eval_end(self, logs: dict | None = None) -> None:
         if not self.is_main:
             return
+        fitting = self.params.get("epochs") is not None  # None in a standalone evaluate
         row = {f"eval/{k}": float(v) for k, v in (logs or {}).items()}
-        row["epoch"] = self._epoch if self._training else self._epochs_trained
-        row["train/step"] = self.train_step + int(self._training and self._in_batch)
+        row["epoch"] = self._epoch if fitting else self._epochs_trained
+        row["train/step"] = self.train_step + int(fitting and self._in_batch)
         if self.run is not None:
             self.run.log(row)
-        if not self._training:
+        if not fitting:
             self._finish()
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        self._training = False
         if self.is_main:
             self._finish()
