@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from hapi.checkpoint import files
 
-from .base import Callback
+from .base import Callback, stepped_to
 from .monitor import refuse_state
 
 
@@ -253,11 +253,8 @@ class BackupAndRestore(Callback):
             )
 
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
-        if self.save_freq == "epoch" or self.model.step == self._last_step:
-            return  # no optimizer step since the last look: gradients may be mid-accumulation
-        self._last_step = self.model.step
-        if self.model.step % self.save_freq == 0:
-            self._back_up()
+        if self.save_freq != "epoch" and stepped_to(self, self.save_freq):
+            self._back_up()  # never mid-accumulation: only after an optimizer step
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self.save_freq == "epoch":

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .base import Callback
+from .base import Callback, stepped_to
 from .monitor import require_int
 
 
@@ -117,11 +117,7 @@ class EMA(Callback):
         self._last_step = self.model.step  # this fit's count, not the one a state was saved at
 
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
-        current = self.model.step
-        if current == self._last_step:
-            return  # no optimizer step since the last look (mid-accumulation)
-        self._last_step = current
-        if current % self.every_n_steps == 0:
+        if stepped_to(self, self.every_n_steps):  # never mid-accumulation
             with torch.no_grad():
                 # shadow += (1 - decay) * (weights - shadow): one fused kernel over all tensors
                 torch._foreach_lerp_(self._shadow, self._params, 1.0 - self.decay)

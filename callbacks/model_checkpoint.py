@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from hapi.checkpoint import files
 
+from .base import stepped_to
 from .monitor import MonitorCallback, refuse_state, require_int
 
 # The numbered checkpoints ModelCheckpoint writes (<epoch>, step-<N>): the only names it rotates.
@@ -225,17 +226,12 @@ class ModelCheckpoint(MonitorCallback):
         if self._best_due is not None:
             due, self._best_due = self._best_due, None
             self._save("best", *due)
-        if self.save_steps is None or self.model.step == self._last_step:
-            return  # no optimizer step since the last look: mid-accumulation, or none wanted
-        self._last_step = self.model.step
-        if self.model.step % self.save_steps:
-            return
+        if self.save_steps is None or not stepped_to(self, self.save_steps):
+            return  # none wanted, or no optimizer step to save: mid-accumulation, say
         name = f"step-{self.model.step}"
         # This batch ends the epoch and <epoch>.pt is saved right after it (known only when
         # the epoch's length is; otherwise both files are written): one file, two names.
-        steps = self.params.get("steps")
-        done = getattr(self.model, "epoch_step", None)
-        if self.model.epoch % self.save_freq == 0 and steps is not None and done == steps:
+        if self.model.epoch % self.save_freq == 0 and self._at_epoch_end():
             self._pending_step = name  # written once, at the epoch's end
             return
         self._write_numbered([name], self._plan_numbered([name]), f"Step {self.model.step}: ")
