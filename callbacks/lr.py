@@ -114,19 +114,17 @@ class LRScheduler(Callback):
         by_epoch: bool | None = None,
     ) -> None:
         super().__init__()
-        self._factory: SchedulerFactory | None = None
         if isinstance(scheduler, type):
             raise TypeError(
                 f"LRScheduler received the class {scheduler.__name__}, not a scheduler. Build it on "
                 f"the optimizer, e.g. LRScheduler({scheduler.__name__}(optimizer, ...)), or pass a "
                 f"function: LRScheduler(lambda optimizer, total: {scheduler.__name__}(optimizer, ...))."
             )
-        if callable(scheduler) and not isinstance(scheduler, torch_lr.LRScheduler):
-            self._factory = scheduler
-            self.scheduler: torch_lr.LRScheduler | None = None
-        else:
+        made = isinstance(scheduler, torch_lr.LRScheduler) or not callable(scheduler)
+        if made:
             _check_scheduler(scheduler, "received")
-            self.scheduler = scheduler
+        self._factory: SchedulerFactory | None = None if made else scheduler
+        self.scheduler: torch_lr.LRScheduler | None = scheduler if made else None
         self.by_step = _per_step(by_step, by_epoch)
         if not self.by_step:  # per-epoch: no per-batch call (callbacks.base)
             self.unused_hooks = ("on_train_batch_end",)
@@ -246,19 +244,13 @@ class LRScheduler(Callback):
         last_step = _count(state, "last_step", none=True)
         step = getattr(self.model, "step", None)
         if self.by_step and None not in (last_step, step) and not 0 <= step - last_step <= 1:
-            raise ValueError(
-                f"LRScheduler state 'last_step' is {last_step!r}, but the model is at optimizer "
-                f"step {step!r}: a per-step schedule has seen every step but the last. "
-                "The checkpoint it came from is damaged or was crafted."
-            )
+            expected = f"the model's optimizer step {step} or one less (a per-step schedule's)"
+            refuse_state("LRScheduler", "last_step", last_step, expected)
         if self._factory is not None:
             stepped = _count(state, "stepped")
             total = _count(state, "total", none=True) or self.total
             if stepped >= max(total, 1):
-                raise ValueError(
-                    f"LRScheduler state 'stepped' is {stepped!r}, beyond the schedule's total of "
-                    f"{total} steps. The checkpoint it came from is damaged or was crafted."
-                )
+                refuse_state("LRScheduler", "stepped", stepped, f"below the total of {total} steps")
             # Another number of processes changes the updates per epoch: the same point of the
             # course is the same epoch and fraction of it. Another `epochs` changes nothing.
             per_epoch = _count(state, "per_epoch", none=True) or self._per_epoch
@@ -273,11 +265,8 @@ class LRScheduler(Callback):
                 for key, value in current.items()
                 if key in saved and None not in (saved[key], value)
             ):
-                raise ValueError(
-                    f"LRScheduler state 'scheduler' is {saved!r}, where this scheduler has "
-                    f"{current!r}: it was saved from another kind of scheduler, or the checkpoint "
-                    "was crafted."
-                )
+                expected = f"the state of a scheduler like this one, {current!r}"
+                refuse_state("LRScheduler", "scheduler", saved, expected)
             self.scheduler.load_state_dict(saved)
         if last_step is not None:
             self._last_step = last_step
