@@ -104,10 +104,6 @@ class _Curves(Callback):
         super().__init__()
         self.train_step = 0
         self._in_batch = False  # between a batch's begin and end
-        self._epoch = 0
-
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self._epoch = epoch
 
     def on_train_batch_begin(self, step: int, logs: dict | None = None) -> None:
         self._in_batch = True
@@ -244,7 +240,7 @@ class _ScalarLogger(_Curves):
             # evaluated weights are those the train curve shows at that x.
             step = self.train_step + int(self._in_batch)
         elif fitting:
-            step = self._epoch
+            step = self.model.epoch  # the epoch evaluated (it counts on after on_epoch_end)
         else:
             step = self.next_eval_step
             self.next_eval_step += 1

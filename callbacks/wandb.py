@@ -187,7 +187,7 @@ class WandbCallback(_Curves):
             return
         fitting = self.params.get("epochs") is not None  # None in a standalone evaluate
         row = {f"eval/{k}": float(v) for k, v in (logs or {}).items()}
-        row["epoch"] = self._epoch if fitting else self._epochs_trained
+        row["epoch"] = self.model.epoch if fitting else self._epochs_trained
         row["train/step"] = self.train_step + int(fitting and self._in_batch)
         if self.run is not None:
             self.run.log(row)

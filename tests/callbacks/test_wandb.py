@@ -25,6 +25,7 @@ def fit_two_epochs(cb, model):
     """4 batches per epoch, log_freq=2: batch logs carry figures on steps 1 and 3."""
     cb.on_train_begin()
     for epoch in range(2):
+        model.epoch = epoch  # as the loop sets it
         cb.on_epoch_begin(epoch)
         for step in range(4):
             cb.on_train_batch_begin(step)
