@@ -223,9 +223,7 @@ class ModelCheckpoint(MonitorCallback):
             self._save("final", "")
 
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
-        if self._best_due is not None:
-            due, self._best_due = self._best_due, None
-            self._save("best", *due)
+        self._save_best_due()
         if self.save_steps is None or not stepped_to(self, self.save_steps):
             return  # none wanted, or no optimizer step to save: mid-accumulation, say
         name = f"step-{self.model.step}"
@@ -260,6 +258,7 @@ class ModelCheckpoint(MonitorCallback):
         self._judge(float(value), f"Step {self.model.step}: ", later=self.resumable)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._save_best_due()  # judged at an evaluation outside any batch (no epoch length)
         logs = logs or {}
         pending, self._pending_step = self._pending_step, None
         prefix = f"Epoch {epoch + 1}: "
@@ -329,6 +328,12 @@ class ModelCheckpoint(MonitorCallback):
                 self._best_due = (prefix, reason)
                 return
             self._save("best", prefix, reason)
+
+    def _save_best_due(self) -> None:
+        """Write the ``best.pt`` an evaluation judged, once the step or epoch it is in is done."""
+        if self._best_due is not None:
+            due, self._best_due = self._best_due, None
+            self._save("best", *due)
 
     def _at_epoch_end(self) -> bool:
         """Whether the last batch of the epoch (or of ``num_iters``) has been trained.
