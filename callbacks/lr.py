@@ -41,19 +41,6 @@ def _check_scheduler(scheduler: Any, received: str) -> None:
         )
 
 
-def _per_step(by_step: bool | None, by_epoch: bool | None) -> bool:
-    """Whether LRScheduler steps per optimizer step, from torch-hapi's and Paddle's keywords."""
-    if None not in (by_step, by_epoch) and bool(by_step) == bool(by_epoch):
-        by_step, by_epoch = bool(by_step), bool(by_epoch)
-        raise ValueError(
-            f"LRScheduler received by_step={by_step} and by_epoch={by_epoch}: the scheduler "
-            f"would step {'both per step and per epoch' if by_step else 'never'}. Pass one of "
-            "them: by_step=True (after every optimizer step, e.g. OneCycleLR) or by_epoch=True "
-            "(at each epoch end, e.g. StepLR)."
-        )
-    return bool(by_step) if by_epoch is None else not by_epoch
-
-
 class LRScheduler(Callback):
     """Steps a ``torch.optim.lr_scheduler`` once per epoch, or once per optimizer step.
 
@@ -125,7 +112,14 @@ class LRScheduler(Callback):
             _check_scheduler(scheduler, "received")
         self._factory: SchedulerFactory | None = None if made else scheduler
         self.scheduler: torch_lr.LRScheduler | None = scheduler if made else None
-        self.by_step = _per_step(by_step, by_epoch)
+        if None not in (by_step, by_epoch) and bool(by_step) == bool(by_epoch):
+            raise ValueError(
+                f"LRScheduler received by_step={bool(by_step)} and by_epoch={bool(by_epoch)}: the "
+                f"scheduler would step {'both per step and per epoch' if by_step else 'never'}. "
+                "Pass one of them: by_step=True (after every optimizer step, e.g. OneCycleLR) or "
+                "by_epoch=True (at each epoch end, e.g. StepLR)."
+            )
+        self.by_step = bool(by_step) if by_epoch is None else not by_epoch  # Paddle's or ours
         if not self.by_step:  # per-epoch: no per-batch call (callbacks.base)
             self.unused_hooks = ("on_train_batch_end",)
         self.total: int | None = None

@@ -75,21 +75,6 @@ def _run_name(owner: str, version: Version) -> str | None:
     )
 
 
-def _reserve_version(log_dir: str) -> str:
-    """Create ``<log_dir>/version_<N>`` for the next N and return its name.
-
-    ``os.mkdir`` fails on a name that exists, so of two runs that list the
-    directory at the same moment one gets N and the other retries with N+1.
-    """
-    os.makedirs(log_dir, exist_ok=True)
-    while True:
-        taken = [int(m.group(1)) for m in map(_VERSION_DIR.fullmatch, os.listdir(log_dir)) if m]
-        name = f"version_{max(taken) + 1 if taken else 0}"
-        with contextlib.suppress(FileExistsError):  # taken meanwhile: list again
-            os.mkdir(os.path.join(log_dir, name))
-            return name
-
-
 class _Curves(Callback):
     """The x axes VisualDL, TensorBoard and W&B share, and the training scalars of a batch.
 
@@ -167,9 +152,19 @@ class _ScalarLogger(_Curves):
         return self.log_dir if self._run is None else os.path.join(self.log_dir, self._run)
 
     def _choose_run_dir(self) -> None:
-        """The run directory, choosing (and creating) ``version_<N>`` the first time."""
-        if self._auto and self._run is None:
-            self._run = _reserve_version(self.log_dir)
+        """The run directory, choosing (and creating) ``version_<N>`` the first time.
+
+        ``os.mkdir`` fails on a name that exists, so of two runs that list the
+        directory at the same moment one gets N and the other retries with N+1.
+        """
+        while self._auto and self._run is None:
+            os.makedirs(self.log_dir, exist_ok=True)
+            listed = map(_VERSION_DIR.fullmatch, os.listdir(self.log_dir))
+            taken = [int(match.group(1)) for match in listed if match]
+            name = f"version_{max(taken) + 1 if taken else 0}"
+            with contextlib.suppress(FileExistsError):  # taken meanwhile: list again
+                os.mkdir(os.path.join(self.log_dir, name))
+                self._run = name
 
     def _write(self, prefix: str, scalars: dict[str, float], step: int) -> None:
         if not self.is_main:
