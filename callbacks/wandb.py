@@ -24,8 +24,9 @@ from typing import Any, Literal
 
 from .visualdl import _Curves
 
-# The callbacks whose run is open. A fit that ends finishes its run, so one still open
-# when another run starts was left by a fit that raised: it is finished then, as failed.
+# The callbacks whose own run (one they started, not the user's) is open: the runs they finish.
+# A fit that ends finishes its run, so one still open when another run starts was left by a fit
+# that raised: it is finished then, as failed.
 _OPEN: list[WandbCallback] = []
 
 
@@ -119,7 +120,6 @@ class WandbCallback(_Curves):
             **kwargs,
         }
         self.run: Any = None
-        self._owns_run = False  # started here (finished here), not the user's own
         self._epochs_trained = 0
 
     # -- the run ---------------------------------------------------------------
@@ -138,9 +138,9 @@ class WandbCallback(_Curves):
                 "callback start and finish a run of its own, call wandb.finish() first.",
                 stacklevel=3,
             )
-            self.run, self._owns_run = current, False
+            self.run = current
         else:
-            self.run, self._owns_run = wandb.init(**self.wandb_args), True
+            self.run = wandb.init(**self.wandb_args)
             # (Re-)registered after wandb.init, so that it runs before wandb's own exit hook.
             atexit.unregister(_finish_open_runs)
             atexit.register(_finish_open_runs)
@@ -153,9 +153,8 @@ class WandbCallback(_Curves):
     def _finish(self, exit_code: int | None = None) -> None:
         """Let go of the run; finish it if this callback started it (the user finishes theirs)."""
         run, self.run = self.run, None
-        if self in _OPEN:
+        if self in _OPEN:  # a run it started (not the user's), open until now
             _OPEN.remove(self)
-        if run is not None and self._owns_run:
             run.finish(exit_code=exit_code)
 
     # -- hooks -----------------------------------------------------------------
