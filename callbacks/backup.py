@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from hapi.checkpoint import files
 
-from .base import Callback
+from .base import Callback, stepped_to
 from .monitor import refuse_state
 
 
@@ -144,15 +144,6 @@ class BackupAndRestore(Callback):
             refuse_state("BackupAndRestore", "made_for_training", made, "True or False")
         self._made_for_training = made
 
-    def _newest(self) -> str:
-        """The newest backup as it lies on disk: its file, or a sharded backup's directory."""
-        found = [
-            name
-            for name, kind in ((self.path + ".pt", os.path.isfile), (self.path, os.path.isdir))
-            if kind(name)
-        ]
-        return " or ".join(found) or self.path + ".pt"
-
     def on_train_begin(self, logs: dict | None = None) -> None:
         # Before any backup of this fit: what is there now is not this fit's to delete,
         # unless it is a backup an interrupted run left (backup_dir holds only this
@@ -192,7 +183,14 @@ class BackupAndRestore(Callback):
                 to start afresh), and with ``double_checkpoint`` the previous
                 one neither.
         """
-        newest = self._newest()
+        # The newest backup as it lies on disk, for the messages: its file, or a sharded
+        # backup's directory.
+        found = [
+            name
+            for name, kind in ((self.path + ".pt", os.path.isfile), (self.path, os.path.isdir))
+            if kind(name)
+        ]
+        newest = " or ".join(found) or self.path + ".pt"
         try:
             self.model.load(self.path, resume=True)
         except FileNotFoundError:
@@ -253,11 +251,8 @@ class BackupAndRestore(Callback):
             )
 
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
-        if self.save_freq == "epoch" or self.model.step == self._last_step:
-            return  # no optimizer step since the last look: gradients may be mid-accumulation
-        self._last_step = self.model.step
-        if self.model.step % self.save_freq == 0:
-            self._back_up()
+        if self.save_freq != "epoch" and stepped_to(self, self.save_freq):
+            self._back_up()  # never mid-accumulation: only after an optimizer step
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self.save_freq == "epoch":

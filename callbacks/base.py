@@ -373,6 +373,20 @@ def hook_method(hook: str, call: Callable[[Any, str, tuple, dict | None], None])
     return functools.wraps(getattr(Callback, hook))(method)
 
 
+def stepped_to(callback: Any, every: int) -> bool:
+    """Whether ``model.step`` moved since ``callback`` last looked, to a multiple of ``every``.
+
+    The callbacks that act every N optimizer steps (ModelCheckpoint's
+    ``save_steps``, BackupAndRestore's ``save_freq``, EMA's ``every_n_steps``)
+    ask it at each batch end: true once per optimizer update, never between
+    the batches of an accumulation group. The step looked at is the callback's
+    ``_last_step``, which it sets afresh when a fit begins or resumes.
+    """
+    step = callback.model.step
+    moved, callback._last_step = step != callback._last_step, step
+    return moved and step % every == 0
+
+
 class CallbackList:
     """Calls each hook on the callbacks that implement it, in list order (the loop's dispatcher).
 

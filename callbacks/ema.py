@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .base import Callback
+from .base import Callback, stepped_to
 from .monitor import require_int
 
 
@@ -98,7 +98,6 @@ class EMA(Callback):
         self._saved: list[torch.Tensor] | None = None  # the training weights while evaluating
         self._pending: dict[str, Any] | None = None  # a state loaded before training began
         self._last_step = 0
-        self._fitting = False
 
     # -- training -------------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -112,24 +111,19 @@ class EMA(Callback):
         self._names, self._params = list(floating), list(floating.values())
         self._shadow = [p.detach().clone() for p in self._params]
         self._saved = None
-        self._fitting = True
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self._restore(pending)
         self._last_step = self.model.step  # this fit's count, not the one a state was saved at
 
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
-        current = self.model.step
-        if current == self._last_step:
-            return  # no optimizer step since the last look (mid-accumulation)
-        self._last_step = current
-        if current % self.every_n_steps == 0:
+        if stepped_to(self, self.every_n_steps):  # never mid-accumulation
             with torch.no_grad():
                 # shadow += (1 - decay) * (weights - shadow): one fused kernel over all tensors
                 torch._foreach_lerp_(self._shadow, self._params, 1.0 - self.decay)
 
     def on_eval_begin(self, logs: dict | None = None) -> None:
-        if not self._fitting or self._saved is not None:
+        if self.params.get("epochs") is None or self._saved is not None:  # not in a fit
             return
         with torch.no_grad():
             self._saved = [p.detach().clone() for p in self._params]
@@ -143,7 +137,6 @@ class EMA(Callback):
         self._saved = None
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        self._fitting = False
         if self.swap_at_end and self._shadow is not None:
             with torch.no_grad():
                 torch._foreach_copy_(self._params, self._shadow)

@@ -56,7 +56,6 @@ class History(Callback):
         self.epoch: list[int] = []
         self.history: dict[str, list[float]] = {}
         self.evaluations: list[dict[str, float]] = []
-        self._training = False
         self._rates: dict[str, float] = {}  # this epoch's learning rates, read at its start
 
     def state_dict(self) -> dict:
@@ -77,17 +76,13 @@ class History(Callback):
         self.epoch = []
         self.history = {}
         self.evaluations = []
-        self._training = True
-
-    def on_train_end(self, logs: dict | None = None) -> None:
-        self._training = False
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if not getattr(self.model, "epoch_step", 0):  # a resumed epoch keeps its restored rates
             self._rates = learning_rates(self.model)
 
     def on_eval_end(self, logs: dict | None = None) -> None:
-        if self._training and logs:
+        if logs and self.params.get("epochs") is not None:  # an evaluation inside fit
             self.evaluations.append({"step": self.model.step, "epoch": self.model.epoch, **logs})
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:

@@ -41,19 +41,6 @@ def _check_scheduler(scheduler: Any, received: str) -> None:
         )
 
 
-def _per_step(by_step: bool | None, by_epoch: bool | None) -> bool:
-    """Whether LRScheduler steps per optimizer step, from torch-hapi's and Paddle's keywords."""
-    if None not in (by_step, by_epoch) and bool(by_step) == bool(by_epoch):
-        by_step, by_epoch = bool(by_step), bool(by_epoch)
-        raise ValueError(
-            f"LRScheduler received by_step={by_step} and by_epoch={by_epoch}: the scheduler "
-            f"would step {'both per step and per epoch' if by_step else 'never'}. Pass one of "
-            "them: by_step=True (after every optimizer step, e.g. OneCycleLR) or by_epoch=True "
-            "(at each epoch end, e.g. StepLR)."
-        )
-    return bool(by_step) if by_epoch is None else not by_epoch
-
-
 class LRScheduler(Callback):
     """Steps a ``torch.optim.lr_scheduler`` once per epoch, or once per optimizer step.
 
@@ -114,20 +101,25 @@ class LRScheduler(Callback):
         by_epoch: bool | None = None,
     ) -> None:
         super().__init__()
-        self._factory: SchedulerFactory | None = None
         if isinstance(scheduler, type):
             raise TypeError(
                 f"LRScheduler received the class {scheduler.__name__}, not a scheduler. Build it on "
                 f"the optimizer, e.g. LRScheduler({scheduler.__name__}(optimizer, ...)), or pass a "
                 f"function: LRScheduler(lambda optimizer, total: {scheduler.__name__}(optimizer, ...))."
             )
-        if callable(scheduler) and not isinstance(scheduler, torch_lr.LRScheduler):
-            self._factory = scheduler
-            self.scheduler: torch_lr.LRScheduler | None = None
-        else:
+        made = isinstance(scheduler, torch_lr.LRScheduler) or not callable(scheduler)
+        if made:
             _check_scheduler(scheduler, "received")
-            self.scheduler = scheduler
-        self.by_step = _per_step(by_step, by_epoch)
+        self._factory: SchedulerFactory | None = None if made else scheduler
+        self.scheduler: torch_lr.LRScheduler | None = scheduler if made else None
+        if None not in (by_step, by_epoch) and bool(by_step) == bool(by_epoch):
+            raise ValueError(
+                f"LRScheduler received by_step={bool(by_step)} and by_epoch={bool(by_epoch)}: the "
+                f"scheduler would step {'both per step and per epoch' if by_step else 'never'}. "
+                "Pass one of them: by_step=True (after every optimizer step, e.g. OneCycleLR) or "
+                "by_epoch=True (at each epoch end, e.g. StepLR)."
+            )
+        self.by_step = bool(by_step) if by_epoch is None else not by_epoch  # Paddle's or ours
         if not self.by_step:  # per-epoch: no per-batch call (callbacks.base)
             self.unused_hooks = ("on_train_batch_end",)
         self.total: int | None = None
@@ -246,19 +238,13 @@ class LRScheduler(Callback):
         last_step = _count(state, "last_step", none=True)
         step = getattr(self.model, "step", None)
         if self.by_step and None not in (last_step, step) and not 0 <= step - last_step <= 1:
-            raise ValueError(
-                f"LRScheduler state 'last_step' is {last_step!r}, but the model is at optimizer "
-                f"step {step!r}: a per-step schedule has seen every step but the last. "
-                "The checkpoint it came from is damaged or was crafted."
-            )
+            expected = f"the model's optimizer step {step} or one less (a per-step schedule's)"
+            refuse_state("LRScheduler", "last_step", last_step, expected)
         if self._factory is not None:
             stepped = _count(state, "stepped")
             total = _count(state, "total", none=True) or self.total
             if stepped >= max(total, 1):
-                raise ValueError(
-                    f"LRScheduler state 'stepped' is {stepped!r}, beyond the schedule's total of "
-                    f"{total} steps. The checkpoint it came from is damaged or was crafted."
-                )
+                refuse_state("LRScheduler", "stepped", stepped, f"below the total of {total} steps")
             # Another number of processes changes the updates per epoch: the same point of the
             # course is the same epoch and fraction of it. Another `epochs` changes nothing.
             per_epoch = _count(state, "per_epoch", none=True) or self._per_epoch
@@ -273,11 +259,8 @@ class LRScheduler(Callback):
                 for key, value in current.items()
                 if key in saved and None not in (saved[key], value)
             ):
-                raise ValueError(
-                    f"LRScheduler state 'scheduler' is {saved!r}, where this scheduler has "
-                    f"{current!r}: it was saved from another kind of scheduler, or the checkpoint "
-                    "was crafted."
-                )
+                expected = f"the state of a scheduler like this one, {current!r}"
+                refuse_state("LRScheduler", "scheduler", saved, expected)
             self.scheduler.load_state_dict(saved)
         if last_step is not None:
             self._last_step = last_step

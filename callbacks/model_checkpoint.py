@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from hapi.checkpoint import files
 
+from .base import stepped_to
 from .monitor import MonitorCallback, refuse_state, require_int
 
 # The numbered checkpoints ModelCheckpoint writes (<epoch>, step-<N>): the only names it rotates.
@@ -148,7 +149,6 @@ class ModelCheckpoint(MonitorCallback):
         self._written: list[str] = []  # numbered checkpoints this callback wrote, oldest first
         self._last_step = 0  # model.step when on_train_batch_end last looked
         self._pending_step: str | None = None  # a step checkpoint left to the epoch's end
-        self._fitting = False  # on_eval_end judges only evaluations inside a fit
         # An evaluation at the epoch's last batch, judged at the epoch's end: [value, step].
         self._deferred: list[float] = []
         self._judged_step = -1  # model.step of the last evaluation judged at on_eval_end
@@ -210,39 +210,26 @@ class ModelCheckpoint(MonitorCallback):
             self._written = written
 
     # -- hooks ----------------------------------------------------------------
-    def set_params(self, params: dict[str, Any]) -> None:
-        super().set_params(params)
-        self._fitting = False  # until on_train_begin: evaluate() alone writes nothing
-
     def on_train_begin(self, logs: dict | None = None) -> None:
         super().on_train_begin(logs)
         self._last_step = self.model.step
         self._pending_step = None
-        self._fitting = True
         self._deferred = []
         self._judged_step = -1
         self._best_due = None
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        self._fitting = False
         if not self.save_best_only:
             self._save("final", "")
 
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
-        if self._best_due is not None:
-            due, self._best_due = self._best_due, None
-            self._save("best", *due)
-        if self.save_steps is None or self.model.step == self._last_step:
-            return  # no optimizer step since the last look: mid-accumulation, or none wanted
-        self._last_step = self.model.step
-        if self.model.step % self.save_steps:
-            return
+        self._save_best_due()
+        if self.save_steps is None or not stepped_to(self, self.save_steps):
+            return  # none wanted, or no optimizer step to save: mid-accumulation, say
         name = f"step-{self.model.step}"
         # This batch ends the epoch and <epoch>.pt is saved right after it (known only when
         # the epoch's length is; otherwise both files are written): one file, two names.
-        steps = self.params.get("steps")
-        done = getattr(self.model, "epoch_step", None)
-        if self.model.epoch % self.save_freq == 0 and steps is not None and done == steps:
+        if self.model.epoch % self.save_freq == 0 and self._at_epoch_end():
             self._pending_step = name  # written once, at the epoch's end
             return
         self._write_numbered([name], self._plan_numbered([name]), f"Step {self.model.step}: ")
@@ -258,7 +245,8 @@ class ModelCheckpoint(MonitorCallback):
         Args:
             logs: the evaluation's figures (``loss``, each metric), over every process.
         """
-        value = (logs or {}).get(self._eval_name) if self._fitting else None
+        in_fit = self.params.get("epochs") is not None  # evaluate() alone writes nothing
+        value = (logs or {}).get(self._eval_name) if in_fit else None
         if value is None:
             return
         if self._at_epoch_end():
@@ -270,6 +258,7 @@ class ModelCheckpoint(MonitorCallback):
         self._judge(float(value), f"Step {self.model.step}: ", later=self.resumable)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._save_best_due()  # judged at an evaluation outside any batch (no epoch length)
         logs = logs or {}
         pending, self._pending_step = self._pending_step, None
         prefix = f"Epoch {epoch + 1}: "
@@ -339,6 +328,12 @@ class ModelCheckpoint(MonitorCallback):
                 self._best_due = (prefix, reason)
                 return
             self._save("best", prefix, reason)
+
+    def _save_best_due(self) -> None:
+        """Write the ``best.pt`` an evaluation judged, once the step or epoch it is in is done."""
+        if self._best_due is not None:
+            due, self._best_due = self._best_due, None
+            self._save("best", *due)
 
     def _at_epoch_end(self) -> bool:
         """Whether the last batch of the epoch (or of ``num_iters``) has been trained.

@@ -121,8 +121,9 @@ class _Phase:
         # Figures not printed yet (a shortened last epoch's final step, say):
         # printed before the pass ends, so the last figures are always shown.
         self.unprinted: dict | None = None
-        self.lines = 0  # lines printed for this pass
-        self.part = -1  # the 1/max_lines of the pass the last line was in
+        # The 1/max_lines of the pass the last line was in (-1: a pass of unknown length, or no
+        # thinning); -2, below every part, until the pass's first line.
+        self.part = -2
         self.last_line = self.started  # when the last line was printed
         # verbose=3's counters: seconds between batches (reading) and inside them.
         self.reader_time = 0.0
@@ -245,7 +246,6 @@ class ProgBarLogger(Callback):
         parts.append(f"{pace:.1f}s/step" if pace >= 1.0 else f"{pace * 1000:.0f}ms/step")
         print(" - ".join(parts), flush=True)
         phase.unprinted = None
-        phase.lines += 1
         phase.part = phase.part_of(self.max_lines)
         phase.last_line = _clock()
 
@@ -327,8 +327,7 @@ class ProgBarLogger(Callback):
             # A log_freq step gets a line by the rule of the module docstring; a pass of
             # unknown length stays in part -1, so only time spaces its lines.
             due = (
-                phase.lines == 0
-                or self.max_lines is None
+                self.max_lines is None
                 or phase.part_of(self.max_lines) > phase.part
                 or (self.interval is not None and _clock() - phase.last_line >= self.interval)
             )

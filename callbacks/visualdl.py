@@ -75,21 +75,6 @@ def _run_name(owner: str, version: Version) -> str | None:
     )
 
 
-def _reserve_version(log_dir: str) -> str:
-    """Create ``<log_dir>/version_<N>`` for the next N and return its name.
-
-    ``os.mkdir`` fails on a name that exists, so of two runs that list the
-    directory at the same moment one gets N and the other retries with N+1.
-    """
-    os.makedirs(log_dir, exist_ok=True)
-    while True:
-        taken = [int(m.group(1)) for m in map(_VERSION_DIR.fullmatch, os.listdir(log_dir)) if m]
-        name = f"version_{max(taken) + 1 if taken else 0}"
-        with contextlib.suppress(FileExistsError):  # taken meanwhile: list again
-            os.mkdir(os.path.join(log_dir, name))
-            return name
-
-
 class _Curves(Callback):
     """The x axes VisualDL, TensorBoard and W&B share, and the training scalars of a batch.
 
@@ -104,11 +89,6 @@ class _Curves(Callback):
         super().__init__()
         self.train_step = 0
         self._in_batch = False  # between a batch's begin and end
-        self._epoch = 0
-        self._training = False
-
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self._epoch = epoch
 
     def on_train_batch_begin(self, step: int, logs: dict | None = None) -> None:
         self._in_batch = True
@@ -157,8 +137,6 @@ class _ScalarLogger(_Curves):
         # "auto", until the main process picks version_<N>.
         self._run: str | None = None if self._auto else run
         self.next_eval_step = 1  # where the next standalone evaluate is plotted
-        # During a fit with eval_steps: evaluations are plotted at train_step, not at the epoch.
-        self._eval_at_batch = False
         self._writer: Any = None
 
     @property
@@ -174,9 +152,19 @@ class _ScalarLogger(_Curves):
         return self.log_dir if self._run is None else os.path.join(self.log_dir, self._run)
 
     def _choose_run_dir(self) -> None:
-        """The run directory, choosing (and creating) ``version_<N>`` the first time."""
-        if self._auto and self._run is None:
-            self._run = _reserve_version(self.log_dir)
+        """The run directory, choosing (and creating) ``version_<N>`` the first time.
+
+        ``os.mkdir`` fails on a name that exists, so of two runs that list the
+        directory at the same moment one gets N and the other retries with N+1.
+        """
+        while self._auto and self._run is None:
+            os.makedirs(self.log_dir, exist_ok=True)
+            listed = map(_VERSION_DIR.fullmatch, os.listdir(self.log_dir))
+            taken = [int(match.group(1)) for match in listed if match]
+            name = f"version_{max(taken) + 1 if taken else 0}"
+            with contextlib.suppress(FileExistsError):  # taken meanwhile: list again
+                os.mkdir(os.path.join(self.log_dir, name))
+                self._run = name
 
     def _write(self, prefix: str, scalars: dict[str, float], step: int) -> None:
         if not self.is_main:
@@ -232,10 +220,6 @@ class _ScalarLogger(_Curves):
             self.close()
             self._run = restored
 
-    def on_train_begin(self, logs: dict | None = None) -> None:
-        self._training = True
-        self._eval_at_batch = self.params.get("eval_steps") is not None
-
     def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
         scalars = self._train_scalars(logs)
         if scalars:  # else a step between log_freq steps: nothing new to plot
@@ -245,25 +229,25 @@ class _ScalarLogger(_Curves):
         self.next_eval_step = max(self.next_eval_step, epoch + 1)
 
     def on_eval_end(self, logs: dict | None = None) -> None:
-        if self._training and self._eval_at_batch:
+        fitting = self.params.get("epochs") is not None  # None in a standalone evaluate
+        if fitting and self.params.get("eval_steps") is not None:
             # The batches trained so far, the x of the train/* curves: the
             # evaluated weights are those the train curve shows at that x.
             step = self.train_step + int(self._in_batch)
-        elif self._training:
-            step = self._epoch
+        elif fitting:
+            step = self.model.epoch  # the epoch evaluated (it counts on after on_epoch_end)
         else:
             step = self.next_eval_step
             self.next_eval_step += 1
         self._write("eval", dict(logs or {}), step)
-        if not self._training and self._writer is not None:
+        if not fitting and self._writer is not None:
             self._writer.flush()
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        if self._eval_at_batch:
+        if self.params.get("eval_steps") is not None:
             # A standalone evaluate comes after every batch of this fit (and so
             # after its evaluations): the eval/* curve never runs backwards.
             self.next_eval_step = max(self.next_eval_step, self.train_step + 1)
-        self._training = self._eval_at_batch = False
         if self._writer is not None:
             self._writer.flush()
 

@@ -24,8 +24,9 @@ from typing import Any, Literal
 
 from .visualdl import _Curves
 
-# The callbacks whose run is open. A fit that ends finishes its run, so one still open
-# when another run starts was left by a fit that raised: it is finished then, as failed.
+# The callbacks whose own run (one they started, not the user's) is open: the runs they finish.
+# A fit that ends finishes its run, so one still open when another run starts was left by a fit
+# that raised: it is finished then, as failed.
 _OPEN: list[WandbCallback] = []
 
 
@@ -119,7 +120,6 @@ class WandbCallback(_Curves):
             **kwargs,
         }
         self.run: Any = None
-        self._owns_run = False  # started here (finished here), not the user's own
         self._epochs_trained = 0
 
     # -- the run ---------------------------------------------------------------
@@ -138,9 +138,9 @@ class WandbCallback(_Curves):
                 "callback start and finish a run of its own, call wandb.finish() first.",
                 stacklevel=3,
             )
-            self.run, self._owns_run = current, False
+            self.run = current
         else:
-            self.run, self._owns_run = wandb.init(**self.wandb_args), True
+            self.run = wandb.init(**self.wandb_args)
             # (Re-)registered after wandb.init, so that it runs before wandb's own exit hook.
             atexit.unregister(_finish_open_runs)
             atexit.register(_finish_open_runs)
@@ -153,9 +153,8 @@ class WandbCallback(_Curves):
     def _finish(self, exit_code: int | None = None) -> None:
         """Let go of the run; finish it if this callback started it (the user finishes theirs)."""
         run, self.run = self.run, None
-        if self in _OPEN:
+        if self in _OPEN:  # a run it started (not the user's), open until now
             _OPEN.remove(self)
-        if run is not None and self._owns_run:
             run.finish(exit_code=exit_code)
 
     # -- hooks -----------------------------------------------------------------
@@ -163,10 +162,9 @@ class WandbCallback(_Curves):
         super().set_params(params)
         # Called as each fit, evaluate or predict sets up, before its first hook: none is
         # under way now, even if the last fit raised before its on_train_end.
-        self._training = self._in_batch = False
+        self._in_batch = False
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self._training = True
         if self.is_main:
             self._start()
 
@@ -180,21 +178,21 @@ class WandbCallback(_Curves):
         self._epochs_trained = max(self._epochs_trained, epoch + 1)
 
     def on_eval_begin(self, logs: dict | None = None) -> None:
-        if not self._training and self.is_main:
+        if self.params.get("epochs") is None and self.is_main:
             self._start()  # a standalone evaluate: a run of its own
 
     def on_eval_end(self, logs: dict | None = None) -> None:
         if not self.is_main:
             return
+        fitting = self.params.get("epochs") is not None  # None in a standalone evaluate
         row = {f"eval/{k}": float(v) for k, v in (logs or {}).items()}
-        row["epoch"] = self._epoch if self._training else self._epochs_trained
-        row["train/step"] = self.train_step + int(self._training and self._in_batch)
+        row["epoch"] = self.model.epoch if fitting else self._epochs_trained
+        row["train/step"] = self.train_step + int(fitting and self._in_batch)
         if self.run is not None:
             self.run.log(row)
-        if not self._training:
+        if not fitting:
             self._finish()
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        self._training = False
         if self.is_main:
             self._finish()

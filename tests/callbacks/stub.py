@@ -60,3 +60,8 @@ def attach(callback, model: StubModel | None = None, rank: int = 0, **params):
         }
     )
     return model
+
+
+def as_evaluate(callback) -> None:
+    """The params a standalone ``evaluate()`` gives (``epochs`` None): no fit is under way."""
+    callback.set_params({**callback.params, "epochs": None})

@@ -448,6 +448,22 @@ def test_an_evaluation_of_unknown_position_is_judged_once(tmp_path):
     assert cb.best == 0.5
 
 
+def test_a_resumable_best_of_an_epoch_of_unknown_length_is_written_at_the_epochs_end(tmp_path):
+    """Resumable, the best of an evaluation is written once its step's callbacks have run: the
+    epoch's own evaluation, outside any batch, by the epoch's end (it was never written)."""
+    cb = ModelCheckpoint(tmp_path, resumable=True)
+    model = attach(cb, steps=None)
+    cb.on_train_begin()
+    model.step, model.epoch_step = 7, 7
+    cb.on_eval_end({"loss": 0.5})
+    assert model.saved == []  # not yet: the epoch's other callbacks come first
+    model.epoch, model.epoch_step = 1, 0
+    cb.on_epoch_end(0, {"loss": 1.0, "val_loss": 0.5})
+    assert [os.path.basename(p) for p in model.saved] == ["best", "0"]
+    cb.on_train_end()
+    assert [os.path.basename(p) for p in model.saved] == ["best", "0", "final"]
+
+
 def test_an_evaluation_at_the_last_batch_waits_for_the_epochs_end_even_across_a_resume(
     tmp_path,
 ):

@@ -5,7 +5,7 @@ import os
 import sys
 
 import pytest
-from stub import attach
+from stub import as_evaluate, attach
 from visualdl import LogReader
 
 import callbacks.visualdl
@@ -29,6 +29,7 @@ def fit_two_epochs(cb, model):
     """4 batches per epoch, log_freq=2: batch logs carry figures on steps 1 and 3."""
     cb.on_train_begin()
     for epoch in range(2):
+        model.epoch = epoch  # as the loop sets it
         cb.on_epoch_begin(epoch)
         for step in range(4):
             cb.on_train_batch_begin(step)
@@ -80,7 +81,7 @@ def test_no_optimizer_means_no_lr_scalar(tmp_path):
 def test_standalone_evaluate_counts_evaluations_and_flushes_the_file(tmp_path):
     log_dir = tmp_path / "eval_runs"
     cb = VisualDL(log_dir)
-    attach(cb)
+    attach(cb, epochs=None)  # evaluate()'s params
     for i in range(2):
         cb.on_eval_begin({"steps": 1, "metrics": ["loss"]})
         cb.on_eval_batch_end(0, {"batch_size": 8, "loss": 9.0})
@@ -95,6 +96,7 @@ def test_evaluate_after_fit_is_plotted_after_the_epochs_and_resumes_there(tmp_pa
     cb = VisualDL(tmp_path / "runs")
     model = attach(cb, log_freq=2)
     fit_two_epochs(cb, model)  # evaluations at epochs 0 and 1
+    as_evaluate(cb)
     cb.on_eval_begin({"steps": 1, "metrics": ["loss"]})
     cb.on_eval_end({"loss": 0.1})
     assert [step for step, _ in read_scalars(cb.run_dir)["eval/loss"]] == [0, 1, 2]
@@ -167,6 +169,7 @@ def test_of_two_processes_only_rank_0_opens_a_writer(tmp_path, monkeypatch, rank
     cb = VisualDL(log_dir)
     model = attach(cb, rank=rank, world_size=2, log_freq=2)
     fit_two_epochs(cb, model)
+    as_evaluate(cb)
     cb.on_eval_begin({"steps": 1, "metrics": ["loss"]})  # then a standalone evaluate
     cb.on_eval_end({"loss": 0.1})
     cb.close()
@@ -222,8 +225,10 @@ def test_a_run_keeps_its_directory_across_fit_evaluate_and_close(tmp_path):
     cb = VisualDL(tmp_path / "runs")
     attach(cb)
     write_one_point(cb)
+    as_evaluate(cb)
     cb.on_eval_end({"loss": 0.5})  # a standalone evaluate
     cb.close()
+    attach(cb)
     write_one_point(cb)  # a later fit with the same callback object
     cb.close()
     assert os.listdir(tmp_path / "runs") == ["version_0"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import TinyNet, make_tiny_data
 from dist_helpers import WORKER, read_ranks, torchrun
-from stub import attach
+from stub import as_evaluate, attach
 from wandb_offline import wandb_offline_fixture  # noqa: F401  (the wandb_offline fixture)
 
 import callbacks.wandb
@@ -25,6 +25,7 @@ def fit_two_epochs(cb, model):
     """4 batches per epoch, log_freq=2: batch logs carry figures on steps 1 and 3."""
     cb.on_train_begin()
     for epoch in range(2):
+        model.epoch = epoch  # as the loop sets it
         cb.on_epoch_begin(epoch)
         for step in range(4):
             cb.on_train_batch_begin(step)
@@ -135,11 +136,12 @@ def test_other_ranks_start_no_run(wandb_offline):
 
 def test_a_standalone_evaluate_is_a_run_of_its_own(wandb_offline):
     cb = WandbCallback(project="hapi-test", dir=str(wandb_offline.dir))
-    model = attach(cb, log_freq=2)
+    model = attach(cb, log_freq=2, epochs=None)  # evaluate()'s params
     cb.on_eval_begin({"steps": 2, "metrics": ["loss"]})
     cb.on_eval_end({"loss": 0.5})
+    attach(cb, model, log_freq=2)
     fit_two_epochs(cb, model)
-    cb.set_params({**cb.params, "epochs": None})
+    as_evaluate(cb)
     cb.on_eval_begin({"steps": 2, "metrics": ["loss"]})
     cb.on_eval_end({"loss": 0.25})
     assert cb.run is None
