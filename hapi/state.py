@@ -19,14 +19,14 @@ import functools
 import numbers
 import os
 import warnings
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from hapi import checkpoint, distributed
 from hapi.amp import check_scaler_state
-from hapi.checkpoint import matching
 from hapi.checkpoint.errors import CRAFTED, CheckpointError, refuse
 from hapi.rng import global_state, set_global_state
 
@@ -249,7 +249,7 @@ def _load_weights(model: Any, file: str, state: dict, skip_mismatch: bool) -> li
     for key, value in network.items():
         if not (torch.is_tensor(value) or str(key).endswith("_extra_state")):
             refuse(file, f"'network'[{key!r}]", value, "a tensor")
-    weights, skipped = matching.match_state_dict(model._network, network, file, skip_mismatch)
+    weights, skipped = match_state_dict(model._network, network, file, skip_mismatch)
     model._strategy._load_state_dict(model._network, weights, strict=not skipped)
     return skipped
 
@@ -261,9 +261,40 @@ def _load_shards(model: Any, file: str, state: dict, skip_mismatch: bool) -> lis
         key: torch.empty(shape, device="meta")
         for key, shape in checkpoint.saved_shapes(directory).items()
     }
-    weights, skipped = matching.match_state_dict(model._network, saved, file, skip_mismatch)
+    weights, skipped = match_state_dict(model._network, saved, file, skip_mismatch)
     checkpoint.load_shards(directory, model._network, set(weights))
     return skipped
+
+
+def match_state_dict(
+    network: nn.Module, saved: dict[str, torch.Tensor], file: str, skip_mismatch: bool
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Check ``saved`` against ``network``; returns the loadable part and the skipped keys.
+
+    Raises:
+        CheckpointError: unless ``skip_mismatch``, when any key is missing,
+            unexpected or of another shape -- the sign of another architecture.
+    """
+    expected = network.state_dict()
+    loadable = {k: v for k, v in saved.items() if k in expected and v.shape == expected[k].shape}
+    skipped = sorted((set(expected) | set(saved)) - set(loadable))
+    if skipped and not skip_mismatch:
+        problems = {
+            "shape mismatch": ", ".join(
+                f"{k}: file {tuple(saved[k].shape)} vs network {tuple(expected[k].shape)}"
+                for k in expected
+                if k in saved and k not in loadable
+            ),
+            "missing in the file": [k for k in expected if k not in saved],
+            "not in the network": [k for k in saved if k not in expected],
+        }
+        raise CheckpointError(
+            f"Checkpoint {file!r} does not fit this network ({type(network).__name__}): "
+            f"{'; '.join(f'{what}: {keys}' for what, keys in problems.items() if keys)}. It was "
+            "probably saved from another architecture. Load it into the network it came from, "
+            "or pass skip_mismatch=True to load only the tensors whose names and shapes match."
+        )
+    return loadable, skipped
 
 
 def _check_optimizer_states(model: Any, file: str, state: dict) -> None:
@@ -324,37 +355,40 @@ def _load_optimizers(
     ``keep_hyperparameters``: the settings given to prepare() win (a load); a
     resume takes the file's too, schedules having changed them.
     """
-    saved, shards = state.get("optimizer"), state.get("optimizer_shards")
-    load = functools.partial(load_optimizer_state, model, keep_hyperparameters=keep_hyperparameters)
-    if (saved is not None or shards is not None) and skipped:
-        warnings.warn(
-            "The optimizer state in the checkpoint was not loaded because the "
-            "network's weights did not match it.",
-            stacklevel=4,
-        )
-    elif shards is not None and model._optimizer is not None:
-        directory = checkpoint.shards_directory(file, state)
-        with restoring(file, "'optimizer'"):
-            load(
-                {"param_groups": shards["param_groups"]},
-                state.get("optimizer_type"),
-                source=file,
-                loader=lambda _: _load_optimizer_shards(directory, model, shards),
+    saved, shards, several = (state.get(k) for k in ("optimizer", "optimizer_shards", "optimizers"))
+    kind = state.get("optimizer_type")
+    load = functools.partial(
+        load_optimizer_state, model, keep_hyperparameters=keep_hyperparameters, source=file
+    )
+    if skipped:  # the optimizer state belongs to other weights
+        if saved is not None or shards is not None:
+            warnings.warn(
+                "The optimizer state in the checkpoint was not loaded because the "
+                "network's weights did not match it.",
+                stacklevel=4,
             )
-    elif shards is not None:  # shards are read into the optimizer's own (sharded) state
+        return
+    if shards is not None and model._optimizer is None:  # read into the optimizer's own state
         warnings.warn(
             f"The optimizer state in the sharded checkpoint {file!r} was not loaded: "
             "this Model has no optimizer yet. Call prepare(optimizer=...) before load() "
             "to restore it.",
             stacklevel=4,
         )
-    elif saved is not None and model._optimizer is not None:
+    elif shards is not None:
+        directory = checkpoint.shards_directory(file, state)
         with restoring(file, "'optimizer'"):
-            load(saved, state.get("optimizer_type"), source=file)
+            load(
+                {"param_groups": shards["param_groups"]},
+                kind,
+                loader=lambda _: _load_optimizer_shards(directory, model, shards),
+            )
+    elif saved is not None and model._optimizer is None:
+        model._pending_optimizer = (saved, kind)
     elif saved is not None:
-        model._pending_optimizer = (saved, state.get("optimizer_type"))
-    several = state.get("optimizers")
-    if several is None or skipped:
+        with restoring(file, "'optimizer'"):
+            load(saved, kind)
+    if several is None:
         return
     with restoring(file, "'optimizers'"):
         if sorted(several) != sorted(model._optimizers):
@@ -375,6 +409,20 @@ def _load_optimizers(
             )
 
 
+def _load_optimizer_shards(directory: str, model: Any, shards: dict) -> None:
+    """A sharded checkpoint's optimizer state, once its groups hold as many parameters as this
+    optimizer's (torch's ``load_state_dict`` refuses others, its sharded loader takes them) and
+    its per-parameter state was kept under settings that keep the same (:func:`check_state_keys`).
+    """
+    sizes = [len(group["params"]) for group in shards["param_groups"]]
+    ours = [len(group["params"]) for group in model._optimizer.param_groups]
+    if sizes != ours:
+        raise ValueError(f"its parameter groups hold {sizes} parameters, this optimizer's {ours}")
+    if shards["plain_values"] or shards["has_tensors"]:
+        check_state_keys(model._optimizer, shards["param_groups"])
+    checkpoint.load_optimizer_shards(directory, model._network, model._optimizer, shards)
+
+
 def load_optimizer_state(
     model: Any,
     optimizer_state: dict,
@@ -383,29 +431,149 @@ def load_optimizer_state(
     source: str,
     keep_hyperparameters: bool,
     optimizer: torch.optim.Optimizer | None = None,
-    loader: Any = None,
+    loader: Callable[[dict], None] | None = None,
 ) -> None:
-    """A saved state into ``optimizer`` (default: the Model's), the strategy's way."""
+    """A saved state into ``optimizer`` (default: the Model's), refusing one of another class.
+
+    ``loader(state)`` puts it in; by default the strategy's way (sharded under
+    FSDP). With ``keep_hyperparameters`` the optimizer's own settings
+    (``lr``, ``betas``, ``weight_decay``, ...: what the user passed to
+    ``prepare``) stay, and only the per-parameter state (momentum buffers,
+    Adam's moments and step counts) comes from the file; a warning names each
+    setting the file had otherwise. torch's ``load_state_dict`` would silently
+    take the file's: fine-tuning at 1e-4 from a checkpoint trained at 1e-3
+    would train at 1e-3.
+    """
     optimizer = model._optimizer if optimizer is None else optimizer
-    matching.load_optimizer_state(
-        optimizer,
-        optimizer_state,
-        saved_type,
-        source,
-        load=loader
-        or functools.partial(model._strategy._load_optimizer_state, model._network, optimizer),
-        keep_hyperparameters=keep_hyperparameters,
+    load = loader or functools.partial(
+        model._strategy._load_optimizer_state, model._network, optimizer
     )
+    given = [
+        {key: value for key, value in group.items() if key != "params"}
+        for group in optimizer.param_groups
+    ]
+    try:
+        if saved_type is not None and saved_type != type(optimizer).__name__:
+            raise ValueError(f"it was saved from a {saved_type} optimizer")
+        # A state from another optimizer class would load without complaint and
+        # fail at the next step; its hyper-parameters give it away.
+        groups = optimizer_state.get("param_groups") or [{}]
+        lacking = sorted(set(optimizer.defaults) - set(groups[0]))
+        if lacking:
+            raise ValueError(f"it was saved from another optimizer (its settings lack {lacking})")
+        if keep_hyperparameters and optimizer_state.get("state"):
+            check_state_keys(optimizer, groups, optimizer_state["state"])
+        load(optimizer_state)
+    except CheckpointError:
+        raise  # the shards could not be read: says so itself
+    except (ValueError, KeyError, RuntimeError) as error:
+        raise CheckpointError(
+            f"The optimizer state in {source} does not fit this model's optimizer "
+            f"({type(optimizer).__name__}): {error}. Pass reset_optimizer=True to load only the "
+            "network's weights."
+        ) from error
+    if not keep_hyperparameters:
+        return
+    differences = []
+    for index, (group, settings) in enumerate(zip(optimizer.param_groups, given)):
+        for key, value in settings.items():
+            if key in group and not _same_setting(group[key], value):
+                where = f"group {index} " if len(given) > 1 else ""
+                differences.append(f"{where}{key}={group[key]!r} in the file, {value!r} given")
+        group.update(settings)
+    if differences:
+        warnings.warn(
+            f"The optimizer state loaded from {source} was saved with other settings than the "
+            f"{type(optimizer).__name__} given to prepare(): {'; '.join(differences)}. Training uses "
+            "the settings given to prepare(); the per-parameter state (momentum, moments, step "
+            "counts) comes from the file. To train with the file's settings, build the optimizer "
+            "with them.",
+            stacklevel=3,
+        )
 
 
-def _load_optimizer_shards(directory: str, model: Any, shards: dict) -> None:
-    """A sharded checkpoint's optimizer state, once its groups hold as many parameters as this
-    optimizer's: torch's ``load_state_dict`` refuses others, its sharded loader takes them."""
-    sizes = [len(group["params"]) for group in shards["param_groups"]]
-    ours = [len(group["params"]) for group in model._optimizer.param_groups]
-    if sizes != ours:
-        raise ValueError(f"its parameter groups hold {sizes} parameters, this optimizer's {ours}")
-    checkpoint.load_optimizer_shards(directory, model._network, model._optimizer, shards)
+def _same_setting(saved: Any, given: Any) -> bool:
+    if isinstance(saved, (tuple, list)) and isinstance(given, (tuple, list)):
+        return len(saved) == len(given) and all(map(_same_setting, saved, given))
+    try:
+        return bool(saved == given)  # a one-element tensor compares too
+    except (TypeError, ValueError, RuntimeError):
+        return saved is given
+
+
+# Settings that choose an implementation or a device, never the state's keys: left at
+# values a throwaway copy on CPU accepts (fused=True, say, needs a GPU).
+_IMPLEMENTATION = {"foreach": None, "fused": None, "capturable": False, "differentiable": False}
+
+
+def _state_keys(kind: type, settings: dict[str, Any], ndim: int) -> frozenset[str] | None:
+    """The per-parameter state keys a first step of ``kind(settings)`` creates, for a parameter
+    of ``ndim`` dimensions; None when such a copy cannot be made or stepped (an optimizer
+    of the user's with other arguments, LBFGS' closure, SparseAdam's sparse gradients)."""
+    parameter = torch.zeros((1,) * ndim, requires_grad=True)
+    parameter.grad = torch.ones_like(parameter)
+    plain = {k: v for k, v in _IMPLEMENTATION.items() if k in settings}
+    try:
+        copy = kind([{**settings, **plain, "params": [parameter]}])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            copy.step()
+    except Exception:  # noqa: BLE001 -- nothing to learn from this optimizer: no check
+        return None
+    return frozenset(copy.state[parameter])
+
+
+def check_state_keys(
+    optimizer: torch.optim.Optimizer,
+    saved_groups: list[dict[str, Any]],
+    state: dict[Any, Any] | None = None,
+) -> None:
+    """Refuse a saved per-parameter state of other keys than a step of ``optimizer`` creates.
+
+    ``saved_groups``: the file's settings, group by group, for a file that
+    holds per-parameter state. First a setting that explains it: one differs
+    from prepare()'s, and a first step with the file's value creates other
+    state keys than with prepare()'s, for a parameter of this group's shapes
+    (the state lacks what the first update reads, or holds what it never
+    updates). Then, given the file's ``state`` (by parameter index), any
+    parameter's keys that differ without such a setting: a damaged or crafted
+    file, or another version of the optimizer.
+
+    Raises:
+        ValueError: naming the setting(s), the file's value, prepare()'s value
+            and what to do; or the keys held and those a step creates.
+    """
+    kind = type(optimizer)
+    for index, (group, saved) in enumerate(zip(optimizer.param_groups, saved_groups)):
+        given = {k: v for k, v in group.items() if k != "params"}
+        needed = functools.cache(lambda ndim, given=given: _state_keys(kind, given, ndim))
+        differing = [k for k in given if k in saved and not _same_setting(saved[k], given[k])]
+        for ndim in {p.ndim for p in group["params"]} if differing else ():
+            blamed = [
+                k
+                for k in differing
+                if _state_keys(kind, {**given, k: saved[k]}, ndim) != needed(ndim)
+            ]
+            if needed(ndim) is None or not blamed:
+                continue
+            kept = _state_keys(kind, {**given, **{k: saved[k] for k in blamed}}, ndim)
+            where = f"group {index}: " if len(optimizer.param_groups) > 1 else ""
+            in_file = ", ".join(f"{k}={saved[k]!r}" for k in blamed)
+            raise ValueError(
+                f"{where}{in_file} in the file, {', '.join(f'{k}={given[k]!r}' for k in blamed)} "
+                f"given to prepare(): with it {kind.__name__} keeps other per-parameter state "
+                f"({sorted(kept or ())} with the file's settings, {sorted(needed(ndim))} with "
+                "prepare()'s), so the first update would fail or start part of that "
+                f"state afresh. Build the optimizer with {in_file} to continue from this state"
+            )
+        for parameter, key in zip(group["params"], saved.get("params", []) if state else ()):
+            keys = set(state.get(key) or ())
+            if keys and needed(parameter.ndim) is not None and keys != needed(parameter.ndim):
+                raise ValueError(
+                    f"its per-parameter state holds {sorted(keys)}, but a step of this "
+                    f"{kind.__name__} creates {sorted(needed(parameter.ndim))} (the file is "
+                    f"damaged, or was saved by another version of {kind.__name__})"
+                )
 
 
 # -- resume -------------------------------------------------------------------------

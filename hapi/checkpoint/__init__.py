@@ -13,7 +13,6 @@ The modules of this package, each with one job:
   snapshot that makes each capture one moment;
 * :mod:`~hapi.checkpoint.dcp_io` -- a sharded checkpoint's tensors through
   ``torch.distributed.checkpoint``, read without running code from the files;
-* :mod:`~hapi.checkpoint.matching` -- a saved state against this model and optimizer;
 * :mod:`~hapi.checkpoint.errors` -- :class:`CheckpointError`, and why a write failed.
 
 Imports go one way: this package uses :mod:`hapi.distributed` (which process writes),
