@@ -126,12 +126,8 @@ def save(model: Any, path: Any, training: bool, resumable: bool, sharded: bool, 
         if resumable and model._fit_run is not None:
             state["fit"] = _fit_state(model, state["rng"])
     if sharded:
-        shards = functools.partial(
-            checkpoint.save_shards,
-            network=network,
-            optimizer=model._optimizer if training else None,
-        )
-        return checkpoint.save_sharded(path, state, shards, wait=wait)
+        optimizer = model._optimizer if training else None
+        return checkpoint.save_sharded(path, state, network, optimizer, wait=wait)
     return checkpoint.save_state(path, state, wait=wait)
 
 
@@ -377,17 +373,11 @@ def _load_optimizers(
         )
     elif shards is not None:
         directory = checkpoint.shards_directory(file, state)
-        with restoring(file, "'optimizer'"):
-            load(
-                {"param_groups": shards["param_groups"]},
-                kind,
-                loader=lambda _: _load_optimizer_shards(directory, model, shards),
-            )
+        load(shards, kind, loader=lambda _: _load_optimizer_shards(directory, model, shards))
     elif saved is not None and model._optimizer is None:
         model._pending_optimizer = (saved, kind)
     elif saved is not None:
-        with restoring(file, "'optimizer'"):
-            load(saved, kind)
+        load(saved, kind)
     if several is None:
         return
     with restoring(file, "'optimizers'"):
@@ -466,7 +456,7 @@ def load_optimizer_state(
         load(optimizer_state)
     except CheckpointError:
         raise  # the shards could not be read: says so itself
-    except (ValueError, KeyError, RuntimeError) as error:
+    except Exception as error:  # noqa: BLE001 -- a crafted state fails anywhere: name it
         raise CheckpointError(
             f"The optimizer state in {source} does not fit this model's optimizer "
             f"({type(optimizer).__name__}): {error}. Pass reset_optimizer=True to load only the "
@@ -675,11 +665,9 @@ def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
         )
     pending = list(saved["callbacks"])
     for callback in callbacks:
-        match = next(
-            (i for i, (name, _) in enumerate(pending) if name == type(callback).__name__), None
-        )
-        if match is not None:
-            name, state = pending.pop(match)
+        left = [name for name, _ in pending]
+        if type(callback).__name__ in left:
+            name, state = pending.pop(left.index(type(callback).__name__))
             with restoring(file, f"{name}'s state"):
                 callback.load_state_dict(state)
     with restoring(file, "'step_state'"):
@@ -718,9 +706,10 @@ def _warn_resume(file: str, saved_by: int, outcome: str, reason: str | None) -> 
 
     ``outcome`` is what :meth:`hapi.data.TrainData.resume` did.
     """
+    if outcome == "exact":
+        return
     here = distributed.world_size()
     epoch = {
-        "exact": None,
         "fresh": "random streams start afresh, so results differ from an uninterrupted run",
         "split": (
             f"the rest of the interrupted epoch is split across the processes there are now "
@@ -733,8 +722,6 @@ def _warn_resume(file: str, saved_by: int, outcome: str, reason: str | None) -> 
         ),
         "inexact": f"the rest of the interrupted epoch may differ from an uninterrupted run's: {reason}",
     }[outcome]
-    if epoch is None:
-        return
     moved = f", saved by {saved_by} processes, on {here}" if saved_by != here else ""
     warnings.warn(
         f"Resuming from {file!r}{moved}: the weights, optimizer and callbacks are restored, and "
