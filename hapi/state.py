@@ -252,13 +252,15 @@ def _load_weights(model: Any, file: str, state: dict, skip_mismatch: bool) -> li
 
 def _load_shards(model: Any, file: str, state: dict, skip_mismatch: bool) -> list[str]:
     """A sharded checkpoint's weights, resharded for this run (collectives)."""
+    from hapi.checkpoint import dcp_io  # imported on first use (DCP costs a second)
+
     directory = checkpoint.shards_directory(file, state)
     saved = {
         key: torch.empty(shape, device="meta")
-        for key, shape in checkpoint.saved_shapes(directory).items()
+        for key, shape in dcp_io.saved_shapes(directory).items()
     }
     weights, skipped = match_state_dict(model._network, saved, file, skip_mismatch)
-    checkpoint.load_shards(directory, model._network, set(weights))
+    dcp_io.load_shards(directory, model._network, set(weights))
     return skipped
 
 
@@ -410,7 +412,9 @@ def _load_optimizer_shards(directory: str, model: Any, shards: dict) -> None:
         raise ValueError(f"its parameter groups hold {sizes} parameters, this optimizer's {ours}")
     if shards["plain_values"] or shards["has_tensors"]:
         check_state_keys(model._optimizer, shards["param_groups"])
-    checkpoint.load_optimizer_shards(directory, model._network, model._optimizer, shards)
+    from hapi.checkpoint import dcp_io
+
+    dcp_io.load_optimizer_shards(directory, model._network, model._optimizer, shards)
 
 
 def load_optimizer_state(
