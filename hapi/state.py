@@ -22,7 +22,6 @@ import warnings
 from typing import Any, Callable, Iterator
 
 import torch
-from torch import nn
 from tqdm import tqdm
 
 from hapi import checkpoint, distributed
@@ -216,9 +215,7 @@ def load(model: Any, path: Any, skip_mismatch: bool, reset_optimizer: bool, resu
         check_like(file, state["optimizer_type"], "", "'optimizer_type'")
     if not (reset_optimizer or skip_mismatch):  # else not restored, or only if it fits
         _check_optimizer_states(model, file, state)
-    skipped = (_load_shards if "shards" in state else _load_weights)(
-        model, file, state, skip_mismatch
-    )
+    skipped = _load_weights(model, file, state, skip_mismatch)
     if skipped:
         warnings.warn(
             f"Loaded {file!r} partially; skipped {len(skipped)} tensors whose name or "
@@ -240,40 +237,29 @@ def load(model: Any, path: Any, skip_mismatch: bool, reset_optimizer: bool, resu
 
 
 def _load_weights(model: Any, file: str, state: dict, skip_mismatch: bool) -> list[str]:
-    network = state.get("network")
-    check_like(file, network, {}, "'network'")
-    for key, value in network.items():
-        if not (torch.is_tensor(value) or str(key).endswith("_extra_state")):
-            refuse(file, f"'network'[{key!r}]", value, "a tensor")
-    weights, skipped = match_state_dict(model._network, network, file, skip_mismatch)
-    model._strategy._load_state_dict(model._network, weights, strict=not skipped)
-    return skipped
+    """The file's weights into the network, matched by name and shape; returns the keys skipped.
 
-
-def _load_shards(model: Any, file: str, state: dict, skip_mismatch: bool) -> list[str]:
-    """A sharded checkpoint's weights, resharded for this run (collectives)."""
-    from hapi.checkpoint import dcp_io  # imported on first use (DCP costs a second)
-
-    directory = checkpoint.shards_directory(file, state)
-    saved = {
-        key: torch.empty(shape, device="meta")
-        for key, shape in dcp_io.saved_shapes(directory).items()
-    }
-    weights, skipped = match_state_dict(model._network, saved, file, skip_mismatch)
-    dcp_io.load_shards(directory, model._network, set(weights))
-    return skipped
-
-
-def match_state_dict(
-    network: nn.Module, saved: dict[str, torch.Tensor], file: str, skip_mismatch: bool
-) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """Check ``saved`` against ``network``; returns the loadable part and the skipped keys.
+    A sharded checkpoint's are resharded for this run (collectives).
 
     Raises:
         CheckpointError: unless ``skip_mismatch``, when any key is missing,
             unexpected or of another shape -- the sign of another architecture.
     """
-    expected = network.state_dict()
+    if "shards" in state:
+        from hapi.checkpoint import dcp_io  # imported on first use (DCP costs a second)
+
+        directory = checkpoint.shards_directory(file, state)
+        saved = {
+            key: torch.empty(shape, device="meta")
+            for key, shape in dcp_io.saved_shapes(directory).items()
+        }
+    else:
+        saved = state.get("network")
+        check_like(file, saved, {}, "'network'")
+        for key, value in saved.items():
+            if not (torch.is_tensor(value) or str(key).endswith("_extra_state")):
+                refuse(file, f"'network'[{key!r}]", value, "a tensor")
+    expected = model._network.state_dict()
     loadable = {k: v for k, v in saved.items() if k in expected and v.shape == expected[k].shape}
     skipped = sorted((set(expected) | set(saved)) - set(loadable))
     if skipped and not skip_mismatch:
@@ -287,12 +273,16 @@ def match_state_dict(
             "not in the network": [k for k in saved if k not in expected],
         }
         raise CheckpointError(
-            f"Checkpoint {file!r} does not fit this network ({type(network).__name__}): "
+            f"Checkpoint {file!r} does not fit this network ({type(model._network).__name__}): "
             f"{'; '.join(f'{what}: {keys}' for what, keys in problems.items() if keys)}. It was "
             "probably saved from another architecture. Load it into the network it came from, "
             "or pass skip_mismatch=True to load only the tensors whose names and shapes match."
         )
-    return loadable, skipped
+    if "shards" in state:
+        dcp_io.load_shards(directory, model._network, set(loadable))
+    else:
+        model._strategy._load_state_dict(model._network, loadable, strict=not skipped)
+    return skipped
 
 
 def _check_optimizer_states(model: Any, file: str, state: dict) -> None:
@@ -356,7 +346,11 @@ def _load_optimizers(
     saved, shards, several = (state.get(k) for k in ("optimizer", "optimizer_shards", "optimizers"))
     kind = state.get("optimizer_type")
     load = functools.partial(
-        load_optimizer_state, model, keep_hyperparameters=keep_hyperparameters, source=file
+        load_optimizer_state,
+        model,
+        keep_hyperparameters=keep_hyperparameters,
+        source=file,
+        stacklevel=5,  # the user's load()
     )
     if skipped:  # the optimizer state belongs to other weights
         if saved is not None or shards is not None:
@@ -426,6 +420,7 @@ def load_optimizer_state(
     keep_hyperparameters: bool,
     optimizer: torch.optim.Optimizer | None = None,
     loader: Callable[[dict], None] | None = None,
+    stacklevel: int = 3,
 ) -> None:
     """A saved state into ``optimizer`` (default: the Model's), refusing one of another class.
 
@@ -482,7 +477,7 @@ def load_optimizer_state(
             "the settings given to prepare(); the per-parameter state (momentum, moments, step "
             "counts) comes from the file. To train with the file's settings, build the optimizer "
             "with them.",
-            stacklevel=3,
+            stacklevel=stacklevel,  # the user's load() or prepare()
         )
 
 
