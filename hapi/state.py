@@ -139,50 +139,40 @@ def _fit_state(model: Any, rng: dict[str, Any]) -> dict[str, Any]:
     order and how far the epoch went into it, which a resume on another
     number of processes continues from, and each process's random states at
     the epoch's start, which a resume on as many replays.
+
+    A ``Model`` subclass whose ``train_step`` keeps state from one batch to
+    the next (a language model's hidden state in truncated backpropagation
+    through time, a running statistic) defines ``step_state_dict()`` returning
+    it as a dict, and ``load_step_state_dict(state)`` taking that dict back;
+    each process's is kept under ``"step_state"`` and a resumed fit restores it.
     """
     run = model._fit_run
     shared, own = run.train_data.position(model.epoch_step)
     per_rank = {"rng": rng, "metrics": model._metrics.training_state_dict(), "data": own}
-    step_state = _step_state(model)
-    if step_state is not None:
-        per_rank["step_state"] = step_state
+    save_ = getattr(model, "step_state_dict", None)
+    load_ = getattr(model, "load_step_state_dict", None)
+    if save_ is not None or load_ is not None:
+        if save_ is None or load_ is None:
+            names = ["step_state_dict", "load_step_state_dict"]
+            given, missing = names if load_ is None else names[::-1]
+            raise TypeError(
+                f"{type(model).__name__} defines {given}() but not {missing}(): a resumed fit "
+                "needs both to carry the train_step's state over. Define the pair: "
+                "step_state_dict() returning a dict, load_step_state_dict(state) taking it back."
+            )
+        per_rank["step_state"] = save_()
+        if not isinstance(per_rank["step_state"], dict):
+            raise TypeError(
+                f"{type(model).__name__}.step_state_dict() returned "
+                f"{type(per_rank['step_state']).__name__}; it must return a dict (of tensors, "
+                "numbers, strings, lists or dicts), e.g. {'hidden': self.hidden}."
+            )
     return {
         "data_seed": run.data_seed,
         "data": shared,
         "per_rank": distributed.gather_objects(per_rank),
         "callbacks": [[type(c).__name__, c.state_dict()] for c in run.callbacks],
     }
-
-
-def _step_state(model: Any) -> dict[str, Any] | None:
-    """What the Model's own step carries between batches, from its ``step_state_dict()``.
-
-    A ``Model`` subclass whose ``train_step`` keeps state from one batch to
-    the next (a language model's hidden state in truncated backpropagation
-    through time, a running statistic) defines ``step_state_dict()`` returning
-    it as a dict, and ``load_step_state_dict(state)`` taking that dict back; a
-    resumable checkpoint then holds each process's and a resumed fit restores
-    it. ``None`` for a Model that defines neither.
-    """
-    save_ = getattr(model, "step_state_dict", None)
-    load_ = getattr(model, "load_step_state_dict", None)
-    if save_ is None and load_ is None:
-        return None
-    if save_ is None or load_ is None:
-        given, missing = ("step_state_dict", "load_step_state_dict")[:: 1 if load_ is None else -1]
-        raise TypeError(
-            f"{type(model).__name__} defines {given}() but not {missing}(): a resumed fit needs "
-            "both to carry the train_step's state over. Define the pair: step_state_dict() "
-            "returning a dict, load_step_state_dict(state) taking it back."
-        )
-    state = save_()
-    if not isinstance(state, dict):
-        raise TypeError(
-            f"{type(model).__name__}.step_state_dict() returned {type(state).__name__}; it must "
-            "return a dict (of tensors, numbers, strings, lists or dicts), e.g. "
-            "{'hidden': self.hidden}."
-        )
-    return state
 
 
 # -- load -----------------------------------------------------------------------------
