@@ -659,35 +659,32 @@ def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
             name, state = pending.pop(left.index(type(callback).__name__))
             with restoring(file, f"{name}'s state"):
                 callback.load_state_dict(state)
-    with restoring(file, "'step_state'"):
-        _restore_step_state(model, own, file)
+    if own is not None and "step_state" in own:  # else the Model's own state stays as it is
+        with restoring(file, "'step_state'"):
+            _restore_step_state(model, own["step_state"], file)
     return own
 
 
-def _restore_step_state(model: Any, own: dict[str, Any] | None, file: str) -> None:
+def _restore_step_state(model: Any, saved: Any, file: str) -> None:
     """Give the Model's own step its state back from this process's part of a resumable file.
 
-    A file saved without one (by a Model without ``step_state_dict``) leaves
-    the Model's state as it is. The saved dict must hold the kinds of value
-    (and tensors of the shapes) ``step_state_dict()`` returns now, where it
-    returns one that is not ``None``: the step would trip over any other
-    later, far from the file.
+    The saved dict must hold the kinds of value (and tensors of the shapes)
+    ``step_state_dict()`` returns now, where it returns one that is not
+    ``None``: the step would trip over any other later, far from the file.
     """
-    if own is None or "step_state" not in own:
-        return
     load_ = getattr(model, "load_step_state_dict", None)
+    save_ = getattr(model, "step_state_dict", None)
     if load_ is None:
         warnings.warn(
             f"Resuming from {file!r}: it holds the state a train_step carried between batches "
-            f"(keys {sorted(own['step_state'])}), but {type(model).__name__} defines no "
+            f"(keys {sorted(saved)}), but {type(model).__name__} defines no "
             "load_step_state_dict(state) to take it, so it is not restored. Define "
             "step_state_dict() and load_step_state_dict(state) on the Model subclass.",
             stacklevel=7,
         )
-        return
-    save_ = getattr(model, "step_state_dict", None)
-    check_like(file, own["step_state"], save_ and save_(), "'step_state'", shapes=True)
-    load_(own["step_state"])
+    else:
+        check_like(file, saved, save_ and save_(), "'step_state'", shapes=True)
+        load_(saved)
 
 
 def _warn_resume(file: str, saved_by: int, outcome: str, reason: str | None) -> None:
