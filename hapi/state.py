@@ -296,28 +296,23 @@ def _check_optimizer_states(model: Any, file: str, state: dict) -> None:
         groups = optimizer.state_dict()["param_groups"]
         shapes = [tuple(p.shape) for group in optimizer.param_groups for p in group["params"]]
         for index, group in enumerate(saved.get("param_groups", [])):
-            check_like(file, group, groups[0], f"{where}['param_groups'][{index}]")
+            at = f"{where}['param_groups'][{index}]"
+            check_like(file, group, groups[0], at)
             for name, value in group.items():  # a setting torch leaves None: a plain value
                 if groups[0].get(name, 0) is None and not isinstance(value, _PLAIN):
-                    refuse(
-                        file, f"{where}['param_groups'][{index}][{name!r}]", value, "a plain value"
-                    )
+                    refuse(file, f"{at}[{name!r}]", value, "a plain value")
         # torch's optimizers keep tensors per parameter (and a step count); LBFGS and
         # optimizers of other libraries may keep numbers and lists of tensors too.
-        lenient = isinstance(optimizer, torch.optim.LBFGS) or not type(
-            optimizer
-        ).__module__.startswith("torch.optim")
+        module = type(optimizer).__module__
+        lenient = isinstance(optimizer, torch.optim.LBFGS) or not module.startswith("torch.optim")
         for key, entry in saved.get("state", {}).items():
             check_like(file, entry, {}, f"{where}['state'][{key!r}]")
             shape = shapes[key] if isinstance(key, int) and 0 <= key < len(shapes) else None
             for name, value in entry.items():
                 at = f"{where}['state'][{key!r}][{name!r}]"
                 items = value if lenient and isinstance(value, (list, tuple)) else [value]
-                plain = lenient or name == "step"
-                if not all(
-                    torch.is_tensor(v) or v is None or (plain and isinstance(v, _PLAIN))
-                    for v in items
-                ):
+                kinds = (torch.Tensor, type(None)) + (_PLAIN if lenient or name == "step" else ())
+                if not all(isinstance(v, kinds) for v in items):
                     refuse(
                         file, at, value, "a tensor" + (", a number or a list" if lenient else "")
                     )
