@@ -19,14 +19,13 @@ import functools
 import numbers
 import os
 import warnings
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from tqdm import tqdm
 
 from hapi import checkpoint, distributed
 from hapi.amp import check_scaler_state
-from hapi.checkpoint import matching
 from hapi.checkpoint.errors import CRAFTED, CheckpointError, refuse
 from hapi.rng import global_state, set_global_state
 
@@ -126,12 +125,8 @@ def save(model: Any, path: Any, training: bool, resumable: bool, sharded: bool, 
         if resumable and model._fit_run is not None:
             state["fit"] = _fit_state(model, state["rng"])
     if sharded:
-        shards = functools.partial(
-            checkpoint.save_shards,
-            network=network,
-            optimizer=model._optimizer if training else None,
-        )
-        return checkpoint.save_sharded(path, state, shards, wait=wait)
+        optimizer = model._optimizer if training else None
+        return checkpoint.save_sharded(path, state, network, optimizer, wait=wait)
     return checkpoint.save_state(path, state, wait=wait)
 
 
@@ -144,50 +139,40 @@ def _fit_state(model: Any, rng: dict[str, Any]) -> dict[str, Any]:
     order and how far the epoch went into it, which a resume on another
     number of processes continues from, and each process's random states at
     the epoch's start, which a resume on as many replays.
+
+    A ``Model`` subclass whose ``train_step`` keeps state from one batch to
+    the next (a language model's hidden state in truncated backpropagation
+    through time, a running statistic) defines ``step_state_dict()`` returning
+    it as a dict, and ``load_step_state_dict(state)`` taking that dict back;
+    each process's is kept under ``"step_state"`` and a resumed fit restores it.
     """
     run = model._fit_run
     shared, own = run.train_data.position(model.epoch_step)
     per_rank = {"rng": rng, "metrics": model._metrics.training_state_dict(), "data": own}
-    step_state = _step_state(model)
-    if step_state is not None:
-        per_rank["step_state"] = step_state
+    save_ = getattr(model, "step_state_dict", None)
+    load_ = getattr(model, "load_step_state_dict", None)
+    if save_ is not None or load_ is not None:
+        if save_ is None or load_ is None:
+            names = ["step_state_dict", "load_step_state_dict"]
+            given, missing = names if load_ is None else names[::-1]
+            raise TypeError(
+                f"{type(model).__name__} defines {given}() but not {missing}(): a resumed fit "
+                "needs both to carry the train_step's state over. Define the pair: "
+                "step_state_dict() returning a dict, load_step_state_dict(state) taking it back."
+            )
+        per_rank["step_state"] = save_()
+        if not isinstance(per_rank["step_state"], dict):
+            raise TypeError(
+                f"{type(model).__name__}.step_state_dict() returned "
+                f"{type(per_rank['step_state']).__name__}; it must return a dict (of tensors, "
+                "numbers, strings, lists or dicts), e.g. {'hidden': self.hidden}."
+            )
     return {
         "data_seed": run.data_seed,
         "data": shared,
         "per_rank": distributed.gather_objects(per_rank),
         "callbacks": [[type(c).__name__, c.state_dict()] for c in run.callbacks],
     }
-
-
-def _step_state(model: Any) -> dict[str, Any] | None:
-    """What the Model's own step carries between batches, from its ``step_state_dict()``.
-
-    A ``Model`` subclass whose ``train_step`` keeps state from one batch to
-    the next (a language model's hidden state in truncated backpropagation
-    through time, a running statistic) defines ``step_state_dict()`` returning
-    it as a dict, and ``load_step_state_dict(state)`` taking that dict back; a
-    resumable checkpoint then holds each process's and a resumed fit restores
-    it. ``None`` for a Model that defines neither.
-    """
-    save_ = getattr(model, "step_state_dict", None)
-    load_ = getattr(model, "load_step_state_dict", None)
-    if save_ is None and load_ is None:
-        return None
-    if save_ is None or load_ is None:
-        given, missing = ("step_state_dict", "load_step_state_dict")[:: 1 if load_ is None else -1]
-        raise TypeError(
-            f"{type(model).__name__} defines {given}() but not {missing}(): a resumed fit needs "
-            "both to carry the train_step's state over. Define the pair: step_state_dict() "
-            "returning a dict, load_step_state_dict(state) taking it back."
-        )
-    state = save_()
-    if not isinstance(state, dict):
-        raise TypeError(
-            f"{type(model).__name__}.step_state_dict() returned {type(state).__name__}; it must "
-            "return a dict (of tensors, numbers, strings, lists or dicts), e.g. "
-            "{'hidden': self.hidden}."
-        )
-    return state
 
 
 # -- load -----------------------------------------------------------------------------
@@ -220,9 +205,7 @@ def load(model: Any, path: Any, skip_mismatch: bool, reset_optimizer: bool, resu
         check_like(file, state["optimizer_type"], "", "'optimizer_type'")
     if not (reset_optimizer or skip_mismatch):  # else not restored, or only if it fits
         _check_optimizer_states(model, file, state)
-    skipped = (_load_shards if "shards" in state else _load_weights)(
-        model, file, state, skip_mismatch
-    )
+    skipped = _load_weights(model, file, state, skip_mismatch)
     if skipped:
         warnings.warn(
             f"Loaded {file!r} partially; skipped {len(skipped)} tensors whose name or "
@@ -244,25 +227,51 @@ def load(model: Any, path: Any, skip_mismatch: bool, reset_optimizer: bool, resu
 
 
 def _load_weights(model: Any, file: str, state: dict, skip_mismatch: bool) -> list[str]:
-    network = state.get("network")
-    check_like(file, network, {}, "'network'")
-    for key, value in network.items():
-        if not (torch.is_tensor(value) or str(key).endswith("_extra_state")):
-            refuse(file, f"'network'[{key!r}]", value, "a tensor")
-    weights, skipped = matching.match_state_dict(model._network, network, file, skip_mismatch)
-    model._strategy._load_state_dict(model._network, weights, strict=not skipped)
-    return skipped
+    """The file's weights into the network, matched by name and shape; returns the keys skipped.
 
+    A sharded checkpoint's are resharded for this run (collectives).
 
-def _load_shards(model: Any, file: str, state: dict, skip_mismatch: bool) -> list[str]:
-    """A sharded checkpoint's weights, resharded for this run (collectives)."""
-    directory = checkpoint.shards_directory(file, state)
-    saved = {
-        key: torch.empty(shape, device="meta")
-        for key, shape in checkpoint.saved_shapes(directory).items()
-    }
-    weights, skipped = matching.match_state_dict(model._network, saved, file, skip_mismatch)
-    checkpoint.load_shards(directory, model._network, set(weights))
+    Raises:
+        CheckpointError: unless ``skip_mismatch``, when any key is missing,
+            unexpected or of another shape -- the sign of another architecture.
+    """
+    if "shards" in state:
+        from hapi.checkpoint import dcp_io  # imported on first use (DCP costs a second)
+
+        directory = checkpoint.shards_directory(file, state)
+        saved = {
+            key: torch.empty(shape, device="meta")
+            for key, shape in dcp_io.saved_shapes(directory).items()
+        }
+    else:
+        saved = state.get("network")
+        check_like(file, saved, {}, "'network'")
+        for key, value in saved.items():
+            if not (torch.is_tensor(value) or str(key).endswith("_extra_state")):
+                refuse(file, f"'network'[{key!r}]", value, "a tensor")
+    expected = model._network.state_dict()
+    loadable = {k: v for k, v in saved.items() if k in expected and v.shape == expected[k].shape}
+    skipped = sorted((set(expected) | set(saved)) - set(loadable))
+    if skipped and not skip_mismatch:
+        problems = {
+            "shape mismatch": ", ".join(
+                f"{k}: file {tuple(saved[k].shape)} vs network {tuple(expected[k].shape)}"
+                for k in expected
+                if k in saved and k not in loadable
+            ),
+            "missing in the file": [k for k in expected if k not in saved],
+            "not in the network": [k for k in saved if k not in expected],
+        }
+        raise CheckpointError(
+            f"Checkpoint {file!r} does not fit this network ({type(model._network).__name__}): "
+            f"{'; '.join(f'{what}: {keys}' for what, keys in problems.items() if keys)}. It was "
+            "probably saved from another architecture. Load it into the network it came from, "
+            "or pass skip_mismatch=True to load only the tensors whose names and shapes match."
+        )
+    if "shards" in state:
+        dcp_io.load_shards(directory, model._network, set(loadable))
+    else:
+        model._strategy._load_state_dict(model._network, loadable, strict=not skipped)
     return skipped
 
 
@@ -287,28 +296,23 @@ def _check_optimizer_states(model: Any, file: str, state: dict) -> None:
         groups = optimizer.state_dict()["param_groups"]
         shapes = [tuple(p.shape) for group in optimizer.param_groups for p in group["params"]]
         for index, group in enumerate(saved.get("param_groups", [])):
-            check_like(file, group, groups[0], f"{where}['param_groups'][{index}]")
+            at = f"{where}['param_groups'][{index}]"
+            check_like(file, group, groups[0], at)
             for name, value in group.items():  # a setting torch leaves None: a plain value
                 if groups[0].get(name, 0) is None and not isinstance(value, _PLAIN):
-                    refuse(
-                        file, f"{where}['param_groups'][{index}][{name!r}]", value, "a plain value"
-                    )
+                    refuse(file, f"{at}[{name!r}]", value, "a plain value")
         # torch's optimizers keep tensors per parameter (and a step count); LBFGS and
         # optimizers of other libraries may keep numbers and lists of tensors too.
-        lenient = isinstance(optimizer, torch.optim.LBFGS) or not type(
-            optimizer
-        ).__module__.startswith("torch.optim")
+        module = type(optimizer).__module__
+        lenient = isinstance(optimizer, torch.optim.LBFGS) or not module.startswith("torch.optim")
         for key, entry in saved.get("state", {}).items():
             check_like(file, entry, {}, f"{where}['state'][{key!r}]")
             shape = shapes[key] if isinstance(key, int) and 0 <= key < len(shapes) else None
             for name, value in entry.items():
                 at = f"{where}['state'][{key!r}][{name!r}]"
                 items = value if lenient and isinstance(value, (list, tuple)) else [value]
-                plain = lenient or name == "step"
-                if not all(
-                    torch.is_tensor(v) or v is None or (plain and isinstance(v, _PLAIN))
-                    for v in items
-                ):
+                kinds = (torch.Tensor, type(None)) + (_PLAIN if lenient or name == "step" else ())
+                if not all(isinstance(v, kinds) for v in items):
                     refuse(
                         file, at, value, "a tensor" + (", a number or a list" if lenient else "")
                     )
@@ -324,37 +328,38 @@ def _load_optimizers(
     ``keep_hyperparameters``: the settings given to prepare() win (a load); a
     resume takes the file's too, schedules having changed them.
     """
-    saved, shards = state.get("optimizer"), state.get("optimizer_shards")
-    load = functools.partial(load_optimizer_state, model, keep_hyperparameters=keep_hyperparameters)
-    if (saved is not None or shards is not None) and skipped:
-        warnings.warn(
-            "The optimizer state in the checkpoint was not loaded because the "
-            "network's weights did not match it.",
-            stacklevel=4,
-        )
-    elif shards is not None and model._optimizer is not None:
-        directory = checkpoint.shards_directory(file, state)
-        with restoring(file, "'optimizer'"):
-            load(
-                {"param_groups": shards["param_groups"]},
-                state.get("optimizer_type"),
-                source=file,
-                loader=lambda _: _load_optimizer_shards(directory, model, shards),
+    saved, shards, several = (state.get(k) for k in ("optimizer", "optimizer_shards", "optimizers"))
+    kind = state.get("optimizer_type")
+    load = functools.partial(
+        load_optimizer_state,
+        model,
+        keep_hyperparameters=keep_hyperparameters,
+        source=file,
+        stacklevel=5,  # the user's load()
+    )
+    if skipped:  # the optimizer state belongs to other weights
+        if saved is not None or shards is not None:
+            warnings.warn(
+                "The optimizer state in the checkpoint was not loaded because the "
+                "network's weights did not match it.",
+                stacklevel=4,
             )
-    elif shards is not None:  # shards are read into the optimizer's own (sharded) state
+        return
+    if shards is not None and model._optimizer is None:  # read into the optimizer's own state
         warnings.warn(
             f"The optimizer state in the sharded checkpoint {file!r} was not loaded: "
             "this Model has no optimizer yet. Call prepare(optimizer=...) before load() "
             "to restore it.",
             stacklevel=4,
         )
-    elif saved is not None and model._optimizer is not None:
-        with restoring(file, "'optimizer'"):
-            load(saved, state.get("optimizer_type"), source=file)
+    elif shards is not None:
+        directory = checkpoint.shards_directory(file, state)
+        load(shards, kind, loader=lambda _: _load_optimizer_shards(directory, model, shards))
+    elif saved is not None and model._optimizer is None:
+        model._pending_optimizer = (saved, kind)
     elif saved is not None:
-        model._pending_optimizer = (saved, state.get("optimizer_type"))
-    several = state.get("optimizers")
-    if several is None or skipped:
+        load(saved, kind)
+    if several is None:
         return
     with restoring(file, "'optimizers'"):
         if sorted(several) != sorted(model._optimizers):
@@ -375,6 +380,22 @@ def _load_optimizers(
             )
 
 
+def _load_optimizer_shards(directory: str, model: Any, shards: dict) -> None:
+    """A sharded checkpoint's optimizer state, once its groups hold as many parameters as this
+    optimizer's (torch's ``load_state_dict`` refuses others, its sharded loader takes them) and
+    its per-parameter state was kept under settings that keep the same (:func:`check_state_keys`).
+    """
+    sizes = [len(group["params"]) for group in shards["param_groups"]]
+    ours = [len(group["params"]) for group in model._optimizer.param_groups]
+    if sizes != ours:
+        raise ValueError(f"its parameter groups hold {sizes} parameters, this optimizer's {ours}")
+    if shards["plain_values"] or shards["has_tensors"]:
+        check_state_keys(model._optimizer, shards["param_groups"])
+    from hapi.checkpoint import dcp_io
+
+    dcp_io.load_optimizer_shards(directory, model._network, model._optimizer, shards)
+
+
 def load_optimizer_state(
     model: Any,
     optimizer_state: dict,
@@ -383,29 +404,150 @@ def load_optimizer_state(
     source: str,
     keep_hyperparameters: bool,
     optimizer: torch.optim.Optimizer | None = None,
-    loader: Any = None,
+    loader: Callable[[dict], None] | None = None,
+    stacklevel: int = 3,
 ) -> None:
-    """A saved state into ``optimizer`` (default: the Model's), the strategy's way."""
+    """A saved state into ``optimizer`` (default: the Model's), refusing one of another class.
+
+    ``loader(state)`` puts it in; by default the strategy's way (sharded under
+    FSDP). With ``keep_hyperparameters`` the optimizer's own settings
+    (``lr``, ``betas``, ``weight_decay``, ...: what the user passed to
+    ``prepare``) stay, and only the per-parameter state (momentum buffers,
+    Adam's moments and step counts) comes from the file; a warning names each
+    setting the file had otherwise. torch's ``load_state_dict`` would silently
+    take the file's: fine-tuning at 1e-4 from a checkpoint trained at 1e-3
+    would train at 1e-3.
+    """
     optimizer = model._optimizer if optimizer is None else optimizer
-    matching.load_optimizer_state(
-        optimizer,
-        optimizer_state,
-        saved_type,
-        source,
-        load=loader
-        or functools.partial(model._strategy._load_optimizer_state, model._network, optimizer),
-        keep_hyperparameters=keep_hyperparameters,
+    load = loader or functools.partial(
+        model._strategy._load_optimizer_state, model._network, optimizer
     )
+    given = [
+        {key: value for key, value in group.items() if key != "params"}
+        for group in optimizer.param_groups
+    ]
+    try:
+        if saved_type is not None and saved_type != type(optimizer).__name__:
+            raise ValueError(f"it was saved from a {saved_type} optimizer")
+        # A state from another optimizer class would load without complaint and
+        # fail at the next step; its hyper-parameters give it away.
+        groups = optimizer_state.get("param_groups") or [{}]
+        lacking = sorted(set(optimizer.defaults) - set(groups[0]))
+        if lacking:
+            raise ValueError(f"it was saved from another optimizer (its settings lack {lacking})")
+        if keep_hyperparameters and optimizer_state.get("state"):
+            check_state_keys(optimizer, groups, optimizer_state["state"])
+        load(optimizer_state)
+    except CheckpointError:
+        raise  # the shards could not be read: says so itself
+    except Exception as error:  # noqa: BLE001 -- a crafted state fails anywhere: name it
+        raise CheckpointError(
+            f"The optimizer state in {source} does not fit this model's optimizer "
+            f"({type(optimizer).__name__}): {error}. Pass reset_optimizer=True to load only the "
+            "network's weights."
+        ) from error
+    if not keep_hyperparameters:
+        return
+    differences = []
+    for index, (group, settings) in enumerate(zip(optimizer.param_groups, given)):
+        for key, value in settings.items():
+            if key in group and not _same_setting(group[key], value):
+                where = f"group {index} " if len(given) > 1 else ""
+                differences.append(f"{where}{key}={group[key]!r} in the file, {value!r} given")
+        group.update(settings)
+    if differences:
+        warnings.warn(
+            f"The optimizer state loaded from {source} was saved with other settings than the "
+            f"{type(optimizer).__name__} given to prepare(): {'; '.join(differences)}. Training uses "
+            "the settings given to prepare(); the per-parameter state (momentum, moments, step "
+            "counts) comes from the file. To train with the file's settings, build the optimizer "
+            "with them.",
+            stacklevel=stacklevel,  # the user's load() or prepare()
+        )
 
 
-def _load_optimizer_shards(directory: str, model: Any, shards: dict) -> None:
-    """A sharded checkpoint's optimizer state, once its groups hold as many parameters as this
-    optimizer's: torch's ``load_state_dict`` refuses others, its sharded loader takes them."""
-    sizes = [len(group["params"]) for group in shards["param_groups"]]
-    ours = [len(group["params"]) for group in model._optimizer.param_groups]
-    if sizes != ours:
-        raise ValueError(f"its parameter groups hold {sizes} parameters, this optimizer's {ours}")
-    checkpoint.load_optimizer_shards(directory, model._network, model._optimizer, shards)
+def _same_setting(saved: Any, given: Any) -> bool:
+    if isinstance(saved, (tuple, list)) and isinstance(given, (tuple, list)):
+        return len(saved) == len(given) and all(map(_same_setting, saved, given))
+    try:
+        return bool(saved == given)  # a one-element tensor compares too
+    except (TypeError, ValueError, RuntimeError):
+        return saved is given
+
+
+# Settings that choose an implementation or a device, never the state's keys: left at
+# values a throwaway copy on CPU accepts (fused=True, say, needs a GPU).
+_IMPLEMENTATION = {"foreach": None, "fused": None, "capturable": False, "differentiable": False}
+
+
+def _state_keys(kind: type, settings: dict[str, Any], ndim: int) -> frozenset[str] | None:
+    """The per-parameter state keys a first step of ``kind(settings)`` creates, for a parameter
+    of ``ndim`` dimensions; None when such a copy cannot be made or stepped (an optimizer
+    of the user's with other arguments, LBFGS' closure, SparseAdam's sparse gradients)."""
+    parameter = torch.zeros((1,) * ndim, requires_grad=True)
+    parameter.grad = torch.ones_like(parameter)
+    plain = {k: v for k, v in _IMPLEMENTATION.items() if k in settings}
+    try:
+        copy = kind([{**settings, **plain, "params": [parameter]}])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            copy.step()
+    except Exception:  # noqa: BLE001 -- nothing to learn from this optimizer: no check
+        return None
+    return frozenset(copy.state[parameter])
+
+
+def check_state_keys(
+    optimizer: torch.optim.Optimizer,
+    saved_groups: list[dict[str, Any]],
+    state: dict[Any, Any] | None = None,
+) -> None:
+    """Refuse a saved per-parameter state of other keys than a step of ``optimizer`` creates.
+
+    ``saved_groups``: the file's settings, group by group, for a file that
+    holds per-parameter state. First a setting that explains it: one differs
+    from prepare()'s, and a first step with the file's value creates other
+    state keys than with prepare()'s, for a parameter of this group's shapes
+    (the state lacks what the first update reads, or holds what it never
+    updates). Then, given the file's ``state`` (by parameter index), any
+    parameter's keys that differ without such a setting: a damaged or crafted
+    file, or another version of the optimizer.
+
+    Raises:
+        ValueError: naming the setting(s), the file's value, prepare()'s value
+            and what to do; or the keys held and those a step creates.
+    """
+    kind = type(optimizer)
+    for index, (group, saved) in enumerate(zip(optimizer.param_groups, saved_groups)):
+        given = {k: v for k, v in group.items() if k != "params"}
+        needed = functools.cache(lambda ndim, given=given: _state_keys(kind, given, ndim))
+        differing = [k for k in given if k in saved and not _same_setting(saved[k], given[k])]
+        for ndim in {p.ndim for p in group["params"]} if differing else ():
+            blamed = [
+                k
+                for k in differing
+                if _state_keys(kind, {**given, k: saved[k]}, ndim) != needed(ndim)
+            ]
+            if needed(ndim) is None or not blamed:
+                continue
+            kept = _state_keys(kind, {**given, **{k: saved[k] for k in blamed}}, ndim)
+            where = f"group {index}: " if len(optimizer.param_groups) > 1 else ""
+            in_file = ", ".join(f"{k}={saved[k]!r}" for k in blamed)
+            raise ValueError(
+                f"{where}{in_file} in the file, {', '.join(f'{k}={given[k]!r}' for k in blamed)} "
+                f"given to prepare(): with it {kind.__name__} keeps other per-parameter state "
+                f"({sorted(kept or ())} with the file's settings, {sorted(needed(ndim))} with "
+                "prepare()'s), so the first update would fail or start part of that "
+                f"state afresh. Build the optimizer with {in_file} to continue from this state"
+            )
+        for parameter, key in zip(group["params"], saved.get("params", []) if state else ()):
+            keys = set(state.get(key) or ())
+            if keys and needed(parameter.ndim) is not None and keys != needed(parameter.ndim):
+                raise ValueError(
+                    f"its per-parameter state holds {sorted(keys)}, but a step of this "
+                    f"{kind.__name__} creates {sorted(needed(parameter.ndim))} (the file is "
+                    f"damaged, or was saved by another version of {kind.__name__})"
+                )
 
 
 # -- resume -------------------------------------------------------------------------
@@ -507,42 +649,37 @@ def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
         )
     pending = list(saved["callbacks"])
     for callback in callbacks:
-        match = next(
-            (i for i, (name, _) in enumerate(pending) if name == type(callback).__name__), None
-        )
-        if match is not None:
-            name, state = pending.pop(match)
+        left = [name for name, _ in pending]
+        if type(callback).__name__ in left:
+            name, state = pending.pop(left.index(type(callback).__name__))
             with restoring(file, f"{name}'s state"):
                 callback.load_state_dict(state)
-    with restoring(file, "'step_state'"):
-        _restore_step_state(model, own, file)
+    if own is not None and "step_state" in own:  # else the Model's own state stays as it is
+        with restoring(file, "'step_state'"):
+            _restore_step_state(model, own["step_state"], file)
     return own
 
 
-def _restore_step_state(model: Any, own: dict[str, Any] | None, file: str) -> None:
+def _restore_step_state(model: Any, saved: Any, file: str) -> None:
     """Give the Model's own step its state back from this process's part of a resumable file.
 
-    A file saved without one (by a Model without ``step_state_dict``) leaves
-    the Model's state as it is. The saved dict must hold the kinds of value
-    (and tensors of the shapes) ``step_state_dict()`` returns now, where it
-    returns one that is not ``None``: the step would trip over any other
-    later, far from the file.
+    The saved dict must hold the kinds of value (and tensors of the shapes)
+    ``step_state_dict()`` returns now, where it returns one that is not
+    ``None``: the step would trip over any other later, far from the file.
     """
-    if own is None or "step_state" not in own:
-        return
     load_ = getattr(model, "load_step_state_dict", None)
+    save_ = getattr(model, "step_state_dict", None)
     if load_ is None:
         warnings.warn(
             f"Resuming from {file!r}: it holds the state a train_step carried between batches "
-            f"(keys {sorted(own['step_state'])}), but {type(model).__name__} defines no "
+            f"(keys {sorted(saved)}), but {type(model).__name__} defines no "
             "load_step_state_dict(state) to take it, so it is not restored. Define "
             "step_state_dict() and load_step_state_dict(state) on the Model subclass.",
             stacklevel=7,
         )
-        return
-    save_ = getattr(model, "step_state_dict", None)
-    check_like(file, own["step_state"], save_ and save_(), "'step_state'", shapes=True)
-    load_(own["step_state"])
+    else:
+        check_like(file, saved, save_ and save_(), "'step_state'", shapes=True)
+        load_(saved)
 
 
 def _warn_resume(file: str, saved_by: int, outcome: str, reason: str | None) -> None:
@@ -550,9 +687,10 @@ def _warn_resume(file: str, saved_by: int, outcome: str, reason: str | None) -> 
 
     ``outcome`` is what :meth:`hapi.data.TrainData.resume` did.
     """
+    if outcome == "exact":
+        return
     here = distributed.world_size()
     epoch = {
-        "exact": None,
         "fresh": "random streams start afresh, so results differ from an uninterrupted run",
         "split": (
             f"the rest of the interrupted epoch is split across the processes there are now "
@@ -565,8 +703,6 @@ def _warn_resume(file: str, saved_by: int, outcome: str, reason: str | None) -> 
         ),
         "inexact": f"the rest of the interrupted epoch may differ from an uninterrupted run's: {reason}",
     }[outcome]
-    if epoch is None:
-        return
     moved = f", saved by {saved_by} processes, on {here}" if saved_by != here else ""
     warnings.warn(
         f"Resuming from {file!r}{moved}: the weights, optimizer and callbacks are restored, and "

@@ -13,19 +13,17 @@ The modules of this package, each with one job:
   snapshot that makes each capture one moment;
 * :mod:`~hapi.checkpoint.dcp_io` -- a sharded checkpoint's tensors through
   ``torch.distributed.checkpoint``, read without running code from the files;
-* :mod:`~hapi.checkpoint.matching` -- a saved state against this model and optimizer;
 * :mod:`~hapi.checkpoint.errors` -- :class:`CheckpointError`, and why a write failed.
 
 Imports go one way: this package uses :mod:`hapi.distributed` (which process writes),
 which never imports it back; the callbacks import its public names (``files``,
 ``atomic_write``, ``CheckpointError``), never a module of it. The names below are its
-public part; ``save_shards``, ``load_shards``, ``load_optimizer_shards`` and
-``saved_shapes`` (of :mod:`~hapi.checkpoint.dcp_io`) too, imported on first use.
+public part. :mod:`~hapi.checkpoint.dcp_io` is imported where a sharded checkpoint is
+written or read, not here: torch.distributed.checkpoint's import costs about a second
+(DTensor, sympy) on every process.
 """
 
 # ruff: noqa: F401  (the package's public names, for torch-hapi's modules and callbacks)
-from typing import Any
-
 from hapi.checkpoint import files
 from hapi.checkpoint.background import release_staging, wait_for_writes
 from hapi.checkpoint.errors import CheckpointError, cause_in_words
@@ -40,15 +38,3 @@ from hapi.checkpoint.state import (
     shards_directory,
     write_file,
 )
-
-# A sharded checkpoint's tensors go through torch.distributed.checkpoint, whose import costs
-# about a second (DTensor, sympy) on every process: dcp_io is imported on first use.
-_SHARD_IO = {"load_shards", "load_optimizer_shards", "save_shards", "saved_shapes"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _SHARD_IO:
-        from hapi.checkpoint import dcp_io
-
-        return getattr(dcp_io, name)
-    raise AttributeError(f"module 'hapi.checkpoint' has no attribute {name!r}")

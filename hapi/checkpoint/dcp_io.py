@@ -76,7 +76,6 @@ from hapi import distributed
 from hapi.checkpoint import files
 from hapi.checkpoint.background import snapshot
 from hapi.checkpoint.errors import CheckpointError
-from hapi.checkpoint.matching import check_state_keys
 
 _DCP = "torch.distributed.checkpoint.metadata"
 
@@ -367,17 +366,10 @@ def load_shards(directory: str, network: nn.Module, keys: set[str]) -> None:
 def load_optimizer_shards(
     directory: str, network: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]
 ) -> None:
-    """The optimizer state :func:`save_shards` wrote (``saved``: the manifest's part), resharded.
-
-    Raises:
-        ValueError: the file's per-parameter state was kept under settings that
-            make this optimizer keep another (see :func:`check_state_keys`).
-    """
+    """The optimizer state :func:`save_shards` wrote (``saved``: the manifest's part), resharded."""
     state: dict[str, dict[str, Any]] = {
         name: dict(values) for name, values in saved["plain_values"].items()
     }
-    if saved["plain_values"] or saved["has_tensors"]:
-        check_state_keys(optimizer, saved["param_groups"])
     if saved["has_tensors"]:
         template = get_optimizer_state_dict(network, optimizer)  # creates the state to read into
         tensors = {name: _split(values)[0] for name, values in template["state"].items()}

@@ -232,22 +232,25 @@ def save_state(path: str | os.PathLike, state: dict[str, Any], wait: bool = True
 def save_sharded(
     path: str | os.PathLike,
     state: dict[str, Any],
-    write_shards: Callable[..., Callable[[], None]],
+    network: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
     wait: bool = True,
 ) -> str:
     """Write the sharded checkpoint ``path`` (a directory); returns it.
 
-    ``write_shards(directory, then_on_main=..., wait=...)`` is the collective
-    that writes every process's tensors there (:func:`hapi.checkpoint.save_shards`)
-    and returns what completes it; ``then_on_main(optimizer_part)`` writes the
-    manifest (``state``, the optimizer's non-tensor parts and the shards'
-    name). With ``wait=False`` the tensors are copied to CPU memory and the
-    rest runs in the background (see :func:`save_state`): ``state`` is copied
-    now, containers and tensors alike, so the manifest holds the moment of the
-    call, not what training has made of its objects by the time the shards
-    are on disk. A failure removes what it wrote of the new shards (they hold
-    disk space) and the directories it created, and says why in words.
+    Every process writes its tensors of ``network`` and ``optimizer`` there
+    (:func:`hapi.checkpoint.save_shards`, a collective); once all are written,
+    the main process writes the manifest (``state``, the optimizer's
+    non-tensor parts and the shards' name). With ``wait=False`` the tensors
+    are copied to CPU memory and the rest runs in the background (see
+    :func:`save_state`): ``state`` is copied now, containers and tensors
+    alike, so the manifest holds the moment of the call, not what training
+    has made of its objects by the time the shards are on disk. A failure
+    removes what it wrote of the new shards (they hold disk space) and the
+    directories it created, and says why in words.
     """
+    from hapi.checkpoint import dcp_io  # torch.distributed.checkpoint: imported on first use
+
     created = _missing_directories(os.path.join(os.fspath(path), MANIFEST))
     directory = _no_link(check_path(path, directory=True))
     background.wait_for_writes()
@@ -276,7 +279,9 @@ def save_sharded(
             raise write_failed(manifest, error) from error
 
     shards = os.path.join(directory, name)
-    complete = cleaned(write_shards, shards, then_on_main=write_manifest, wait=wait)
+    complete = cleaned(
+        dcp_io.save_shards, shards, network, optimizer, then_on_main=write_manifest, wait=wait
+    )
     if wait:
         background.agree(functools.partial(cleaned, complete), manifest)
     else:

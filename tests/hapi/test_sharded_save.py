@@ -11,8 +11,7 @@ from conftest import TinyNet, make_tiny_data
 from torch import nn
 
 import hapi
-from hapi import checkpoint
-from hapi.checkpoint import CheckpointError
+from hapi.checkpoint import CheckpointError, dcp_io
 
 
 def trained(lr: float = 0.01, seed: int = 0) -> hapi.Model:
@@ -53,14 +52,14 @@ def test_a_crash_while_writing_shards_leaves_the_previous_checkpoint(tmp_path, m
     model.save(tmp_path / "ckpt", sharded=True)
     before = [p.detach().clone() for p in model.parameters()]
     model.fit(make_tiny_data(32), batch_size=8, verbose=0)
-    real_save = checkpoint.save_shards
+    real_save = dcp_io.save_shards
 
-    def dies_half_way(directory, **options):
-        real_save(directory, **{**options, "then_on_main": lambda rest: None})
+    def dies_half_way(directory, *tensors_of, **options):
+        real_save(directory, *tensors_of, **{**options, "then_on_main": lambda rest: None})
         os.remove(os.path.join(directory, ".metadata"))  # as if killed before the metadata
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(checkpoint, "save_shards", dies_half_way)
+    monkeypatch.setattr(dcp_io, "save_shards", dies_half_way)
     with pytest.raises(KeyboardInterrupt):
         model.save(tmp_path / "ckpt", sharded=True)
     fresh = hapi.Model(TinyNet())
