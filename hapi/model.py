@@ -66,7 +66,7 @@ from hapi.data import (
 )
 from hapi.metrics import MetricSet, normalise_metrics
 from hapi.rng import streams_for_training
-from hapi.steps import Stepper, as_list, check_clipping, check_loss
+from hapi.steps import Stepper, as_list, check_clipping, check_loss, optimized_parameters
 from hapi.summary import count_flops, summarize
 
 DEFAULT_BATCH_SIZE = 32  # Keras' default; Paddle's is 1, which is rarely what anyone wants.
@@ -439,25 +439,28 @@ class Model:
             self._pending_scaler_state = None
 
     def _stepper_for(self, purpose: str) -> Stepper:
-        """The step's parts, checked ready for ``purpose`` and built (DDP, compile) on first need."""
-        if self._metrics is None:
+        """The step's parts, checked ready for ``purpose`` and built (DDP, compile) on first need.
+
+        Prediction needs no ``prepare``: then a step with no loss and no optimizer."""
+        if self._metrics is None and purpose != "predict":
             raise RuntimeError(
                 f"{purpose}() needs a prepared model: call model.prepare(optimizer=..., "
                 f"loss=..., metrics=...) before model.{purpose}()."
             )
-        if purpose in ("fit", "train_batch") and self._optimizer is None:
+        training = purpose in ("fit", "train_batch")
+        if training and self._optimizer is None:
             raise RuntimeError(
                 f"{purpose}() needs an optimizer: call model.prepare(optimizer="
                 "torch.optim.Adam(model.parameters()), loss=...) first."
             )
         own_step = self._overrides("train_step")
-        if purpose in ("fit", "train_batch") and len(self._optimizers) > 1 and not own_step:
+        if training and len(self._optimizers) > 1 and not own_step:
             raise RuntimeError(
                 f"prepare() got {len(self._optimizers)} optimizers ({sorted(self._optimizers)}), but "
                 "the built-in training step updates one. Override train_step(self, batch) in a "
                 "subclass of Model to use several (a GAN's generator and discriminator), or pass one."
             )
-        if purpose in ("fit", "train_batch") and self._wrapped is None:
+        if training and self._wrapped is None:
             if own_step:
                 # The user's step runs the plain network; Stepper.update averages the
                 # gradients. Every process starts from rank 0's weights.
@@ -472,37 +475,15 @@ class Model:
                 )
             self._stepper = None
         if self._stepper is None:
-            train_network = self._network if self._wrapped is None else self._wrapped
-            eval_network = self._network
+            networks = [self._network if self._wrapped is None else self._wrapped, self._network]
             if self._compile:
                 # torch.compile's import of torch.utils.mkldnn warns.
                 with warnings.catch_warnings():
                     warnings.filterwarnings(
                         "ignore", r"`torch\.jit\.script_method` is", DeprecationWarning
                     )
-                    train_network, eval_network = (
-                        torch.compile(train_network),
-                        torch.compile(eval_network),
-                    )
-            self._stepper = Stepper(
-                train_network,
-                self.device,
-                self._loss,
-                self._optimizer,
-                self._amp,
-                self._scaler,
-                eval_network,
-                self._strategy,
-                *self._clipping,
-            )
-        return self._stepper
-
-    def _prediction_stepper(self) -> Stepper:
-        """Prediction needs no ``prepare``: then a step with no loss and no optimizer."""
-        if self._metrics is not None:
-            return self._stepper_for("predict")
-        if self._stepper is None:
-            self._stepper = Stepper(self._network, self.device, strategy=self._strategy)
+                    networks = [torch.compile(network) for network in networks]
+            self._stepper = Stepper(self, *networks)
         return self._stepper
 
     def summary(
@@ -910,7 +891,7 @@ class Model:
         Raises:
             ValueError: an unknown ``verbose``.
         """
-        self._prediction_stepper()
+        self._stepper_for("predict")
         _check_verbose(verbose)
         loader = self._loader(test_data, "test_data", batch_size, num_workers)
         cbks = self._callbacks(callbacks, loader, batch_size, verbose, DEFAULT_LOG_FREQ)
@@ -1124,7 +1105,7 @@ class Model:
         stepper = self._stepper_for("eval_batch")
         stepper.network.eval()
         inputs_, labels_ = self._splitter.user_batch(inputs, labels)
-        loss, outputs = stepper.evaluate(inputs_, labels_, self._splitter.n_labels == 0)
+        loss, outputs = stepper.evaluate(inputs_, labels_)
         return self._one_batch_logs(loss, outputs, labels_)
 
     def predict_batch(self, inputs: Any) -> list[torch.Tensor]:
@@ -1137,7 +1118,7 @@ class Model:
         Returns:
             A list with one CPU tensor per network output.
         """
-        stepper = self._prediction_stepper()
+        stepper = self._stepper_for("predict")
         stepper.network.eval()
         inputs_, _ = self._splitter.user_batch(inputs, None)
         return [o.cpu() for o in stepper.predict(inputs_)]
@@ -1234,7 +1215,7 @@ class Model:
             ``evaluate`` returns.
         """
         inputs, labels = self._splitter.split(batch)
-        loss, outputs = self._stepper.evaluate(inputs, labels, self._splitter.n_labels == 0)
+        loss, outputs = self._stepper.evaluate(inputs, labels)
         self._update_metrics(loss, outputs, labels, inputs)
         return None
 
@@ -1342,7 +1323,7 @@ def _check_trains_network(optimizers: dict[str, Any], network: nn.Module, loss: 
     if isinstance(loss, nn.Module):
         trained |= {id(p) for p in loss.parameters()}
     for name, optimizer in optimizers.items():
-        held = [p for group in optimizer.param_groups for p in group["params"]]
+        held = optimized_parameters(optimizer)
         if not any(id(p) in trained for p in held):
             which = f"optimizer {name!r}" if len(optimizers) > 1 else "the optimizer"
             raise ValueError(
@@ -1466,7 +1447,7 @@ def fit_loop(
             "on the parameters to train, and give them to the optimizer.",
             stacklevel=3,
         )
-    stepper.optimizer.zero_grad(set_to_none=True)  # nothing left from a stopped accumulation
+    model._optimizer.zero_grad(set_to_none=True)  # nothing left from a stopped accumulation
     cbks.on_train_begin()
     restore()  # model.epoch / model.epoch_step: where the loop starts
     # The training batches num_iters still allows in this fit (None: no cap).

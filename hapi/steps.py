@@ -131,21 +131,15 @@ def as_list(value: Any) -> list:
 
 @dataclass
 class Stepper:
-    """What one step needs, built by ``Model`` (``network`` may be DDP-wrapped)."""
+    """One batch's mechanics for ``model``, reading what its ``prepare`` chose (loss,
+    optimizer, amp, scaler, clipping, strategy) from it where they are used."""
 
-    network: nn.Module
-    device: torch.device
-    loss_fn: Callable | None = None
-    optimizer: torch.optim.Optimizer | None = None
-    amp: str | None = None
-    scaler: Any = None  # a torch.amp.GradScaler with amp="fp16" (see hapi.amp.make_scaler)
+    model: Any
+    network: nn.Module  # what training runs: DDP's or FSDP's network, or the plain one
     # Evaluation and prediction run the plain module (or its torch.compile'd
     # twin): DDP's forward would broadcast buffers, a collective that hangs
     # when shards differ in length.
-    eval_network: nn.Module | None = None
-    strategy: distributed.Strategy = field(default_factory=distributed.Strategy)
-    clip_grad_norm: float | None = None  # the total L2 norm gradients are clipped to
-    clip_grad_value: float | None = None  # the bound each gradient element is clipped to
+    eval_network: nn.Module
     # The total gradient norm before clipping at the last update (a device
     # tensor, read only when figures are), with clip_grad_norm.
     grad_norm: torch.Tensor | None = None
@@ -155,18 +149,14 @@ class Stepper:
     accumulation: tuple[bool, float] = (True, 1.0)
     scaled_update: bool = False  # the fp16 scaler stepped since its last update
 
-    def __post_init__(self) -> None:
-        if self.eval_network is None:
-            self.eval_network = distributed.unwrap(self.network)
-
     def gathered(self) -> contextlib.AbstractContextManager:
         """Inside, every process holds the full weights: evaluation batches need no collective."""
-        return self.strategy._gathered(self.eval_network)
+        return self.model._strategy._gathered(self.eval_network)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.amp is None:
+        if self.model._amp is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=AMP_DTYPES[self.amp])
+        return torch.autocast(self.model.device.type, dtype=AMP_DTYPES[self.model._amp])
 
     def forward(
         self, network: nn.Module, inputs: list[Any]
@@ -230,18 +220,19 @@ class Stepper:
 
     def compute_loss(self, outputs: list[torch.Tensor], labels: list[torch.Tensor]) -> torch.Tensor:
         """``loss_fn(*outputs, *labels)``; a list of losses is summed, as in Paddle."""
+        loss_fn = self.model._loss
         try:
-            if isinstance(self.loss_fn, PerOutputLoss):
-                parts = self.loss_fn.parts(outputs, labels)
+            if isinstance(loss_fn, PerOutputLoss):
+                parts = loss_fn.parts(outputs, labels)
                 self.loss_parts = {
                     f"output_{i}_loss": part.detach() for i, part in enumerate(parts)
                 }
-                loss = sum(weight * part for weight, part in zip(self.loss_fn.weights, parts))
+                loss = sum(weight * part for weight, part in zip(loss_fn.weights, parts))
             else:
-                loss = self.loss_fn(*outputs, *labels)
+                loss = loss_fn(*outputs, *labels)
         except (RuntimeError, ValueError, IndexError, TypeError) as error:
             raise type(error)(
-                f"The loss {type(self.loss_fn).__name__} failed on outputs "
+                f"The loss {type(loss_fn).__name__} failed on outputs "
                 f"{describe(outputs)} and labels {describe(labels)}: {error}. Check that "
                 "the network's outputs and the data's labels have the shapes and dtypes this "
                 "loss expects (e.g. CrossEntropyLoss wants scores [N, C] and int64 class "
@@ -251,7 +242,7 @@ class Stepper:
             loss = torch.stack([torch.as_tensor(part) for part in loss]).sum()
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise ValueError(
-                f"The loss must return a scalar tensor; {type(self.loss_fn).__name__} returned "
+                f"The loss must return a scalar tensor; {type(loss_fn).__name__} returned "
                 f"{describe(as_list(loss))}. Use reduction='mean' (or 'sum')."
             )
         return loss if loss.dim() == 0 else loss.reshape(())
@@ -277,44 +268,42 @@ class Stepper:
         all-reduced only on the step that updates. ``before_update`` runs
         before that update, on the true (unscaled, unclipped) gradients.
         """
-        with self.strategy._no_sync(self.network, skip_gradient_sync=not update):
+        model = self.model
+        with model._strategy._no_sync(self.network, skip_gradient_sync=not update):
             with self.autocast():
                 outputs, network_loss = self.forward(self.network, inputs)
-                loss = (
-                    self.compute_loss(outputs, labels)
-                    if self.loss_fn is not None
-                    else self.own_loss(network_loss)
-                )
-            if not loss.requires_grad and self.nothing_trainable():
-                # Keras trains a frozen model: the loss is reported, nothing is updated
-                # (fit warns once why). Checked only when the loss has no graph.
-                if update:  # a no-op without gradients, but schedulers see it was taken
-                    self.optimizer.step()
-                return loss.detach(), [o.detach() for o in outputs]
-            scaled = loss * loss_scale if loss_scale != 1.0 else loss
-            if self.scaler is not None:
-                scaled = self.scaler.scale(scaled)
-            scaled.backward()
-        if update:
-            self.update(self.optimizer, before_update, average)
+                if model._loss is not None:
+                    loss = self.compute_loss(outputs, labels)
+                else:
+                    loss = self.own_loss(network_loss)
+            # Keras trains a frozen model: the loss is reported, nothing is updated
+            # (fit warns once why). Checked only when the loss has no graph.
+            frozen = not loss.requires_grad and self.nothing_trainable()
+            if not frozen:
+                self.backward(loss * loss_scale if loss_scale != 1.0 else loss)
+        if update and frozen:  # a no-op without gradients, but schedulers see it was taken
+            model._optimizer.step()
+        elif update:
+            self.update(model._optimizer, before_update, average)
         return loss.detach(), [o.detach() for o in outputs]
 
     def nothing_trainable(self) -> bool:
         """Whether no parameter of the network (or of the optimizer) requires a gradient."""
         parameters = list(self.eval_network.parameters())
-        if self.optimizer is not None:
-            parameters += [p for group in self.optimizer.param_groups for p in group["params"]]
+        if self.model._optimizer is not None:
+            parameters += optimized_parameters(self.model._optimizer)
         return not any(p.requires_grad for p in parameters)
 
     def end_step(self) -> None:
         """After a training step: the fp16 scale moves once, however many optimizers it updated."""
         if self.scaled_update:
-            self.scaler.update()
+            self.model._scaler.update()
             self.scaled_update = False
 
     def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()``, through the gradient scaler under fp16 (for a user's own step)."""
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        """``loss.backward()``, through the gradient scaler under fp16."""
+        scaler = self.model._scaler
+        (scaler.scale(loss) if scaler is not None else loss).backward()
 
     def update(
         self,
@@ -327,49 +316,43 @@ class Stepper:
         ``average``: first average the gradients over the processes (a user's
         own step runs the plain network; the built-in one has DDP do it in
         backward). Then unscale (fp16) where a hook or clipping reads them,
-        ``before_update``, clip, step.
+        ``before_update``, clip (as ``prepare`` asked), step.
         """
-        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        scaler, strategy = self.model._scaler, self.model._strategy
+        clip_norm, clip_value = self.model._clipping
+        parameters = optimized_parameters(optimizer)
         if average:
             distributed.average_gradients(parameters)
-        if self.scaler is not None and (before_update is not None or self.clipping):
-            self.scaler.unscale_(optimizer)  # hooks and clipping see the true gradients
+        clipping = clip_norm is not None or clip_value is not None
+        if scaler is not None and (before_update is not None or clipping):
+            scaler.unscale_(optimizer)  # hooks and clipping see the true gradients
         if before_update is not None:
             before_update()
-        self._clip(parameters)
-        if self.scaler is not None:
-            self.scaler.step(optimizer)
+        if clip_value is not None:
+            torch.nn.utils.clip_grad_value_(parameters, clip_value)
+        if clip_norm is not None:
+            self.grad_norm = strategy._clip_grad_norm(parameters, clip_norm).detach()
+        if scaler is not None:
+            scaler.step(optimizer)
             self.scaled_update = True
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    @property
-    def clipping(self) -> bool:
-        return self.clip_grad_norm is not None or self.clip_grad_value is not None
-
-    def _clip(self, parameters: list[torch.Tensor]) -> None:
-        """Clip the (synchronised, unscaled) gradients before the update, as prepare() asked."""
-        if not self.clipping:
-            return
-        if self.clip_grad_value is not None:
-            torch.nn.utils.clip_grad_value_(parameters, self.clip_grad_value)
-        if self.clip_grad_norm is not None:
-            self.grad_norm = self.strategy._clip_grad_norm(parameters, self.clip_grad_norm).detach()
-
     @torch.no_grad()
     def evaluate(
-        self, inputs: list[torch.Tensor], labels: list[torch.Tensor], no_labels: bool = False
+        self, inputs: list[torch.Tensor], labels: list[torch.Tensor]
     ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         """The loss (``None`` for a batch without the labels the loss needs) and the outputs.
 
-        ``no_labels``: the model takes no labels (``Model(labels=0)``), so the
-        loss scores the outputs alone, as in training (a network returning
-        ``(logits, loss)``, with ``loss=lambda logits, loss: loss``).
+        A model that takes no labels (``Model(labels=0)``) has the loss score
+        the outputs alone, as in training (a network returning ``(logits,
+        loss)``, with ``loss=lambda logits, loss: loss``).
         """
         with self.autocast():
             outputs, network_loss = self.forward(self.eval_network, inputs)
-            if self.loss_fn is not None:
+            if self.model._loss is not None:
+                no_labels = self.model._splitter.n_labels == 0
                 loss = self.compute_loss(outputs, labels) if labels or no_labels else None
             else:
                 loss = None if network_loss is None else self.own_loss(network_loss)
@@ -379,3 +362,7 @@ class Stepper:
     def predict(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         with self.autocast():
             return self.forward(self.eval_network, inputs)[0]
+
+
+def optimized_parameters(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
