@@ -83,12 +83,18 @@ def _check_verbose(verbose: Any) -> None:
 
 @dataclass
 class _FitRun:
-    """The parts of a running fit that a backup saves and a resume restores."""
+    """A running fit: what its loop reads, and the parts that a backup saves and a resume
+    restores (the callbacks, the training data with its seed, the epochs)."""
 
     callbacks: CallbackList
     train_data: TrainData
-    data_seed: int
     epochs: int
+    eval_loader: Iterable | None
+    eval_freq: int
+    log_freq: int
+    accumulate: int  # batches per optimizer step
+    num_iters: int | None
+    eval_steps: int | None
     restoring: bool = False  # between on_train_begin and the first epoch: a resume may load
 
 
@@ -788,21 +794,19 @@ class Model:
                 f"not equal the uninterrupted one: {inexact}.",
                 stacklevel=2,
             )
-        self._fit_run = _FitRun(cbks, train, data_seed, epochs)
+        self._fit_run = run = _FitRun(
+            cbks,
+            train,
+            epochs,
+            eval_loader,
+            eval_freq,
+            log_freq,
+            accumulate_grad_batches,
+            num_iters,
+            eval_steps,
+        )
         try:
-            fit_loop(
-                self,
-                train,
-                eval_loader,
-                cbks,
-                epochs=epochs,
-                eval_freq=eval_freq,
-                log_freq=log_freq,
-                accumulate_grad_batches=accumulate_grad_batches,
-                num_iters=num_iters,
-                eval_steps=eval_steps,
-                restore=lambda: run_state.restore_fit(self, resume_from),
-            )
+            fit_loop(self, run, restore=lambda: run_state.restore_fit(self, resume_from))
         except BaseException:
             distributed.note_failure()  # the others may wait in a collective: don't wait for them at exit
             raise
@@ -1418,29 +1422,16 @@ def _accumulation(step: int, is_last: bool, every: int, steps: int | None) -> tu
     return (step + 1) % every == 0 or is_last, 1.0 / group_size
 
 
-def fit_loop(
-    model: Any,
-    train_data: TrainData,
-    eval_loader: Iterable | None,
-    cbks: CallbackList,
-    *,
-    epochs: int,
-    eval_freq: int,
-    log_freq: int,
-    accumulate_grad_batches: int,
-    num_iters: int | None,
-    eval_steps: int | None = None,
-    restore: Callable[[], None] = lambda: None,
-) -> dict[str, float]:
-    """Train ``epochs`` epochs (fewer when stopped); returns the last epoch's logs.
+def fit_loop(model: Any, run: _FitRun, restore: Callable[[], None]) -> dict[str, float]:
+    """Train ``run.epochs`` epochs (fewer when stopped); returns the last epoch's logs.
 
     ``restore`` puts an interrupted fit's state back (a resume) after ``on_train_begin``,
     which may reset what it restores, and before the loop reads the counters."""
     logs: dict[str, float] = {}
-    stepper = model._stepper
-    if not model._overrides("train_step") and stepper.nothing_trainable():
+    cbks = run.callbacks
+    if not model._overrides("train_step") and model._stepper.nothing_trainable():
         warnings.warn(
-            f"fit(): no parameter of {distributed.class_name(stepper.eval_network)} "
+            f"fit(): no parameter of {distributed.class_name(model._network)} "
             "requires a gradient (every one has requires_grad=False), so nothing will be "
             "updated: the loss and metrics are computed and reported, the weights stay as "
             "they are (as Keras trains a model with trainable=False). Set requires_grad=True "
@@ -1451,34 +1442,17 @@ def fit_loop(
     cbks.on_train_begin()
     restore()  # model.epoch / model.epoch_step: where the loop starts
     # The training batches num_iters still allows in this fit (None: no cap).
-    left = num_iters
+    left = run.num_iters
     if left is not None:
-        left -= model.epoch * (train_data.steps_per_epoch or 0) + model.epoch_step
-    for epoch in range(model.epoch, epochs):
+        left -= model.epoch * (run.train_data.steps_per_epoch or 0) + model.epoch_step
+    for epoch in range(model.epoch, run.epochs):
         cbks.on_epoch_begin(epoch)
-        batches = train_data.epoch(epoch)  # after the callbacks: what they draw comes first
-        ends_with_evaluation = eval_loader is not None and epoch % eval_freq == 0
-
-        def evaluate_after_update(is_last: bool) -> None:
-            # Every eval_steps optimizer steps; not twice in a row at the epoch's end.
-            if model.step % eval_steps == 0 and not (is_last and ends_with_evaluation):
-                _evaluate_in_fit(model, eval_loader, cbks, log_freq)
-
-        logs, batches_done = _train_epoch(
-            model,
-            batches,
-            train_data.steps,
-            cbks,
-            log_freq=log_freq,
-            accumulate=accumulate_grad_batches,
-            first_step=model.epoch_step,
-            stop_step=None if left is None else model.epoch_step + left,
-            after_update=None
-            if eval_loader is None or eval_steps is None
-            else evaluate_after_update,
-        )
-        if ends_with_evaluation:
-            val_logs = _evaluate_in_fit(model, eval_loader, cbks, log_freq)
+        batches = run.train_data.epoch(epoch)  # after the callbacks: what they draw comes first
+        evaluates = run.eval_loader is not None and epoch % run.eval_freq == 0
+        stop_step = None if left is None else model.epoch_step + left
+        logs, batches_done = _train_epoch(model, run, batches, stop_step, evaluates)
+        if evaluates:
+            val_logs = _evaluate_in_fit(model, run)
             logs.update({f"val_{name}": value for name, value in val_logs.items()})
         model.epoch, model.epoch_step = epoch + 1, 0
         cbks.on_epoch_end(epoch, logs)
@@ -1489,37 +1463,34 @@ def fit_loop(
     return logs
 
 
-def _evaluate_in_fit(
-    model: Any, loader: Iterable, cbks: CallbackList, log_freq: int
-) -> dict[str, float]:
+def _evaluate_in_fit(model: Any, run: _FitRun) -> dict[str, float]:
     """An evaluation during fit (each ``eval_steps`` optimizer steps, or the epoch's): one
     model's statistics everywhere, and the training logs set aside meanwhile, so that
     they carry on after it and a save made during it keeps them."""
     distributed.sync_from_main(model._stepper.eval_network)
     with model._metrics.set_aside():
-        logs = evaluate_loop(model, loader, cbks, log_freq=log_freq, num_iters=None)
+        logs = evaluate_loop(model, run.eval_loader, run.callbacks, log_freq=run.log_freq)
     model._stepper.network.train()
     return logs
 
 
 def _train_epoch(
-    model: Any,
-    loader: Iterable,
-    epoch_steps: int | None,
-    cbks: CallbackList,
-    *,
-    log_freq: int,
-    accumulate: int,
-    first_step: int,
-    stop_step: int | None,
-    after_update: Callable[[bool], None] | None = None,
+    model: Any, run: _FitRun, loader: Iterable, stop_step: int | None, evaluates: bool
 ) -> tuple[dict[str, float], int]:
-    """One epoch's batches from ``loader``, which starts at batch ``first_step`` (non-zero when
-    resuming mid-epoch), to ``stop_step`` (``num_iters``' end) or the epoch's end
-    (``epoch_steps`` batches, when known); ``after_update(is_last)`` follows each update,
-    before ``on_train_batch_end``, so that callbacks there see the step with its evaluation."""
-    stepper, metrics, splitter = model._stepper, model._metrics, model._splitter
-    steps = _limit(epoch_steps, stop_step)
+    """One epoch's batches from ``loader``, which starts at batch ``model.epoch_step``
+    (non-zero when resuming mid-epoch), to ``stop_step`` (``num_iters``' end) or the epoch's
+    end. Every ``eval_steps`` optimizer steps an evaluation follows the update, before
+    ``on_train_batch_end``, so that callbacks there see the step with its evaluation; not
+    at the epoch's last batch when the epoch ``evaluates`` at its end anyway."""
+    stepper, metrics, splitter, cbks = (
+        model._stepper,
+        model._metrics,
+        model._splitter,
+        run.callbacks,
+    )
+    first_step, log_freq = model.epoch_step, run.log_freq
+    steps = _limit(run.train_data.steps, stop_step)
+    eval_steps = run.eval_steps if run.eval_loader is not None else None
     notify_begin = cbks.wants("on_train_batch_begin")
     notify_end = cbks.wants("on_train_batch_end")
     # Two collectives run mid-epoch only for batch callbacks: reading the logs
@@ -1541,7 +1512,7 @@ def _train_epoch(
         is_last = is_last or step + 1 == stop_step
         if notify_begin:
             cbks.on_train_batch_begin(step)
-        stepper.accumulation = _accumulation(step, is_last, accumulate, steps)
+        stepper.accumulation = _accumulation(step, is_last, run.accumulate, steps)
         update = stepper.accumulation[0]
         batch = splitter.to_device(batch)
         _step_logs(model.train_step(batch), "train_step", metrics, splitter, batch)
@@ -1554,8 +1525,8 @@ def _train_epoch(
         # Nobody listening (verbose=0, no batch callback): both wait for the end.
         due = _logs_due(step, is_last, log_freq)
         logs = _train_logs(stepper, metrics) if due and (read_logs or is_last) else None
-        if after_update is not None and update:
-            after_update(is_last)
+        if update and eval_steps and model.step % eval_steps == 0 and not (is_last and evaluates):
+            _evaluate_in_fit(model, run)
         if notify_end:
             cbks.on_train_batch_end(step, _batch_logs(splitter.length(batch), logs, metrics))
         if is_last or (
@@ -1592,7 +1563,7 @@ def evaluate_loop(
     cbks: CallbackList,
     *,
     log_freq: int,
-    num_iters: int | None,
+    num_iters: int | None = None,
 ) -> dict[str, float]:
     """One pass over evaluation data; returns the logs over all of it (over the batches
     seen, when a callback set ``model.stop_evaluating``)."""
