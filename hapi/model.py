@@ -26,7 +26,7 @@ Read top to bottom, ``fit_loop`` is the whole of training::
     on_train_end
 
 ``evaluate_loop`` and ``predict_loop`` end early, after a batch, when a callback sets
-``model.stop_evaluating`` / ``model.stop_predicting`` (Keras 3; see :class:`_StopCheck`).
+``model.stop_evaluating`` / ``model.stop_predicting`` (Keras 3; see :func:`_stop_check`).
 Logs reach the host only every ``log_freq`` steps and at the end of a pass
 (:meth:`MetricSet.compute`); nothing in the loops depends on which process runs them
 (that is :mod:`hapi.distributed`'s job).
@@ -102,22 +102,17 @@ def named_optimizers(optimizer: Any) -> dict[str, torch.optim.Optimizer]:
     """``prepare``'s optimizer(s) by name: one, a list (names "0", "1", ...) or a dict."""
     if optimizer is None:
         return {}
-    if isinstance(optimizer, torch.optim.Optimizer):
-        return {"0": optimizer}
-    items = (
-        list(optimizer.items())
-        if isinstance(optimizer, dict)
-        else list(enumerate(optimizer))
-        if isinstance(optimizer, (list, tuple))
-        else None
-    )
-    if not items or not all(isinstance(o, torch.optim.Optimizer) for _, o in items):
+    named = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else optimizer
+    if isinstance(named, (list, tuple)):
+        named = dict(enumerate(named))
+    optimizers = list(named.values()) if isinstance(named, dict) else []
+    if not optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in optimizers):
         raise TypeError(
             f"optimizer must be a torch.optim.Optimizer, or a list or dict of them (for a "
             f"train_step of your own); received {optimizer!r:.200}. Example: "
             "torch.optim.Adam(model.parameters(), lr=1e-3)."
         )
-    return {str(name): o for name, o in items}
+    return {str(name): o for name, o in named.items()}
 
 
 class Model:
@@ -1350,54 +1345,35 @@ def _printed_by_main_process() -> Iterator[None]:
 
 
 # -- the loops ----------------------------------------------------------------------
-@dataclass
-class _StopCheck:
-    """Where an evaluation or a prediction asks whether a callback set
-    ``model.stop_evaluating`` / ``model.stop_predicting``, so that every process stops after
-    the same batch.
+def _stop_check(can_stop: bool, steps: int | None, log_freq: int) -> Callable | None:
+    """``stop(step, flag)``: whether an evaluation or a prediction stops after batch ``step``
+    because a callback set ``flag`` (``model.stop_evaluating`` / ``model.stop_predicting``),
+    the same answer on every process; ``None`` when nothing can stop the pass (no callback
+    with a batch hook anywhere): then no process asks, per batch or otherwise.
 
-    One process: after every batch (a Python flag, no cost). Several: the
-    flag is agreed (one all-reduce) every ``every`` batches (``log_freq``), as
-    ``stop_training`` is, and only among the first ``before`` batches, which
-    every process has and none ends with (an evaluation's shards may differ by
-    a batch, and its last batch reduces the logs: any other collective
-    there would pair with the wrong one). Where a length is unknown (iterable
-    data) each process reads its own flag: no collective, so none can hang.
+    One process: after every batch (a Python flag, no cost). Several (a collective here):
+    the flag is agreed (one all-reduce) every ``log_freq`` batches, as ``stop_training``
+    is, and only among the first batches, which every process has and none ends with (an
+    evaluation's shards may differ by a batch, and its last batch reduces the logs: any
+    other collective there would pair with the wrong one). Where a length is unknown
+    (iterable data) each process reads its own flag: no collective, so none can hang.
     """
-
-    every: int
-    before: int | None = None
-    local: bool = True
-
-    @classmethod
-    def for_pass(cls, can_stop: bool, steps: int | None, log_freq: int) -> "_StopCheck | None":
-        """``None`` when nothing can stop the pass (no callback with a batch hook anywhere):
-        then no process asks, per batch or otherwise. A collective on several processes."""
-        if distributed.world_size() == 1:
-            return cls(1) if can_stop else None
+    if distributed.world_size() > 1:
         facts = distributed.gather_objects((bool(can_stop), steps))
-        if not any(wants for wants, _ in facts):
-            return None
+        can_stop = any(wants for wants, _ in facts)
         lengths = [length for _, length in facts]
-        if any(length is None for length in lengths):
-            return cls(1)
-        return cls(log_freq, min(lengths), local=False)
-
-    def __call__(self, step: int, flag: bool) -> bool:
-        """Whether the pass stops after batch ``step`` (the same answer on every process)."""
-        if (step + 1) % self.every or (self.before is not None and step + 1 >= self.before):
-            return False
-        return bool(flag) if self.local else distributed.any_true(flag)
+        if can_stop and None not in lengths:
+            before = min(lengths)
+            return lambda step, flag: (
+                (step + 1) % log_freq == 0 and step + 1 < before and distributed.any_true(flag)
+            )
+    return (lambda step, flag: bool(flag)) if can_stop else None
 
 
 def _limit(steps: int | None, num_iters: int | None) -> int | None:
     if num_iters is None:
         return steps
     return num_iters if steps is None else min(steps, num_iters)
-
-
-def _logs_due(step: int, is_last: bool, log_freq: int) -> bool:
-    return is_last or (step + 1) % log_freq == 0
 
 
 def _batch_logs(batch_size: int, logs: dict[str, float] | None, metrics: Any) -> dict:
@@ -1509,7 +1485,6 @@ def _train_epoch(
     for step, (batch, is_last) in enumerate(
         with_last(loader, None if steps is None else max(steps - first_step, 0)), start=first_step
     ):
-        is_last = is_last or step + 1 == stop_step
         if notify_begin:
             cbks.on_train_batch_begin(step)
         stepper.accumulation = _accumulation(step, is_last, run.accumulate, steps)
@@ -1523,7 +1498,7 @@ def _train_epoch(
         # Every process runs the same number of training steps, so logs read
         # here can be reduced across processes, and a stop request agreed on.
         # Nobody listening (verbose=0, no batch callback): both wait for the end.
-        due = _logs_due(step, is_last, log_freq)
+        due = is_last or (step + 1) % log_freq == 0
         logs = _train_logs(stepper, metrics) if due and (read_logs or is_last) else None
         if update and eval_steps and model.step % eval_steps == 0 and not (is_last and evaluates):
             _evaluate_in_fit(model, run)
@@ -1571,7 +1546,7 @@ def evaluate_loop(
     notify_begin = cbks.wants("on_eval_batch_begin")
     steps = exact_length(loader)
     model.stop_evaluating = False  # as Keras: each evaluation starts afresh
-    stop_check = _StopCheck.for_pass(
+    stop_check = _stop_check(
         notify_begin or cbks.wants("on_eval_batch_end"), _limit(steps, num_iters), log_freq
     )
     stopped = False
@@ -1585,14 +1560,14 @@ def evaluate_loop(
     # Shards may differ by a batch: no collective per batch.
     with stepper.gathered(), torch.no_grad():
         for step, (batch, is_last) in enumerate(with_last(loader, _limit(steps, num_iters))):
-            is_last = is_last or step + 1 == num_iters
             if notify_begin:
                 cbks.on_eval_batch_begin(step)
             batch = splitter.to_device(batch)
             _step_logs(model.eval_step(batch), "eval_step", metrics, splitter, batch)
             # Running logs stay local, and only the last batch's are reduced
             # (each process has one).
-            logs = metrics.compute(sync=is_last) if _logs_due(step, is_last, log_freq) else None
+            due = is_last or (step + 1) % log_freq == 0
+            logs = metrics.compute(sync=is_last) if due else None
             cbks.on_eval_batch_end(step, _batch_logs(splitter.length(batch), logs, metrics))
             if is_last:
                 break
@@ -1612,7 +1587,7 @@ def predict_loop(
     stepper, splitter = model._stepper, model._splitter
     notify_begin = cbks.wants("on_predict_batch_begin")
     model.stop_predicting = False
-    stop_check = _StopCheck.for_pass(
+    stop_check = _stop_check(
         notify_begin or cbks.wants("on_predict_batch_end"), exact_length(loader), log_freq
     )
     cbks.on_predict_begin({"steps": num_batches(loader)})
