@@ -77,33 +77,30 @@ class PerOutputLoss:
 
 def check_loss(loss: Any, loss_weights: Sequence[float] | None) -> Any:
     """``prepare``'s loss: a callable, or one per output (a list, with optional weights)."""
-    if isinstance(loss, (list, tuple)):  # one loss per output (Keras)
-        for index, part in enumerate(loss):
-            if isinstance(part, type) or not callable(part):
-                raise TypeError(
-                    f"loss[{index}] must be a loss instance, callable as loss(output, label); "
-                    f"received {part!r}."
-                )
-        weights = [1.0] * len(loss) if loss_weights is None else [float(w) for w in loss_weights]
-        if len(weights) != len(loss):
-            raise ValueError(
-                f"loss_weights has {len(weights)} entries for {len(loss)} losses; give one "
-                "weight per output's loss."
-            )
-        return PerOutputLoss(list(loss), weights)
-    if loss_weights is not None:
+    per_output = isinstance(loss, (list, tuple))  # one loss per output (Keras)
+    if loss_weights is not None and not per_output:
         raise ValueError(
             "loss_weights weighs per-output losses: pass loss=[loss_0, loss_1, ...] with it."
         )
-    if isinstance(loss, type):
-        raise TypeError(
-            f"loss is the class {loss.__name__}; pass an instance, e.g. {loss.__name__}()."
+    for index, part in enumerate(loss if per_output else [loss]):
+        name = f"loss[{index}]" if per_output else "loss"
+        if isinstance(part, type):
+            raise TypeError(
+                f"{name} is the class {part.__name__}; pass an instance, e.g. {part.__name__}()."
+            )
+        if (per_output or part is not None) and not callable(part):
+            raise TypeError(
+                f"{name} must be callable as loss(outputs, labels); received {type(part).__name__}."
+            )
+    if not per_output:
+        return loss
+    weights = [1.0] * len(loss) if loss_weights is None else [float(w) for w in loss_weights]
+    if len(weights) != len(loss):
+        raise ValueError(
+            f"loss_weights has {len(weights)} entries for {len(loss)} losses; give one "
+            "weight per output's loss."
         )
-    if loss is not None and not callable(loss):
-        raise TypeError(
-            f"loss must be callable as loss(outputs, labels); received {type(loss).__name__}."
-        )
-    return loss
+    return PerOutputLoss(list(loss), weights)
 
 
 def _outputs_and_loss(result: Any) -> tuple[list[Any], torch.Tensor | None]:
@@ -174,19 +171,27 @@ class Stepper:
             else:
                 result = network(*inputs)
             return _outputs_and_loss(result)
-        except RuntimeError as error:
+        except (RuntimeError, ValueError, IndexError, TypeError) as error:
+            name = distributed.class_name(network)
             if _UNUSED_PARAMETERS in str(error):
                 raise RuntimeError(
-                    f"Some parameters of {distributed.class_name(network)} received no "
+                    f"Some parameters of {name} received no "
                     "gradient in the last training step (a layer or branch the forward did not use), "
                     "which DistributedDataParallel does not allow by default. If that is intended, "
                     "prepare the model with strategy=hapi.DDP(find_unused_parameters=True); otherwise "
                     "use or remove those parameters (or set requires_grad=False). DDP's own message: "
                     f"{str(error).splitlines()[0]}"
                 ) from error
-            raise self._explained(network, inputs, error) from error
-        except (ValueError, IndexError, TypeError) as error:
-            raise self._explained(network, inputs, error) from error
+            # Advice about the inputs only when the error is about shapes, dtypes or
+            # arguments (not a process group's, say).
+            message = f"The network {name} failed on inputs {describe(inputs)}: {error}."
+            if _ABOUT_INPUTS.search(str(error)) and not _NOT_ABOUT_INPUTS.search(str(error)):
+                message += (
+                    " Check that the data's inputs have the shape and dtype the network expects "
+                    "(e.g. float32 for Linear/Conv layers); Model(inputs=..., labels=...) sets how "
+                    "samples are split."
+                )
+            raise type(error)(message) from error
 
     def own_loss(self, network_loss: torch.Tensor | None) -> torch.Tensor:
         """The loss the network computed itself, trained when ``prepare`` got no loss."""
@@ -204,19 +209,6 @@ class Stepper:
                 f"{describe(network_loss)}."
             )
         return network_loss.reshape(())
-
-    @staticmethod
-    def _explained(network: nn.Module, inputs: list[Any], error: Exception) -> Exception:
-        """The error with the inputs it failed on named; advice about the inputs only when the
-        error is about shapes, dtypes or arguments (not a process group's, say)."""
-        message = f"The network {distributed.class_name(network)} failed on inputs {describe(inputs)}: {error}."
-        if _ABOUT_INPUTS.search(str(error)) and not _NOT_ABOUT_INPUTS.search(str(error)):
-            message += (
-                " Check that the data's inputs have the shape and dtype the network expects "
-                "(e.g. float32 for Linear/Conv layers); Model(inputs=..., labels=...) sets how "
-                "samples are split."
-            )
-        return type(error)(message)
 
     def compute_loss(self, outputs: list[torch.Tensor], labels: list[torch.Tensor]) -> torch.Tensor:
         """``loss_fn(*outputs, *labels)``; a list of losses is summed, as in Paddle."""
