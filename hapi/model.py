@@ -1426,13 +1426,13 @@ def fit_loop(model: Any, run: _FitRun, restore: Callable[[], None]) -> dict[str,
         batches = run.train_data.epoch(epoch)  # after the callbacks: what they draw comes first
         evaluates = run.eval_loader is not None and epoch % run.eval_freq == 0
         stop_step = None if left is None else model.epoch_step + left
-        logs, batches_done = _train_epoch(model, run, batches, stop_step, evaluates)
+        logs = _train_epoch(model, run, batches, stop_step, evaluates)
+        left = None if left is None else stop_step - model.epoch_step
         if evaluates:
             val_logs = _evaluate_in_fit(model, run)
             logs.update({f"val_{name}": value for name, value in val_logs.items()})
         model.epoch, model.epoch_step = epoch + 1, 0
         cbks.on_epoch_end(epoch, logs)
-        left = None if left is None else left - batches_done
         if distributed.any_true(model.stop_training) or left == 0:
             break
     cbks.on_train_end(logs)
@@ -1452,19 +1452,14 @@ def _evaluate_in_fit(model: Any, run: _FitRun) -> dict[str, float]:
 
 def _train_epoch(
     model: Any, run: _FitRun, loader: Iterable, stop_step: int | None, evaluates: bool
-) -> tuple[dict[str, float], int]:
+) -> dict[str, float]:
     """One epoch's batches from ``loader``, which starts at batch ``model.epoch_step``
     (non-zero when resuming mid-epoch), to ``stop_step`` (``num_iters``' end) or the epoch's
     end. Every ``eval_steps`` optimizer steps an evaluation follows the update, before
     ``on_train_batch_end``, so that callbacks there see the step with its evaluation; not
     at the epoch's last batch when the epoch ``evaluates`` at its end anyway."""
-    stepper, metrics, splitter, cbks = (
-        model._stepper,
-        model._metrics,
-        model._splitter,
-        run.callbacks,
-    )
-    first_step, log_freq = model.epoch_step, run.log_freq
+    stepper, metrics, splitter = model._stepper, model._metrics, model._splitter
+    cbks, log_freq, first_step = run.callbacks, run.log_freq, model.epoch_step
     steps = _limit(run.train_data.steps, stop_step)
     eval_steps = run.eval_steps if run.eval_loader is not None else None
     notify_begin = cbks.wants("on_train_batch_begin")
@@ -1480,7 +1475,6 @@ def _train_epoch(
     metrics.use_metrics = not model._overrides("train_step")
     if first_step == 0:
         metrics.reset()  # a resumed epoch keeps the running logs restored with it
-    done = 0
     logs: dict[str, float] | None = None  # the last logs read, if read after the last batch
     for step, (batch, is_last) in enumerate(
         with_last(loader, None if steps is None else max(steps - first_step, 0)), start=first_step
@@ -1494,7 +1488,6 @@ def _train_epoch(
         stepper.end_step()
         model.step += int(update)
         model.epoch_step = step + 1
-        done = step + 1 - first_step
         # Every process runs the same number of training steps, so logs read
         # here can be reduced across processes, and a stop request agreed on.
         # Nobody listening (verbose=0, no batch callback): both wait for the end.
@@ -1508,7 +1501,7 @@ def _train_epoch(
             check_stop and (due or single_process) and distributed.any_true(model.stop_training)
         ):
             break
-    return (logs if logs is not None else _train_logs(stepper, metrics)), done
+    return logs if logs is not None else _train_logs(stepper, metrics)
 
 
 def _train_logs(stepper: Any, metrics: Any) -> dict[str, float]:
@@ -1544,11 +1537,9 @@ def evaluate_loop(
     seen, when a callback set ``model.stop_evaluating``)."""
     stepper, metrics, splitter = model._stepper, model._metrics, model._splitter
     notify_begin = cbks.wants("on_eval_batch_begin")
-    steps = exact_length(loader)
+    steps = _limit(exact_length(loader), num_iters)
     model.stop_evaluating = False  # as Keras: each evaluation starts afresh
-    stop_check = _stop_check(
-        notify_begin or cbks.wants("on_eval_batch_end"), _limit(steps, num_iters), log_freq
-    )
+    stop_check = _stop_check(notify_begin or cbks.wants("on_eval_batch_end"), steps, log_freq)
     stopped = False
     cbks.on_eval_begin(
         {"steps": _limit(num_batches(loader), num_iters), "metrics": metrics.names()}
@@ -1559,7 +1550,7 @@ def evaluate_loop(
     logs: dict[str, float] | None = None
     # Shards may differ by a batch: no collective per batch.
     with stepper.gathered(), torch.no_grad():
-        for step, (batch, is_last) in enumerate(with_last(loader, _limit(steps, num_iters))):
+        for step, (batch, is_last) in enumerate(with_last(loader, steps)):
             if notify_begin:
                 cbks.on_eval_batch_begin(step)
             batch = splitter.to_device(batch)
