@@ -1549,7 +1549,8 @@ def evaluate_loop(
     metrics.use_metrics = not model._overrides("eval_step")
     logs: dict[str, float] | None = None
     # Shards may differ by a batch: no collective per batch.
-    with stepper.gathered(), torch.no_grad():
+    # Inside, every process holds the full weights: evaluation batches need no collective.
+    with model._strategy._gathered(stepper.eval_network), torch.no_grad():
         for step, (batch, is_last) in enumerate(with_last(loader, steps)):
             if notify_begin:
                 cbks.on_eval_batch_begin(step)
@@ -1584,7 +1585,8 @@ def predict_loop(
     cbks.on_predict_begin({"steps": num_batches(loader)})
     stepper.network.eval()
     per_output: list[list[torch.Tensor]] = []
-    with stepper.gathered(), torch.no_grad():
+    # Inside, every process holds the full weights: evaluation batches need no collective.
+    with model._strategy._gathered(stepper.eval_network), torch.no_grad():
         for step, batch in enumerate(loader):
             if notify_begin:
                 cbks.on_predict_batch_begin(step)

@@ -121,9 +121,7 @@ def _outputs_and_loss(result: Any) -> tuple[list[Any], torch.Tensor | None]:
 
 
 def as_list(value: Any) -> list:
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    return [value]
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 @dataclass
@@ -145,10 +143,6 @@ class Stepper:
     # Set by fit for the batch in progress: whether it updates, and its share of the loss.
     accumulation: tuple[bool, float] = (True, 1.0)
     scaled_update: bool = False  # the fp16 scaler stepped since its last update
-
-    def gathered(self) -> contextlib.AbstractContextManager:
-        """Inside, every process holds the full weights: evaluation batches need no collective."""
-        return self.model._strategy._gathered(self.eval_network)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.model._amp is None:
