@@ -1082,7 +1082,7 @@ class Model:
         stepper = self._stepper_for("train_batch")
         stepper.network.train()
         inputs_, labels_ = self._splitter.user_batch(inputs, labels)
-        loss, outputs = stepper.train(inputs_, labels_, update=update)
+        loss, outputs = stepper.train(inputs_, labels_, update)
         stepper.end_step()
         self.step += int(update)
         return self._one_batch_logs(loss, outputs, labels_)
@@ -1183,18 +1183,8 @@ class Model:
                         self.optimizer_step(self.optimizers["g"])
                         return {"d_loss": d_loss, "g_loss": g_loss}
         """
-        stepper = self._stepper
         inputs, labels = self._splitter.split(batch)
-        update, loss_scale = stepper.accumulation
-        loss, outputs = stepper.train(
-            inputs,
-            labels,
-            loss_scale=loss_scale,
-            update=update,
-            before_update=self._before_update(),
-            # Called by an override (super().train_step): the network is not DDP's.
-            average=self._overrides("train_step"),
-        )
+        loss, outputs = self._stepper.train(inputs, labels, *self._stepper.accumulation)
         self._update_metrics(loss, outputs, labels, inputs)
         return None
 
@@ -1245,13 +1235,6 @@ class Model:
         if loss is not None and self._stepper.loss_parts:
             self._metrics.add_logs(self._stepper.loss_parts, size)
 
-    def _before_update(self) -> Any:
-        """The callbacks' ``on_before_optimizer_step``, called before each update in a fit."""
-        run = self._fit_run
-        if run is None or not run.callbacks.wants("on_before_optimizer_step"):
-            return None
-        return lambda: run.callbacks.on_before_optimizer_step(self.epoch_step)
-
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` inside a :meth:`train_step` of your own.
 
@@ -1285,7 +1268,7 @@ class Model:
                 f"optimizers given to prepare() ({sorted(self._optimizers)}); pass one of "
                 "self.optimizers."
             )
-        self._stepper_for("train_step").update(chosen, self._before_update(), average=True)
+        self._stepper_for("train_step").update(chosen, average=True)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The ``amp`` autocast context ``prepare`` chose, for the forward of your own steps.

@@ -237,22 +237,14 @@ class Stepper:
         self,
         inputs: list[torch.Tensor],
         labels: list[torch.Tensor],
-        *,
-        loss_scale: float = 1.0,
         update: bool = True,
-        before_update: Callable[[], None] | None = None,
-        average: bool = False,
+        loss_scale: float = 1.0,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Forward and backward one batch; step the optimizer when ``update``.
 
-        ``average``: average the gradients over the processes before the update,
-        as :meth:`update` does (the built-in step called from a step of one's own
-        runs the plain network, which DDP does not average).
-
         ``loss_scale`` divides the loss over an accumulation group (1/k), so
         that k accumulated batches of b equal one batch of k*b. Gradients are
-        all-reduced only on the step that updates. ``before_update`` runs
-        before that update, on the true (unscaled, unclipped) gradients.
+        all-reduced only on the step that updates.
         """
         model = self.model
         with model._strategy._no_sync(self.network, skip_gradient_sync=not update):
@@ -270,7 +262,9 @@ class Stepper:
         if update and frozen:  # a no-op without gradients, but schedulers see it was taken
             model._optimizer.step()
         elif update:
-            self.update(model._optimizer, before_update, average)
+            # Called by an override (super().train_step), the step runs the plain network,
+            # whose gradients DDP does not average: update averages them.
+            self.update(model._optimizer, average=model._overrides("train_step"))
         return loss.detach(), [o.detach() for o in outputs]
 
     def nothing_trainable(self) -> bool:
@@ -291,33 +285,30 @@ class Stepper:
         scaler = self.model._scaler
         (scaler.scale(loss) if scaler is not None else loss).backward()
 
-    def update(
-        self,
-        optimizer: torch.optim.Optimizer,
-        before_update: Callable[[], None] | None = None,
-        average: bool = False,
-    ) -> None:
+    def update(self, optimizer: torch.optim.Optimizer, average: bool = False) -> None:
         """One update of ``optimizer`` from the gradients in its parameters, then zero them.
 
         ``average``: first average the gradients over the processes (a user's
         own step runs the plain network; the built-in one has DDP do it in
         backward). Then unscale (fp16) where a hook or clipping reads them,
-        ``before_update``, clip (as ``prepare`` asked), step.
+        run a fit's ``on_before_optimizer_step`` (on the true gradients), clip
+        (as ``prepare`` asked), step.
         """
-        scaler, strategy = self.model._scaler, self.model._strategy
-        clip_norm, clip_value = self.model._clipping
+        model = self.model
+        scaler, (clip_norm, clip_value) = model._scaler, model._clipping
+        run = model._fit_run
+        hooked = run is not None and run.callbacks.wants("on_before_optimizer_step")
         parameters = optimized_parameters(optimizer)
         if average:
             distributed.average_gradients(parameters)
-        clipping = clip_norm is not None or clip_value is not None
-        if scaler is not None and (before_update is not None or clipping):
+        if scaler is not None and (hooked or clip_norm is not None or clip_value is not None):
             scaler.unscale_(optimizer)  # hooks and clipping see the true gradients
-        if before_update is not None:
-            before_update()
+        if hooked:
+            run.callbacks.on_before_optimizer_step(model.epoch_step)
         if clip_value is not None:
             torch.nn.utils.clip_grad_value_(parameters, clip_value)
         if clip_norm is not None:
-            self.grad_norm = strategy._clip_grad_norm(parameters, clip_norm).detach()
+            self.grad_norm = model._strategy._clip_grad_norm(parameters, clip_norm).detach()
         if scaler is not None:
             scaler.step(optimizer)
             self.scaled_update = True
