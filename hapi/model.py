@@ -39,9 +39,10 @@ import copy
 import io
 import math
 import os
+import sys
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -1317,14 +1318,9 @@ def _check_trains_network(optimizers: dict[str, Any], network: nn.Module, loss: 
             )
 
 
-@contextlib.contextmanager
-def _printed_by_main_process() -> Iterator[None]:
+def _printed_by_main_process() -> contextlib.AbstractContextManager:
     """A table printed once per job, not once per process (the counts are the same on each)."""
-    if distributed.is_main():
-        yield
-        return
-    with contextlib.redirect_stdout(io.StringIO()):
-        yield
+    return contextlib.redirect_stdout(sys.stdout if distributed.is_main() else io.StringIO())
 
 
 # -- the loops ----------------------------------------------------------------------
@@ -1523,7 +1519,6 @@ def evaluate_loop(
     steps = _limit(exact_length(loader), num_iters)
     model.stop_evaluating = False  # as Keras: each evaluation starts afresh
     stop_check = _stop_check(notify_begin or cbks.wants("on_eval_batch_end"), steps, log_freq)
-    stopped = False
     cbks.on_eval_begin(
         {"steps": _limit(num_batches(loader), num_iters), "metrics": metrics.names()}
     )
@@ -1547,9 +1542,9 @@ def evaluate_loop(
             if is_last:
                 break
             if stop_check is not None and stop_check(step, model.stop_evaluating):
-                stopped = True  # the logs so far, over every process (one collective)
+                logs = None  # the logs so far, over every process (one collective)
                 break
-    results = logs if logs is not None and not stopped else metrics.compute()
+    results = logs if logs is not None else metrics.compute()
     cbks.on_eval_end(results)
     return results
 
