@@ -1325,17 +1325,18 @@ def _printed_by_main_process() -> contextlib.AbstractContextManager:
 
 # -- the loops ----------------------------------------------------------------------
 def _stop_check(can_stop: bool, steps: int | None, log_freq: int) -> Callable | None:
-    """``stop(step, flag)``: whether an evaluation or a prediction stops after batch ``step``
-    because a callback set ``flag`` (``model.stop_evaluating`` / ``model.stop_predicting``),
-    the same answer on every process; ``None`` when nothing can stop the pass (no callback
-    with a batch hook anywhere): then no process asks, per batch or otherwise.
+    """``stop(step, flag)``: whether a pass stops after batch ``step`` because a callback set
+    ``flag`` (``model.stop_training`` / ``stop_evaluating`` / ``stop_predicting``), the same
+    answer on every process; ``None`` when nothing can stop the pass (no callback with a
+    batch hook anywhere): then no process asks, per batch or otherwise.
 
     One process: after every batch (a Python flag, no cost). Several (a collective here):
-    the flag is agreed (one all-reduce) every ``log_freq`` batches, as ``stop_training``
-    is, and only among the first batches, which every process has and none ends with (an
-    evaluation's shards may differ by a batch, and its last batch reduces the logs: any
-    other collective there would pair with the wrong one). Where a length is unknown
-    (iterable data) each process reads its own flag: no collective, so none can hang.
+    the flag is agreed (one all-reduce) every ``log_freq`` batches, and only among the
+    first ``steps`` batches, which every process has and none ends with (an evaluation's
+    shards may differ by a batch, and its last batch reduces the logs: any other
+    collective there would pair with the wrong one; training passes ``math.inf``, as
+    every process runs the same steps). Where a length is unknown (iterable data to
+    evaluate or predict) each process reads its own flag: no collective, so none can hang.
     """
     if distributed.world_size() > 1:
         facts = distributed.gather_objects((bool(can_stop), steps))
@@ -1448,8 +1449,7 @@ def _train_epoch(
     # callback can make one mid-epoch). Every process must run them alike, also
     # when a script gives a batch callback to one process only.
     read_logs = distributed.any_true(notify_end)
-    check_stop = distributed.any_true(notify_begin or notify_end)
-    single_process = distributed.world_size() == 1  # asking after every batch costs nothing
+    stop_check = _stop_check(notify_begin or notify_end, math.inf, log_freq)
     stepper.network.train()
     metrics.use_metrics = not model._overrides("train_step")
     if first_step == 0:
@@ -1476,9 +1476,7 @@ def _train_epoch(
             _evaluate_in_fit(model, run)
         if notify_end:
             cbks.on_train_batch_end(step, _batch_logs(splitter.length(batch), logs, metrics))
-        if is_last or (
-            check_stop and (due or single_process) and distributed.any_true(model.stop_training)
-        ):
+        if is_last or (stop_check is not None and stop_check(step, model.stop_training)):
             break
     return logs if logs is not None else _train_logs(stepper, metrics)
 
