@@ -106,18 +106,15 @@ def check_loss(loss: Any, loss_weights: Sequence[float] | None) -> Any:
 def _outputs_and_loss(result: Any) -> tuple[list[Any], torch.Tensor | None]:
     """A network's return value as (outputs, its own loss or None); see :meth:`Stepper.forward`."""
     if isinstance(result, dict):
-        if "logits" in result or "loss" in result:
-            return ([result["logits"]] if result.get("logits") is not None else []), result.get(
-                "loss"
-            )
-    elif (
-        not torch.is_tensor(result)
-        and not isinstance(result, (list, tuple))
-        and (hasattr(result, "logits") or hasattr(result, "loss"))
-    ):
-        logits = getattr(result, "logits", None)
-        return ([] if logits is None else [logits]), getattr(result, "loss", None)
-    return as_list(result), None
+        found = result if "logits" in result or "loss" in result else {}
+    elif torch.is_tensor(result) or isinstance(result, (list, tuple)):
+        found = {}
+    else:
+        found = {key: getattr(result, key) for key in ("logits", "loss") if hasattr(result, key)}
+    if not found:
+        return as_list(result), None
+    logits = found.get("logits")
+    return ([] if logits is None else [logits]), found.get("loss")
 
 
 def as_list(value: Any) -> list:
