@@ -560,11 +560,6 @@ class Model:
                 self._network, input_size, custom_ops, print_detail, input=input, device=self.device
             )
 
-    def _same_model_everywhere(self) -> None:
-        """Before evaluating or predicting: every process scores rank 0's model (see
-        :func:`hapi.distributed.sync_from_main`); weights too if DDP never aligned them."""
-        distributed.sync_from_main(self._network, parameters=self._wrapped is None)
-
     def _loader(self, data: Any, role: str, batch_size: int, workers: int, **options: Any) -> Any:
         return make_loader(
             data,
@@ -855,7 +850,6 @@ class Model:
         _check_verbose(verbose)
         loader = self._loader(eval_data, "eval_data", batch_size, num_workers)
         cbks = self._callbacks(callbacks, loader, batch_size, verbose, log_freq)
-        self._same_model_everywhere()
         return evaluate_loop(self, loader, cbks, log_freq=log_freq, num_iters=num_iters)
 
     def predict(
@@ -895,7 +889,6 @@ class Model:
         _check_verbose(verbose)
         loader = self._loader(test_data, "test_data", batch_size, num_workers)
         cbks = self._callbacks(callbacks, loader, batch_size, verbose, DEFAULT_LOG_FREQ)
-        self._same_model_everywhere()
         outputs = predict_loop(self, loader, cbks)
         if stack_outputs:
             return [
@@ -1423,7 +1416,6 @@ def _evaluate_in_fit(model: Any, run: _FitRun) -> dict[str, float]:
     """An evaluation during fit (each ``eval_steps`` optimizer steps, or the epoch's): one
     model's statistics everywhere, and the training logs set aside meanwhile, so that
     they carry on after it and a save made during it keeps them."""
-    distributed.sync_from_main(model._stepper.eval_network)
     with model._metrics.set_aside():
         logs = evaluate_loop(model, run.eval_loader, run.callbacks, log_freq=run.log_freq)
     model._stepper.network.train()
@@ -1513,6 +1505,9 @@ def evaluate_loop(
     """One pass over evaluation data; returns the logs over all of it (over the batches
     seen, when a callback set ``model.stop_evaluating``)."""
     stepper, metrics, splitter = model._stepper, model._metrics, model._splitter
+    # Every process scores the main process's model (its buffers; its weights too where
+    # DDP never aligned them): see hapi.distributed.sync_from_main.
+    distributed.sync_from_main(model._network, parameters=model._wrapped is None)
     notify_begin = cbks.wants("on_eval_batch_begin")
     steps = _limit(exact_length(loader), num_iters)
     model.stop_evaluating = False  # as Keras: each evaluation starts afresh
@@ -1553,6 +1548,9 @@ def predict_loop(
     """The network's outputs over the data, per output a list of CPU batches (those seen,
     when a callback set ``model.stop_predicting``)."""
     stepper, splitter = model._stepper, model._splitter
+    # Every process scores the main process's model (its buffers; its weights too where
+    # DDP never aligned them): see hapi.distributed.sync_from_main.
+    distributed.sync_from_main(model._network, parameters=model._wrapped is None)
     notify_begin = cbks.wants("on_predict_batch_begin")
     model.stop_predicting = False
     stop_check = _stop_check(
