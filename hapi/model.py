@@ -26,7 +26,7 @@ Read top to bottom, ``fit_loop`` is the whole of training::
     on_train_end
 
 ``evaluate_loop`` and ``predict_loop`` end early, after a batch, when a callback sets
-``model.stop_evaluating`` / ``model.stop_predicting`` (Keras 3; see :class:`_StopCheck`).
+``model.stop_evaluating`` / ``model.stop_predicting`` (Keras 3; see :func:`_stop_check`).
 Logs reach the host only every ``log_freq`` steps and at the end of a pass
 (:meth:`MetricSet.compute`); nothing in the loops depends on which process runs them
 (that is :mod:`hapi.distributed`'s job).
@@ -39,9 +39,10 @@ import copy
 import io
 import math
 import os
+import sys
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -66,7 +67,7 @@ from hapi.data import (
 )
 from hapi.metrics import MetricSet, normalise_metrics
 from hapi.rng import streams_for_training
-from hapi.steps import Stepper, as_list, check_clipping, check_loss
+from hapi.steps import Stepper, as_list, check_clipping, check_loss, optimized_parameters
 from hapi.summary import count_flops, summarize
 
 DEFAULT_BATCH_SIZE = 32  # Keras' default; Paddle's is 1, which is rarely what anyone wants.
@@ -83,12 +84,18 @@ def _check_verbose(verbose: Any) -> None:
 
 @dataclass
 class _FitRun:
-    """The parts of a running fit that a backup saves and a resume restores."""
+    """A running fit: what its loop reads, and the parts that a backup saves and a resume
+    restores (the callbacks, the training data with its seed, the epochs)."""
 
     callbacks: CallbackList
     train_data: TrainData
-    data_seed: int
     epochs: int
+    eval_loader: Iterable | None
+    eval_freq: int
+    log_freq: int
+    accumulate: int  # batches per optimizer step
+    num_iters: int | None
+    eval_steps: int | None
     restoring: bool = False  # between on_train_begin and the first epoch: a resume may load
 
 
@@ -96,22 +103,17 @@ def named_optimizers(optimizer: Any) -> dict[str, torch.optim.Optimizer]:
     """``prepare``'s optimizer(s) by name: one, a list (names "0", "1", ...) or a dict."""
     if optimizer is None:
         return {}
-    if isinstance(optimizer, torch.optim.Optimizer):
-        return {"0": optimizer}
-    items = (
-        list(optimizer.items())
-        if isinstance(optimizer, dict)
-        else list(enumerate(optimizer))
-        if isinstance(optimizer, (list, tuple))
-        else None
-    )
-    if not items or not all(isinstance(o, torch.optim.Optimizer) for _, o in items):
+    named = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else optimizer
+    if isinstance(named, (list, tuple)):
+        named = dict(enumerate(named))
+    optimizers = list(named.values()) if isinstance(named, dict) else []
+    if not optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in optimizers):
         raise TypeError(
             f"optimizer must be a torch.optim.Optimizer, or a list or dict of them (for a "
             f"train_step of your own); received {optimizer!r:.200}. Example: "
             "torch.optim.Adam(model.parameters(), lr=1e-3)."
         )
-    return {str(name): o for name, o in items}
+    return {str(name): o for name, o in named.items()}
 
 
 class Model:
@@ -439,25 +441,28 @@ class Model:
             self._pending_scaler_state = None
 
     def _stepper_for(self, purpose: str) -> Stepper:
-        """The step's parts, checked ready for ``purpose`` and built (DDP, compile) on first need."""
-        if self._metrics is None:
+        """The step's parts, checked ready for ``purpose`` and built (DDP, compile) on first need.
+
+        Prediction needs no ``prepare``: then a step with no loss and no optimizer."""
+        if self._metrics is None and purpose != "predict":
             raise RuntimeError(
                 f"{purpose}() needs a prepared model: call model.prepare(optimizer=..., "
                 f"loss=..., metrics=...) before model.{purpose}()."
             )
-        if purpose in ("fit", "train_batch") and self._optimizer is None:
+        training = purpose in ("fit", "train_batch")
+        if training and self._optimizer is None:
             raise RuntimeError(
                 f"{purpose}() needs an optimizer: call model.prepare(optimizer="
                 "torch.optim.Adam(model.parameters()), loss=...) first."
             )
         own_step = self._overrides("train_step")
-        if purpose in ("fit", "train_batch") and len(self._optimizers) > 1 and not own_step:
+        if training and len(self._optimizers) > 1 and not own_step:
             raise RuntimeError(
                 f"prepare() got {len(self._optimizers)} optimizers ({sorted(self._optimizers)}), but "
                 "the built-in training step updates one. Override train_step(self, batch) in a "
                 "subclass of Model to use several (a GAN's generator and discriminator), or pass one."
             )
-        if purpose in ("fit", "train_batch") and self._wrapped is None:
+        if training and self._wrapped is None:
             if own_step:
                 # The user's step runs the plain network; Stepper.update averages the
                 # gradients. Every process starts from rank 0's weights.
@@ -472,37 +477,15 @@ class Model:
                 )
             self._stepper = None
         if self._stepper is None:
-            train_network = self._network if self._wrapped is None else self._wrapped
-            eval_network = self._network
+            networks = [self._network if self._wrapped is None else self._wrapped, self._network]
             if self._compile:
                 # torch.compile's import of torch.utils.mkldnn warns.
                 with warnings.catch_warnings():
                     warnings.filterwarnings(
                         "ignore", r"`torch\.jit\.script_method` is", DeprecationWarning
                     )
-                    train_network, eval_network = (
-                        torch.compile(train_network),
-                        torch.compile(eval_network),
-                    )
-            self._stepper = Stepper(
-                train_network,
-                self.device,
-                self._loss,
-                self._optimizer,
-                self._amp,
-                self._scaler,
-                eval_network,
-                self._strategy,
-                *self._clipping,
-            )
-        return self._stepper
-
-    def _prediction_stepper(self) -> Stepper:
-        """Prediction needs no ``prepare``: then a step with no loss and no optimizer."""
-        if self._metrics is not None:
-            return self._stepper_for("predict")
-        if self._stepper is None:
-            self._stepper = Stepper(self._network, self.device, strategy=self._strategy)
+                    networks = [torch.compile(network) for network in networks]
+            self._stepper = Stepper(self, *networks)
         return self._stepper
 
     def summary(
@@ -576,11 +559,6 @@ class Model:
             return count_flops(
                 self._network, input_size, custom_ops, print_detail, input=input, device=self.device
             )
-
-    def _same_model_everywhere(self) -> None:
-        """Before evaluating or predicting: every process scores rank 0's model (see
-        :func:`hapi.distributed.sync_from_main`); weights too if DDP never aligned them."""
-        distributed.sync_from_main(self._network, parameters=self._wrapped is None)
 
     def _loader(self, data: Any, role: str, batch_size: int, workers: int, **options: Any) -> Any:
         return make_loader(
@@ -807,21 +785,19 @@ class Model:
                 f"not equal the uninterrupted one: {inexact}.",
                 stacklevel=2,
             )
-        self._fit_run = _FitRun(cbks, train, data_seed, epochs)
+        self._fit_run = run = _FitRun(
+            cbks,
+            train,
+            epochs,
+            eval_loader,
+            eval_freq,
+            log_freq,
+            accumulate_grad_batches,
+            num_iters,
+            eval_steps,
+        )
         try:
-            fit_loop(
-                self,
-                train,
-                eval_loader,
-                cbks,
-                epochs=epochs,
-                eval_freq=eval_freq,
-                log_freq=log_freq,
-                accumulate_grad_batches=accumulate_grad_batches,
-                num_iters=num_iters,
-                eval_steps=eval_steps,
-                restore=lambda: run_state.restore_fit(self, resume_from),
-            )
+            fit_loop(self, run, restore=lambda: run_state.restore_fit(self, resume_from))
         except BaseException:
             distributed.note_failure()  # the others may wait in a collective: don't wait for them at exit
             raise
@@ -874,7 +850,6 @@ class Model:
         _check_verbose(verbose)
         loader = self._loader(eval_data, "eval_data", batch_size, num_workers)
         cbks = self._callbacks(callbacks, loader, batch_size, verbose, log_freq)
-        self._same_model_everywhere()
         return evaluate_loop(self, loader, cbks, log_freq=log_freq, num_iters=num_iters)
 
     def predict(
@@ -910,11 +885,10 @@ class Model:
         Raises:
             ValueError: an unknown ``verbose``.
         """
-        self._prediction_stepper()
+        self._stepper_for("predict")
         _check_verbose(verbose)
         loader = self._loader(test_data, "test_data", batch_size, num_workers)
         cbks = self._callbacks(callbacks, loader, batch_size, verbose, DEFAULT_LOG_FREQ)
-        self._same_model_everywhere()
         outputs = predict_loop(self, loader, cbks)
         if stack_outputs:
             return [
@@ -1102,7 +1076,7 @@ class Model:
         stepper = self._stepper_for("train_batch")
         stepper.network.train()
         inputs_, labels_ = self._splitter.user_batch(inputs, labels)
-        loss, outputs = stepper.train(inputs_, labels_, update=update)
+        loss, outputs = stepper.train(inputs_, labels_, update)
         stepper.end_step()
         self.step += int(update)
         return self._one_batch_logs(loss, outputs, labels_)
@@ -1124,7 +1098,7 @@ class Model:
         stepper = self._stepper_for("eval_batch")
         stepper.network.eval()
         inputs_, labels_ = self._splitter.user_batch(inputs, labels)
-        loss, outputs = stepper.evaluate(inputs_, labels_, self._splitter.n_labels == 0)
+        loss, outputs = stepper.evaluate(inputs_, labels_)
         return self._one_batch_logs(loss, outputs, labels_)
 
     def predict_batch(self, inputs: Any) -> list[torch.Tensor]:
@@ -1137,7 +1111,7 @@ class Model:
         Returns:
             A list with one CPU tensor per network output.
         """
-        stepper = self._prediction_stepper()
+        stepper = self._stepper_for("predict")
         stepper.network.eval()
         inputs_, _ = self._splitter.user_batch(inputs, None)
         return [o.cpu() for o in stepper.predict(inputs_)]
@@ -1203,18 +1177,8 @@ class Model:
                         self.optimizer_step(self.optimizers["g"])
                         return {"d_loss": d_loss, "g_loss": g_loss}
         """
-        stepper = self._stepper
         inputs, labels = self._splitter.split(batch)
-        update, loss_scale = stepper.accumulation
-        loss, outputs = stepper.train(
-            inputs,
-            labels,
-            loss_scale=loss_scale,
-            update=update,
-            before_update=self._before_update(),
-            # Called by an override (super().train_step): the network is not DDP's.
-            average=self._overrides("train_step"),
-        )
+        loss, outputs = self._stepper.train(inputs, labels, *self._stepper.accumulation)
         self._update_metrics(loss, outputs, labels, inputs)
         return None
 
@@ -1234,7 +1198,7 @@ class Model:
             ``evaluate`` returns.
         """
         inputs, labels = self._splitter.split(batch)
-        loss, outputs = self._stepper.evaluate(inputs, labels, self._splitter.n_labels == 0)
+        loss, outputs = self._stepper.evaluate(inputs, labels)
         self._update_metrics(loss, outputs, labels, inputs)
         return None
 
@@ -1264,13 +1228,6 @@ class Model:
         self._metrics.update(loss, outputs, labels, size)
         if loss is not None and self._stepper.loss_parts:
             self._metrics.add_logs(self._stepper.loss_parts, size)
-
-    def _before_update(self) -> Any:
-        """The callbacks' ``on_before_optimizer_step``, called before each update in a fit."""
-        run = self._fit_run
-        if run is None or not run.callbacks.wants("on_before_optimizer_step"):
-            return None
-        return lambda: run.callbacks.on_before_optimizer_step(self.epoch_step)
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` inside a :meth:`train_step` of your own.
@@ -1305,7 +1262,7 @@ class Model:
                 f"optimizers given to prepare() ({sorted(self._optimizers)}); pass one of "
                 "self.optimizers."
             )
-        self._stepper_for("train_step").update(chosen, self._before_update(), average=True)
+        self._stepper_for("train_step").update(chosen, average=True)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The ``amp`` autocast context ``prepare`` chose, for the forward of your own steps.
@@ -1342,7 +1299,7 @@ def _check_trains_network(optimizers: dict[str, Any], network: nn.Module, loss: 
     if isinstance(loss, nn.Module):
         trained |= {id(p) for p in loss.parameters()}
     for name, optimizer in optimizers.items():
-        held = [p for group in optimizer.param_groups for p in group["params"]]
+        held = optimized_parameters(optimizer)
         if not any(id(p) in trained for p in held):
             which = f"optimizer {name!r}" if len(optimizers) > 1 else "the optimizer"
             raise ValueError(
@@ -1354,65 +1311,42 @@ def _check_trains_network(optimizers: dict[str, Any], network: nn.Module, loss: 
             )
 
 
-@contextlib.contextmanager
-def _printed_by_main_process() -> Iterator[None]:
+def _printed_by_main_process() -> contextlib.AbstractContextManager:
     """A table printed once per job, not once per process (the counts are the same on each)."""
-    if distributed.is_main():
-        yield
-        return
-    with contextlib.redirect_stdout(io.StringIO()):
-        yield
+    return contextlib.redirect_stdout(sys.stdout if distributed.is_main() else io.StringIO())
 
 
 # -- the loops ----------------------------------------------------------------------
-@dataclass
-class _StopCheck:
-    """Where an evaluation or a prediction asks whether a callback set
-    ``model.stop_evaluating`` / ``model.stop_predicting``, so that every process stops after
-    the same batch.
+def _stop_check(can_stop: bool, steps: int | None, log_freq: int) -> Callable | None:
+    """``stop(step, flag)``: whether a pass stops after batch ``step`` because a callback set
+    ``flag`` (``model.stop_training`` / ``stop_evaluating`` / ``stop_predicting``), the same
+    answer on every process; ``None`` when nothing can stop the pass (no callback with a
+    batch hook anywhere): then no process asks, per batch or otherwise.
 
-    One process: after every batch (a Python flag, no cost). Several: the
-    flag is agreed (one all-reduce) every ``every`` batches (``log_freq``), as
-    ``stop_training`` is, and only among the first ``before`` batches, which
-    every process has and none ends with (an evaluation's shards may differ by
-    a batch, and its last batch reduces the logs: any other collective
-    there would pair with the wrong one). Where a length is unknown (iterable
-    data) each process reads its own flag: no collective, so none can hang.
+    One process: after every batch (a Python flag, no cost). Several (a collective here):
+    the flag is agreed (one all-reduce) every ``log_freq`` batches, and only among the
+    first ``steps`` batches, which every process has and none ends with (an evaluation's
+    shards may differ by a batch, and its last batch reduces the logs: any other
+    collective there would pair with the wrong one; training passes ``math.inf``, as
+    every process runs the same steps). Where a length is unknown (iterable data to
+    evaluate or predict) each process reads its own flag: no collective, so none can hang.
     """
-
-    every: int
-    before: int | None = None
-    local: bool = True
-
-    @classmethod
-    def for_pass(cls, can_stop: bool, steps: int | None, log_freq: int) -> "_StopCheck | None":
-        """``None`` when nothing can stop the pass (no callback with a batch hook anywhere):
-        then no process asks, per batch or otherwise. A collective on several processes."""
-        if distributed.world_size() == 1:
-            return cls(1) if can_stop else None
+    if distributed.world_size() > 1:
         facts = distributed.gather_objects((bool(can_stop), steps))
-        if not any(wants for wants, _ in facts):
-            return None
+        can_stop = any(wants for wants, _ in facts)
         lengths = [length for _, length in facts]
-        if any(length is None for length in lengths):
-            return cls(1)
-        return cls(log_freq, min(lengths), local=False)
-
-    def __call__(self, step: int, flag: bool) -> bool:
-        """Whether the pass stops after batch ``step`` (the same answer on every process)."""
-        if (step + 1) % self.every or (self.before is not None and step + 1 >= self.before):
-            return False
-        return bool(flag) if self.local else distributed.any_true(flag)
+        if can_stop and None not in lengths:
+            before = min(lengths)
+            return lambda step, flag: (
+                (step + 1) % log_freq == 0 and step + 1 < before and distributed.any_true(flag)
+            )
+    return (lambda step, flag: bool(flag)) if can_stop else None
 
 
 def _limit(steps: int | None, num_iters: int | None) -> int | None:
     if num_iters is None:
         return steps
     return num_iters if steps is None else min(steps, num_iters)
-
-
-def _logs_due(step: int, is_last: bool, log_freq: int) -> bool:
-    return is_last or (step + 1) % log_freq == 0
 
 
 def _batch_logs(batch_size: int, logs: dict[str, float] | None, metrics: Any) -> dict:
@@ -1437,108 +1371,69 @@ def _accumulation(step: int, is_last: bool, every: int, steps: int | None) -> tu
     return (step + 1) % every == 0 or is_last, 1.0 / group_size
 
 
-def fit_loop(
-    model: Any,
-    train_data: TrainData,
-    eval_loader: Iterable | None,
-    cbks: CallbackList,
-    *,
-    epochs: int,
-    eval_freq: int,
-    log_freq: int,
-    accumulate_grad_batches: int,
-    num_iters: int | None,
-    eval_steps: int | None = None,
-    restore: Callable[[], None] = lambda: None,
-) -> dict[str, float]:
-    """Train ``epochs`` epochs (fewer when stopped); returns the last epoch's logs.
+def fit_loop(model: Any, run: _FitRun, restore: Callable[[], None]) -> dict[str, float]:
+    """Train ``run.epochs`` epochs (fewer when stopped); returns the last epoch's logs.
 
     ``restore`` puts an interrupted fit's state back (a resume) after ``on_train_begin``,
     which may reset what it restores, and before the loop reads the counters."""
     logs: dict[str, float] = {}
-    stepper = model._stepper
-    if not model._overrides("train_step") and stepper.nothing_trainable():
+    cbks = run.callbacks
+    if not model._overrides("train_step") and model._stepper.nothing_trainable():
         warnings.warn(
-            f"fit(): no parameter of {distributed.class_name(stepper.eval_network)} "
+            f"fit(): no parameter of {distributed.class_name(model._network)} "
             "requires a gradient (every one has requires_grad=False), so nothing will be "
             "updated: the loss and metrics are computed and reported, the weights stay as "
             "they are (as Keras trains a model with trainable=False). Set requires_grad=True "
             "on the parameters to train, and give them to the optimizer.",
             stacklevel=3,
         )
-    stepper.optimizer.zero_grad(set_to_none=True)  # nothing left from a stopped accumulation
+    model._optimizer.zero_grad(set_to_none=True)  # nothing left from a stopped accumulation
     cbks.on_train_begin()
     restore()  # model.epoch / model.epoch_step: where the loop starts
     # The training batches num_iters still allows in this fit (None: no cap).
-    left = num_iters
+    left = run.num_iters
     if left is not None:
-        left -= model.epoch * (train_data.steps_per_epoch or 0) + model.epoch_step
-    for epoch in range(model.epoch, epochs):
+        left -= model.epoch * (run.train_data.steps_per_epoch or 0) + model.epoch_step
+    for epoch in range(model.epoch, run.epochs):
         cbks.on_epoch_begin(epoch)
-        batches = train_data.epoch(epoch)  # after the callbacks: what they draw comes first
-        ends_with_evaluation = eval_loader is not None and epoch % eval_freq == 0
-
-        def evaluate_after_update(is_last: bool) -> None:
-            # Every eval_steps optimizer steps; not twice in a row at the epoch's end.
-            if model.step % eval_steps == 0 and not (is_last and ends_with_evaluation):
-                _evaluate_in_fit(model, eval_loader, cbks, log_freq)
-
-        logs, batches_done = _train_epoch(
-            model,
-            batches,
-            train_data.steps,
-            cbks,
-            log_freq=log_freq,
-            accumulate=accumulate_grad_batches,
-            first_step=model.epoch_step,
-            stop_step=None if left is None else model.epoch_step + left,
-            after_update=None
-            if eval_loader is None or eval_steps is None
-            else evaluate_after_update,
-        )
-        if ends_with_evaluation:
-            val_logs = _evaluate_in_fit(model, eval_loader, cbks, log_freq)
+        batches = run.train_data.epoch(epoch)  # after the callbacks: what they draw comes first
+        evaluates = run.eval_loader is not None and epoch % run.eval_freq == 0
+        stop_step = None if left is None else model.epoch_step + left
+        logs = _train_epoch(model, run, batches, stop_step, evaluates)
+        left = None if left is None else stop_step - model.epoch_step
+        if evaluates:
+            val_logs = _evaluate_in_fit(model, run)
             logs.update({f"val_{name}": value for name, value in val_logs.items()})
         model.epoch, model.epoch_step = epoch + 1, 0
         cbks.on_epoch_end(epoch, logs)
-        left = None if left is None else left - batches_done
         if distributed.any_true(model.stop_training) or left == 0:
             break
     cbks.on_train_end(logs)
     return logs
 
 
-def _evaluate_in_fit(
-    model: Any, loader: Iterable, cbks: CallbackList, log_freq: int
-) -> dict[str, float]:
+def _evaluate_in_fit(model: Any, run: _FitRun) -> dict[str, float]:
     """An evaluation during fit (each ``eval_steps`` optimizer steps, or the epoch's): one
     model's statistics everywhere, and the training logs set aside meanwhile, so that
     they carry on after it and a save made during it keeps them."""
-    distributed.sync_from_main(model._stepper.eval_network)
     with model._metrics.set_aside():
-        logs = evaluate_loop(model, loader, cbks, log_freq=log_freq, num_iters=None)
+        logs = evaluate_loop(model, run.eval_loader, run.callbacks, log_freq=run.log_freq)
     model._stepper.network.train()
     return logs
 
 
 def _train_epoch(
-    model: Any,
-    loader: Iterable,
-    epoch_steps: int | None,
-    cbks: CallbackList,
-    *,
-    log_freq: int,
-    accumulate: int,
-    first_step: int,
-    stop_step: int | None,
-    after_update: Callable[[bool], None] | None = None,
-) -> tuple[dict[str, float], int]:
-    """One epoch's batches from ``loader``, which starts at batch ``first_step`` (non-zero when
-    resuming mid-epoch), to ``stop_step`` (``num_iters``' end) or the epoch's end
-    (``epoch_steps`` batches, when known); ``after_update(is_last)`` follows each update,
-    before ``on_train_batch_end``, so that callbacks there see the step with its evaluation."""
+    model: Any, run: _FitRun, loader: Iterable, stop_step: int | None, evaluates: bool
+) -> dict[str, float]:
+    """One epoch's batches from ``loader``, which starts at batch ``model.epoch_step``
+    (non-zero when resuming mid-epoch), to ``stop_step`` (``num_iters``' end) or the epoch's
+    end. Every ``eval_steps`` optimizer steps an evaluation follows the update, before
+    ``on_train_batch_end``, so that callbacks there see the step with its evaluation; not
+    at the epoch's last batch when the epoch ``evaluates`` at its end anyway."""
     stepper, metrics, splitter = model._stepper, model._metrics, model._splitter
-    steps = _limit(epoch_steps, stop_step)
+    cbks, log_freq, first_step = run.callbacks, run.log_freq, model.epoch_step
+    steps = _limit(run.train_data.steps, stop_step)
+    eval_steps = run.eval_steps if run.eval_loader is not None else None
     notify_begin = cbks.wants("on_train_batch_begin")
     notify_end = cbks.wants("on_train_batch_end")
     # Two collectives run mid-epoch only for batch callbacks: reading the logs
@@ -1546,42 +1441,36 @@ def _train_epoch(
     # callback can make one mid-epoch). Every process must run them alike, also
     # when a script gives a batch callback to one process only.
     read_logs = distributed.any_true(notify_end)
-    check_stop = distributed.any_true(notify_begin or notify_end)
-    single_process = distributed.world_size() == 1  # asking after every batch costs nothing
+    stop_check = _stop_check(notify_begin or notify_end, math.inf, log_freq)
     stepper.network.train()
     metrics.use_metrics = not model._overrides("train_step")
     if first_step == 0:
         metrics.reset()  # a resumed epoch keeps the running logs restored with it
-    done = 0
     logs: dict[str, float] | None = None  # the last logs read, if read after the last batch
     for step, (batch, is_last) in enumerate(
         with_last(loader, None if steps is None else max(steps - first_step, 0)), start=first_step
     ):
-        is_last = is_last or step + 1 == stop_step
         if notify_begin:
             cbks.on_train_batch_begin(step)
-        stepper.accumulation = _accumulation(step, is_last, accumulate, steps)
+        stepper.accumulation = _accumulation(step, is_last, run.accumulate, steps)
         update = stepper.accumulation[0]
         batch = splitter.to_device(batch)
         _step_logs(model.train_step(batch), "train_step", metrics, splitter, batch)
         stepper.end_step()
         model.step += int(update)
         model.epoch_step = step + 1
-        done = step + 1 - first_step
         # Every process runs the same number of training steps, so logs read
         # here can be reduced across processes, and a stop request agreed on.
         # Nobody listening (verbose=0, no batch callback): both wait for the end.
-        due = _logs_due(step, is_last, log_freq)
+        due = is_last or (step + 1) % log_freq == 0
         logs = _train_logs(stepper, metrics) if due and (read_logs or is_last) else None
-        if after_update is not None and update:
-            after_update(is_last)
+        if update and eval_steps and model.step % eval_steps == 0 and not (is_last and evaluates):
+            _evaluate_in_fit(model, run)
         if notify_end:
             cbks.on_train_batch_end(step, _batch_logs(splitter.length(batch), logs, metrics))
-        if is_last or (
-            check_stop and (due or single_process) and distributed.any_true(model.stop_training)
-        ):
+        if is_last or (stop_check is not None and stop_check(step, model.stop_training)):
             break
-    return (logs if logs is not None else _train_logs(stepper, metrics)), done
+    return logs if logs is not None else _train_logs(stepper, metrics)
 
 
 def _train_logs(stepper: Any, metrics: Any) -> dict[str, float]:
@@ -1611,18 +1500,18 @@ def evaluate_loop(
     cbks: CallbackList,
     *,
     log_freq: int,
-    num_iters: int | None,
+    num_iters: int | None = None,
 ) -> dict[str, float]:
     """One pass over evaluation data; returns the logs over all of it (over the batches
     seen, when a callback set ``model.stop_evaluating``)."""
     stepper, metrics, splitter = model._stepper, model._metrics, model._splitter
+    # Every process scores the main process's model (its buffers; its weights too where
+    # DDP never aligned them): see hapi.distributed.sync_from_main.
+    distributed.sync_from_main(model._network, parameters=model._wrapped is None)
     notify_begin = cbks.wants("on_eval_batch_begin")
-    steps = exact_length(loader)
+    steps = _limit(exact_length(loader), num_iters)
     model.stop_evaluating = False  # as Keras: each evaluation starts afresh
-    stop_check = _StopCheck.for_pass(
-        notify_begin or cbks.wants("on_eval_batch_end"), _limit(steps, num_iters), log_freq
-    )
-    stopped = False
+    stop_check = _stop_check(notify_begin or cbks.wants("on_eval_batch_end"), steps, log_freq)
     cbks.on_eval_begin(
         {"steps": _limit(num_batches(loader), num_iters), "metrics": metrics.names()}
     )
@@ -1631,23 +1520,24 @@ def evaluate_loop(
     metrics.use_metrics = not model._overrides("eval_step")
     logs: dict[str, float] | None = None
     # Shards may differ by a batch: no collective per batch.
-    with stepper.gathered(), torch.no_grad():
-        for step, (batch, is_last) in enumerate(with_last(loader, _limit(steps, num_iters))):
-            is_last = is_last or step + 1 == num_iters
+    # Inside, every process holds the full weights: evaluation batches need no collective.
+    with model._strategy._gathered(stepper.eval_network), torch.no_grad():
+        for step, (batch, is_last) in enumerate(with_last(loader, steps)):
             if notify_begin:
                 cbks.on_eval_batch_begin(step)
             batch = splitter.to_device(batch)
             _step_logs(model.eval_step(batch), "eval_step", metrics, splitter, batch)
             # Running logs stay local, and only the last batch's are reduced
             # (each process has one).
-            logs = metrics.compute(sync=is_last) if _logs_due(step, is_last, log_freq) else None
+            due = is_last or (step + 1) % log_freq == 0
+            logs = metrics.compute(sync=is_last) if due else None
             cbks.on_eval_batch_end(step, _batch_logs(splitter.length(batch), logs, metrics))
             if is_last:
                 break
             if stop_check is not None and stop_check(step, model.stop_evaluating):
-                stopped = True  # the logs so far, over every process (one collective)
+                logs = None  # the logs so far, over every process (one collective)
                 break
-    results = logs if logs is not None and not stopped else metrics.compute()
+    results = logs if logs is not None else metrics.compute()
     cbks.on_eval_end(results)
     return results
 
@@ -1658,15 +1548,19 @@ def predict_loop(
     """The network's outputs over the data, per output a list of CPU batches (those seen,
     when a callback set ``model.stop_predicting``)."""
     stepper, splitter = model._stepper, model._splitter
+    # Every process scores the main process's model (its buffers; its weights too where
+    # DDP never aligned them): see hapi.distributed.sync_from_main.
+    distributed.sync_from_main(model._network, parameters=model._wrapped is None)
     notify_begin = cbks.wants("on_predict_batch_begin")
     model.stop_predicting = False
-    stop_check = _StopCheck.for_pass(
+    stop_check = _stop_check(
         notify_begin or cbks.wants("on_predict_batch_end"), exact_length(loader), log_freq
     )
     cbks.on_predict_begin({"steps": num_batches(loader)})
     stepper.network.eval()
     per_output: list[list[torch.Tensor]] = []
-    with stepper.gathered(), torch.no_grad():
+    # Inside, every process holds the full weights: evaluation batches need no collective.
+    with model._strategy._gathered(stepper.eval_network), torch.no_grad():
         for step, batch in enumerate(loader):
             if notify_begin:
                 cbks.on_predict_batch_begin(step)

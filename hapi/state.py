@@ -168,7 +168,7 @@ def _fit_state(model: Any, rng: dict[str, Any]) -> dict[str, Any]:
                 "numbers, strings, lists or dicts), e.g. {'hidden': self.hidden}."
             )
     return {
-        "data_seed": run.data_seed,
+        "data_seed": run.train_data.seed,
         "data": shared,
         "per_rank": distributed.gather_objects(per_rank),
         "callbacks": [[type(c).__name__, c.state_dict()] for c in run.callbacks],
@@ -585,7 +585,7 @@ def _resume_fit(model: Any, file: str, saved: Any) -> None:
     run, failure = model._fit_run, None
     try:
         own = _restore_parts(model, file, saved)
-        run.data_seed = run.train_data.seed = saved["data_seed"]
+        run.train_data.seed = saved["data_seed"]
         with restoring(file, "the data position ('data')"):
             model.epoch_step, outcome, reason = run.train_data.resume(
                 saved.get("data") or _UNKNOWN_POSITION,

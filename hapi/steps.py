@@ -77,75 +77,61 @@ class PerOutputLoss:
 
 def check_loss(loss: Any, loss_weights: Sequence[float] | None) -> Any:
     """``prepare``'s loss: a callable, or one per output (a list, with optional weights)."""
-    if isinstance(loss, (list, tuple)):  # one loss per output (Keras)
-        for index, part in enumerate(loss):
-            if isinstance(part, type) or not callable(part):
-                raise TypeError(
-                    f"loss[{index}] must be a loss instance, callable as loss(output, label); "
-                    f"received {part!r}."
-                )
-        weights = [1.0] * len(loss) if loss_weights is None else [float(w) for w in loss_weights]
-        if len(weights) != len(loss):
-            raise ValueError(
-                f"loss_weights has {len(weights)} entries for {len(loss)} losses; give one "
-                "weight per output's loss."
-            )
-        return PerOutputLoss(list(loss), weights)
-    if loss_weights is not None:
+    per_output = isinstance(loss, (list, tuple))  # one loss per output (Keras)
+    if loss_weights is not None and not per_output:
         raise ValueError(
             "loss_weights weighs per-output losses: pass loss=[loss_0, loss_1, ...] with it."
         )
-    if isinstance(loss, type):
-        raise TypeError(
-            f"loss is the class {loss.__name__}; pass an instance, e.g. {loss.__name__}()."
+    for index, part in enumerate(loss if per_output else [loss]):
+        name = f"loss[{index}]" if per_output else "loss"
+        if isinstance(part, type):
+            raise TypeError(
+                f"{name} is the class {part.__name__}; pass an instance, e.g. {part.__name__}()."
+            )
+        if (per_output or part is not None) and not callable(part):
+            raise TypeError(
+                f"{name} must be callable as loss(outputs, labels); received {type(part).__name__}."
+            )
+    if not per_output:
+        return loss
+    weights = [1.0] * len(loss) if loss_weights is None else [float(w) for w in loss_weights]
+    if len(weights) != len(loss):
+        raise ValueError(
+            f"loss_weights has {len(weights)} entries for {len(loss)} losses; give one "
+            "weight per output's loss."
         )
-    if loss is not None and not callable(loss):
-        raise TypeError(
-            f"loss must be callable as loss(outputs, labels); received {type(loss).__name__}."
-        )
-    return loss
+    return PerOutputLoss(list(loss), weights)
 
 
 def _outputs_and_loss(result: Any) -> tuple[list[Any], torch.Tensor | None]:
     """A network's return value as (outputs, its own loss or None); see :meth:`Stepper.forward`."""
     if isinstance(result, dict):
-        if "logits" in result or "loss" in result:
-            return ([result["logits"]] if result.get("logits") is not None else []), result.get(
-                "loss"
-            )
-    elif (
-        not torch.is_tensor(result)
-        and not isinstance(result, (list, tuple))
-        and (hasattr(result, "logits") or hasattr(result, "loss"))
-    ):
-        logits = getattr(result, "logits", None)
-        return ([] if logits is None else [logits]), getattr(result, "loss", None)
-    return as_list(result), None
+        found = result if "logits" in result or "loss" in result else {}
+    elif torch.is_tensor(result) or isinstance(result, (list, tuple)):
+        found = {}
+    else:
+        found = {key: getattr(result, key) for key in ("logits", "loss") if hasattr(result, key)}
+    if not found:
+        return as_list(result), None
+    logits = found.get("logits")
+    return ([] if logits is None else [logits]), found.get("loss")
 
 
 def as_list(value: Any) -> list:
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    return [value]
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 @dataclass
 class Stepper:
-    """What one step needs, built by ``Model`` (``network`` may be DDP-wrapped)."""
+    """One batch's mechanics for ``model``, reading what its ``prepare`` chose (loss,
+    optimizer, amp, scaler, clipping, strategy) from it where they are used."""
 
-    network: nn.Module
-    device: torch.device
-    loss_fn: Callable | None = None
-    optimizer: torch.optim.Optimizer | None = None
-    amp: str | None = None
-    scaler: Any = None  # a torch.amp.GradScaler with amp="fp16" (see hapi.amp.make_scaler)
+    model: Any
+    network: nn.Module  # what training runs: DDP's or FSDP's network, or the plain one
     # Evaluation and prediction run the plain module (or its torch.compile'd
     # twin): DDP's forward would broadcast buffers, a collective that hangs
     # when shards differ in length.
-    eval_network: nn.Module | None = None
-    strategy: distributed.Strategy = field(default_factory=distributed.Strategy)
-    clip_grad_norm: float | None = None  # the total L2 norm gradients are clipped to
-    clip_grad_value: float | None = None  # the bound each gradient element is clipped to
+    eval_network: nn.Module
     # The total gradient norm before clipping at the last update (a device
     # tensor, read only when figures are), with clip_grad_norm.
     grad_norm: torch.Tensor | None = None
@@ -155,18 +141,10 @@ class Stepper:
     accumulation: tuple[bool, float] = (True, 1.0)
     scaled_update: bool = False  # the fp16 scaler stepped since its last update
 
-    def __post_init__(self) -> None:
-        if self.eval_network is None:
-            self.eval_network = distributed.unwrap(self.network)
-
-    def gathered(self) -> contextlib.AbstractContextManager:
-        """Inside, every process holds the full weights: evaluation batches need no collective."""
-        return self.strategy._gathered(self.eval_network)
-
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.amp is None:
+        if self.model._amp is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=AMP_DTYPES[self.amp])
+        return torch.autocast(self.model.device.type, dtype=AMP_DTYPES[self.model._amp])
 
     def forward(
         self, network: nn.Module, inputs: list[Any]
@@ -184,19 +162,27 @@ class Stepper:
             else:
                 result = network(*inputs)
             return _outputs_and_loss(result)
-        except RuntimeError as error:
+        except (RuntimeError, ValueError, IndexError, TypeError) as error:
+            name = distributed.class_name(network)
             if _UNUSED_PARAMETERS in str(error):
                 raise RuntimeError(
-                    f"Some parameters of {distributed.class_name(network)} received no "
+                    f"Some parameters of {name} received no "
                     "gradient in the last training step (a layer or branch the forward did not use), "
                     "which DistributedDataParallel does not allow by default. If that is intended, "
                     "prepare the model with strategy=hapi.DDP(find_unused_parameters=True); otherwise "
                     "use or remove those parameters (or set requires_grad=False). DDP's own message: "
                     f"{str(error).splitlines()[0]}"
                 ) from error
-            raise self._explained(network, inputs, error) from error
-        except (ValueError, IndexError, TypeError) as error:
-            raise self._explained(network, inputs, error) from error
+            # Advice about the inputs only when the error is about shapes, dtypes or
+            # arguments (not a process group's, say).
+            message = f"The network {name} failed on inputs {describe(inputs)}: {error}."
+            if _ABOUT_INPUTS.search(str(error)) and not _NOT_ABOUT_INPUTS.search(str(error)):
+                message += (
+                    " Check that the data's inputs have the shape and dtype the network expects "
+                    "(e.g. float32 for Linear/Conv layers); Model(inputs=..., labels=...) sets how "
+                    "samples are split."
+                )
+            raise type(error)(message) from error
 
     def own_loss(self, network_loss: torch.Tensor | None) -> torch.Tensor:
         """The loss the network computed itself, trained when ``prepare`` got no loss."""
@@ -215,33 +201,21 @@ class Stepper:
             )
         return network_loss.reshape(())
 
-    @staticmethod
-    def _explained(network: nn.Module, inputs: list[Any], error: Exception) -> Exception:
-        """The error with the inputs it failed on named; advice about the inputs only when the
-        error is about shapes, dtypes or arguments (not a process group's, say)."""
-        message = f"The network {distributed.class_name(network)} failed on inputs {describe(inputs)}: {error}."
-        if _ABOUT_INPUTS.search(str(error)) and not _NOT_ABOUT_INPUTS.search(str(error)):
-            message += (
-                " Check that the data's inputs have the shape and dtype the network expects "
-                "(e.g. float32 for Linear/Conv layers); Model(inputs=..., labels=...) sets how "
-                "samples are split."
-            )
-        return type(error)(message)
-
     def compute_loss(self, outputs: list[torch.Tensor], labels: list[torch.Tensor]) -> torch.Tensor:
         """``loss_fn(*outputs, *labels)``; a list of losses is summed, as in Paddle."""
+        loss_fn = self.model._loss
         try:
-            if isinstance(self.loss_fn, PerOutputLoss):
-                parts = self.loss_fn.parts(outputs, labels)
+            if isinstance(loss_fn, PerOutputLoss):
+                parts = loss_fn.parts(outputs, labels)
                 self.loss_parts = {
                     f"output_{i}_loss": part.detach() for i, part in enumerate(parts)
                 }
-                loss = sum(weight * part for weight, part in zip(self.loss_fn.weights, parts))
+                loss = sum(weight * part for weight, part in zip(loss_fn.weights, parts))
             else:
-                loss = self.loss_fn(*outputs, *labels)
+                loss = loss_fn(*outputs, *labels)
         except (RuntimeError, ValueError, IndexError, TypeError) as error:
             raise type(error)(
-                f"The loss {type(self.loss_fn).__name__} failed on outputs "
+                f"The loss {type(loss_fn).__name__} failed on outputs "
                 f"{describe(outputs)} and labels {describe(labels)}: {error}. Check that "
                 "the network's outputs and the data's labels have the shapes and dtypes this "
                 "loss expects (e.g. CrossEntropyLoss wants scores [N, C] and int64 class "
@@ -251,7 +225,7 @@ class Stepper:
             loss = torch.stack([torch.as_tensor(part) for part in loss]).sum()
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise ValueError(
-                f"The loss must return a scalar tensor; {type(self.loss_fn).__name__} returned "
+                f"The loss must return a scalar tensor; {type(loss_fn).__name__} returned "
                 f"{describe(as_list(loss))}. Use reduction='mean' (or 'sum')."
             )
         return loss if loss.dim() == 0 else loss.reshape(())
@@ -260,116 +234,99 @@ class Stepper:
         self,
         inputs: list[torch.Tensor],
         labels: list[torch.Tensor],
-        *,
-        loss_scale: float = 1.0,
         update: bool = True,
-        before_update: Callable[[], None] | None = None,
-        average: bool = False,
+        loss_scale: float = 1.0,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Forward and backward one batch; step the optimizer when ``update``.
 
-        ``average``: average the gradients over the processes before the update,
-        as :meth:`update` does (the built-in step called from a step of one's own
-        runs the plain network, which DDP does not average).
-
         ``loss_scale`` divides the loss over an accumulation group (1/k), so
         that k accumulated batches of b equal one batch of k*b. Gradients are
-        all-reduced only on the step that updates. ``before_update`` runs
-        before that update, on the true (unscaled, unclipped) gradients.
+        all-reduced only on the step that updates.
         """
-        with self.strategy._no_sync(self.network, skip_gradient_sync=not update):
+        model = self.model
+        with model._strategy._no_sync(self.network, skip_gradient_sync=not update):
             with self.autocast():
                 outputs, network_loss = self.forward(self.network, inputs)
-                loss = (
-                    self.compute_loss(outputs, labels)
-                    if self.loss_fn is not None
-                    else self.own_loss(network_loss)
-                )
-            if not loss.requires_grad and self.nothing_trainable():
-                # Keras trains a frozen model: the loss is reported, nothing is updated
-                # (fit warns once why). Checked only when the loss has no graph.
-                if update:  # a no-op without gradients, but schedulers see it was taken
-                    self.optimizer.step()
-                return loss.detach(), [o.detach() for o in outputs]
-            scaled = loss * loss_scale if loss_scale != 1.0 else loss
-            if self.scaler is not None:
-                scaled = self.scaler.scale(scaled)
-            scaled.backward()
-        if update:
-            self.update(self.optimizer, before_update, average)
+                if model._loss is not None:
+                    loss = self.compute_loss(outputs, labels)
+                else:
+                    loss = self.own_loss(network_loss)
+            # Keras trains a frozen model: the loss is reported, nothing is updated
+            # (fit warns once why). Checked only when the loss has no graph.
+            frozen = not loss.requires_grad and self.nothing_trainable()
+            if not frozen:
+                self.backward(loss * loss_scale if loss_scale != 1.0 else loss)
+        if update and frozen:  # a no-op without gradients, but schedulers see it was taken
+            model._optimizer.step()
+        elif update:
+            # Called by an override (super().train_step), the step runs the plain network,
+            # whose gradients DDP does not average: update averages them.
+            self.update(model._optimizer, average=model._overrides("train_step"))
         return loss.detach(), [o.detach() for o in outputs]
 
     def nothing_trainable(self) -> bool:
         """Whether no parameter of the network (or of the optimizer) requires a gradient."""
         parameters = list(self.eval_network.parameters())
-        if self.optimizer is not None:
-            parameters += [p for group in self.optimizer.param_groups for p in group["params"]]
+        if self.model._optimizer is not None:
+            parameters += optimized_parameters(self.model._optimizer)
         return not any(p.requires_grad for p in parameters)
 
     def end_step(self) -> None:
         """After a training step: the fp16 scale moves once, however many optimizers it updated."""
         if self.scaled_update:
-            self.scaler.update()
+            self.model._scaler.update()
             self.scaled_update = False
 
     def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()``, through the gradient scaler under fp16 (for a user's own step)."""
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        """``loss.backward()``, through the gradient scaler under fp16."""
+        scaler = self.model._scaler
+        (scaler.scale(loss) if scaler is not None else loss).backward()
 
-    def update(
-        self,
-        optimizer: torch.optim.Optimizer,
-        before_update: Callable[[], None] | None = None,
-        average: bool = False,
-    ) -> None:
+    def update(self, optimizer: torch.optim.Optimizer, average: bool = False) -> None:
         """One update of ``optimizer`` from the gradients in its parameters, then zero them.
 
         ``average``: first average the gradients over the processes (a user's
         own step runs the plain network; the built-in one has DDP do it in
         backward). Then unscale (fp16) where a hook or clipping reads them,
-        ``before_update``, clip, step.
+        run a fit's ``on_before_optimizer_step`` (on the true gradients), clip
+        (as ``prepare`` asked), step.
         """
-        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        model = self.model
+        scaler, (clip_norm, clip_value) = model._scaler, model._clipping
+        run = model._fit_run
+        hooked = run is not None and run.callbacks.wants("on_before_optimizer_step")
+        parameters = optimized_parameters(optimizer)
         if average:
             distributed.average_gradients(parameters)
-        if self.scaler is not None and (before_update is not None or self.clipping):
-            self.scaler.unscale_(optimizer)  # hooks and clipping see the true gradients
-        if before_update is not None:
-            before_update()
-        self._clip(parameters)
-        if self.scaler is not None:
-            self.scaler.step(optimizer)
+        if scaler is not None and (hooked or clip_norm is not None or clip_value is not None):
+            scaler.unscale_(optimizer)  # hooks and clipping see the true gradients
+        if hooked:
+            run.callbacks.on_before_optimizer_step(model.epoch_step)
+        if clip_value is not None:
+            torch.nn.utils.clip_grad_value_(parameters, clip_value)
+        if clip_norm is not None:
+            self.grad_norm = model._strategy._clip_grad_norm(parameters, clip_norm).detach()
+        if scaler is not None:
+            scaler.step(optimizer)
             self.scaled_update = True
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    @property
-    def clipping(self) -> bool:
-        return self.clip_grad_norm is not None or self.clip_grad_value is not None
-
-    def _clip(self, parameters: list[torch.Tensor]) -> None:
-        """Clip the (synchronised, unscaled) gradients before the update, as prepare() asked."""
-        if not self.clipping:
-            return
-        if self.clip_grad_value is not None:
-            torch.nn.utils.clip_grad_value_(parameters, self.clip_grad_value)
-        if self.clip_grad_norm is not None:
-            self.grad_norm = self.strategy._clip_grad_norm(parameters, self.clip_grad_norm).detach()
-
     @torch.no_grad()
     def evaluate(
-        self, inputs: list[torch.Tensor], labels: list[torch.Tensor], no_labels: bool = False
+        self, inputs: list[torch.Tensor], labels: list[torch.Tensor]
     ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         """The loss (``None`` for a batch without the labels the loss needs) and the outputs.
 
-        ``no_labels``: the model takes no labels (``Model(labels=0)``), so the
-        loss scores the outputs alone, as in training (a network returning
-        ``(logits, loss)``, with ``loss=lambda logits, loss: loss``).
+        A model that takes no labels (``Model(labels=0)``) has the loss score
+        the outputs alone, as in training (a network returning ``(logits,
+        loss)``, with ``loss=lambda logits, loss: loss``).
         """
         with self.autocast():
             outputs, network_loss = self.forward(self.eval_network, inputs)
-            if self.loss_fn is not None:
+            if self.model._loss is not None:
+                no_labels = self.model._splitter.n_labels == 0
                 loss = self.compute_loss(outputs, labels) if labels or no_labels else None
             else:
                 loss = None if network_loss is None else self.own_loss(network_loss)
@@ -379,3 +336,7 @@ class Stepper:
     def predict(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         with self.autocast():
             return self.forward(self.eval_network, inputs)[0]
+
+
+def optimized_parameters(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
