@@ -83,6 +83,8 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 
 def any_true(flag: bool) -> bool:
     """True when ``flag`` is true on any process, so all ranks stop together."""
+    if world_size() == 1:  # asked after every batch there: no tensor, no read back
+        return bool(flag)
     return bool(all_reduce_sum(torch.tensor(int(bool(flag)))).item())
 
 
