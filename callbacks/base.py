@@ -136,8 +136,8 @@ class Callback:
         """Give the callback the run's settings (``self.params``; a copy is kept).
 
         Called once per run after :meth:`set_model` and before any hook, on
-        every process (``fit`` calls it twice: the second time with the final
-        ``epochs`` and ``steps``). Override it (calling ``super()``) to reset
+        every process; an ``evaluate``/``predict`` run inside a fit gives the
+        fit's params back when it ends. Override it (calling ``super()``) to reset
         what must start afresh in each run.
 
         Args:

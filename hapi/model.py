@@ -42,7 +42,7 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -849,8 +849,9 @@ class Model:
         require_int("evaluate", "num_iters", num_iters, allow_none=True)
         _check_verbose(verbose)
         loader = self._loader(eval_data, "eval_data", batch_size, num_workers)
-        cbks = self._callbacks(callbacks, loader, batch_size, verbose, log_freq)
-        return evaluate_loop(self, loader, cbks, log_freq=log_freq, num_iters=num_iters)
+        with _params_kept(callbacks):
+            cbks = self._callbacks(callbacks, loader, batch_size, verbose, log_freq)
+            return evaluate_loop(self, loader, cbks, log_freq=log_freq, num_iters=num_iters)
 
     def predict(
         self,
@@ -888,8 +889,9 @@ class Model:
         self._stepper_for("predict")
         _check_verbose(verbose)
         loader = self._loader(test_data, "test_data", batch_size, num_workers)
-        cbks = self._callbacks(callbacks, loader, batch_size, verbose, DEFAULT_LOG_FREQ)
-        outputs = predict_loop(self, loader, cbks)
+        with _params_kept(callbacks):
+            cbks = self._callbacks(callbacks, loader, batch_size, verbose, DEFAULT_LOG_FREQ)
+            outputs = predict_loop(self, loader, cbks)
         if stack_outputs:
             return [
                 torch.cat(batches) if batches and torch.is_tensor(batches[0]) else batches
@@ -1272,6 +1274,20 @@ class Model:
             a no-op without ``amp``.
         """
         return self._stepper_for("train_step").autocast()
+
+
+@contextlib.contextmanager
+def _params_kept(callbacks: Any) -> Iterator[None]:
+    """The given callbacks' ``params`` back as they were after an evaluation or a prediction:
+    one run from a fit's callback, with the fit's own callbacks, leaves them knowing that a
+    fit is under way (``epochs`` set)."""
+    given = callbacks if isinstance(callbacks, (list, tuple)) else [callbacks]
+    kept = [(c, c.params) for c in given if isinstance(c, Callback) and c.params]
+    try:
+        yield
+    finally:
+        for callback, params in kept:
+            callback.params = params
 
 
 # Keras' names for what Model does under another name.

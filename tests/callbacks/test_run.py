@@ -125,3 +125,29 @@ def test_a_model_whose_save_takes_paddles_arguments_only_keeps_its_checkpoints(t
     model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.CrossEntropyLoss())
     model.fit(make_tiny_data(16), batch_size=8, verbose=0, save_dir=str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0.pt", "final.pt"]
+
+
+def test_an_evaluate_inside_a_fit_with_the_fits_callbacks_leaves_them_in_the_fit():
+    """A callback that evaluates with the fit's own EMA and History: the fit's later
+    evaluations still use the average, and History still records them as the fit's."""
+    data = make_tiny_data(32)
+
+    def run(share_callbacks: bool) -> tuple[list[float], int]:
+        ema, history = EMA(decay=0.5), History()
+
+        class Nested(Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                shared = [ema, history] if share_callbacks else None
+                self.model.evaluate(data, batch_size=8, verbose=0, callbacks=shared)
+
+        tiny_model().fit(
+            data,
+            eval_data=data,
+            batch_size=8,
+            epochs=3,
+            verbose=0,
+            callbacks=[ema, history, Nested()],
+        )
+        return history.history["val_loss"], len(history.evaluations)
+
+    assert run(share_callbacks=True) == run(share_callbacks=False)
