@@ -143,3 +143,25 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# The slowest files first (measured with --durations on this 2-core machine). Two test
+# processes take whole files in collection order (``--dist loadfile``), and the top-level
+# files, collected last, hold some of the slowest (Ray's start, the GPU check on the CPU, the
+# benchmark scripts): taken last, one process worked through them alone at the end.
+_SLOWEST_FILES = (
+    "tests/distributed/test_resume_matrix.py",
+    "tests/test_benchmarks.py",
+    "tests/test_ray_train.py",
+    "tests/test_gpu_check.py",
+    "tests/distributed/test_spawn.py",
+    "tests/distributed/test_two_hosts.py",
+    "tests/examples/test_hapitrain.py",
+    "tests/test_docs_build.py",
+    "tests/test_typecheck.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    first = {path: rank for rank, path in enumerate(_SLOWEST_FILES)}
+    items.sort(key=lambda item: first.get(item.nodeid.split("::")[0], len(first)))
