@@ -348,9 +348,8 @@ def _overrides(callback: Callback, hook: str) -> bool:
     """Whether ``callback`` implements ``hook``: its class overrides it, and the instance
     did not list it in ``unused_hooks`` (a feature left off, e.g. ModelCheckpoint without
     ``save_steps``, costs the loop no per-batch call nor the figures read for it)."""
-    return getattr(type(callback), hook, None) is not getattr(
-        Callback, hook
-    ) and hook not in getattr(callback, "unused_hooks", ())
+    overridden = getattr(type(callback), hook) is not getattr(Callback, hook)
+    return overridden and hook not in getattr(callback, "unused_hooks", ())
 
 
 def hook_method(hook: str, call: Callable[[Any, str, tuple, dict | None], None]) -> Callable:

@@ -109,28 +109,28 @@ def _format_value(value: Any) -> str:
     return str(value)
 
 
+def _formatted(figures: dict) -> dict[str, str]:
+    return {name: _format_value(value) for name, value in figures.items()}
+
+
 class _Phase:
     """Progress of one pass (a training epoch, an evaluation or a prediction)."""
 
     def __init__(self, steps: int | None, bar: Any) -> None:
         self.steps = steps
         self.bar = bar
-        self.started = _clock()
-        self.samples = 0
-        self.done = 0
+        # When the pass started, its last line was printed, its last batch began or ended.
+        self.started = self.last_line = self.mark = _clock()
+        self.samples = self.done = 0
         # Figures not printed yet (a shortened last epoch's final step, say):
         # printed before the pass ends, so the last figures are always shown.
         self.unprinted: dict | None = None
         # The 1/max_lines of the pass the last line was in (-1: a pass of unknown length, or no
         # thinning); -2, below every part, until the pass's first line.
         self.part = -2
-        self.last_line = self.started  # when the last line was printed
         # verbose=3's counters: seconds between batches (reading) and inside them.
-        self.reader_time = 0.0
-        self.batch_time = 0.0
-        self.timed_batches = 0
-        self.timed_samples = 0
-        self.mark = self.started  # the last batch begin or end
+        self.reader_time = self.batch_time = 0.0
+        self.timed_batches = self.timed_samples = 0
         # Seconds of an evaluation inside the current interval (while one runs: minus its start).
         self.paused = 0.0
 
@@ -146,17 +146,6 @@ class _Phase:
         seconds = now - self.mark - self.paused
         self.mark, self.paused = now, 0.0
         return seconds
-
-    def counters(self, world_size: int) -> list[str]:
-        """``verbose=3``'s ``avg_reader_cost``, ``avg_batch_cost`` and ``ips``, as Paddle prints them."""
-        count = max(self.timed_batches, 1)
-        spent = self.reader_time + self.batch_time
-        ips = self.timed_samples * world_size / spent if spent > 0 else 0.0
-        return [
-            f"avg_reader_cost: {self.reader_time / count:.5f} sec",
-            f"avg_batch_cost: {self.batch_time / count:.5f} sec",
-            f"ips: {ips:.5f} samples/sec",
-        ]
 
 
 class ProgBarLogger(Callback):
@@ -196,17 +185,17 @@ class ProgBarLogger(Callback):
     ) -> None:
         super().__init__()
         require_int("ProgBarLogger", "log_freq", log_freq)
+        require_int("ProgBarLogger", "max_lines", max_lines, allow_none=True)  # None: every line
         if verbose not in (0, 1, 2, 3):
             raise ValueError(
                 f"verbose must be 0, 1, 2 or 3 (lines with time counters); received {verbose!r}."
             )
-        require_int("ProgBarLogger", "max_lines", max_lines, allow_none=True)  # None: every line
         if interval is not None and (
-            isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0
+            isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0
         ):
             raise ValueError(
-                f"interval must be a positive number of seconds, or None for no "
-                f"time-based lines; received {interval!r}."
+                "interval must be a positive number of seconds, or None for no time-based lines; "
+                f"received {interval!r}."
             )
         self.log_freq = log_freq
         self.verbose = verbose
@@ -227,11 +216,11 @@ class ProgBarLogger(Callback):
         tqdm = _bar_class(self.params.get("world_size", 1)) if self.verbose == 1 else None
         if tqdm is None:
             print(line, flush=True)
-            bar = None
-        else:
-            bar = tqdm(
-                total=steps, desc=description, file=sys.stdout, mininterval=0.25, dynamic_ncols=True
-            )
+            self._phase = _Phase(steps, None)
+            return
+        bar = tqdm(
+            total=steps, desc=description, file=sys.stdout, mininterval=0.25, dynamic_ncols=True
+        )
         self._phase = _Phase(steps, bar)
 
     def _print_line(self, phase: _Phase) -> None:
@@ -239,9 +228,14 @@ class ProgBarLogger(Callback):
             return
         total = f"/{phase.steps}" if phase.steps is not None else ""
         parts = [f"step {phase.done}{total}"]
-        parts += [f"{name}: {_format_value(value)}" for name, value in phase.unprinted.items()]
-        if self.verbose == 3:
-            parts += phase.counters(self.params.get("world_size", 1))
+        parts += [f"{name}: {value}" for name, value in _formatted(phase.unprinted).items()]
+        if self.verbose == 3:  # Paddle's time counters, averaged over the pass so far
+            count = max(phase.timed_batches, 1)
+            spent = phase.reader_time + phase.batch_time
+            samples = phase.timed_samples * self.params.get("world_size", 1)
+            parts.append(f"avg_reader_cost: {phase.reader_time / count:.5f} sec")
+            parts.append(f"avg_batch_cost: {phase.batch_time / count:.5f} sec")
+            parts.append(f"ips: {samples / spent if spent > 0 else 0.0:.5f} samples/sec")
         pace = (_clock() - phase.started) / max(phase.done, 1)
         parts.append(f"{pace:.1f}s/step" if pace >= 1.0 else f"{pace * 1000:.0f}ms/step")
         print(" - ".join(parts), flush=True)
@@ -249,23 +243,23 @@ class ProgBarLogger(Callback):
         phase.part = phase.part_of(self.max_lines)
         phase.last_line = _clock()
 
-    def _finish(self, phase: _Phase | None) -> None:
-        if phase is not None and phase.bar is not None:
-            phase.bar.close()
-        elif phase is not None:
-            self._print_line(phase)  # the pass ended on a step between log_freq steps
-
-    def _end_pass(self, kind: str, logs: dict | None) -> None:
-        """End an evaluation or prediction: its last figures, its samples; back to the epoch."""
-        if not self._active or self._phase is None:
+    def _end(self, kind: str | None, logs: dict | None = None) -> None:
+        """End the pass: its last figures (and an evaluation's or prediction's samples)."""
+        phase = self._phase
+        if phase is None:
             return
-        phase, self._phase, self._outer = self._phase, self._outer, None
+        # An evaluation or prediction ends: back to the epoch it ran in, if any.
+        self._phase, self._outer = self._outer, None
         if self._phase is not None:
             self._phase.paused += _clock()  # the evaluation's end: paused gains its duration
-        if phase.bar is not None and logs:
-            phase.bar.set_postfix({k: _format_value(v) for k, v in logs.items()}, refresh=False)
-        self._finish(phase)
-        print(f"{kind} samples: {phase.samples}", flush=True)
+        if phase.bar is None:
+            self._print_line(phase)  # the pass ended on a step between log_freq steps
+        else:
+            if logs:
+                phase.bar.set_postfix(_formatted(logs), refresh=False)
+            phase.bar.close()
+        if kind is not None:
+            print(f"{kind} samples: {phase.samples}", flush=True)
 
     # -- hooks -----------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -319,47 +313,46 @@ class ProgBarLogger(Callback):
         if phase.bar is not None:
             phase.bar.update(phase.done - phase.bar.n)
             if figures:
-                phase.bar.set_postfix(
-                    {k: _format_value(v) for k, v in figures.items()}, refresh=False
-                )
-        elif figures:
-            phase.unprinted = figures
-            # A log_freq step gets a line by the rule of the module docstring; a pass of
-            # unknown length stays in part -1, so only time spaces its lines.
-            due = (
-                self.max_lines is None
-                or phase.part_of(self.max_lines) > phase.part
-                or (self.interval is not None and _clock() - phase.last_line >= self.interval)
-            )
-            steady = phase.done % self.log_freq == 0 or phase.steps is None
-            if phase.done == phase.steps or (steady and due):
-                self._print_line(phase)
+                phase.bar.set_postfix(_formatted(figures), refresh=False)
+            return
+        if not figures:
+            return
+        phase.unprinted = figures
+        # A log_freq step gets a line by the rule of the module docstring; a pass of
+        # unknown length stays in part -1, so only time spaces its lines.
+        due = (
+            self.max_lines is None
+            or phase.part_of(self.max_lines) > phase.part
+            or (self.interval is not None and _clock() - phase.last_line >= self.interval)
+        )
+        steady = phase.done % self.log_freq == 0 or phase.steps is None
+        if phase.done == phase.steps or (steady and due):
+            self._print_line(phase)
 
     on_eval_batch_begin = on_predict_batch_begin = on_train_batch_begin
     on_eval_batch_end = on_predict_batch_end = on_train_batch_end
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self._finish(self._phase)
-        self._phase = None
+        self._end(None)
 
     def on_eval_begin(self, logs: dict | None = None) -> None:
         if not self._active:
             return
         outer = self._outer = self._phase
+        if outer is not None and outer.bar is not None:
+            outer.bar.refresh()
+        elif outer is not None:
+            self._print_line(outer)  # the epoch's last figures before "Eval begin..."
         if outer is not None:
-            if outer.bar is not None:
-                outer.bar.refresh()
-            else:
-                self._print_line(outer)  # the epoch's last figures before "Eval begin..."
             outer.paused -= _clock()  # the evaluation is no part of a batch's cost
         self._start((logs or {}).get("steps"), "Eval", "Eval begin...")
 
     def on_eval_end(self, logs: dict | None = None) -> None:
-        self._end_pass("Eval", logs)
+        self._end("Eval", logs)
 
     def on_predict_begin(self, logs: dict | None = None) -> None:
         if self._active:
             self._start((logs or {}).get("steps"), "Predict", "Predict begin...")
 
     def on_predict_end(self, logs: dict | None = None) -> None:
-        self._end_pass("Predict", logs)
+        self._end("Predict", logs)

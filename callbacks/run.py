@@ -34,13 +34,10 @@ def callbacks_for_run(
             f"callbacks must be a Callback or a list of them; received {type(callbacks).__name__}."
         )
     user = list(callbacks or ())
+    chosen = list(user)
     # verbose=0 adds no progress bar at all: no per-batch call for a silent display.
-    chosen = (
-        []
-        if verbose == 0 or any(isinstance(c, ProgBarLogger) for c in user)
-        else [ProgBarLogger(log_freq=log_freq, verbose=verbose)]
-    )
-    chosen += user
+    if verbose and not any(isinstance(c, ProgBarLogger) for c in user):
+        chosen.insert(0, ProgBarLogger(log_freq=log_freq, verbose=verbose))
     if save_dir is not None and not any(isinstance(c, ModelCheckpoint) for c in user):
         chosen.append(ModelCheckpoint(save_dir, save_freq=save_freq))
     if not any(isinstance(c, History) for c in user):

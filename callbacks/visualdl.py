@@ -53,26 +53,25 @@ def _run_name(owner: str, version: Version) -> str | None:
         return AUTO
     if version is None or version is False:
         return None
+    if isinstance(version, int) and version < 0:
+        raise ValueError(
+            f"{owner}: version must be a non-negative integer (it names version_<N>); received "
+            f"{version}. Pass e.g. version=0."
+        )
     if isinstance(version, int):
-        if version < 0:
-            raise ValueError(
-                f"{owner}: version must be a non-negative integer (it names "
-                f"version_<N>); received {version}. Pass e.g. version=0."
-            )
         return f"version_{version}"
-    if isinstance(version, str):
-        parts = version.replace("\\", "/").split("/")
-        if not version or os.path.isabs(version) or any(p in ("", ".", "..") for p in parts):
-            raise ValueError(
-                f"{owner}: version={version!r} must name a subdirectory of log_dir (e.g. 'baseline' "
-                f"or 'lr1e-3/seed0'), with no empty, '.' or '..' parts and not an absolute path. "
-                f"To write into another directory, change log_dir; for log_dir itself pass version=None."
-            )
-        return version
-    raise TypeError(
-        f"{owner}: version must be 'auto', an int, a subdirectory name (str), or None; received "
-        f"{version!r} of type {type(version).__name__}."
-    )
+    if not isinstance(version, str):
+        raise TypeError(
+            f"{owner}: version must be 'auto', an int, a subdirectory name (str), or None; "
+            f"received {version!r} of type {type(version).__name__}."
+        )
+    if os.path.isabs(version) or {"", ".", ".."} & set(version.replace("\\", "/").split("/")):
+        raise ValueError(
+            f"{owner}: version={version!r} must name a subdirectory of log_dir (e.g. 'baseline' "
+            "or 'lr1e-3/seed0'), with no empty, '.' or '..' parts and not an absolute path. To "
+            "write into another directory, change log_dir; for log_dir itself pass version=None."
+        )
+    return version
 
 
 class _Curves(Callback):

@@ -110,15 +110,9 @@ class WandbCallback(_Curves):
                 "which is not installed. Install it with: pip install wandb (or pip install "
                 '"torch-hapi[wandb]")'
             )
-        self.wandb_args: dict[str, Any] = {
-            "project": project,
-            "entity": entity,
-            "name": name,
-            "dir": dir,
-            "mode": mode,
-            "job_type": job_type,
-            **kwargs,
-        }
+        self.wandb_args: dict[str, Any] = dict(
+            kwargs, project=project, entity=entity, name=name, dir=dir, mode=mode, job_type=job_type
+        )
         self.run: Any = None
         self._epochs_trained = 0
 

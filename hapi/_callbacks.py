@@ -34,31 +34,24 @@ INIT = os.path.join(HOME, "__init__.py")
 
 def _origin_of_callbacks() -> str | None:
     """Where ``import callbacks`` would load from (or has loaded from), without running it."""
-    module = sys.modules.get("callbacks")
-    if module is not None:  # possibly half-initialised: a user's callbacks.py importing hapi
-        spec = getattr(module, "__spec__", None)
-        return getattr(spec, "origin", None) or getattr(module, "__file__", None) or repr(module)
-    try:
-        spec = importlib.util.find_spec("callbacks")
-    except (ImportError, ValueError):
-        return None
+    try:  # a module in sys.modules (perhaps half-initialised: a user's callbacks.py importing hapi)
+        spec = importlib.util.find_spec("callbacks")  # gives its __spec__
+    except ValueError:  # ... that has no __spec__
+        return getattr(sys.modules["callbacks"], "__file__", None) or repr(sys.modules["callbacks"])
     if spec is None:
         return None
     return spec.origin or ", ".join(spec.submodule_search_locations or []) or "callbacks"
 
 
 def _is_ours(origin: str | None) -> bool:
-    if origin is None or not os.path.isfile(origin):
-        return False
-    return os.path.realpath(origin) == os.path.realpath(INIT)
+    return origin is not None and os.path.realpath(origin) == os.path.realpath(INIT)
 
 
 def _first_process() -> bool:
     """False in the processes a job starts besides its first: torchrun's ranks > 0 (``RANK``) and
     the children of ``hapi.spawn`` or of spawned DataLoader workers, which import hapi again."""
-    child = multiprocessing.parent_process() is not None or getattr(
-        multiprocessing.current_process(), "_inheriting", False
-    )  # set while a spawned child imports
+    process = multiprocessing.current_process()  # _inheriting: set while a spawned child imports
+    child = multiprocessing.parent_process() is not None or getattr(process, "_inheriting", False)
     return os.environ.get("RANK", "0") == "0" and not child
 
 
@@ -68,8 +61,7 @@ def _resolve() -> types.ModuleType:
     origin = _origin_of_callbacks()
     ours = _is_ours(origin)
     if ours:
-        package, prefix = importlib.import_module("callbacks"), "callbacks"
-        sys.modules[NAME] = package
+        package = sys.modules[NAME] = importlib.import_module("callbacks")
     else:  # load torch-hapi's package from its installed directory as hapi.callbacks
         if not os.path.isfile(INIT):
             raise ImportError(
@@ -77,16 +69,16 @@ def _resolve() -> types.ModuleType:
                 "Reinstall torch-hapi (pip install --force-reinstall torch-hapi)."
             )
         spec = importlib.util.spec_from_file_location(NAME, INIT, submodule_search_locations=[HOME])
-        package, prefix = importlib.util.module_from_spec(spec), NAME
-        sys.modules[NAME] = package
+        package = sys.modules[NAME] = importlib.util.module_from_spec(spec)
         try:
             spec.loader.exec_module(package)
         except BaseException:
             del sys.modules[NAME]
             raise
-    # hapi.callbacks.<module> is the very module <prefix>.<module>, for every module of it.
+    # hapi.callbacks.<module> is the very module callbacks.<module> (or hapi.callbacks'), for each.
     for info in pkgutil.iter_modules(package.__path__):
-        sys.modules[f"{NAME}.{info.name}"] = importlib.import_module(f"{prefix}.{info.name}")
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        sys.modules[f"{NAME}.{info.name}"] = module
     if origin is not None and not ours and _first_process():
         try:  # shown as the user would type it: ./callbacks.py for one in the working directory
             relative = os.path.relpath(origin)
