@@ -125,8 +125,8 @@ class _Phase:
         # Figures not printed yet (a shortened last epoch's final step, say):
         # printed before the pass ends, so the last figures are always shown.
         self.unprinted: dict | None = None
-        # The 1/max_lines of the pass the last line was in (-1: a pass of unknown length, or no
-        # thinning); -2, below every part, until the pass's first line.
+        # The 1/max_lines of the pass the last line was in (-1: a pass of unknown length); -2,
+        # below every part, until the pass's first line.
         self.part = -2
         # verbose=3's counters: seconds between batches (reading) and inside them.
         self.reader_time = self.batch_time = 0.0
@@ -135,10 +135,13 @@ class _Phase:
         self.paused = 0.0
 
     def part_of(self, max_lines: int | None) -> int:
-        """Which 1/max_lines of the pass the current step ends (-1: unknown length or no thinning)."""
-        if self.steps is None or max_lines is None:
+        """Which 1/max_lines of the pass the current step ends (-1: a pass of unknown length).
+
+        With ``max_lines=None`` every step is a part of its own (every candidate is due).
+        """
+        if self.steps is None:
             return -1
-        return self.done * max_lines // max(self.steps, 1)
+        return self.done * (max_lines or self.steps) // max(self.steps, 1)
 
     def since_mark(self) -> float:
         """Seconds since the last batch begin or end, evaluations inside it left out."""
@@ -320,10 +323,8 @@ class ProgBarLogger(Callback):
         phase.unprinted = figures
         # A log_freq step gets a line by the rule of the module docstring; a pass of
         # unknown length stays in part -1, so only time spaces its lines.
-        due = (
-            self.max_lines is None
-            or phase.part_of(self.max_lines) > phase.part
-            or (self.interval is not None and _clock() - phase.last_line >= self.interval)
+        due = phase.part_of(self.max_lines) > phase.part or (
+            self.interval is not None and _clock() - phase.last_line >= self.interval
         )
         steady = phase.done % self.log_freq == 0 or phase.steps is None
         if phase.done == phase.steps or (steady and due):

@@ -57,9 +57,8 @@ class RayTrainReport(Callback):
             import ray.train  # noqa: F401  (the hooks use it: found, and loaded, here)
         except ImportError as error:
             raise ImportError(
-                "callbacks.RayTrainReport reports to Ray Train, which is not installed "
-                f'({error}). Install it with: pip install "ray[train]" (or pip install '
-                '"torch-hapi[ray]")'
+                f"callbacks.RayTrainReport reports to Ray Train, which is not installed ({error}). "
+                'Install it with: pip install "ray[train]" (or pip install "torch-hapi[ray]")'
             ) from error
         self.checkpoint = bool(checkpoint)
 

@@ -77,25 +77,22 @@ def _run_name(owner: str, version: Version) -> str | None:
 class _Curves(Callback):
     """The x axes VisualDL, TensorBoard and W&B share, and the training scalars of a batch.
 
-    :attr:`train_step` counts the batches this callback has seen (not
-    ``model.step``, the optimizer steps: with accumulation every batch still gets
-    its own point). An evaluation that ``fit(eval_steps=N)`` runs after a step's
-    update comes before that step's ``on_train_batch_end``, while ``_in_batch``
-    is set: it belongs to that batch, which has begun.
+    :attr:`train_step` counts the batches this callback has seen begin, as Keras'
+    TensorBoard counts its global batch (not ``model.step``, the optimizer steps:
+    with accumulation every batch still gets its own point). An evaluation that
+    ``fit(eval_steps=N)`` runs after a step's update comes before that step's
+    ``on_train_batch_end``: it belongs to that batch, which has begun and is counted.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.train_step = 0
-        self._in_batch = False  # between a batch's begin and end
 
     def on_train_batch_begin(self, step: int, logs: dict | None = None) -> None:
-        self._in_batch = True
+        self.train_step += 1
 
     def _train_scalars(self, logs: dict | None) -> dict[str, float]:
-        """Count the batch; its figures and ``lr`` (none between ``log_freq`` steps)."""
-        self._in_batch = False
-        self.train_step += 1
+        """The batch's figures and ``lr`` (none between ``log_freq`` steps)."""
         scalars = {k: float(v) for k, v in (logs or {}).items() if k not in NOT_SCALARS}
         optimizer = getattr(self.model, "optimizer", None)
         if scalars and optimizer is not None:
@@ -232,7 +229,7 @@ class _ScalarLogger(_Curves):
         if fitting and self.params.get("eval_steps") is not None:
             # The batches trained so far, the x of the train/* curves: the
             # evaluated weights are those the train curve shows at that x.
-            step = self.train_step + int(self._in_batch)
+            step = self.train_step
         elif fitting:
             step = self.model.epoch  # the epoch evaluated (it counts on after on_epoch_end)
         else:

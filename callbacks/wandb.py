@@ -106,9 +106,8 @@ class WandbCallback(_Curves):
         super().__init__()
         if importlib.util.find_spec("wandb") is None:
             raise ImportError(
-                "callbacks.WandbCallback logs to Weights & Biases through the 'wandb' package, "
-                "which is not installed. Install it with: pip install wandb (or pip install "
-                '"torch-hapi[wandb]")'
+                "callbacks.WandbCallback logs through the 'wandb' package, which is not installed. "
+                'Install it with: pip install wandb (or pip install "torch-hapi[wandb]")'
             )
         self.wandb_args: dict[str, Any] = dict(
             kwargs, project=project, entity=entity, name=name, dir=dir, mode=mode, job_type=job_type
@@ -152,12 +151,6 @@ class WandbCallback(_Curves):
             run.finish(exit_code=exit_code)
 
     # -- hooks -----------------------------------------------------------------
-    def set_params(self, params: dict[str, Any]) -> None:
-        super().set_params(params)
-        # Called as each fit, evaluate or predict sets up, before its first hook: none is
-        # under way now, even if the last fit raised before its on_train_end.
-        self._in_batch = False
-
     def on_train_begin(self, logs: dict | None = None) -> None:
         if self.is_main:
             self._start()
@@ -181,7 +174,7 @@ class WandbCallback(_Curves):
         fitting = self.params.get("epochs") is not None  # None in a standalone evaluate
         row = {f"eval/{k}": float(v) for k, v in (logs or {}).items()}
         row["epoch"] = self.model.epoch if fitting else self._epochs_trained
-        row["train/step"] = self.train_step + int(fitting and self._in_batch)
+        row["train/step"] = self.train_step
         if self.run is not None:
             self.run.log(row)
         if not fitting:

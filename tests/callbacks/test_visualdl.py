@@ -73,6 +73,7 @@ def test_no_optimizer_means_no_lr_scalar(tmp_path):
     model.optimizer = None
     cb.on_train_begin()
     cb.on_epoch_begin(0)
+    cb.on_train_batch_begin(0)
     cb.on_train_batch_end(0, {"batch_size": 8, "loss": 2.0})
     cb.on_train_end()
     assert read_scalars(cb.run_dir) == {"train/loss": [(1, 2.0)]}
@@ -121,6 +122,7 @@ def test_nothing_is_created_before_the_first_write(tmp_path):
     attach(cb)
     cb.on_train_begin()
     cb.on_epoch_begin(0)
+    cb.on_train_batch_begin(0)
     cb.on_train_batch_end(0, {"batch_size": 8})  # a step without figures
     assert not (tmp_path / "runs").exists()
     cb.on_train_end()
@@ -141,8 +143,10 @@ def test_visualdl_is_imported_only_on_the_first_write(tmp_path, monkeypatch):
     attach(cb)
     cb.on_train_begin()
     cb.on_epoch_begin(0)
+    cb.on_train_batch_begin(0)
     cb.on_train_batch_end(0, {"batch_size": 8})
     with pytest.raises(ImportError):
+        cb.on_train_batch_begin(1)
         cb.on_train_batch_end(1, {"batch_size": 8, "loss": 1.0})
 
 
@@ -191,6 +195,7 @@ def test_of_two_processes_only_rank_0_opens_a_writer(tmp_path, monkeypatch, rank
 def write_one_point(cb, value=1.0):
     cb.on_train_begin()
     cb.on_epoch_begin(0)
+    cb.on_train_batch_begin(0)
     cb.on_train_batch_end(0, {"batch_size": 8, "loss": value})
     cb.on_train_end()
 

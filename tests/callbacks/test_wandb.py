@@ -191,6 +191,7 @@ def test_a_run_left_open_by_a_raise_is_finished_as_failed_at_exit(wandb_offline)
     attach(cb)
     cb.on_train_begin()
     cb.on_epoch_begin(0)
+    cb.on_train_batch_begin(0)
     cb.on_train_batch_end(0, {"batch_size": 8, "loss": 1.0})
     callbacks.wandb._finish_open_runs()  # what atexit runs
     assert wandb.run is None
@@ -276,6 +277,7 @@ def test_no_optimizer_means_no_lr(wandb_offline):
     cb = WandbCallback(project="hapi-test", dir=str(wandb_offline.dir))
     attach(cb).optimizer = None
     cb.on_train_begin()
+    cb.on_train_batch_begin(0)
     cb.on_train_batch_end(0, {"batch_size": 8, "loss": 2.0})
     cb.on_train_end()
     (run,) = wandb_offline.runs()
