@@ -8,28 +8,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from typing import Any, Callable, Iterable
-
-# Hook names, in the order a fit with evaluation calls them. CallbackList
-# precomputes, per hook, the callbacks that override it, so a hook nobody
-# implements costs no call per batch.
-HOOKS = (
-    "on_train_begin",
-    "on_epoch_begin",
-    "on_train_batch_begin",
-    "on_before_optimizer_step",
-    "on_train_batch_end",
-    "on_eval_begin",
-    "on_eval_batch_begin",
-    "on_eval_batch_end",
-    "on_eval_end",
-    "on_epoch_end",
-    "on_train_end",
-    "on_predict_begin",
-    "on_predict_batch_begin",
-    "on_predict_batch_end",
-    "on_predict_end",
-)
 
 
 class Callback:
@@ -342,6 +322,24 @@ class Callback:
             step: the batch's index, from 0.
             logs: ``batch_size``, this process's batch.
         """
+
+
+# Every hook's name, in the order Callback defines them. CallbackList precomputes, per hook,
+# the callbacks that override it, so a hook nobody implements costs no call per batch.
+HOOKS = tuple(name for name in vars(Callback) if name.startswith("on_"))
+
+# Batch-log keys that describe the batch, not the model: never shown or plotted as figures.
+NOT_FIGURES = ("batch_size", "samples", "step")
+
+
+def as_path(owner: str, name: str, value: Any, kind: str, example: str) -> str:
+    """``value``, a path (str or os.PathLike), as a str; a TypeError naming ``owner`` otherwise."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(
+            f"{owner}: {name} must be a {kind} path (str or os.PathLike); received {value!r} of "
+            f"type {type(value).__name__}. Pass e.g. {owner}({example!r})."
+        )
+    return os.fspath(value)
 
 
 def _overrides(callback: Callback, hook: str) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 from hapi.checkpoint import atomic_write, cause_in_words
 
-from .base import Callback
+from .base import Callback, as_path
 
 
 class CSVLogger(Callback):
@@ -43,17 +43,12 @@ class CSVLogger(Callback):
         self, filename: str | os.PathLike, separator: str = ",", append: bool = False
     ) -> None:
         super().__init__()
-        if not isinstance(filename, (str, os.PathLike)):
-            raise TypeError(
-                f"CSVLogger: filename must be a file path (str or os.PathLike); received "
-                f"{filename!r} of type {type(filename).__name__}. Pass e.g. CSVLogger('log/train.csv')."
-            )
+        self.filename = as_path("CSVLogger", "filename", filename, "file", "log/train.csv")
         if not isinstance(separator, str) or len(separator) != 1:
             raise ValueError(
                 f"CSVLogger: separator must be a single character; received {separator!r}. "
                 "Pass e.g. separator=',' or separator='\\t'."
             )
-        self.filename = os.fspath(filename)
         self.separator = separator
         self.append = bool(append)
         self.rows: list[dict[str, str]] = []

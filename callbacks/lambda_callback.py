@@ -12,16 +12,6 @@ from typing import Any, Callable
 
 from .base import HOOKS, Callback, hook_method
 
-# Keras' names for what torch-hapi calls evaluation ("test") and its old batch aliases.
-_KERAS_NAMES = {
-    "on_test_begin": "on_eval_begin",
-    "on_test_end": "on_eval_end",
-    "on_test_batch_begin": "on_eval_batch_begin",
-    "on_test_batch_end": "on_eval_batch_end",
-    "on_batch_begin": "on_train_batch_begin",
-    "on_batch_end": "on_train_batch_end",
-}
-
 
 class LambdaCallback(Callback):
     """Calls the functions given for each hook, with the hook's arguments, positionally.
@@ -70,7 +60,8 @@ class LambdaCallback(Callback):
             if not name.startswith("on_"):
                 setattr(self, name, fn)  # Keras: extra keywords become attributes
                 continue
-            hook = _KERAS_NAMES.get(name, name)
+            # Keras' names: on_test_* for what torch-hapi calls evaluation, on_batch_* for training.
+            hook = name.replace("on_test_", "on_eval_").replace("on_batch_", "on_train_batch_")
             if hook not in HOOKS:
                 raise TypeError(
                     f"LambdaCallback received {name}=, which is no callback hook. Pass one of "

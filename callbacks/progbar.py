@@ -78,9 +78,8 @@ from typing import Any
 
 from hapi.arguments import require_int
 
-from .base import Callback
+from .base import NOT_FIGURES, Callback
 
-_NOT_FIGURES = ("batch_size", "samples", "step")
 _BEGIN_HOOKS = ("on_train_batch_begin", "on_eval_batch_begin", "on_predict_batch_begin")
 
 # The one clock for paces and intervals; tests replace it (monkeypatch
@@ -312,7 +311,7 @@ class ProgBarLogger(Callback):
         phase.done = step + 1
         # The count the figures cover (every process's at the end), else this process's batches.
         phase.samples = int(logs.get("samples", phase.samples + batch))
-        figures = {k: v for k, v in logs.items() if k not in _NOT_FIGURES}
+        figures = {k: v for k, v in logs.items() if k not in NOT_FIGURES}
         if phase.bar is not None:
             phase.bar.update(phase.done - phase.bar.n)
             if figures:

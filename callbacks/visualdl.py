@@ -36,10 +36,7 @@ from typing import Any
 
 from hapi.checkpoint import files
 
-from .base import Callback
-
-# Batch-log keys that describe the batch, not the model; never plotted.
-NOT_SCALARS = ("batch_size", "samples", "step")
+from .base import NOT_FIGURES, Callback, as_path
 
 # What ``version=`` accepts: "auto" (or True), an int, a subdirectory name, or None/False.
 Version = int | str | bool | None
@@ -93,7 +90,7 @@ class _Curves(Callback):
 
     def _train_scalars(self, logs: dict | None) -> dict[str, float]:
         """The batch's figures and ``lr`` (none between ``log_freq`` steps)."""
-        scalars = {k: float(v) for k, v in (logs or {}).items() if k not in NOT_SCALARS}
+        scalars = {k: float(v) for k, v in (logs or {}).items() if k not in NOT_FIGURES}
         optimizer = getattr(self.model, "optimizer", None)
         if scalars and optimizer is not None:
             scalars["lr"] = float(optimizer.param_groups[0]["lr"])
@@ -121,12 +118,7 @@ class _ScalarLogger(_Curves):
     def __init__(self, log_dir: str | os.PathLike, version: Version = AUTO) -> None:
         super().__init__()
         name = type(self).__name__
-        if not isinstance(log_dir, (str, os.PathLike)):
-            raise TypeError(
-                f"{name}: log_dir must be a directory path (str or os.PathLike); received "
-                f"{log_dir!r} of type {type(log_dir).__name__}. Pass e.g. {name}('runs/lenet')."
-            )
-        self.log_dir = os.fspath(log_dir)
+        self.log_dir = as_path(name, "log_dir", log_dir, "directory", "runs/lenet")
         run = _run_name(name, version)
         self._auto = run == AUTO
         # The run's subdirectory of log_dir: None for log_dir itself, or, with
