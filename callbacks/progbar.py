@@ -339,12 +339,12 @@ class ProgBarLogger(Callback):
         if not self._active:
             return
         outer = self._outer = self._phase
-        if outer is not None and outer.bar is not None:
-            outer.bar.refresh()
-        elif outer is not None:
-            self._print_line(outer)  # the epoch's last figures before "Eval begin..."
         if outer is not None:
             outer.paused -= _clock()  # the evaluation is no part of a batch's cost
+            if outer.bar is not None:
+                outer.bar.refresh()
+            else:
+                self._print_line(outer)  # the epoch's last figures before "Eval begin..."
         self._start((logs or {}).get("steps"), "Eval", "Eval begin...")
 
     def on_eval_end(self, logs: dict | None = None) -> None:

@@ -33,14 +33,13 @@ def callbacks_for_run(
         raise TypeError(
             f"callbacks must be a Callback or a list of them; received {type(callbacks).__name__}."
         )
-    user = list(callbacks or ())
-    chosen = list(user)
+    chosen = list(callbacks or ())
     # verbose=0 adds no progress bar at all: no per-batch call for a silent display.
-    if verbose and not any(isinstance(c, ProgBarLogger) for c in user):
+    if verbose and not any(isinstance(c, ProgBarLogger) for c in chosen):
         chosen.insert(0, ProgBarLogger(log_freq=log_freq, verbose=verbose))
-    if save_dir is not None and not any(isinstance(c, ModelCheckpoint) for c in user):
+    if save_dir is not None and not any(isinstance(c, ModelCheckpoint) for c in chosen):
         chosen.append(ModelCheckpoint(save_dir, save_freq=save_freq))
-    if not any(isinstance(c, History) for c in user):
+    if not any(isinstance(c, History) for c in chosen):
         chosen.append(History())
     cbks = CallbackList(sorted(chosen, key=_order))
     cbks.set_model(model)
