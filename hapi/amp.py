@@ -93,10 +93,9 @@ def parse_amp(amp: Any) -> AmpSetting:
         level = isinstance(amp, str)
         return _from_configs({"level": amp} if level else amp, "amp" if level else "amp['level']")
     raise ValueError(
-        f"amp must be None, 'bf16' or 'fp16'; received {amp!r}. 'bf16' runs on CPU and recent "
-        "GPUs without loss scaling; 'fp16' adds a gradient scaler. Paddle's levels 'O0'/'O1' "
-        "and a dict of Paddle's amp_configs keys (e.g. {'level': 'O1', 'init_loss_scaling': "
-        "1024}) are accepted too."
+        f"amp must be None, 'bf16' or 'fp16'; received {amp!r}. ('fp16' adds a gradient scaler.) "
+        "Paddle's levels 'O0'/'O1' and a dict of its amp_configs keys are accepted too, e.g. "
+        "{'level': 'O1', 'init_loss_scaling': 1024}."
     )
 
 
@@ -132,18 +131,17 @@ def _from_configs(configs: Mapping, where: str) -> AmpSetting:
     if "use_fp16_guard" in configs:
         raise ValueError(
             "amp['use_fp16_guard'] belongs to Paddle's static-graph mode (Paddle refuses it in "
-            "dynamic mode too); torch-hapi runs eagerly. Remove the key; to keep a part of the "
-            "network in float32, run it under torch.autocast(device_type, enabled=False) in your "
-            "forward."
+            "dynamic mode too); torch-hapi runs eagerly. Remove the key; to keep a part in "
+            "float32, run it under torch.autocast(device_type, enabled=False) in your forward."
         )
     for key in _OP_LISTS:
         if configs.get(key):
             raise ValueError(
                 f"amp[{key!r}]={configs[key]!r}: torch.autocast has no per-op lists; it picks each "
                 "op's dtype from its own fixed lists (matmul/conv/linear in the low dtype; "
-                "softmax, norms, losses and reductions in float32). Remove the key; to keep a "
-                "part of the network in float32, run it under torch.autocast(device_type, "
-                "enabled=False) in your forward and cast its inputs with .float()."
+                "softmax, norms, losses and reductions in float32). Remove the key; to keep a part "
+                "in float32, run it under torch.autocast(device_type, enabled=False) in your "
+                "forward and cast its inputs with .float()."
             )
     dtype = configs.get("dtype", "float16")
     name = {"float16": "fp16", "bfloat16": "bf16"}.get(str(dtype).removeprefix("torch."))

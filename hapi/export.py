@@ -37,6 +37,10 @@ from hapi.checkpoint import atomic_write
 from hapi.data import describe
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_ACCEPTED = (
+    "export needs a tensor or NumPy array (one input) or a tuple/list of them (one per "
+    "positional argument of forward)."
+)
 
 
 def export_path(path: str | os.PathLike) -> str:
@@ -82,10 +86,9 @@ def export_network(
         raise RuntimeError(
             f"{distributed.class_name(network)}'s parameters are sharded over processes (DTensors: "
             f"{', '.join(sharded[:3])}{', ...' if len(sharded) > 3 else ''}), as FSDP leaves "
-            "them; its forward gathers the shards from every process, so one process cannot "
-            "run or export it alone. Call model.export(...) on every process (it gathers the "
-            "full weights and exports a plain copy on rank 0), or load a saved checkpoint "
-            "into an unsharded network and export that."
+            "them: one process cannot run or export it alone. Call model.export(...) on every "
+            "process (rank 0 exports a gathered plain copy), or export an unsharded network "
+            "loaded from a checkpoint."
         )
     device = next((t.device for t in (*network.parameters(), *network.buffers())), None)
     inputs = _as_inputs(example_inputs, device)
@@ -121,28 +124,22 @@ def export_network(
 
 def _as_inputs(example_inputs: Any, device: torch.device | None) -> tuple[torch.Tensor, ...]:
     """``example_inputs`` as the tuple of positional tensors ``torch.export`` traces with."""
-    accepted = (
-        "a tensor or NumPy array (one input) or a tuple/list of them (one per positional "
-        "argument of forward)"
-    )
-    items = list(example_inputs) if isinstance(example_inputs, (tuple, list)) else [example_inputs]
-    if not items:
-        raise TypeError(
-            f"example_inputs is an empty {type(example_inputs).__name__}; export needs "
-            f"{accepted}, e.g. model.export(path, x_test[:4])."
-        )
-    tensors = []
+    several = isinstance(example_inputs, (tuple, list))
+    items = list(example_inputs) if several else [example_inputs]
     for position, item in enumerate(items):
         if isinstance(item, np.ndarray):  # torch's TypeError names a dtype it cannot hold
-            item = torch.from_numpy(np.ascontiguousarray(item))
+            items[position] = item = torch.from_numpy(np.ascontiguousarray(item))
         if not torch.is_tensor(item):
-            where = "example_inputs" if item is example_inputs else f"example_inputs[{position}]"
+            where = f"example_inputs[{position}]" if several else "example_inputs"
             raise TypeError(
-                f"{where} is {type(item).__name__}; export needs {accepted}. Received "
-                f"{describe(example_inputs)}."
+                f"{where} is {type(item).__name__}; {_ACCEPTED} Received {describe(example_inputs)}."
             )
-        tensors.append(item if device is None else item.to(device))
-    return tuple(tensors)
+    if not items:
+        raise TypeError(
+            f"example_inputs is an empty {type(example_inputs).__name__}; {_ACCEPTED} "
+            "E.g. model.export(path, x_test[:4])."
+        )
+    return tuple(item if device is None else item.to(device) for item in items)
 
 
 def _check_runs(network: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:

@@ -159,7 +159,7 @@ def _parse_idx(data: bytes, path: Path, magic: int) -> np.ndarray:
     array = np.frombuffer(data, dtype=np.uint8, offset=header)
     if is_images:
         return array.reshape(count, _SIDE, _SIDE).copy()  # copy: frombuffer arrays are read-only
-    bad = base.first_bad_label(array)
-    if bad is not None:
-        raise base.bad_file(path, f"label {int(array[bad])} at index {bad}, expected labels 0..9")
+    bad = np.flatnonzero(array > 9)
+    if bad.size:
+        raise base.bad_file(path, f"label {array[bad[0]]} at index {bad[0]}, expected labels 0..9")
     return array
