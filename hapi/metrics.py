@@ -225,24 +225,19 @@ class MetricSet:
         self.update_logs({} if loss is None else {"loss": loss}, batch_size)
         for key, metric in self.metrics.items():
             position = getattr(metric, "_hapi_output", None)
-            if position is not None and position >= min(len(outputs), len(labels)):
-                raise ValueError(
-                    f"The metric {key!r} is for output {position}, but a batch gave "
-                    f"{len(outputs)} outputs {describe(outputs)} and {len(labels)} labels "
-                    f"{describe(labels)}. Give one list of metrics per output, and one label per "
-                    "output (Model(labels=...) counts them)."
-                )
-            whole = position is None
-            pair = (outputs, labels) if whole else ([outputs[position]], [labels[position]])
+            ours = slice(None) if position is None else slice(position, position + 1)
             try:
-                metric.update(*pair[0], *pair[1])
+                metric.update(*outputs[ours], *labels[ours])
             except TypeError as error:
+                of = "" if position is None else f" is for output {position}, and"
                 raise TypeError(
-                    f"The metric {key!r} ({type(metric).__name__}) failed on outputs "
-                    f"{describe(pair[0])} and labels {describe(pair[1])}: {error}. A metric is "
+                    f"The metric {key!r} ({type(metric).__name__}){of} failed on outputs "
+                    f"{describe(outputs[ours])} and labels {describe(labels[ours])} (the batch "
+                    f"has {len(outputs)} outputs and {len(labels)} labels): {error}. A metric is "
                     "called as update(*outputs, *labels); a network with several outputs needs "
                     "metrics per output: prepare(metrics=[[metrics of output 0], [metrics of "
-                    "output 1], ...]), each called with its output and its label."
+                    "output 1], ...]), each called with its output and its label (one label per "
+                    "output: Model(labels=...) counts them)."
                 ) from error
 
     @torch.no_grad()
