@@ -69,9 +69,8 @@ def _check_metric(metric: Any, where: str) -> Any:
         )
     raise TypeError(
         f"metrics{where} must be a torchmetrics.Metric; received {metric!r} of type "
-        f"{type(metric).__name__}. Use a torchmetrics metric (e.g. "
-        "torchmetrics.classification.MulticlassAccuracy(num_classes=10)) or "
-        "hapi.metrics.Accuracy(topk=(1, 2)); a plain function can be wrapped in a "
+        f"{type(metric).__name__}. Use e.g. torchmetrics.classification.MulticlassAccuracy("
+        "num_classes=10) or hapi.metrics.Accuracy(topk=(1, 2)); wrap a plain function in a "
         "torchmetrics.Metric subclass."
     )
 
@@ -232,12 +231,11 @@ class MetricSet:
                 of = "" if position is None else f" is for output {position}, and"
                 raise TypeError(
                     f"The metric {key!r} ({type(metric).__name__}){of} failed on outputs "
-                    f"{describe(outputs[ours])} and labels {describe(labels[ours])} (the batch "
-                    f"has {len(outputs)} outputs and {len(labels)} labels): {error}. A metric is "
-                    "called as update(*outputs, *labels); a network with several outputs needs "
-                    "metrics per output: prepare(metrics=[[metrics of output 0], [metrics of "
-                    "output 1], ...]), each called with its output and its label (one label per "
-                    "output: Model(labels=...) counts them)."
+                    f"{describe(outputs[ours])} and labels {describe(labels[ours])} of a batch of "
+                    f"{len(outputs)} outputs and {len(labels)} labels: {error}. A metric is called "
+                    "as update(*outputs, *labels); with several outputs, give metrics per output: "
+                    "prepare(metrics=[[metrics of output 0], [metrics of output 1], ...]), each "
+                    "called with its output and its label (Model(labels=...) counts the labels)."
                 ) from error
 
     @torch.no_grad()
