@@ -116,8 +116,7 @@ class Cifar10(base.ImageDataset):
             return self._fetch(_TARBALL, tried[0], check), tried[0]
         python_release = [d / n for d in tried for n in _PYTHON_NAMES if (d / n).exists()]
         if python_release:
-            what = ", ".join(map(str, python_release))
-            raise _python_release_error(what, python_release[0])
+            raise _python_release_error(", ".join(map(str, python_release)), python_release[0])
         raise self._not_found(f"found neither {', '.join(names)} nor {_TARBALL}", tried)
 
 
