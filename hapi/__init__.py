@@ -18,24 +18,15 @@ from hapi.model import Model
 from hapi.rng import seed_everything
 from hapi.summary import flops
 
-__all__ = [
-    "Model",
-    "DDP",
-    "FSDP",
-    "flops",
-    "seed_everything",
-    "spawn",
-    "callbacks",
-    "metrics",
-    "datasets",
-]
+__all__ = ["Model", "DDP", "FSDP", "flops", "seed_everything", "spawn", "callbacks", "metrics"]
+__all__ += ["datasets"]  # imported on first use (module __getattr__ below)
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
     # Imported on first use: most scripts that never read a data set skip it.
     if name == "datasets":
-        import importlib
+        import hapi.datasets
 
-        return importlib.import_module("hapi.datasets")
+        return hapi.datasets
     raise AttributeError(f"module 'hapi' has no attribute {name!r}")

@@ -60,9 +60,7 @@ class Accuracy(torchmetrics.Metric):
         Returns:
             ``[name]`` for ``topk=(1,)``, else ``[f"{name}_top{k}" for k in topk]``.
         """
-        if self.topk == (1,):
-            return [self.name]
-        return [f"{self.name}_top{k}" for k in self.topk]
+        return [self.name] if self.topk == (1,) else [f"{self.name}_top{k}" for k in self.topk]
 
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
         """Count one batch's hits (the loop calls it; call it yourself outside ``fit``).

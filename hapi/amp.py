@@ -89,15 +89,13 @@ def parse_amp(amp: Any) -> AmpSetting:
     """
     if amp is None or (isinstance(amp, str) and amp in AMP_DTYPES):
         return AmpSetting(amp)
-    if isinstance(amp, str) and amp in _LEVELS:
-        return _from_configs({"level": amp}, where="amp")
-    if isinstance(amp, Mapping):
-        return _from_configs(amp, where="amp['level']")
+    if isinstance(amp, Mapping) or (isinstance(amp, str) and amp in _LEVELS):
+        level = isinstance(amp, str)
+        return _from_configs({"level": amp} if level else amp, "amp" if level else "amp['level']")
     raise ValueError(
-        f"amp must be None, 'bf16' or 'fp16'; received {amp!r}. 'bf16' runs on CPU and recent "
-        "GPUs without loss scaling; 'fp16' adds a gradient scaler. Paddle's levels 'O0'/'O1' "
-        "and a dict of Paddle's amp_configs keys (e.g. {'level': 'O1', 'init_loss_scaling': "
-        "1024}) are accepted too."
+        f"amp must be None, 'bf16' or 'fp16'; received {amp!r}. ('fp16' adds a gradient scaler.) "
+        "Paddle's levels 'O0'/'O1' and a dict of its amp_configs keys are accepted too, e.g. "
+        "{'level': 'O1', 'init_loss_scaling': 1024}."
     )
 
 
@@ -124,29 +122,26 @@ def _from_configs(configs: Mapping, where: str) -> AmpSetting:
         return AmpSetting()
     if level == "O2":
         raise ValueError(
-            f"{where}={level!r} is Paddle's pure float16 training (the network's weights cast to "
-            "float16, the optimizer keeping float32 master copies); torch has no such switch and "
-            "torch-hapi does not fake one. Use 'O1' (or 'fp16'/'bf16'): torch.autocast runs "
-            "matmuls and convolutions in the low dtype while the weights stay float32, which is "
-            "where most of O2's speed comes from. (Under strategy='fsdp', 'fp16' also gathers "
-            "the parameters in float16 for compute while float32 shards are stepped: the closest "
-            "to O2.)"
+            f"{where}={level!r} is Paddle's pure float16 training (float16 weights, float32 "
+            "master copies in the optimizer); torch has no such switch and torch-hapi does not "
+            "fake one. Use 'O1' (or 'fp16'/'bf16'): torch.autocast runs matmuls and convolutions "
+            "in the low dtype on float32 weights, where most of O2's speed comes from (under "
+            "strategy='fsdp', 'fp16' also gathers float16 parameters: the closest to O2)."
         )
     if "use_fp16_guard" in configs:
         raise ValueError(
             "amp['use_fp16_guard'] belongs to Paddle's static-graph mode (Paddle refuses it in "
-            "dynamic mode too); torch-hapi runs eagerly. Remove the key; to keep a part of the "
-            "network in float32, run it under torch.autocast(device_type, enabled=False) in your "
-            "forward."
+            "dynamic mode too); torch-hapi runs eagerly. Remove the key; to keep a part in "
+            "float32, run it under torch.autocast(device_type, enabled=False) in your forward."
         )
     for key in _OP_LISTS:
         if configs.get(key):
             raise ValueError(
                 f"amp[{key!r}]={configs[key]!r}: torch.autocast has no per-op lists; it picks each "
                 "op's dtype from its own fixed lists (matmul/conv/linear in the low dtype; "
-                "softmax, norms, losses and reductions in float32). Remove the key; to keep a "
-                "part of the network in float32, run it under torch.autocast(device_type, "
-                "enabled=False) in your forward and cast its inputs with .float()."
+                "softmax, norms, losses and reductions in float32). Remove the key; to keep a part "
+                "in float32, run it under torch.autocast(device_type, enabled=False) in your "
+                "forward and cast its inputs with .float()."
             )
     dtype = configs.get("dtype", "float16")
     name = {"float16": "fp16", "bfloat16": "bf16"}.get(str(dtype).removeprefix("torch."))
@@ -169,14 +164,14 @@ def _from_configs(configs: Mapping, where: str) -> AmpSetting:
         )
     options = {}
     for key, (option, low, high, meaning) in _SCALER_KEYS.items():
-        if key not in configs:
-            continue
-        value = configs[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"amp[{key!r}] must be a number; received {value!r}.")
-        if not _fits(option, value, low, high):
-            raise ValueError(f"amp[{key!r}] must be {meaning}; received {value!r}.")
-        options[option] = value if option in _STEP_COUNTS else float(value)
+        value = configs.get(key, math.nan)
+        if key in configs and not _fits(option, value, low, high):
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            raise ValueError(
+                f"amp[{key!r}] must be {meaning if number else 'a number'}; received {value!r}."
+            )
+        if key in configs:
+            options[option] = value if option in _STEP_COUNTS else float(value)
     dynamic = configs.get("use_dynamic_loss_scaling", True)
     if not isinstance(dynamic, bool):
         raise ValueError(

@@ -37,6 +37,10 @@ from hapi.checkpoint import atomic_write
 from hapi.data import describe
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_ACCEPTED = (
+    "export needs a tensor or NumPy array (one input) or a tuple/list of them (one per "
+    "positional argument of forward)."
+)
 
 
 def export_path(path: str | os.PathLike) -> str:
@@ -82,17 +86,19 @@ def export_network(
         raise RuntimeError(
             f"{distributed.class_name(network)}'s parameters are sharded over processes (DTensors: "
             f"{', '.join(sharded[:3])}{', ...' if len(sharded) > 3 else ''}), as FSDP leaves "
-            "them; its forward gathers the shards from every process, so one process cannot "
-            "run or export it alone. Call model.export(...) on every process (it gathers the "
-            "full weights and exports a plain copy on rank 0), or load a saved checkpoint "
-            "into an unsharded network and export that."
+            "them: one process cannot run or export it alone. Call model.export(...) on every "
+            "process (rank 0 exports a gathered plain copy), or export an unsharded network "
+            "loaded from a checkpoint."
         )
     device = next((t.device for t in (*network.parameters(), *network.buffers())), None)
     inputs = _as_inputs(example_inputs, device)
     modes = {module: module.training for module in network.modules()}
     network.eval()
+    exporting = False
     try:
-        _check_runs(network, inputs)
+        with torch.no_grad():  # eagerly first: a wrong example is not reported as an export failure
+            network(*inputs)
+        exporting = True
         # A batch of 1 is traced as a batch of 2: the tracer would make a size-1 dim 0 the
         # constant 1. Only when every input's batch is 1: an input of size 1 beside larger
         # ones is more likely broadcast than batched.
@@ -102,12 +108,11 @@ def export_network(
         # Dim.DYNAMIC (not Dim.AUTO): if forward fixes the batch size, export fails and says
         # so, instead of silently writing a program that rejects every other batch size.
         dynamic = tuple({0: torch.export.Dim.DYNAMIC} if b else None for b in batched)
-        try:
-            program = torch.export.export(
-                network, inputs, dynamic_shapes=dynamic if dynamic_batch else None
-            )
-        except Exception as error:
-            raise RuntimeError(_explain(network, error, dynamic_batch)) from error
+        program = torch.export.export(
+            network, inputs, dynamic_shapes=dynamic if dynamic_batch else None
+        )
+    except Exception as error:
+        raise RuntimeError(_explain(network, error, inputs, dynamic_batch, exporting)) from error
     finally:
         for module, training in modes.items():
             module.training = training
@@ -121,49 +126,22 @@ def export_network(
 
 def _as_inputs(example_inputs: Any, device: torch.device | None) -> tuple[torch.Tensor, ...]:
     """``example_inputs`` as the tuple of positional tensors ``torch.export`` traces with."""
-    accepted = (
-        "a tensor or NumPy array (one input) or a tuple/list of them (one per positional "
-        "argument of forward)"
-    )
-    items = list(example_inputs) if isinstance(example_inputs, (tuple, list)) else [example_inputs]
-    if not items:
-        raise TypeError(
-            f"example_inputs is an empty {type(example_inputs).__name__}; export needs "
-            f"{accepted}, e.g. model.export(path, x_test[:4])."
-        )
-    tensors = []
+    several = isinstance(example_inputs, (tuple, list))
+    items = list(example_inputs) if several else [example_inputs]
     for position, item in enumerate(items):
         if isinstance(item, np.ndarray):  # torch's TypeError names a dtype it cannot hold
-            item = torch.from_numpy(np.ascontiguousarray(item))
+            items[position] = item = torch.from_numpy(np.ascontiguousarray(item))
         if not torch.is_tensor(item):
-            where = "example_inputs" if item is example_inputs else f"example_inputs[{position}]"
+            where = f"example_inputs[{position}]" if several else "example_inputs"
             raise TypeError(
-                f"{where} is {type(item).__name__}; export needs {accepted}. Received "
-                f"{describe(example_inputs)}."
+                f"{where} is {type(item).__name__}; {_ACCEPTED} Received {describe(example_inputs)}."
             )
-        tensors.append(item if device is None else item.to(device))
-    return tuple(tensors)
-
-
-def _check_runs(network: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
-    """Run ``forward`` eagerly once, so that a wrong example is not reported as an export failure."""
-    try:
-        with torch.no_grad():
-            network(*inputs)
-    except Exception as error:
-        name = distributed.class_name(network)
-        if distributed.is_collective_failure(error):  # not the inputs' fault: say so
-            raise RuntimeError(
-                f"{name}'s forward made a collective that failed, before any export: "
-                f"{_problem(error, network)}. Export runs forward on rank 0 alone; a forward "
-                "that needs the other processes cannot be exported as it is."
-            ) from error
-        raise RuntimeError(
-            f"{name} fails on example_inputs {describe(list(inputs))} before any "
-            f"export: {_problem(error, network)}. If example_inputs are not what forward takes, "
-            "pass them as it does (one tensor per positional argument, the shapes and dtypes "
-            "of a real batch); if they are, the line named is where forward itself fails."
-        ) from error
+    if not items:
+        raise TypeError(
+            f"example_inputs is an empty {type(example_inputs).__name__}; {_ACCEPTED} "
+            "E.g. model.export(path, x_test[:4])."
+        )
+    return tuple(item if device is None else item.to(device) for item in items)
 
 
 def _problem(error: BaseException, network: nn.Module) -> str:
@@ -191,10 +169,27 @@ def _problem(error: BaseException, network: nn.Module) -> str:
     return f"{text} (at {frame.filename}:{frame.lineno} in {frame.name}{code})"
 
 
-def _explain(network: nn.Module, error: BaseException, dynamic_batch: bool) -> str:
-    """torch.export's failure in a sentence: the operation, the network's line, what to change."""
-    message = str(error)
-    if "data-dependent" in message or "data dependent" in message:
+def _explain(
+    network: nn.Module, error: BaseException, inputs: Any, dynamic_batch: bool, exporting: bool
+) -> str:
+    """A failure in a sentence: of the eager forward on the example or of torch.export, the
+    operation, the network's line, and what to change."""
+    name, message = distributed.class_name(network), str(error)
+    head = f"torch.export could not export {name}"
+    if not exporting and distributed.is_collective_failure(error):  # not the inputs' fault
+        head = f"{name}'s forward made a collective that failed, before any export"
+        advice = (
+            "Export runs forward on rank 0 alone; a forward that needs the other processes "
+            "cannot be exported as it is."
+        )
+    elif not exporting:
+        head = f"{name} fails on example_inputs {describe(list(inputs))} before any export"
+        advice = (
+            "If example_inputs are not what forward takes, pass them as it does (one tensor per "
+            "positional argument, the shapes and dtypes of a real batch); if they are, the line "
+            "named is where forward itself fails."
+        )
+    elif "data-dependent" in message or "data dependent" in message:
         advice = (
             "forward branches on, or sizes a tensor by, the values of a tensor (`if x.sum() > 0`, "
             "`.item()`, `int(tensor)`), while an exported program is one graph for every input. "
@@ -203,18 +198,16 @@ def _explain(network: nn.Module, error: BaseException, dynamic_batch: bool) -> s
         )
     elif dynamic_batch and ("specialized" in message or "Constraints violated" in message):
         advice = (
-            "forward fixes the batch size (e.g. x.view(4, -1) or a shape check against the example's "
-            "batch), so the program cannot take any batch size. Use x.shape[0] or -1 instead of a "
-            "constant, or pass dynamic_batch=False to export for the example's batch size only."
+            "forward fixes the batch size (e.g. x.view(4, -1) or a shape check against the "
+            "example's batch), so the program cannot take any batch size. Use x.shape[0] or -1 "
+            "instead of a constant, or pass dynamic_batch=False to export for the example's "
+            "batch size only."
         )
     else:
         advice = (
-            "torch.export traces forward with symbolic tensors: it needs tensor operations, not Python "
-            "that inspects tensor values, does I/O or calls libraries that do not accept tensors. Change "
-            "the line above, or try torch.export.draft_export(network, example_inputs) to list every "
-            "problem at once."
+            "torch.export traces forward with symbolic tensors: it needs tensor operations, not "
+            "Python that inspects tensor values, does I/O or calls libraries that do not accept "
+            "tensors. Change the line above, or try torch.export.draft_export(network, "
+            "example_inputs) to list every problem at once."
         )
-    return (
-        f"torch.export could not export {type(network).__name__}: {_problem(error, network)}. "
-        f"{advice}"
-    )
+    return f"{head}: {_problem(error, network)}. {advice}"

@@ -58,26 +58,21 @@ def _is_accuracy(metric: Any) -> bool:
     return isinstance(metric, getattr(sys.modules.get("hapi.accuracy"), "Accuracy", ()))
 
 
-def _snake_case(name: str) -> str:
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
-
-
 def _check_metric(metric: Any, where: str) -> Any:
-    metric_types = _metric_types()
-    if isinstance(metric, type) and metric_types and issubclass(metric, metric_types):
+    types = _metric_types()
+    if types and isinstance(metric, types):
+        return metric
+    if types and isinstance(metric, type) and issubclass(metric, types):
         raise TypeError(
             f"metrics{where} is the class {metric.__name__}, not an instance; "
             f"write {metric.__name__}(...) with its arguments."
         )
-    if not metric_types or not isinstance(metric, metric_types):
-        raise TypeError(
-            f"metrics{where} must be a torchmetrics.Metric; received {metric!r} of type "
-            f"{type(metric).__name__}. Use a torchmetrics metric (e.g. "
-            "torchmetrics.classification.MulticlassAccuracy(num_classes=10)) or "
-            "hapi.metrics.Accuracy(topk=(1, 2)); a plain function can be wrapped in a "
-            "torchmetrics.Metric subclass."
-        )
-    return metric
+    raise TypeError(
+        f"metrics{where} must be a torchmetrics.Metric; received {metric!r} of type "
+        f"{type(metric).__name__}. Use e.g. torchmetrics.classification.MulticlassAccuracy("
+        "num_classes=10) or hapi.metrics.Accuracy(topk=(1, 2)); wrap a plain function in a "
+        "torchmetrics.Metric subclass."
+    )
 
 
 def normalise_metrics(metrics: Any) -> dict[str, Any]:
@@ -90,9 +85,9 @@ def normalise_metrics(metrics: Any) -> dict[str, Any]:
     """
     if metrics is None:
         return {}
+    several = isinstance(metrics, (list, tuple))
     nested = (list, tuple, dict, type(None))
-    per_output = isinstance(metrics, (list, tuple)) and all(isinstance(m, nested) for m in metrics)
-    if metrics and per_output:
+    if metrics and several and all(isinstance(m, nested) for m in metrics):
         # One list per output (Keras' multi-output form): metrics[i] sees output i and label i.
         named = {}
         for position, of_output in enumerate(metrics):
@@ -105,10 +100,9 @@ def normalise_metrics(metrics: Any) -> dict[str, Any]:
             if not isinstance(key, str) or not key:
                 raise TypeError(f"metric names must be non-empty strings; received key {key!r}.")
         return {key: _check_metric(metric, f"[{key!r}]") for key, metric in metrics.items()}
-    single = not isinstance(metrics, (list, tuple))
     named = {}
-    for index, metric in enumerate([metrics] if single else metrics):
-        _check_metric(metric, "" if single else f"[{index}]")
+    for index, metric in enumerate(metrics if several else [metrics]):
+        _check_metric(metric, f"[{index}]" if several else "")
         base = metric.name if _is_accuracy(metric) else _snake_case(type(metric).__name__)
         name, n = base, 1
         while name in named:
@@ -118,12 +112,17 @@ def normalise_metrics(metrics: Any) -> dict[str, Any]:
     return named
 
 
+def _snake_case(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
 class MetricSet:
     """The running loss and the metrics of one pass, on one device."""
 
     def __init__(self, metrics: dict[str, Any], with_loss: bool) -> None:
         self.metrics = metrics
         self.with_loss = with_loss
+        self.device = torch.device("cpu")  # where the sums live: the model's (see to())
         self.reset()
         # False while a user's step runs the pass: it hands back figures, not the
         # outputs and labels the metrics need (set by the loop, alike on every process).
@@ -139,20 +138,19 @@ class MetricSet:
             metric.compute_with_cache = False
 
     def to(self, device: torch.device) -> "MetricSet":
+        self.device = torch.device(device)
         for metric in self.metrics.values():
             metric.to(device)
         return self
 
     def names(self) -> list[str]:
         """The logged names, ``"loss"`` first (known before any data is seen)."""
-        names = (["loss"] if self.with_loss else []) + sorted(self._log_sums)
+        names = (["loss"] if self.with_loss else []) + sorted(self._log_sums.keys() - {"loss"})
         for key, metric in self.metrics.items() if self.use_metrics else ():
             if _is_accuracy(metric):
                 names += [key + name[len(metric.name) :] for name in metric.names()]
-            elif _is_collection(metric):
-                names += list(metric.keys(keep_base=False))
             else:
-                names.append(key)
+                names += list(metric.keys(keep_base=False)) if _is_collection(metric) else [key]
         return names
 
     @contextlib.contextmanager
@@ -175,12 +173,13 @@ class MetricSet:
         """A copy of the running sums of the pass in progress (for a resume mid-epoch): the
         pass goes on adding to its own tensors."""
         on_cpu = functools.partial(_moved, device="cpu", copy=True)
+        figures = {name: on_cpu(total) for name, total in self._log_sums.items()}
         return {
-            "loss_sum": on_cpu(self._loss_sum),
+            "loss_sum": figures.pop("loss", None),
             "samples": self._samples,
             # None while no step returned a weight: the weights are then the sample count.
             "weight_sum": on_cpu(self._weight_sum) if torch.is_tensor(self._weight_sum) else None,
-            "figures": {name: on_cpu(total) for name, total in self._log_sums.items()},
+            "figures": figures,
             "metrics": [
                 {name: on_cpu(value) for name, value in metric.metric_state.items()}
                 for metric in _leaves(self.metrics)
@@ -188,25 +187,20 @@ class MetricSet:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        leaves = _leaves(self.metrics)
-        states = [t for m in leaves for t in m.metric_state.values() if torch.is_tensor(t)]
-        device = states[0].device if states else torch.device("cpu")
-        self._loss_sum = _moved(state["loss_sum"], device)
         self._samples = int(state["samples"])
         weight_sum = state.get("weight_sum")
-        self._weight_sum = self._samples if weight_sum is None else weight_sum.to(device)
-        self._log_sums = {
-            name: total.to(device) for name, total in state.get("figures", {}).items()
-        }
-        for metric, saved in zip(leaves, state["metrics"]):
+        self._weight_sum = self._samples if weight_sum is None else weight_sum.to(self.device)
+        figures = {name: total.to(self.device) for name, total in state.get("figures", {}).items()}
+        loss_sum = _moved(state["loss_sum"], self.device)
+        self._log_sums = figures if loss_sum is None else {"loss": loss_sum, **figures}
+        for metric, saved in zip(_leaves(self.metrics), state["metrics"]):
             for name, value in saved.items():
-                setattr(metric, name, _moved(value, device))
+                setattr(metric, name, _moved(value, self.device))
 
     def reset(self) -> None:
-        self._loss_sum: torch.Tensor | None = None
         self._samples = 0
-        # Figures a step of the user's own returns (``train_step``/``eval_step``):
-        # sums weighted by batch size, like the loss.
+        # The loss and the figures a step of the user's own returns (``train_step``/
+        # ``eval_step``): sums weighted by batch size.
         self._log_sums: dict[str, torch.Tensor] = {}
         # What the figures were weighted by: the sample count, or the sum of the
         # ``"weight"`` a step returned (tokens, say), a tensor on its device from then on.
@@ -230,24 +224,18 @@ class MetricSet:
         self.update_logs({} if loss is None else {"loss": loss}, batch_size)
         for key, metric in self.metrics.items():
             position = getattr(metric, "_hapi_output", None)
-            if position is not None and position >= min(len(outputs), len(labels)):
-                raise ValueError(
-                    f"The metric {key!r} is for output {position}, but a batch gave "
-                    f"{len(outputs)} outputs {describe(outputs)} and {len(labels)} labels "
-                    f"{describe(labels)}. Give one list of metrics per output, and one label per "
-                    "output (Model(labels=...) counts them)."
-                )
-            whole = position is None
-            pair = (outputs, labels) if whole else ([outputs[position]], [labels[position]])
+            ours = slice(None) if position is None else slice(position, position + 1)
             try:
-                metric.update(*pair[0], *pair[1])
+                metric.update(*outputs[ours], *labels[ours])
             except TypeError as error:
+                of = "" if position is None else f" is for output {position}, and"
                 raise TypeError(
-                    f"The metric {key!r} ({type(metric).__name__}) failed on outputs {describe(pair[0])} "
-                    f"and labels {describe(pair[1])}: {error}. A metric is called as "
-                    "update(*outputs, *labels); a network with several outputs needs metrics per output: "
-                    "prepare(metrics=[[metrics of output 0], [metrics of output 1], ...]), each called "
-                    "with its output and its label."
+                    f"The metric {key!r} ({type(metric).__name__}){of} failed on outputs "
+                    f"{describe(outputs[ours])} and labels {describe(labels[ours])} of a batch of "
+                    f"{len(outputs)} outputs and {len(labels)} labels: {error}. A metric is called "
+                    "as update(*outputs, *labels); with several outputs, give metrics per output: "
+                    "prepare(metrics=[[metrics of output 0], [metrics of output 1], ...]), each "
+                    "called with its output and its label (Model(labels=...) counts the labels)."
                 ) from error
 
     @torch.no_grad()
@@ -259,9 +247,8 @@ class MetricSet:
         pass's figures are per token (the sum of value * weight over the sum of
         the weights, over every process).
         """
-        weight: int | torch.Tensor = batch_size
+        figures, weight = dict(figures), batch_size
         if "weight" in figures:  # a tensor weight stays on its device: no read back per batch
-            figures = dict(figures)
             value = figures.pop("weight")
             weight = torch.as_tensor(value).detach()
             if weight.numel() != 1 or weight.is_complex() or weight.dtype == torch.bool:
@@ -275,7 +262,7 @@ class MetricSet:
                     "the count its figures are averaged over (samples, tokens)."
                 )
             weight = weight.reshape(()).double()
-        self._weight_sum = self._weight_sum + weight  # a tensor weight stays on its device
+        self._weight_sum = self._weight_sum + weight
         self.add_logs(figures, weight)
         self._samples += batch_size
 
@@ -296,15 +283,11 @@ class MetricSet:
                     "scalars (a float or a one-element tensor) from train_step/eval_step, and "
                     "use a loss that reduces to one number."
                 )
-            if name == "loss":
-                self.with_loss = True
-                if self._loss_sum is None:
-                    self._loss_sum = value.new_zeros((), dtype=torch.float32)
-                total = self._loss_sum
-            else:
-                total = self._log_sums.setdefault(name, value.new_zeros((), dtype=torch.float64))
+            self.with_loss = self.with_loss or name == "loss"
+            dtype = torch.float32 if name == "loss" else torch.float64
+            total = self._log_sums.setdefault(name, value.new_zeros((), dtype=dtype))
             weight = batch_size.to(total.device) if torch.is_tensor(batch_size) else batch_size
-            total.add_(value.reshape(()).to(total.dtype) * weight)
+            total.add_(value.reshape(()).to(dtype) * weight)
 
     def compute(self, sync: bool = True) -> dict[str, float]:
         """Means over every sample since :meth:`reset`.
@@ -312,22 +295,18 @@ class MetricSet:
         With ``sync`` (a collective: every process must call it) the figures
         cover every process's samples; without, only this process's.
         """
-        figure_names = sorted(self._log_sums)  # the same on every process: the same step code
-        sums = (self._loss_sum, self._samples, self._weight_sum)
-        totals = torch.stack(
-            [
-                torch.as_tensor(0 if value is None else value, dtype=torch.float64).cpu()
-                for value in (*sums, *(self._log_sums[name] for name in figure_names))
-            ]
-        )
+        # The same names on every process: the same step code. Loss first, then by name.
+        names = sorted(self._log_sums, key=lambda name: (name != "loss", name))
+        sums = (self._samples, self._weight_sum, *(self._log_sums[name] for name in names))
+        totals = torch.stack([torch.as_tensor(v, dtype=torch.float64).cpu() for v in sums])
         if sync:
             totals = distributed.all_reduce_sum(totals)
-        self.counted = int(totals[1].item())
+        self.counted = int(totals[0].item())
         if self.counted == 0:
             return {}
-        means = (totals / totals[2]).tolist()  # per sample, or per unit of a step's weight
-        results: dict[str, float] = {"loss": means[0]} if self.with_loss else {}
-        results.update(zip(figure_names, means[3:]))
+        # Per sample, or per unit of a step's weight; a loss never added counts 0.
+        results = {"loss": 0.0} if self.with_loss else {}
+        results.update(zip(names, (totals[2:] / totals[1]).tolist()))
         if not self.use_metrics:
             return results
         self._sync.enabled = sync
@@ -341,13 +320,12 @@ class MetricSet:
             self._sync.enabled = False
         for key, value in values.items():
             metric = self.metrics[key]
-            named = value.items() if isinstance(value, dict) else [(key, value)]
-            for sub, sub_value in named:
+            for sub, sub_value in value.items() if isinstance(value, dict) else [(key, value)]:
                 name = key + sub[len(metric.name) :] if _is_accuracy(metric) else sub
                 if name in results:
                     raise ValueError(
-                        f"Two metrics log the name {name!r} (the second from metrics[{key!r}]); give "
-                        "them distinct names with a dict, or a prefix on the MetricCollection."
+                        f"Two metrics log the name {name!r} (the second from metrics[{key!r}]); "
+                        "give them distinct names with a dict, or a prefix on the MetricCollection."
                     )
                 if torch.is_tensor(sub_value) and sub_value.numel() != 1:
                     raise ValueError(

@@ -36,55 +36,53 @@ def _is_dim(value: Any) -> bool:
 def _zeros(size: Any, dtype: Any, input_size: Any, device: torch.device) -> Any:
     """Zeros for a shape (not random: the global RNG stays untouched), else the same
     list/tuple of what its items give, with one dtype each or one for all."""
-    if _is_dim(size) and size is not None:
-        size = (size,)  # Paddle: an int n is the shape (n,)
+    size = (size,) if _is_dim(size) and size is not None else size  # Paddle: n is the shape (n,)
     if not isinstance(size, (tuple, list)):
         raise TypeError(
             f"input_size {input_size!r} holds {size!r} ({type(size).__name__}), which is "
             f"neither a size nor a shape. {_SHAPE_HELP}."
         )
     several = isinstance(dtype, (list, tuple))
-    if all(_is_dim(d) for d in size):  # one input's shape, its batch dimension (-1 or None) made 1
-        shape = tuple(size)
-        where = f"input_size {input_size!r}"
-        if not (isinstance(input_size, (tuple, list)) and tuple(input_size) == shape):
-            where += f" holds the shape {shape!r}, which"
-        unknown = [i for i, d in enumerate(shape) if d is None or d == -1]
-        if len(unknown) > 1:
+    if not all(_is_dim(d) for d in size):  # several inputs, or one nested input
+        dtypes = dtype if several else [dtype] * len(size)
+        if len(dtypes) != len(size):
             raise ValueError(
-                f"{where} has {len(unknown)} dimensions given as -1 or None; only the first "
-                "(batch) dimension may be -1 or None, one per shape (for an RNN's h0/c0 the "
-                "batch dimension is the second). Give every other dimension its size, e.g. "
-                "(-1, 16) instead of (-1, -1)."
+                f"dtype {dtype!r} has {len(dtypes)} entries for {len(size)} inputs; give one "
+                "dtype per input, or a single dtype for all of them."
             )
-        for d in shape:
-            if d is not None and d != -1 and d <= 0:
-                raise ValueError(
-                    f"{where} has the size {d}; every size must be greater than zero (-1 or "
-                    "None only for the batch dimension)."
-                )
-        shape = tuple(1 if i in unknown else int(d) for i, d in enumerate(shape))
-        if several and len(dtype) == 1:  # Paddle takes a list's one dtype for one input
-            dtype, several = dtype[0], False
-        if several:
-            raise ValueError(
-                f"dtype {dtype!r} is a list where the input is the single shape "
-                f"{shape}; give one dtype for it, e.g. 'int64'."
-            )
-        name = "float32" if dtype is None else str(dtype).removeprefix("torch.")
-        if not isinstance(getattr(torch, name, None), torch.dtype):
-            raise TypeError(
-                f"dtype must be a torch.dtype or its name (e.g. torch.int64 or 'int64'), one for "
-                f"all inputs or a list with one per input; received {dtype!r}."
-            )
-        return torch.zeros(shape, dtype=getattr(torch, name), device=device)
-    dtypes = dtype if several else [dtype] * len(size)
-    if len(dtypes) != len(size):
+        return type(size)(_zeros(s, d, input_size, device) for s, d in zip(size, dtypes))
+    shape = tuple(size)  # one input's shape, its batch dimension (-1 or None) made 1
+    where = f"input_size {input_size!r}"
+    if not (isinstance(input_size, (tuple, list)) and tuple(input_size) == shape):
+        where += f" holds the shape {shape!r}, which"
+    unknown = [d for d in shape if d is None or d == -1]
+    if len(unknown) > 1:
         raise ValueError(
-            f"dtype {dtype!r} has {len(dtypes)} entries for {len(size)} inputs; give one "
-            "dtype per input, or a single dtype for all of them."
+            f"{where} has {len(unknown)} dimensions given as -1 or None; only the first "
+            "(batch) dimension may be -1 or None, one per shape (for an RNN's h0/c0 the "
+            "batch dimension is the second). Give every other dimension its size, e.g. "
+            "(-1, 16) instead of (-1, -1)."
         )
-    return type(size)(_zeros(s, d, input_size, device) for s, d in zip(size, dtypes))
+    for d in shape:
+        if d is not None and d != -1 and d <= 0:
+            raise ValueError(
+                f"{where} has the size {d}; every size must be greater than zero (-1 or "
+                "None only for the batch dimension)."
+            )
+    if several and len(dtype) != 1:  # Paddle takes a list's one dtype for one input
+        raise ValueError(
+            f"dtype {dtype!r} is a list where the input is the single shape "
+            f"{shape}; give one dtype for it, e.g. 'int64'."
+        )
+    dtype = dtype[0] if several else dtype
+    name = "float32" if dtype is None else str(dtype).removeprefix("torch.")
+    if not isinstance(getattr(torch, name, None), torch.dtype):
+        raise TypeError(
+            f"dtype must be a torch.dtype or its name (e.g. torch.int64 or 'int64'), one for "
+            f"all inputs or a list with one per input; received {dtype!r}."
+        )
+    shape = [1 if d is None or d == -1 else int(d) for d in shape]
+    return torch.zeros(shape, dtype=getattr(torch, name), device=device)
 
 
 def example_args(input_size: Any, dtype: Any, input: Any, device: torch.device) -> list[Any] | None:
@@ -116,15 +114,25 @@ def _leaf_modules(network: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def _forward_once(
-    network: nn.Module, args: list[Any], input_size: Any, hook: Callable[..., None]
-) -> None:
-    """Runs ``network(*args)`` in eval mode without gradients, ``hook`` on every leaf module.
+    network: nn.Module, args: list[Any], input_size: Any, counters: dict | None = None
+) -> dict[nn.Module, tuple[str, str, int]]:
+    """Runs ``network(*args)`` in eval mode without gradients, and says for each leaf module it
+    ran: its input shapes, its output shapes and its FLOPs (``counters[module]``'s count).
 
-    ``hook(module, inputs, output)`` is a forward hook, removed afterwards. Eval mode, as
-    Paddle does: dropout stays off and BatchNorm's running statistics keep their values.
-    Each module gets back its own mode (a frozen BatchNorm inside a training network stays
-    in eval). A failing forward says which example inputs it was given.
+    With ``counters`` (flops) the output is a layer's first (Paddle counts on ``y[0]``) and a layer
+    run twice counts twice. Eval mode, as Paddle does: dropout stays off and BatchNorm's
+    running statistics keep their values. Each module gets back its own mode (a frozen
+    BatchNorm inside a training network stays in eval). A failing forward says which example
+    inputs it was given.
     """
+    records: dict[nn.Module, tuple[str, str, int]] = {}
+
+    def hook(module: nn.Module, inputs: tuple, output: Any) -> None:
+        count = None if counters is None else counters[module]
+        ops = records.get(module, ("", "", 0))[2] + (count(module, inputs, output) if count else 0)
+        output = output if counters is None else _first_tensor(output)
+        records[module] = (_shapes(inputs), _shapes(output), ops)
+
     modes = [(module, module.training) for module in network.modules()]
     hooks = [module.register_forward_hook(hook) for _, module in _leaf_modules(network)]
     network.eval()
@@ -144,6 +152,7 @@ def _forward_once(
             handle.remove()
         for module, training in modes:
             module.training = training
+    return records
 
 
 def _shapes(value: Any) -> str:
@@ -183,18 +192,12 @@ def summarize(
     forward pass uses it, so they are the same with and without ``input_size``.
     """
     args = example_args(input_size, dtype, input, device)
-    seen: dict[nn.Module, tuple[str, str]] = {}
-
-    def record(module: nn.Module, inputs: tuple, output: Any) -> None:
-        seen[module] = (_shapes(inputs), _shapes(output))
-
-    if args is not None:
-        _forward_once(network, args, input_size, record)
+    seen = {} if args is None else _forward_once(network, args, input_size)
     rows = [
         (
             name or type(network).__name__,
             type(module).__name__,
-            *seen.get(module, ("-", "-")),
+            *seen.get(module, ("-", "-"))[:2],
             f"{_numel(module.parameters(recurse=False)):,}",
         )
         for name, module in _leaf_modules(network)
@@ -245,20 +248,16 @@ _COUNTS_BY_NAME: dict[str, CountFn] = {
 COUNTERS: dict[type, CountFn] = {
     getattr(nn, name): count for names, count in _COUNTS_BY_NAME.items() for name in names.split()
 }
-_UNSET = object()
 
 
 def _run_custom(fn: CountFn, module: nn.Module, inputs: tuple, output: Any) -> int:
-    """A user's count function, returning its count or adding it to ``module.total_ops``."""
-    previous = module.__dict__.get("total_ops", _UNSET)  # a module's own attribute stays
-    module.__dict__["total_ops"] = 0  # Paddle's functions do ``m.total_ops += n``
-    try:
+    """A user's count function, returning its count or adding it to ``module.total_ops``
+    (Paddle's functions do ``m.total_ops += n``); a module's own ``total_ops`` stays."""
+    from unittest import mock
+
+    with mock.patch.dict(module.__dict__, total_ops=0):
         returned = fn(module, inputs, output)
-        return int(module.__dict__["total_ops"]) + (0 if returned is None else int(returned))
-    finally:
-        module.__dict__.pop("total_ops", None)
-        if previous is not _UNSET:
-            module.__dict__["total_ops"] = previous
+        return int(module.__dict__["total_ops"]) + int(returned or 0)
 
 
 def count_flops(
@@ -301,14 +300,7 @@ def count_flops(
             "flops needs example inputs to run the network once: give input_size, e.g. "
             "flops(net, (1, 1, 28, 28)), or input= with the tensor(s) themselves."
         )
-    records: dict[nn.Module, tuple[str, str, int]] = {}  # inputs, output, FLOPs
-
-    def hook(module: nn.Module, inputs: tuple, output: Any) -> None:
-        count = counter_of[module]
-        ops = records.get(module, ("", "", 0))[2] + (count(module, inputs, output) if count else 0)
-        records[module] = (_shapes(inputs), _shapes(_first_tensor(output)), ops)
-
-    _forward_once(network, args, input_size, hook)
+    records = _forward_once(network, args, input_size, counter_of)
     # A module this forward pass did not run counts neither FLOPs nor parameters.
     ran = [(name, m) for name, m in _leaf_modules(network) if m in records]
     rows = [

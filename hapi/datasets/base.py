@@ -14,7 +14,6 @@ import torch
 from torch.utils.data import Dataset
 
 GZIP_MAGIC = b"\x1f\x8b"
-_NUM_CLASSES = 10
 
 
 class DatasetError(RuntimeError):
@@ -69,13 +68,6 @@ def bad_file(path: Path, what: str, todo: str = "Delete it and get good files.")
 def damaged(error: BaseException) -> str:
     """Why gzip or tar gave up, for a message (a truncated stream often says nothing)."""
     return f"({type(error).__name__}: {str(error) or 'truncated'})"
-
-
-def first_bad_label(labels: np.ndarray) -> int | None:
-    """The index of the first label outside ``0..9``, or ``None`` when all are classes."""
-    if len(labels) and int(labels.max()) >= _NUM_CLASSES:
-        return int(np.argmax(labels >= _NUM_CLASSES))
-    return None
 
 
 class ImageDataset(Dataset):

@@ -116,8 +116,7 @@ class Cifar10(base.ImageDataset):
             return self._fetch(_TARBALL, tried[0], check), tried[0]
         python_release = [d / n for d in tried for n in _PYTHON_NAMES if (d / n).exists()]
         if python_release:
-            what = ", ".join(map(str, python_release))
-            raise _python_release_error(what, python_release[0])
+            raise _python_release_error(", ".join(map(str, python_release)), python_release[0])
         raise self._not_found(f"found neither {', '.join(names)} nor {_TARBALL}", tried)
 
 
@@ -201,8 +200,8 @@ def _parse_cifar(
         )
     records = np.frombuffer(data, dtype=np.uint8).reshape(-1, _RECORD)
     labels = records[:, 0]
-    bad = base.first_bad_label(labels)
-    if bad is not None:
-        raise fail(f"record {bad} has label {int(labels[bad])} outside 0..9")
+    bad = np.flatnonzero(labels > 9)
+    if bad.size:
+        raise fail(f"record {bad[0]} has label {labels[bad[0]]} outside 0..9")
     # Each record's pixels are the red, then green, then blue 32x32 plane, row-major: already [3, 32, 32].
     return records[:, 1:].reshape(-1, 3, _SIDE, _SIDE), labels

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import math
 import zlib
 from pathlib import Path
 
@@ -138,28 +139,23 @@ def _parse_idx(data: bytes, path: Path, magic: int) -> np.ndarray:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as error:
             raise base.bad_file(path, f"damaged gzip data {base.damaged(error)}") from error
-    is_images = magic == _IMAGE_MAGIC
-    header = 16 if is_images else 8
+    item = (_SIDE, _SIDE) if magic == _IMAGE_MAGIC else ()  # an image's shape, or a label's
+    header = 8 + 4 * len(item)
     if len(data) < header:
         what = f"only {len(data)} bytes, shorter than the {header}-byte IDX header"
         raise base.bad_file(path, what)
-    fields = [int(field) for field in np.frombuffer(data, dtype=">u4", count=header // 4)]
-    if fields[0] != magic:
-        kind = "image" if is_images else "label"
-        raise base.bad_file(
-            path, f"magic number {fields[0]}, expected {magic} for an IDX {kind} file"
-        )
-    count = fields[1]
-    if is_images and fields[2:] != [_SIDE, _SIDE]:
-        raise base.bad_file(path, f"images are {fields[2]}x{fields[3]}, expected {_SIDE}x{_SIDE}")
-    expected = header + count * (_SIDE * _SIDE if is_images else 1)
+    magic_read, count, *dims = (int(f) for f in np.frombuffer(data, ">u4", count=header // 4))
+    if magic_read != magic:
+        what = f"magic number {magic_read}, expected {magic} for an IDX {'image' if item else 'label'} file"
+        raise base.bad_file(path, what)
+    if dims != list(item):
+        raise base.bad_file(path, f"images are {dims[0]}x{dims[1]}, expected {_SIDE}x{_SIDE}")
+    expected = header + count * math.prod(item)
     if len(data) != expected:
         what = f"{len(data)} bytes after decompression, but its header ({count} items) implies {expected}"
         raise base.bad_file(path, what)
-    array = np.frombuffer(data, dtype=np.uint8, offset=header)
-    if is_images:
-        return array.reshape(count, _SIDE, _SIDE).copy()  # copy: frombuffer arrays are read-only
-    bad = base.first_bad_label(array)
-    if bad is not None:
-        raise base.bad_file(path, f"label {int(array[bad])} at index {bad}, expected labels 0..9")
-    return array
+    array = np.frombuffer(data, dtype=np.uint8, offset=header).reshape(count, *item)
+    bad = np.flatnonzero(array > 9) if not item else []
+    if len(bad):
+        raise base.bad_file(path, f"label {array[bad[0]]} at index {bad[0]}, expected labels 0..9")
+    return array.copy()  # frombuffer arrays are read-only
