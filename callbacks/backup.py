@@ -10,7 +10,7 @@ from tqdm import tqdm
 from hapi.checkpoint import files
 
 from .base import Callback, stepped_to
-from .monitor import refuse_state
+from .monitor import refuse_state, require_bool
 
 
 class BackupAndRestore(Callback):
@@ -101,15 +101,12 @@ class BackupAndRestore(Callback):
                 "BackupAndRestore: save_freq must be 'epoch' or a positive number of optimizer "
                 f"steps; received {save_freq!r}."
             )
-        if not isinstance(double_checkpoint, bool):
-            raise TypeError(
-                f"BackupAndRestore: double_checkpoint must be True or False; received "
-                f"{double_checkpoint!r} ({type(double_checkpoint).__name__})."
-            )
         self.backup_dir = os.fspath(backup_dir)
         self.save_freq = save_freq
         self.delete_checkpoint = bool(delete_checkpoint)
-        self.double_checkpoint = double_checkpoint
+        self.double_checkpoint = require_bool(
+            "BackupAndRestore", "double_checkpoint", double_checkpoint
+        )
         self._last_step = 0
         # Decided at on_train_begin: what this fit may delete at its end.
         self._sharded_backup = False  # a sharded backup was read or written by this fit

@@ -175,13 +175,12 @@ class LRScheduler(Callback):
         its course.
         """
         for group, start in zip(self.model.optimizer.param_groups, self._start):
-            for key in self._touched:
-                if key not in start:
-                    group.pop(key, None)
-                elif torch.is_tensor(group[key]):
-                    group[key].copy_(start[key])
-                else:
-                    group[key] = start[key]
+            for key in self._touched - start.keys():
+                group.pop(key, None)
+            for key in self._touched & start.keys():  # a tensor setting stays that tensor
+                group[key] = (
+                    group[key].copy_(start[key]) if torch.is_tensor(group[key]) else start[key]
+                )
         scheduler = self._factory(self.model.optimizer, self.total)
         _check_scheduler(scheduler, "the factory returned")
         with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": a replay

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from hapi.checkpoint import files
 
 from .base import stepped_to
-from .monitor import MonitorCallback, refuse_state, require_int
+from .monitor import MonitorCallback, refuse_state, require_bool, require_int
 
 # The numbered checkpoints ModelCheckpoint writes (<epoch>, step-<N>): the only names it rotates.
 _NUMBERED = re.compile(r"\d+|step-\d+")
@@ -115,10 +115,9 @@ class ModelCheckpoint(MonitorCallback):
     ) -> None:
         if not isinstance(save_dir, (str, os.PathLike)):
             raise TypeError(
-                f"ModelCheckpoint: the first argument is save_dir, a directory path (str or "
-                f"os.PathLike); received {save_dir!r} of type {type(save_dir).__name__}. "
-                "Paddle's positional order ModelCheckpoint(save_freq, save_dir) is not supported: "
-                "use keywords, e.g. ModelCheckpoint(save_dir='ckpt', save_freq=1)."
+                f"ModelCheckpoint: the first argument is save_dir, a directory path; received "
+                f"{save_dir!r} of type {type(save_dir).__name__}. Paddle's order (save_freq, "
+                "save_dir) is not supported: pass ModelCheckpoint(save_dir='ckpt', save_freq=1)."
             )
         super().__init__(monitor=monitor, mode=mode, min_delta=0.0)
         self.save_dir = os.fspath(save_dir)
@@ -127,17 +126,11 @@ class ModelCheckpoint(MonitorCallback):
         self.verbose = verbose
         self.save_steps = require_int("ModelCheckpoint", "save_steps", save_steps, allow_none=True)
         self.keep = require_int("ModelCheckpoint", "keep", keep, allow_none=True)
-        if not isinstance(resumable, bool):
-            raise TypeError(
-                f"ModelCheckpoint: resumable must be True or False; received {resumable!r} "
-                f"({type(resumable).__name__})."
-            )
-        self.resumable = resumable
+        self.resumable = require_bool("ModelCheckpoint", "resumable", resumable)
         if self.save_best_only and self.save_steps is not None:
             raise ValueError(
                 f"ModelCheckpoint: save_best_only=True writes only best.pt, so save_steps={save_steps} "
-                "would never save; pass save_best_only=False to have step checkpoints (and the "
-                "periodic and final ones), or drop save_steps."
+                "would never save; pass save_best_only=False, or drop save_steps."
             )
         # The name of the monitored figure in an evaluation's own logs ("val_acc" -> "acc"):
         # only a val_ monitor is judged after each evaluation.

@@ -58,6 +58,15 @@ def require_number(
     return float(value)
 
 
+def require_bool(owner: str, name: str, value: Any) -> bool:
+    """``value`` if it is True or False; a TypeError naming the owner and the argument otherwise."""
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"{owner}: {name} must be True or False; received {value!r} ({type(value).__name__})."
+        )
+    return value
+
+
 class MonitorNameWarning(UserWarning):
     """A monitored name is a training figure while its ``val_`` twin exists (Paddle's meaning).
 
