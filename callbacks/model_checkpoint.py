@@ -140,12 +140,16 @@ class ModelCheckpoint(MonitorCallback):
             unused += ("on_train_batch_end",)
         self.unused_hooks = unused  # see callbacks.base._overrides
         self._written: list[str] = []  # numbered checkpoints this callback wrote, oldest first
-        self._last_step = 0  # model.step when on_train_batch_end last looked
-        self._pending_step: str | None = None  # a step checkpoint left to the epoch's end
-        # An evaluation at the epoch's last batch, judged at the epoch's end: [value, step].
-        self._deferred: list[float] = []
-        self._judged_step = -1  # model.step of the last evaluation judged at on_eval_end
-        self._best_due: tuple[str, str] | None = None  # a best judged mid-step, saved at its end
+        self._forget(0)
+
+    def _forget(self, step: int) -> None:
+        """A fit's start: nothing is left to write or judge; ``step`` is the last one looked at."""
+        # _pending_step: a step checkpoint left to the epoch's end; _deferred: an evaluation
+        # at the epoch's last batch, judged at the epoch's end ([value, step]); _judged_step:
+        # model.step of the last evaluation judged at on_eval_end; _best_due: a best judged
+        # mid-step, saved at its end (prefix, reason).
+        self._last_step, self._pending_step, self._best_due = step, None, None
+        self._deferred, self._judged_step = [], -1
 
     # -- state ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -205,11 +209,7 @@ class ModelCheckpoint(MonitorCallback):
     # -- hooks ----------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
         super().on_train_begin(logs)
-        self._last_step = self.model.step
-        self._pending_step = None
-        self._deferred = []
-        self._judged_step = -1
-        self._best_due = None
+        self._forget(self.model.step)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if not self.save_best_only:
@@ -301,26 +301,25 @@ class ModelCheckpoint(MonitorCallback):
         if self._eval_name is not None and self._judged_step == self.model.step:
             return False  # judged at on_eval_end a moment ago
         never = self.best == self._initial_best
-        if never or self.save_best_only:
+        if not never:
+            then = "best.pt keeps the best so far. "
+        elif self.save_best_only:
             then = (
-                "best.pt keeps the best so far. "
-                if not never
-                else "Until it is logged, best.pt is written with the latest weights at every "
-                "epoch end (as Keras does), so that save_best_only=True still leaves a checkpoint. "
-                if self.save_best_only
-                else "No best.pt is written until it is (the numbered files and final.pt are). "
+                "Until it is logged, best.pt is written with the latest weights at every epoch "
+                "end (as Keras does), so that save_best_only=True still leaves a checkpoint. "
             )
+        else:
+            then = "No best.pt is written until it is (the numbered files and final.pt are). "
+        if never or self.save_best_only:
             self._warn_missing(logs, then)
         return never
 
     def _judge(self, current: float, prefix: str, later: bool = False) -> None:
         if self._is_improvement(current, self.best):
             reason = f"{self.monitor} improved from {self.best:.5g} to {current:.5g}, "
-            self.best = current
-            if later:
-                self._best_due = (prefix, reason)
-                return
-            self._save("best", prefix, reason)
+            self.best, self._best_due = current, (prefix, reason)
+            if not later:
+                self._save_best_due()
 
     def _save_best_due(self) -> None:
         """Write the ``best.pt`` an evaluation judged, once the step or epoch it is in is done."""
@@ -334,13 +333,12 @@ class ModelCheckpoint(MonitorCallback):
         ``False`` when the epoch's length is unknown: the evaluation is then
         judged at once, and the epoch's end does not judge it again.
         """
-        steps = self.params.get("steps")
+        steps, num_iters = self.params.get("steps"), self.params.get("num_iters")
         done = getattr(self.model, "epoch_step", None)
         if not steps or done is None:
             return False
-        num_iters = self.params.get("num_iters")
-        return done >= steps or (
-            num_iters is not None and self.model.epoch * steps + done >= num_iters
+        return (
+            done >= steps or num_iters is not None and self.model.epoch * steps + done >= num_iters
         )
 
     # -- files ----------------------------------------------------------------
@@ -358,10 +356,7 @@ class ModelCheckpoint(MonitorCallback):
             tqdm.write(f"{prefix}{reason}saving model to {path}.pt")
         # Collective: every rank, never behind is_main. ``resumable`` only when asked for, so
         # that a Model subclass's own save(path, training=True) still serves.
-        if self.resumable:
-            self.model.save(path, resumable=True)
-        else:
-            self.model.save(path)
+        self.model.save(path, **({"resumable": True} if self.resumable else {}))
 
     def _plan_numbered(self, names: list[str]) -> list[str]:
         """Record ``names`` as the newest numbered files; return those ``keep`` drops.
