@@ -118,8 +118,7 @@ class MonitorCallback(Callback):
         if mode not in ("auto", "min", "max"):  # read as "auto", as Paddle's hapi and Keras do
             warnings.warn(
                 f"{owner}: mode {mode!r} is unknown; using 'auto' instead (accepted: 'auto', "
-                "'min', 'max'). Pass mode='min' for losses and errors, mode='max' for accuracies "
-                "and scores, or mode='auto' to pick from the monitored name.",
+                "'min', 'max'). Pass mode='min' for losses, mode='max' for accuracies and scores.",
                 stacklevel=3,  # MonitorCallback.__init__ <- subclass <- the caller
             )
         if mode not in ("min", "max"):
