@@ -145,12 +145,8 @@ class EMA(Callback):
         """
         if self._shadow is None:
             return dict(self._pending or {})
-        return {
-            "step": self._last_step,
-            "shadow": {
-                name: t.detach().to("cpu", copy=True) for name, t in zip(self._names, self._shadow)
-            },
-        }
+        shadow = {name: t.to("cpu", copy=True) for name, t in zip(self._names, self._shadow)}
+        return {"step": self._last_step, "shadow": shadow}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore an average saved by :meth:`state_dict` (a resume does this).

@@ -376,12 +376,11 @@ class ModelCheckpoint(MonitorCallback):
         self._save(written, prefix)
         if not self.is_main:
             return  # only the main process wrote, so only it links and deletes
-        for name in names:
-            if name != written and name not in dropped:
-                if self.verbose:
-                    tqdm.write(
-                        f"{prefix}{self._file(name)} is the same checkpoint as {self._file(written)}"
-                    )
-                files.link_or_copy(self._file(written), self._file(name))
+        for name in [name for name in names[:-1] if name not in dropped]:  # its other names
+            if self.verbose:
+                tqdm.write(
+                    f"{prefix}{self._file(name)} is the same checkpoint as {self._file(written)}"
+                )
+            files.link_or_copy(self._file(written), self._file(name))
         for name in dropped:
             files.remove_with_spare(self._file(name))
