@@ -10,7 +10,7 @@ from tqdm import tqdm
 from hapi.checkpoint import files
 
 from .base import Callback, stepped_to
-from .monitor import refuse_state
+from .monitor import refuse_state, require_bool
 
 
 class BackupAndRestore(Callback):
@@ -88,34 +88,25 @@ class BackupAndRestore(Callback):
         double_checkpoint: bool = False,
     ) -> None:
         super().__init__()
-        if backup_dir is None or (
-            isinstance(backup_dir, (str, os.PathLike)) and not os.fspath(backup_dir)
-        ):
-            raise ValueError(
-                f"BackupAndRestore: backup_dir must name a directory; received {backup_dir!r}. "
-                "Pass the directory to keep the backup in, e.g. BackupAndRestore('backup')."
-            )
-        if not isinstance(backup_dir, (str, os.PathLike)):
-            raise TypeError(
-                f"BackupAndRestore: backup_dir must be a directory path (str or os.PathLike); "
-                f"received {backup_dir!r} of type {type(backup_dir).__name__}."
+        path_like = isinstance(backup_dir, (str, os.PathLike))
+        if not path_like or not os.fspath(backup_dir):
+            raise (ValueError if path_like or backup_dir is None else TypeError)(
+                f"BackupAndRestore: backup_dir must name a directory; received {backup_dir!r} of "
+                f"type {type(backup_dir).__name__}. Pass a path, e.g. BackupAndRestore('backup')."
             )
         if save_freq != "epoch" and (
             isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1
         ):
             raise ValueError(
-                f"BackupAndRestore: save_freq must be 'epoch' or a positive number of "
-                f"optimizer steps; received {save_freq!r}."
-            )
-        if not isinstance(double_checkpoint, bool):
-            raise TypeError(
-                f"BackupAndRestore: double_checkpoint must be True or False; received "
-                f"{double_checkpoint!r} ({type(double_checkpoint).__name__})."
+                "BackupAndRestore: save_freq must be 'epoch' or a positive number of optimizer "
+                f"steps; received {save_freq!r}."
             )
         self.backup_dir = os.fspath(backup_dir)
         self.save_freq = save_freq
         self.delete_checkpoint = bool(delete_checkpoint)
-        self.double_checkpoint = double_checkpoint
+        self.double_checkpoint = require_bool(
+            "BackupAndRestore", "double_checkpoint", double_checkpoint
+        )
         self._last_step = 0
         # Decided at on_train_begin: what this fit may delete at its end.
         self._sharded_backup = False  # a sharded backup was read or written by this fit
@@ -163,9 +154,8 @@ class BackupAndRestore(Callback):
         self._newest_unreadable = False
         if self.double_checkpoint and self.model.sharded and self.is_main:
             warnings.warn(
-                "BackupAndRestore(double_checkpoint=True): the weights are sharded (FSDP on "
-                "several processes), so the backup is a sharded directory, of which no previous "
-                "copy is kept; an unreadable one cannot be replaced by an older one.",
+                "BackupAndRestore(double_checkpoint=True): sharded weights (FSDP on several "
+                "processes) are backed up as a directory, of which no previous copy is kept.",
                 stacklevel=2,
             )
         self._last_step = self.model.step
@@ -193,19 +183,18 @@ class BackupAndRestore(Callback):
         newest = " or ".join(found) or self.path + ".pt"
         try:
             self.model.load(self.path, resume=True)
+            return self._resumed_from(newest)
         except FileNotFoundError:
-            if self.double_checkpoint:
-                self._resume_from_previous(newest, None)
+            failure = None
         except (RuntimeError, ValueError) as error:
+            failure = error
             if not self.double_checkpoint:
                 raise RuntimeError(
                     f"BackupAndRestore could not resume from {newest}: {error} To start training "
                     f"from scratch instead, delete {newest}."
                 ) from error
-            self._resume_from_previous(newest, error)
-        else:
-            self._announce(newest)
-        self._last_step = self.model.step
+        if self.double_checkpoint:
+            self._resume_from_previous(newest, failure)
 
     def _resume_from_previous(self, newest: str, newest_error: BaseException | None) -> None:
         """The ``newest`` backup is unreadable (or missing): resume from the previous one, if any.
@@ -216,34 +205,33 @@ class BackupAndRestore(Callback):
         """
         previous = self.previous_path + ".pt"
         what = "is missing" if newest_error is None else f"cannot be read ({newest_error})"
+        start = f"BackupAndRestore could not resume: the newest backup {newest} {what}, and"
         try:
             self.model.load(self.previous_path, resume=True)
         except FileNotFoundError:
             if newest_error is None:
                 return  # neither backup: a first run starts from scratch
             raise RuntimeError(
-                f"BackupAndRestore could not resume: the newest backup {newest} {what}, and "
-                f"there is no previous backup ({previous} is missing) to fall back on. To start "
-                f"training from scratch instead, delete {newest}."
+                f"{start} there is no previous backup ({previous} is missing) to fall back on. To "
+                f"start training from scratch instead, delete {newest}."
             ) from newest_error
         except (RuntimeError, ValueError) as error:
             raise RuntimeError(
-                f"BackupAndRestore could not resume: the newest backup {newest} {what}, and the "
-                f"previous backup {previous} cannot be read either ({error}). To start training "
-                f"from scratch instead, delete {newest} and {previous}."
+                f"{start} the previous backup {previous} cannot be read either ({error}). To start "
+                f"training from scratch instead, delete {newest} and {previous}."
             ) from error
         self._newest_unreadable = True
         if self.is_main:
             warnings.warn(
                 f"BackupAndRestore: the newest backup {newest} {what}; resuming from the previous "
-                f"backup {previous} instead (epoch {self.model.epoch + 1}, batch "
-                f"{self.model.epoch_step}, optimizer step {self.model.step}), so training done "
+                f"backup {previous} instead (optimizer step {self.model.step}), so training done "
                 f"after it is done again. The next backup replaces {newest}.",
                 stacklevel=3,
             )
-        self._announce(previous)
+        self._resumed_from(previous)
 
-    def _announce(self, file: str) -> None:
+    def _resumed_from(self, file: str) -> None:
+        self._last_step = self.model.step
         if self.is_main:
             tqdm.write(
                 f"BackupAndRestore: resuming from {file} at epoch {self.model.epoch + 1}, "

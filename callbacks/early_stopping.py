@@ -21,6 +21,9 @@ from tqdm import tqdm
 
 from .monitor import MonitorCallback, refuse_state, require_int
 
+# What a resume takes back besides MonitorCallback's best and wait.
+_STATE = ("stopped_epoch", "best_epoch", "best_weights", "best_model_path")
+
 
 class EarlyStopping(MonitorCallback):
     """Sets ``model.stop_training`` when ``monitor`` has not improved for ``patience`` evaluations.
@@ -105,13 +108,7 @@ class EarlyStopping(MonitorCallback):
             ``best_weights`` (``None`` unless ``restore_best_weights``) and
             where the best model was saved.
         """
-        return {
-            **super().state_dict(),
-            "stopped_epoch": self.stopped_epoch,
-            "best_epoch": self.best_epoch,
-            "best_weights": self.best_weights,
-            "best_model_path": self.best_model_path,
-        }
+        return {**super().state_dict(), **{key: getattr(self, key) for key in _STATE}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take back :meth:`state_dict`'s values; those used only later are checked now.
@@ -140,10 +137,7 @@ class EarlyStopping(MonitorCallback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         super().on_train_begin(logs)
-        self.stopped_epoch = None
-        self.best_epoch = None
-        self.best_weights = None
-        self.best_model_path = None
+        self.stopped_epoch = self.best_epoch = self.best_weights = self.best_model_path = None
         save_dir = self.params.get("save_dir")
         self.save_dir = None if save_dir is None else os.fspath(save_dir)
 
@@ -177,32 +171,33 @@ class EarlyStopping(MonitorCallback):
 
     def on_train_end(self, logs: dict | None = None) -> None:
         speak = self.verbose and self.is_main
-        if self.stopped_epoch is not None and speak:
+        if speak and self.stopped_epoch is not None:
             tqdm.write(f"Epoch {self.stopped_epoch + 1}: early stopping")
-        if self.best_model_path is not None and speak:
+        if speak and self.best_model_path is not None:
+            path = os.path.abspath(self.best_model_path)
             tqdm.write(
-                f"EarlyStopping: the best model ({self.monitor}={self.best:g}) is saved at "
-                f"{os.path.abspath(self.best_model_path)}."
+                f"EarlyStopping: the best model ({self.monitor}={self.best:g}) is saved at {path}."
             )
         if not self.restore_best_weights:
             return
-        if self.best_weights is not None:
-            self.model.set_weights(self.best_weights)  # every process: the same full weights
+        if self.best_weights is None:
+            since = f" from epoch {self.start_from_epoch + 1} on" if self.start_from_epoch else ""
+            text = (
+                f"EarlyStopping: no epoch logged {self.monitor!r}{since}, so the best weights were "
+                "not restored; the model keeps its last weights"
+            )
+        elif self.best == self._initial_best:  # nothing improved on the first watched epoch
+            text = (
+                "Restoring model weights from the end of the first monitored epoch: "
+                f"{self.best_epoch + 1} (no value of {self.monitor!r} was a finite number)"
+            )
+        else:
             text = f"Restoring model weights from the end of the best epoch: {self.best_epoch + 1}"
-            if self.best == self._initial_best:  # nothing improved on the first watched epoch
-                text = (
-                    "Restoring model weights from the end of the first monitored epoch: "
-                    f"{self.best_epoch + 1} (no value of {self.monitor!r} was a finite number)"
-                )
-            elif not self._beats_baseline(self.best):
+            if not self._beats_baseline(self.best):
                 text += (
                     f" ({self.monitor}={self.best:g}; no epoch beat the baseline {self.baseline:g})"
                 )
-            if speak:
-                tqdm.write(text + ".")
-        elif speak:
-            since = f" from epoch {self.start_from_epoch + 1} on" if self.start_from_epoch else ""
-            tqdm.write(
-                f"EarlyStopping: no epoch logged {self.monitor!r}{since}, so the best weights "
-                "were not restored; the model keeps its last weights."
-            )
+        if self.best_weights is not None:
+            self.model.set_weights(self.best_weights)  # every process: the same full weights
+        if speak:
+            tqdm.write(text + ".")

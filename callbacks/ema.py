@@ -7,13 +7,12 @@ better than the last weights, and costs one fused in-place update per step.
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import torch
 
 from .base import Callback, stepped_to
-from .monitor import require_int
+from .monitor import require_int, require_number
 
 
 class EMA(Callback):
@@ -84,12 +83,9 @@ class EMA(Callback):
         self, decay: float = 0.999, every_n_steps: int = 1, swap_at_end: bool = True
     ) -> None:
         super().__init__()
-        if isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not 0 <= decay < 1:
-            raise ValueError(
-                f"EMA: decay must be a number in [0, 1); received {decay!r} ({type(decay).__name__}). "
-                "Typical values are 0.99 to 0.9999, e.g. EMA(decay=0.999)."
-            )
-        self.decay = float(decay)
+        self.decay = require_number(
+            "EMA", "decay", decay, "a number in [0, 1)", lambda v: 0 <= v < 1, 0.999
+        )
         self.every_n_steps = require_int("EMA", "every_n_steps", every_n_steps, minimum=1)
         self.swap_at_end = bool(swap_at_end)
         self._names: list[str] = []
@@ -103,9 +99,8 @@ class EMA(Callback):
     def on_train_begin(self, logs: dict | None = None) -> None:
         if getattr(self.model, "sharded", False):
             raise RuntimeError(
-                "EMA does not support weights sharded across processes (FSDP on several processes): "
-                "each process would average only its own shard. Use strategy='ddp', or train "
-                "without the EMA callback."
+                "EMA does not support weights sharded across processes (FSDP on several "
+                "processes): each would average only its shard. Use strategy='ddp', or no EMA."
             )
         floating = {n: p for n, p in self.model.network.named_parameters() if p.is_floating_point()}
         self._names, self._params = list(floating), list(floating.values())
@@ -123,18 +118,16 @@ class EMA(Callback):
                 torch._foreach_lerp_(self._shadow, self._params, 1.0 - self.decay)
 
     def on_eval_begin(self, logs: dict | None = None) -> None:
-        if self.params.get("epochs") is None or self._saved is not None:  # not in a fit
-            return
-        with torch.no_grad():
-            self._saved = [p.detach().clone() for p in self._params]
-            torch._foreach_copy_(self._params, self._shadow)
+        if self.params.get("epochs") is not None and self._saved is None:  # in a fit
+            with torch.no_grad():
+                self._saved = [p.detach().clone() for p in self._params]
+                torch._foreach_copy_(self._params, self._shadow)
 
     def on_eval_end(self, logs: dict | None = None) -> None:
-        if self._saved is None:
-            return
-        with torch.no_grad():
-            torch._foreach_copy_(self._params, self._saved)
-        self._saved = None
+        if self._saved is not None:
+            with torch.no_grad():
+                torch._foreach_copy_(self._params, self._saved)
+            self._saved = None
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self.swap_at_end and self._shadow is not None:
@@ -152,12 +145,8 @@ class EMA(Callback):
         """
         if self._shadow is None:
             return dict(self._pending or {})
-        return {
-            "step": self._last_step,
-            "shadow": {
-                name: t.detach().to("cpu", copy=True) for name, t in zip(self._names, self._shadow)
-            },
-        }
+        shadow = {name: t.to("cpu", copy=True) for name, t in zip(self._names, self._shadow)}
+        return {"step": self._last_step, "shadow": shadow}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore an average saved by :meth:`state_dict` (a resume does this).
@@ -182,22 +171,21 @@ class EMA(Callback):
         saved = state.get("shadow")
         if not isinstance(saved, dict) or not isinstance(state.get("step"), int):
             raise ValueError(
-                f"EMA: load_state_dict expects what EMA.state_dict() returns, a dict with 'step' (int) "
-                f"and 'shadow' (parameter name -> tensor); received keys {sorted(state)}."
+                "EMA: load_state_dict expects what EMA.state_dict() returns, {'step': int, "
+                f"'shadow': {{parameter name: tensor}}}}; received keys {sorted(state)}."
             )
-        if sorted(saved) != sorted(self._names):
-            missing = sorted(set(self._names) - set(saved))
-            unexpected = sorted(set(saved) - set(self._names))
+        names = set(self._names)
+        if names != set(saved):
             raise ValueError(
-                f"EMA: the saved average does not match this network's parameters (missing: {missing}, "
-                f"unexpected: {unexpected}). It was saved from another architecture; start the "
-                "average afresh (a new EMA, or delete the backup)."
+                f"EMA: the saved average does not match this network's parameters (missing: "
+                f"{sorted(names - set(saved))}, unexpected: {sorted(set(saved) - names)}). It was "
+                "saved from another architecture; start the average afresh (a new EMA, or delete "
+                "the backup)."
             )
         wrong = [
-            f"{name}: saved {tuple(value.shape) if torch.is_tensor(value) else value!r}, "
-            f"network {tuple(t.shape)}"
-            for name, t, value in zip(self._names, self._shadow, map(saved.get, self._names))
-            if not torch.is_tensor(value) or value.shape != t.shape
+            f"{name}: saved {tuple(v.shape) if torch.is_tensor(v) else v!r}, network {tuple(t.shape)}"
+            for name, t, v in zip(self._names, self._shadow, map(saved.get, self._names))
+            if not torch.is_tensor(v) or v.shape != t.shape
         ]
         if wrong:
             raise ValueError(
@@ -205,6 +193,5 @@ class EMA(Callback):
                 "It was saved from another architecture; start the average afresh."
             )
         with torch.no_grad():
-            for name, t in zip(self._names, self._shadow):
-                t.copy_(saved[name])
-        self._last_step = int(state["step"])
+            torch._foreach_copy_(self._shadow, [saved[name] for name in self._names])
+        self._last_step = state["step"]

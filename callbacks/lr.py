@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from numbers import Real
 from typing import Any, Callable
 
 import torch
@@ -18,7 +19,7 @@ from torch.optim import lr_scheduler as torch_lr
 from tqdm import tqdm
 
 from .base import Callback
-from .monitor import MonitorCallback, refuse_state, require_int
+from .monitor import MonitorCallback, refuse_state, require_int, require_number
 
 SchedulerFactory = Callable[[torch.optim.Optimizer, int], torch_lr.LRScheduler]
 
@@ -26,18 +27,14 @@ SchedulerFactory = Callable[[torch.optim.Optimizer, int], torch_lr.LRScheduler]
 def _check_scheduler(scheduler: Any, received: str) -> None:
     if isinstance(scheduler, torch_lr.ReduceLROnPlateau):
         raise TypeError(
-            "LRScheduler cannot drive torch.optim.lr_scheduler.ReduceLROnPlateau, whose "
-            f"step() needs the monitored figure; {received} a ReduceLROnPlateau instance. "
-            "Use callbacks.ReduceLROnPlateau(monitor='val_loss', factor=..., patience=...) instead."
+            f"LRScheduler cannot drive torch's ReduceLROnPlateau, whose step() needs the monitored "
+            f"figure; {received} one. Use callbacks.ReduceLROnPlateau(monitor='val_loss', ...)."
         )
     if not isinstance(scheduler, torch_lr.LRScheduler):
         raise TypeError(
-            "LRScheduler needs a torch.optim.lr_scheduler.LRScheduler instance, or a function "
+            "LRScheduler needs a torch.optim.lr_scheduler.LRScheduler instance or a function "
             f"(optimizer, total) -> scheduler; {received} an object of type "
-            f"{type(scheduler).__name__}. Build one on the model's optimizer, e.g. "
-            "LRScheduler(torch.optim.lr_scheduler.StepLR(optimizer, step_size=10)), or pass "
-            "LRScheduler(lambda optimizer, total: OneCycleLR(optimizer, max_lr=0.1, total_steps=total), "
-            "by_step=True)."
+            f"{type(scheduler).__name__}. Pass e.g. LRScheduler(StepLR(optimizer, step_size=10))."
         )
 
 
@@ -102,10 +99,10 @@ class LRScheduler(Callback):
     ) -> None:
         super().__init__()
         if isinstance(scheduler, type):
+            name = scheduler.__name__
             raise TypeError(
-                f"LRScheduler received the class {scheduler.__name__}, not a scheduler. Build it on "
-                f"the optimizer, e.g. LRScheduler({scheduler.__name__}(optimizer, ...)), or pass a "
-                f"function: LRScheduler(lambda optimizer, total: {scheduler.__name__}(optimizer, ...))."
+                f"LRScheduler received the class {name}, not a scheduler. Pass one built on the "
+                f"optimizer, {name}(optimizer, ...), or lambda optimizer, total: {name}(optimizer, ...)."
             )
         made = isinstance(scheduler, torch_lr.LRScheduler) or not callable(scheduler)
         if made:
@@ -116,8 +113,7 @@ class LRScheduler(Callback):
             raise ValueError(
                 f"LRScheduler received by_step={bool(by_step)} and by_epoch={bool(by_epoch)}: the "
                 f"scheduler would step {'both per step and per epoch' if by_step else 'never'}. "
-                "Pass one of them: by_step=True (after every optimizer step, e.g. OneCycleLR) or "
-                "by_epoch=True (at each epoch end, e.g. StepLR)."
+                "Pass one of them: by_step=True (per optimizer step) or by_epoch=True (per epoch)."
             )
         self.by_step = bool(by_step) if by_epoch is None else not by_epoch  # Paddle's or ours
         if not self.by_step:  # per-epoch: no per-batch call (callbacks.base)
@@ -132,25 +128,18 @@ class LRScheduler(Callback):
 
     def _fit_length(self) -> int:
         """This fit's length in scheduler steps: epochs, or this process's optimizer updates."""
-        epochs = self.params.get("epochs")
-        if not isinstance(epochs, int) or epochs < 1:
-            raise RuntimeError(
-                f"LRScheduler needs the number of epochs to size its schedule; params has "
-                f"epochs={epochs!r}. A scheduler factory works only inside fit()."
-            )
+        epochs, steps = self.params["epochs"], self.params.get("steps")
         self._per_epoch = 1  # updates per epoch: what a resume on another world size changes
         if not self.by_step:
             return epochs
-        steps = self.params.get("steps")
         if steps is None:
             raise ValueError(
-                "LRScheduler(factory, by_step=True) sizes the schedule from the number of batches "
-                "per epoch, which is unknown here (received steps=None: an IterableDataset or a "
-                "loader without len()). Give fit() num_iters=..., give the data set a __len__, or "
-                "pass a scheduler built with an explicit length, e.g. OneCycleLR(optimizer, "
-                "max_lr=..., total_steps=N)."
+                "LRScheduler(factory, by_step=True) sizes the schedule from the batches per epoch, "
+                "unknown here (received steps=None: a loader without len()). Give fit() "
+                "num_iters=..., or pass a scheduler of explicit length, e.g. OneCycleLR(..., "
+                "total_steps=N)."
             )
-        every = int(self.params.get("accumulate_grad_batches", 1))
+        every = self.params.get("accumulate_grad_batches", 1)
         self._per_epoch = math.ceil(steps / every)
         # num_iters batches in all: whole epochs of `steps`, then a shorter last one.
         num_iters = self.params.get("num_iters")
@@ -159,9 +148,7 @@ class LRScheduler(Callback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         if self._factory is not None:
-            groups = _optimizer(
-                self.model, "LRScheduler's factory builds the scheduler on model.optimizer"
-            ).param_groups
+            groups = self.model.optimizer.param_groups
             self.total = self._fit_length()
             self._start = [
                 {k: v.clone() if torch.is_tensor(v) else v for k, v in g.items()} for g in groups
@@ -188,13 +175,12 @@ class LRScheduler(Callback):
         its course.
         """
         for group, start in zip(self.model.optimizer.param_groups, self._start):
-            for key in self._touched:
-                if key not in start:
-                    group.pop(key, None)
-                elif torch.is_tensor(group[key]):
-                    group[key].copy_(start[key])
-                else:
-                    group[key] = start[key]
+            for key in self._touched - start.keys():
+                group.pop(key, None)
+            for key in self._touched & start.keys():  # a tensor setting stays that tensor
+                group[key] = (
+                    group[key].copy_(start[key]) if torch.is_tensor(group[key]) else start[key]
+                )
         scheduler = self._factory(self.model.optimizer, self.total)
         _check_scheduler(scheduler, "the factory returned")
         with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": a replay
@@ -238,7 +224,7 @@ class LRScheduler(Callback):
         last_step = _count(state, "last_step", none=True)
         step = getattr(self.model, "step", None)
         if self.by_step and None not in (last_step, step) and not 0 <= step - last_step <= 1:
-            expected = f"the model's optimizer step {step} or one less (a per-step schedule's)"
+            expected = f"the model's optimizer step {step} or one less"
             refuse_state("LRScheduler", "last_step", last_step, expected)
         if self._factory is not None:
             stepped = _count(state, "stepped")
@@ -248,7 +234,7 @@ class LRScheduler(Callback):
             # Another number of processes changes the updates per epoch: the same point of the
             # course is the same epoch and fraction of it. Another `epochs` changes nothing.
             per_epoch = _count(state, "per_epoch", none=True) or self._per_epoch
-            position = round(stepped * self._per_epoch / max(per_epoch, 1))
+            position = round(stepped * self._per_epoch / per_epoch)
             self._build(min(position, max(self.total - 1, 0)))
         elif state.get("scheduler") is not None:
             # Keys only one of them has are let be, as torch's load_state_dict does: a release
@@ -284,17 +270,6 @@ class LRScheduler(Callback):
             self._step()
 
 
-def _optimizer(model: Any, why: str) -> torch.optim.Optimizer:
-    """``model.optimizer``; a RuntimeError saying ``why`` it is needed when there is none."""
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None:
-        raise RuntimeError(
-            f"{why}, but the model has no optimizer (received model.optimizer=None). "
-            "Call model.prepare(optimizer=...) first."
-        )
-    return optimizer
-
-
 def _count(state: dict[str, Any], key: str, none: bool = False) -> int | None:
     """``state[key]``, a non-negative int (or None where ``none``); else a ValueError naming it."""
     value = state.get(key)
@@ -310,9 +285,7 @@ def _layout(value: Any) -> Any:
     """
     if isinstance(value, (list, tuple)):
         return len(value)
-    return (
-        "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value)
-    )
+    return "number" if isinstance(value, Real) and not isinstance(value, bool) else type(value)
 
 
 class ReduceLROnPlateau(MonitorCallback):
@@ -354,20 +327,14 @@ class ReduceLROnPlateau(MonitorCallback):
         verbose: int = 1,
     ) -> None:
         super().__init__(monitor=monitor, mode=mode, min_delta=min_delta)
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < 1:
-            raise ValueError(
-                f"ReduceLROnPlateau: factor must be in (0, 1) (the learning rate is multiplied by it); "
-                f"received {factor!r}. Pass e.g. factor=0.1 or factor=0.5."
-            )
-        if isinstance(min_lr, bool) or not isinstance(min_lr, (int, float)) or not min_lr >= 0:
-            raise ValueError(
-                f"ReduceLROnPlateau: min_lr must be a non-negative number; received {min_lr!r}. "
-                "Pass e.g. min_lr=1e-6, or 0 for no lower bound."
-            )
-        self.factor = float(factor)
+        self.factor = require_number(
+            "ReduceLROnPlateau", "factor", factor, "in (0, 1)", lambda v: 0 < v < 1, 0.1
+        )
+        self.min_lr = require_number(
+            "ReduceLROnPlateau", "min_lr", min_lr, "a non-negative number", lambda v: v >= 0, 1e-6
+        )
         self.patience = require_int("ReduceLROnPlateau", "patience", patience, minimum=0)
         self.cooldown = require_int("ReduceLROnPlateau", "cooldown", cooldown, minimum=0)
-        self.min_lr = float(min_lr)
         self.verbose = verbose
         self.cooldown_counter = 0
 
@@ -379,7 +346,6 @@ class ReduceLROnPlateau(MonitorCallback):
         self.cooldown_counter = int(state["cooldown_counter"])
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        _optimizer(self.model, "ReduceLROnPlateau changes the optimizer's learning rate")
         super().on_train_begin(logs)
         self.cooldown_counter = 0
 
@@ -391,8 +357,7 @@ class ReduceLROnPlateau(MonitorCallback):
             self.cooldown_counter -= 1
             self.wait = 0
         if self._is_improvement(current, self.best):
-            self.best = current
-            self.wait = 0
+            self.best, self.wait = current, 0
             return
         if self.cooldown_counter > 0:  # read after the decrement: the cooldown's last epoch counts
             return
@@ -405,10 +370,8 @@ class ReduceLROnPlateau(MonitorCallback):
             old = float(group["lr"])
             if old > self.min_lr:
                 new = max(old * self.factor, self.min_lr)
-                if isinstance(group["lr"], torch.Tensor):
-                    group["lr"].fill_(new)  # a tensor lr (capturable optimizers) stays a tensor
-                else:
-                    group["lr"] = new
+                # A tensor lr (capturable optimizers) stays that tensor.
+                group["lr"] = group["lr"].fill_(new) if torch.is_tensor(group["lr"]) else new
                 changes.append(f"{old:.4g} -> {new:.4g}")
         if changes and self.verbose and self.is_main:
             text = ", ".join(changes)

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from hapi.checkpoint import files
 
 from .base import stepped_to
-from .monitor import MonitorCallback, refuse_state, require_int
+from .monitor import MonitorCallback, refuse_state, require_bool, require_int
 
 # The numbered checkpoints ModelCheckpoint writes (<epoch>, step-<N>): the only names it rotates.
 _NUMBERED = re.compile(r"\d+|step-\d+")
@@ -115,10 +115,9 @@ class ModelCheckpoint(MonitorCallback):
     ) -> None:
         if not isinstance(save_dir, (str, os.PathLike)):
             raise TypeError(
-                f"ModelCheckpoint: the first argument is save_dir, a directory path (str or "
-                f"os.PathLike); received {save_dir!r} of type {type(save_dir).__name__}. "
-                "Paddle's positional order ModelCheckpoint(save_freq, save_dir) is not supported: "
-                "use keywords, e.g. ModelCheckpoint(save_dir='ckpt', save_freq=1)."
+                f"ModelCheckpoint: the first argument is save_dir, a directory path; received "
+                f"{save_dir!r} of type {type(save_dir).__name__}. Paddle's order (save_freq, "
+                "save_dir) is not supported: pass ModelCheckpoint(save_dir='ckpt', save_freq=1)."
             )
         super().__init__(monitor=monitor, mode=mode, min_delta=0.0)
         self.save_dir = os.fspath(save_dir)
@@ -127,17 +126,11 @@ class ModelCheckpoint(MonitorCallback):
         self.verbose = verbose
         self.save_steps = require_int("ModelCheckpoint", "save_steps", save_steps, allow_none=True)
         self.keep = require_int("ModelCheckpoint", "keep", keep, allow_none=True)
-        if not isinstance(resumable, bool):
-            raise TypeError(
-                f"ModelCheckpoint: resumable must be True or False; received {resumable!r} "
-                f"({type(resumable).__name__})."
-            )
-        self.resumable = resumable
+        self.resumable = require_bool("ModelCheckpoint", "resumable", resumable)
         if self.save_best_only and self.save_steps is not None:
             raise ValueError(
                 f"ModelCheckpoint: save_best_only=True writes only best.pt, so save_steps={save_steps} "
-                "would never save; pass save_best_only=False to have step checkpoints (and the "
-                "periodic and final ones), or drop save_steps."
+                "would never save; pass save_best_only=False, or drop save_steps."
             )
         # The name of the monitored figure in an evaluation's own logs ("val_acc" -> "acc"):
         # only a val_ monitor is judged after each evaluation.
@@ -147,12 +140,16 @@ class ModelCheckpoint(MonitorCallback):
             unused += ("on_train_batch_end",)
         self.unused_hooks = unused  # see callbacks.base._overrides
         self._written: list[str] = []  # numbered checkpoints this callback wrote, oldest first
-        self._last_step = 0  # model.step when on_train_batch_end last looked
-        self._pending_step: str | None = None  # a step checkpoint left to the epoch's end
-        # An evaluation at the epoch's last batch, judged at the epoch's end: [value, step].
-        self._deferred: list[float] = []
-        self._judged_step = -1  # model.step of the last evaluation judged at on_eval_end
-        self._best_due: tuple[str, str] | None = None  # a best judged mid-step, saved at its end
+        self._forget(0)
+
+    def _forget(self, step: int) -> None:
+        """A fit's start: nothing is left to write or judge; ``step`` is the last one looked at."""
+        # _pending_step: a step checkpoint left to the epoch's end; _deferred: an evaluation
+        # at the epoch's last batch, judged at the epoch's end ([value, step]); _judged_step:
+        # model.step of the last evaluation judged at on_eval_end; _best_due: a best judged
+        # mid-step, saved at its end (prefix, reason).
+        self._last_step, self._pending_step, self._best_due = step, None, None
+        self._deferred, self._judged_step = [], -1
 
     # -- state ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -212,11 +209,7 @@ class ModelCheckpoint(MonitorCallback):
     # -- hooks ----------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
         super().on_train_begin(logs)
-        self._last_step = self.model.step
-        self._pending_step = None
-        self._deferred = []
-        self._judged_step = -1
-        self._best_due = None
+        self._forget(self.model.step)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if not self.save_best_only:
@@ -308,26 +301,25 @@ class ModelCheckpoint(MonitorCallback):
         if self._eval_name is not None and self._judged_step == self.model.step:
             return False  # judged at on_eval_end a moment ago
         never = self.best == self._initial_best
-        if never or self.save_best_only:
+        if not never:
+            then = "best.pt keeps the best so far. "
+        elif self.save_best_only:
             then = (
-                "best.pt keeps the best so far. "
-                if not never
-                else "Until it is logged, best.pt is written with the latest weights at every "
-                "epoch end (as Keras does), so that save_best_only=True still leaves a checkpoint. "
-                if self.save_best_only
-                else "No best.pt is written until it is (the numbered files and final.pt are). "
+                "Until it is logged, best.pt is written with the latest weights at every epoch "
+                "end (as Keras does), so that save_best_only=True still leaves a checkpoint. "
             )
+        else:
+            then = "No best.pt is written until it is (the numbered files and final.pt are). "
+        if never or self.save_best_only:
             self._warn_missing(logs, then)
         return never
 
     def _judge(self, current: float, prefix: str, later: bool = False) -> None:
         if self._is_improvement(current, self.best):
             reason = f"{self.monitor} improved from {self.best:.5g} to {current:.5g}, "
-            self.best = current
-            if later:
-                self._best_due = (prefix, reason)
-                return
-            self._save("best", prefix, reason)
+            self.best, self._best_due = current, (prefix, reason)
+            if not later:
+                self._save_best_due()
 
     def _save_best_due(self) -> None:
         """Write the ``best.pt`` an evaluation judged, once the step or epoch it is in is done."""
@@ -341,13 +333,12 @@ class ModelCheckpoint(MonitorCallback):
         ``False`` when the epoch's length is unknown: the evaluation is then
         judged at once, and the epoch's end does not judge it again.
         """
-        steps = self.params.get("steps")
+        steps, num_iters = self.params.get("steps"), self.params.get("num_iters")
         done = getattr(self.model, "epoch_step", None)
         if not steps or done is None:
             return False
-        num_iters = self.params.get("num_iters")
-        return done >= steps or (
-            num_iters is not None and self.model.epoch * steps + done >= num_iters
+        return (
+            done >= steps or num_iters is not None and self.model.epoch * steps + done >= num_iters
         )
 
     # -- files ----------------------------------------------------------------
@@ -365,10 +356,7 @@ class ModelCheckpoint(MonitorCallback):
             tqdm.write(f"{prefix}{reason}saving model to {path}.pt")
         # Collective: every rank, never behind is_main. ``resumable`` only when asked for, so
         # that a Model subclass's own save(path, training=True) still serves.
-        if self.resumable:
-            self.model.save(path, resumable=True)
-        else:
-            self.model.save(path)
+        self.model.save(path, **({"resumable": True} if self.resumable else {}))
 
     def _plan_numbered(self, names: list[str]) -> list[str]:
         """Record ``names`` as the newest numbered files; return those ``keep`` drops.
@@ -388,12 +376,11 @@ class ModelCheckpoint(MonitorCallback):
         self._save(written, prefix)
         if not self.is_main:
             return  # only the main process wrote, so only it links and deletes
-        for name in names:
-            if name != written and name not in dropped:
-                if self.verbose:
-                    tqdm.write(
-                        f"{prefix}{self._file(name)} is the same checkpoint as {self._file(written)}"
-                    )
-                files.link_or_copy(self._file(written), self._file(name))
+        for name in [name for name in names[:-1] if name not in dropped]:  # its other names
+            if self.verbose:
+                tqdm.write(
+                    f"{prefix}{self._file(name)} is the same checkpoint as {self._file(written)}"
+                )
+            files.link_or_copy(self._file(written), self._file(name))
         for name in dropped:
             files.remove_with_spare(self._file(name))

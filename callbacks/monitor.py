@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import warnings
 from numbers import Real
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 from hapi.arguments import require_int  # noqa: F401 -- other callbacks import it from here
 
@@ -40,6 +40,31 @@ def refuse_state(owner: str, key: str, value: Any, expected: str) -> NoReturn:
         f"{owner} state {key!r} must be {expected}; received {value!r}. The checkpoint it came "
         "from is damaged or was crafted."
     )
+
+
+def require_number(
+    owner: str, name: str, value: Any, kind: str, ok: Callable[[float], bool], example: float
+) -> float:
+    """``value`` as a float if it is a real number (not a bool) that ``ok`` accepts.
+
+    Otherwise a ValueError naming the owner, the argument, what it must be
+    (``kind``), what was received and an ``example`` to pass.
+    """
+    if isinstance(value, bool) or not isinstance(value, Real) or not ok(float(value)):
+        raise ValueError(
+            f"{owner}: {name} must be {kind}; received {value!r} ({type(value).__name__}). "
+            f"Pass e.g. {name}={example}."
+        )
+    return float(value)
+
+
+def require_bool(owner: str, name: str, value: Any) -> bool:
+    """``value`` if it is True or False; a TypeError naming the owner and the argument otherwise."""
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"{owner}: {name} must be True or False; received {value!r} ({type(value).__name__})."
+        )
+    return value
 
 
 class MonitorNameWarning(UserWarning):
@@ -87,27 +112,20 @@ class MonitorCallback(Callback):
                 f"{owner}: monitor must be the name of a logged figure (a non-empty str); "
                 f"received {monitor!r}. Pass e.g. monitor='val_loss' or monitor='val_acc'."
             )
-        if isinstance(min_delta, bool) or not isinstance(min_delta, Real) or not min_delta >= 0:
-            raise ValueError(
-                f"{owner}: min_delta must be a non-negative number; received {min_delta!r}. "
-                "It is the smallest change that counts as an improvement, in either mode."
-            )
+        self.min_delta = require_number(
+            owner, "min_delta", min_delta, "a non-negative number", lambda v: v >= 0, 0.01
+        )
         if mode not in ("auto", "min", "max"):  # read as "auto", as Paddle's hapi and Keras do
             warnings.warn(
                 f"{owner}: mode {mode!r} is unknown; using 'auto' instead (accepted: 'auto', "
-                "'min', 'max'). Pass mode='min' for losses and errors, mode='max' for accuracies "
-                "and scores, or mode='auto' to pick from the monitored name.",
-                UserWarning,
+                "'min', 'max'). Pass mode='min' for losses, mode='max' for accuracies and scores.",
                 stacklevel=3,  # MonitorCallback.__init__ <- subclass <- the caller
             )
         if mode not in ("min", "max"):
             mode = "max" if any(hint in monitor.lower() for hint in _MAX_HINTS) else "min"
-        self.monitor = monitor
-        self.mode = mode
-        self.min_delta = float(min_delta)
+        self.monitor, self.mode = monitor, mode
         self.best, self.wait = self._initial_best, 0
-        self._warned_missing = False
-        self._warned_name = False
+        self._warned_missing = self._warned_name = False
 
     def set_params(self, params: dict[str, Any]) -> None:
         super().set_params(params)
@@ -159,19 +177,16 @@ class MonitorCallback(Callback):
         """
         logs = logs or {}
         name = self.monitor
-        if not self._warned_name and not name.startswith("val_") and f"val_{name}" in logs:
+        if not (self._warned_name or name.startswith("val_")) and f"val_{name}" in logs:
             self._warned_name = True  # once per fit
             if self.is_main:
                 warnings.warn(
-                    MonitorNameWarning(
-                        f"{type(self).__name__} monitors {name!r}, the training figure, although "
-                        f"the evaluation figure 'val_{name}' is logged too. In Paddle's hapi "
-                        f"{name!r} meant the evaluation figure (its evaluation logs have no 'val_' "
-                        f"prefix); here that is 'val_{name}'. Pass the name you mean: "
-                        f"monitor='val_{name}' to watch the evaluation, or keep monitor={name!r} "
-                        "and silence this with warnings.filterwarnings('ignore', "
-                        "category=callbacks.monitor.MonitorNameWarning)."
-                    ),
+                    f"{type(self).__name__} monitors {name!r}, the training figure, although "
+                    f"'val_{name}' is logged too. In Paddle's hapi {name!r} meant the evaluation "
+                    f"figure; here that is 'val_{name}'. Pass monitor='val_{name}' to watch the "
+                    "evaluation, or silence this with warnings.filterwarnings('ignore', "
+                    "category=callbacks.MonitorNameWarning).",
+                    MonitorNameWarning,
                     stacklevel=2,
                 )
         value = logs.get(self.monitor)

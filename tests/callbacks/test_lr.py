@@ -289,12 +289,14 @@ def test_bad_patience_cooldown_and_min_lr_are_refused():
 
 
 def test_no_optimizer_is_a_clear_error():
-    model = StubModel()
-    model.optimizer = None
-    cb = ReduceLROnPlateau()
-    attach(cb, model)
-    with pytest.raises(RuntimeError, match=r"model\.prepare\(optimizer=\.\.\.\)"):
-        cb.on_train_begin()
+    # fit refuses a model without optimizer before any callback's hook runs (the one check).
+    from hapi import Model
+
+    model = Model(torch.nn.Linear(2, 1), device="cpu")
+    model.prepare(loss=torch.nn.MSELoss())
+    data = torch.utils.data.TensorDataset(torch.zeros(4, 2), torch.zeros(4, 1))
+    with pytest.raises(RuntimeError, match=r"model\.prepare\(optimizer="):
+        model.fit(data, batch_size=2, epochs=1, verbose=0, callbacks=[ReduceLROnPlateau()])
 
 
 # -- a factory's schedule across a resume ----------------------------------------------------
