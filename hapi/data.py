@@ -147,17 +147,18 @@ def free_device_memory(device: torch.device) -> int:
     return int(free)
 
 
-def device_resident(dataset: Any, device: torch.device, free_bytes: int) -> Any:
+def device_resident(dataset: Any, device: torch.device) -> Any:
     """``dataset`` copied to ``device`` once, when it can be and fits; else ``dataset``.
 
     A data set can be when it serves whole batches (``__getitems__``) and says
     how big it is and how to move it (``nbytes``, ``to(device)``): tensors,
     ``TensorDataset`` and hapi's data sets do. Its batches are then gathered on
     the device, with no host-to-device copy per step. It fits when it takes at
-    most ``DEVICE_DATA_SHARE`` of the ``free_bytes`` left on the device.
+    most ``DEVICE_DATA_SHARE`` of the memory left free on the device
+    (:func:`free_device_memory`).
     """
     movable = all(hasattr(dataset, name) for name in ("__getitems__", "nbytes", "to"))
-    if not movable or dataset.nbytes > DEVICE_DATA_SHARE * free_bytes:
+    if not movable or dataset.nbytes > DEVICE_DATA_SHARE * free_device_memory(device):
         return dataset
     return dataset.to(device)
 
@@ -359,9 +360,7 @@ def make_loader(
         )
     if len(dataset) == 0:
         raise ValueError(f"{role} is empty (0 samples); there is nothing to iterate over.")
-    resident = (
-        dataset if num_workers else device_resident(dataset, device, free_device_memory(device))
-    )
+    resident = dataset if num_workers else device_resident(dataset, device)
     sampler = EpochBatches(
         permutation(len(dataset), shuffle),
         len(dataset),
@@ -439,14 +438,11 @@ def _loader(dataset: Any, sampler: EpochBatches, **options: Any) -> DataLoader:
 def rebuilt(loader: DataLoader, sampler: EpochBatches) -> DataLoader:
     """``loader`` read through ``sampler``, with the same data set, workers, collate function,
     memory pinning and timeouts. Training workers start afresh each epoch (not persistent)."""
+    kept = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn")
     return _loader(
         loader.dataset,
         sampler,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
+        **{name: getattr(loader, name) for name in kept},
         persistent_workers=loader.persistent_workers and not sampler.training,
         prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
     )
@@ -502,10 +498,8 @@ class EpochBatches(Sampler[list]):
     rank: int | None = None
 
     def __post_init__(self) -> None:
-        if self.num_replicas is None:
-            self.num_replicas = group.world_size()
-        if self.rank is None:
-            self.rank = group.rank()
+        self.num_replicas = group.world_size() if self.num_replicas is None else self.num_replicas
+        self.rank = group.rank() if self.rank is None else self.rank
         # The DataLoader draws its workers' base seed from this generator, not torch's global
         # one: iterating the data never shifts the numbers the model draws (dropout), and a
         # resumed epoch gets the same worker seeds.
@@ -557,13 +551,10 @@ class EpochBatches(Sampler[list]):
         return padded[self.rank :: self.num_replicas]
 
     def __iter__(self) -> Iterator[list]:
-        share, size = self._share(self.stream()), self.batch_size
-        batches = (
-            share if size is None else [share[i : i + size] for i in range(0, len(share), size)]
-        )
-        if size is not None and self.drop_last and batches and len(batches[-1]) < size:
-            batches.pop()
-        for position, batch in enumerate(batches, start=self.first_position):
+        share = self._share(self.stream())
+        if self.batch_size is not None:  # else each unit is a batch
+            share = BatchSampler(share, self.batch_size, self.drop_last)
+        for position, batch in enumerate(share, start=self.first_position):
             tagged = SeededIndices(batch)
             tagged.seed = mix(self.seed, self.epoch, position, self.rank)
             yield tagged
@@ -575,7 +566,7 @@ class EpochBatches(Sampler[list]):
             share = len(range(self.length)[self._contiguous(self.length)])
         if self.batch_size is None:
             return share
-        return share // self.batch_size if self.drop_last else -(-share // self.batch_size)
+        return len(BatchSampler(range(share), self.batch_size, self.drop_last))
 
     def state(self, batches: int) -> dict[str, Any]:
         """What is left of the epoch's stream after ``batches`` steps of this pass, and the
@@ -651,9 +642,7 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> EpochBatches | Non
         return None
     batches = loader.batch_sampler  # None when the user turned automatic batching off
     own_batches = loader.batch_size is None and not isinstance(batches, (BatchSampler, type(None)))
-    inner = (
-        getattr(batches, "sampler", loader.sampler) if loader.batch_size is None else loader.sampler
-    )
+    inner = getattr(batches, "sampler", loader.sampler)  # batch_size's BatchSampler: its own
     rank_aware = isinstance(inner, DistributedSampler) or hasattr(batches, "set_epoch")
     if training and rank_aware:
         return None
@@ -698,9 +687,8 @@ def _plain_order(sampler: Any) -> bool:
 
 def loader_batch_size(loader: Any) -> int | None:
     """Samples per batch of a DataLoader, also when it was given a ``batch_sampler``."""
-    size = getattr(loader, "batch_size", None)
-    if size is None:
-        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    batches = getattr(loader, "batch_sampler", None)
+    size = getattr(loader, "batch_size", None) or getattr(batches, "batch_size", None)
     return size if isinstance(size, int) else None
 
 
@@ -758,18 +746,17 @@ class TrainData:
 
     def __init__(self, loader: Iterable, given: Any, seed: int) -> None:
         self.loader = loader
-        self.given = given if isinstance(given, DataLoader) else None
+        self.given = given = given if isinstance(given, DataLoader) else None
         self.seed = seed
         # The generators a user's loader and its samplers keep (found once: the same objects all fit).
-        self._generators = generators_of(self.given)
+        self._generators = generators_of(given)
         # Samples per batch of the user's loader; None where its items are whole batches of a
         # batch sampler of the user's own (torch's BatchSampler batches samples).
-        given = self.given
         whole = given is None or (
             given.batch_size is None and not isinstance(given.batch_sampler, BatchSampler)
         )
         self._given_size = None if whole else loader_batch_size(given)
-        iterable = self.given is None or isinstance(self.given.dataset, IterableDataset)
+        iterable = given is None or isinstance(given.dataset, IterableDataset)
         ours = epoch_batches(loader) is not None
         self.kind = "batches" if ours else "iterable" if iterable else "given"
         self._serve(loader, 0)
@@ -906,39 +893,31 @@ class TrainData:
         if kind not in KINDS:
             raise ValueError(f"'kind' is {kind!r}, not one of {KINDS}")
         for name, least, what in (("world", 1, "processes"), ("done", 0, "samples or batches")):
-            value = shared.get(name, least)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{name!r} is {value!r}, not a count of {what}")
+            if not _is_count(shared.get(name, least), least):
+                raise ValueError(f"{name!r} is {shared[name]!r}, not a count of {what}")
         try:
             length = len(getattr(self.given or self.loader, "dataset", None))
-        except TypeError:  # an IterableDataset: no index to check
+        except TypeError:  # an IterableDataset: any index
             length = None
         for name in ("rest", "padding"):  # sample indices, or batches of them
             units = shared.get(name, [])
             if not isinstance(units, list):
-                raise ValueError(
-                    f"{name!r} is {type(units).__name__}, not a list of sample indices"
-                )
+                raise ValueError(f"{name!r} is {units!r}, not a list of sample indices")
             if len({isinstance(unit, list) for unit in units}) > 1:
                 raise ValueError(f"{name!r} mixes sample indices and batches of them")
             for index in itertools.chain(*(u if isinstance(u, list) else [u] for u in units)):
-                if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-                    raise ValueError(f"{name!r} holds {index!r}, not a sample index")
-                if length is not None and index >= length:
-                    raise ValueError(f"{name!r} holds {index}, beyond the data's {length} samples")
+                if not _is_count(index, 0) or (length is not None and index >= length):
+                    raise ValueError(f"{name!r} holds {index!r}, not an index of {length} samples")
         if "rest" in shared and "padding" not in shared:
             raise ValueError("'padding' is missing beside 'rest'")
         if own is not None and self.steps is not None and epoch_step > self.steps:
-            raise ValueError(
-                f"'epoch_step' is {epoch_step}, beyond the epoch's {self.steps} batches"
-            )
+            raise ValueError(f"'epoch_step' is {epoch_step}, beyond the epoch's {self.steps} steps")
         now = global_state()
-        for part in (own, first_rank):
-            if part:
-                for state in (part.get("epoch_start"), {"global": now, **part}):
-                    if state is not None:
-                        with self._states_at(state):
-                            pass
+        parts = [part for part in (own, first_rank) if part]
+        starts = [part.get("epoch_start") for part in parts]
+        for state in [*filter(None, starts), *({"global": now, **part} for part in parts)]:
+            with self._states_at(state):  # set once and put back: another layout fails here
+                pass
 
     def _replay(self, own: dict[str, Any], epoch: int, epoch_step: int) -> Iterable:
         """The same world, the user's loader as given: its epoch replayed from the random states
@@ -991,14 +970,17 @@ class TrainData:
     def _given_stream(self, epoch: int) -> list:
         """The stream of the user's loader as torch's DataLoader iterator draws it: the
         workers' base seed, then the sampler's order; in samples when it batches them."""
-        given = self.given
-        set_epoch(given, epoch)
-        torch.empty((), dtype=torch.int64).random_(generator=given.generator)
-        batches = given.batch_sampler if given.batch_sampler is not None else given.sampler
-        stream = list(batches)
+        set_epoch(self.given, epoch)
+        torch.empty((), dtype=torch.int64).random_(generator=self.given.generator)
+        batches = self.given.batch_sampler
+        batches = self.given.sampler if batches is None else batches  # no automatic batching
         if isinstance(batches, BatchSampler):
-            return list(itertools.chain.from_iterable(stream))
-        return stream
+            return list(itertools.chain.from_iterable(batches))
+        return list(batches)
+
+
+def _is_count(value: Any, least: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= least
 
 
 def num_batches(loader: Iterable) -> int | None:
@@ -1070,19 +1052,16 @@ def batch_sizes(batch_size: Any) -> tuple[int, int]:
             other length, a bool.
     """
 
-    def positive(value: Any) -> bool:
-        return not isinstance(value, bool) and isinstance(value, numbers.Integral) and value > 0
-
-    if positive(batch_size):
-        return int(batch_size), int(batch_size)
-    if not isinstance(batch_size, (tuple, list)):
+    pair = isinstance(batch_size, (tuple, list))
+    sizes = batch_size if pair else (batch_size, batch_size)
+    if len(sizes) == 2 and all(_is_count(size, 1) for size in sizes):
+        return int(sizes[0]), int(sizes[1])
+    if not pair:
         raise ValueError(
             f"fit: batch_size must be a positive int; received {batch_size!r} "
             f"({type(batch_size).__name__}). Pass e.g. batch_size=1, or a pair (train, eval) of "
             "positive ints, e.g. batch_size=(32, 64) to evaluate at 64."
         )
-    if len(batch_size) == 2 and all(positive(size) for size in batch_size):
-        return int(batch_size[0]), int(batch_size[1])
     raise ValueError(
         f"fit: batch_size must be a positive int or a pair (train, eval) of positive ints; "
         f"received {batch_size!r} ({type(batch_size).__name__} of {len(batch_size)}). Pass e.g. "

@@ -56,15 +56,10 @@ def seeded_streams(seed: int, hand_back_torch: bool = True) -> Iterator[None]:
     loading and hands nothing back. CUDA generators are left alone: loading
     runs on the CPU.
     """
-    generator = torch.default_generator
-    saved = generator.get_state() if hand_back_torch else None
-    generator.manual_seed(seed)
-    seed_python_and_numpy(seed)
-    try:
+    with torch.random.fork_rng(devices=[], enabled=hand_back_torch):
+        torch.default_generator.manual_seed(seed)
+        seed_python_and_numpy(seed)
         yield
-    finally:
-        if saved is not None:
-            generator.set_state(saved)
 
 
 def global_state() -> dict[str, Any]:
@@ -82,7 +77,7 @@ def set_global_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-    np.random.set_state(_native(_legacy_numpy(state["numpy"])))
+    np.random.set_state(_from_file(state["numpy"]))
     python = state["python"]
     if len(python) > 3:  # written before 2026-11-27: version, the 625 words, gauss in one list
         python = [python[0], python[1:-1], python[-1]]
@@ -146,7 +141,7 @@ def set_generator_states(generators: dict[str, Any], states: dict[str, Any]) -> 
     for path, state in states.items():
         generator = generators.get(path)
         if generator is not None:
-            _access(generator)[1](generator, _native(_legacy_numpy(state)))
+            _access(generator)[1](generator, _from_file(state))
 
 
 def _access(generator: Any) -> tuple[Callable, Callable]:
@@ -154,22 +149,16 @@ def _access(generator: Any) -> tuple[Callable, Callable]:
     return next((get, put) for kind, get, put in _STATE_ACCESS if isinstance(generator, kind))
 
 
-def _legacy_numpy(state: Any) -> Any:
-    """A NumPy MT19937 state as files written before 2026-11-27 hold it (a dict of
-    ``keys``/``pos``/``has_gauss``/``cached_gaussian``, or that list for a generator of the
-    data's), as :func:`_plain` writes it now; any other state as it is."""
+def _from_file(state: Any) -> Any:
+    """A generator's state as :func:`_plain` wrote it, made native again; a NumPy MT19937
+    state as files written before 2026-11-27 hold it (a dict of ``keys``/``pos``/
+    ``has_gauss``/``cached_gaussian``, or that list for a generator of the data's) as NumPy's
+    legacy tuple."""
     if isinstance(state, dict) and "keys" in state:
         state = [state[key] for key in ("keys", "pos", "has_gauss", "cached_gaussian")]
-    if not (isinstance(state, list) and len(state) == 4 and torch.is_tensor(state[0])):
-        return state
-    keys, pos, has_gauss, gauss = state
-    key = {"array": keys, "dtype": "uint32"}
-    return {
-        "bit_generator": "MT19937",
-        "state": {"key": key, "pos": pos},
-        "has_gauss": has_gauss,
-        "gauss": gauss,
-    }
+    if isinstance(state, list) and len(state) == 4 and torch.is_tensor(state[0]):
+        return ("MT19937", state[0].numpy().astype(np.uint32), *state[1:])
+    return _native(state)
 
 
 def _plain(value: Any) -> Any:
