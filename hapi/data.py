@@ -183,8 +183,7 @@ def is_map_style(data: Any) -> bool:
     """
     if isinstance(data, (str, bytes, Mapping, np.ndarray)) or torch.is_tensor(data):
         return False
-    kind = type(data)
-    return hasattr(kind, "__len__") and hasattr(kind, "__getitem__")
+    return hasattr(type(data), "__len__") and hasattr(type(data), "__getitem__")
 
 
 def _refusal(data: Any, role: str) -> TypeError:
@@ -283,11 +282,10 @@ class NonEmpty:
         return getattr(self.loader, name)
 
     def __iter__(self) -> Iterator[Any]:
-        empty = True
+        batch = end = object()
         for batch in self.loader:
-            empty = False
             yield batch
-        if empty:
+        if batch is end:
             raise ValueError(
                 f"{self.role} is empty: it yielded no batch, so there is nothing to "
                 "iterate over. Check the data source (an IterableDataset that yields "
@@ -353,11 +351,9 @@ def make_loader(
                 "same number of batches.",
                 stacklevel=3,
             )
-        generator = torch.Generator()  # not torch's global one, which the model draws from
-        return NonEmpty(
-            DataLoader(dataset, batch_size, drop_last=drop_last, generator=generator, **options),
-            role,
-        )
+        # Not torch's global generator, which the model draws from.
+        options["generator"] = torch.Generator()
+        return NonEmpty(DataLoader(dataset, batch_size, drop_last=drop_last, **options), role)
     if len(dataset) == 0:
         raise ValueError(f"{role} is empty (0 samples); there is nothing to iterate over.")
     resident = dataset if num_workers else device_resident(dataset, device)
@@ -641,7 +637,7 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> EpochBatches | Non
     if group.world_size() == 1 or isinstance(loader.dataset, IterableDataset):
         return None
     batches = loader.batch_sampler  # None when the user turned automatic batching off
-    own_batches = loader.batch_size is None and not isinstance(batches, (BatchSampler, type(None)))
+    own_batches = not isinstance(batches, (BatchSampler, type(None)))  # batch_size's is torch's
     inner = getattr(batches, "sampler", loader.sampler)  # batch_size's BatchSampler: its own
     rank_aware = isinstance(inner, DistributedSampler) or hasattr(batches, "set_epoch")
     if training and rank_aware:
@@ -676,9 +672,7 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> EpochBatches | Non
 
 def _plain_order(sampler: Any) -> bool:
     """torch's default orders, which a seeded shard of the whole data set reproduces."""
-    if type(sampler) is SequentialSampler:
-        return True
-    return (
+    return type(sampler) is SequentialSampler or (
         type(sampler) is RandomSampler
         and not sampler.replacement
         and sampler.num_samples == len(sampler.data_source)
@@ -752,10 +746,8 @@ class TrainData:
         self._generators = generators_of(given)
         # Samples per batch of the user's loader; None where its items are whole batches of a
         # batch sampler of the user's own (torch's BatchSampler batches samples).
-        whole = given is None or (
-            given.batch_size is None and not isinstance(given.batch_sampler, BatchSampler)
-        )
-        self._given_size = None if whole else loader_batch_size(given)
+        batches = getattr(given, "batch_sampler", None)  # torch's also where batch_size is given
+        self._given_size = batches.batch_size if isinstance(batches, BatchSampler) else None
         iterable = given is None or isinstance(given.dataset, IterableDataset)
         ours = epoch_batches(loader) is not None
         self.kind = "batches" if ours else "iterable" if iterable else "given"
@@ -861,22 +853,20 @@ class TrainData:
             self._resumed = (epoch, lambda: self._replay(own, epoch, epoch_step))
             reason = self.inexact_reason()
             return epoch_step, "exact" if reason is None else "inexact", reason
-        rest, reason = self._rest_of(shared, first_rank.get("epoch_start"), epoch)
-        if rest is None:
-            return 0, "restart", reason
+        rest = self._rest_of(shared, first_rank.get("epoch_start"), epoch)
+        whole_batches = (self._given_size if sampler is None else sampler.batch_size) is None
+        if isinstance(rest, list) and rest and isinstance(rest[0], list) != whole_batches:
+            rest = "the checkpoint's run split the epoch into other units (batches, samples)"
+        if isinstance(rest, str):
+            return 0, "restart", rest
         # As many processes, the same units: each batch as the uninterrupted run read it.
         exact = own is not None and kind == self.kind == "batches"
         padding, step = (shared["padding"], epoch_step) if exact else ([], 0)
         loader = self.loader
         if sampler is None:  # the user's loader as given: read the rest through torch-hapi's
-            drop_last = getattr(self.given.batch_sampler, "drop_last", self.given.drop_last)
-            sampler = EpochBatches(
-                lambda seed, epoch: [],
-                0,
-                batch_size=self._given_size,
-                drop_last=bool(drop_last),
-                seed=self.seed,
-            )
+            drop_last = bool(getattr(self.given.batch_sampler, "drop_last", self.given.drop_last))
+            options = {"batch_size": self._given_size, "drop_last": drop_last, "seed": self.seed}
+            sampler = EpochBatches(lambda seed, epoch: rest, len(rest), **options)
             loader = rebuilt(self.given, sampler)
         sampler.resume(epoch, rest, padding, step)
         self._resumed = (epoch, lambda: self._serve(loader, step))
@@ -933,39 +923,24 @@ class TrainData:
         set_generator_states(self._generators, own["generators"])
         return iterator
 
-    def _rest_of(
-        self, shared: dict[str, Any], start: dict[str, Any] | None, epoch: int
-    ) -> tuple[list | None, str | None]:
+    def _rest_of(self, shared: dict[str, Any], start: dict[str, Any] | None, epoch: int) -> Any:
         """What is left of the interrupted epoch's stream, as the run that wrote ``shared``
-        read it (from the random states ``start`` it began with), or why it cannot be had."""
+        read it (from the random states ``start`` it began with): a list; or why it cannot be
+        had: a str."""
         kind = shared.get("kind", "unknown")
         if kind == "batches":
-            if "rest" not in shared:
-                return None, "the checkpoint does not say how far its run read the epoch"
-            return self._in_units(shared["rest"])
+            return shared.get("rest", "the checkpoint does not say how far its run read the epoch")
         if kind == "given" and self.given is None:
-            return (
-                None,
-                "the checkpoint's run read a DataLoader of the user's, and this one has none",
-            )
+            return "the checkpoint's run read a DataLoader of the user's, and this one has none"
         if kind == "given" and shared.get("world", 1) > 1:
-            return None, (
+            return (
                 "the DataLoader's sampler knew the rank itself, so its order cannot be split "
                 "anew on another number of processes"
             )
         if kind == "given" and start is not None:
             with self._states_at(start):
-                stream = self._given_stream(epoch)
-            return self._in_units(stream[shared.get("done", 0) :])
-        return None, self.inexact_reason() or "its order cannot be split anew"
-
-    def _in_units(self, rest: list) -> tuple[list | None, str | None]:
-        """``rest`` if this run reads its units (samples, or a batch sampler's batches)."""
-        sampler = epoch_batches(self.loader)
-        whole_batches = (self._given_size if sampler is None else sampler.batch_size) is None
-        if rest and isinstance(rest[0], list) != whole_batches:
-            return None, "the checkpoint's run split the epoch into other units (batches, samples)"
-        return rest, None
+                return self._given_stream(epoch)[shared.get("done", 0) :]
+        return self.inexact_reason() or "its order cannot be split anew"
 
     def _given_stream(self, epoch: int) -> list:
         """The stream of the user's loader as torch's DataLoader iterator draws it: the
