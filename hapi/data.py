@@ -29,32 +29,11 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import (
-    BatchSampler,
-    DataLoader,
-    Dataset,
-    DistributedSampler,
-    IterableDataset,
-    RandomSampler,
-    Sampler,
-    SequentialSampler,
-    TensorDataset,
-    default_collate,
-    get_worker_info,
-)
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset
 
-from hapi import distributed
+from hapi import distributed, rng
 from hapi.arguments import require_int
 from hapi.distributed import DistributedSetupError, group
-from hapi.rng import (
-    generator_states,
-    generators_of,
-    global_state,
-    mix,
-    seeded_streams,
-    set_generator_states,
-    set_global_state,
-)
 
 ACCEPTED = (
     "a torch.utils.data.Dataset or any map-style data set (__len__ and __getitem__(int), e.g. a "
@@ -141,10 +120,7 @@ DEVICE_DATA_SHARE = 0.25
 
 def free_device_memory(device: torch.device) -> int:
     """Bytes free on ``device`` for data; 0 where data is not worth moving (the CPU)."""
-    if device.type != "cuda":
-        return 0
-    free, _ = torch.cuda.mem_get_info(device)
-    return int(free)
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
 
 
 def device_resident(dataset: Any, device: torch.device) -> Any:
@@ -188,7 +164,7 @@ def is_map_style(data: Any) -> bool:
 
 def _refusal(data: Any, role: str) -> TypeError:
     """The error for data of no accepted kind, saying what was received and what would do."""
-    hint = ""
+    received, hint = type(data).__name__, ""
     if torch.is_tensor(data) or isinstance(data, np.ndarray):
         received = f"a single {type(data).__name__} {describe(data)}"
         hint = " Pass a tuple: (x, y) to train and evaluate, (x,) to predict."
@@ -205,8 +181,6 @@ def _refusal(data: Any, role: str) -> TypeError:
             " A list is data when it holds samples (tuples or dicts, e.g. list(zip(x, y))); "
             "a tuple or list, when it holds tensors or arrays with one row per sample."
         )
-    else:
-        received = type(data).__name__
     return TypeError(f"{role} must be {ACCEPTED}; received {received}.{hint}")
 
 
@@ -217,7 +191,7 @@ def as_dataset(data: Any, role: str) -> Any:
     :class:`Samples`; a ``Dataset`` or any other map-style object is used as
     it is.
     """
-    if type(data) is TensorDataset:
+    if type(data) is torch.utils.data.TensorDataset:
         return TensorBatches(*data.tensors)
     if isinstance(data, Dataset):
         return data
@@ -258,7 +232,7 @@ class ExplainingCollate:
         if isinstance(samples, Batch):
             return samples.tensors  # the data set's __getitems__ made the batch itself
         try:
-            return default_collate(samples)
+            return torch.utils.data.default_collate(samples)
         except (RuntimeError, TypeError, ValueError) as error:
             sizes = sorted({len(s) for s in samples if isinstance(s, (tuple, list))})
             counts = f" with {', '.join(map(str, sizes))} elements" if len(sizes) > 1 else ""
@@ -414,7 +388,8 @@ class SeededDataset(Dataset):
     def __getitems__(self, indices: SeededIndices) -> Any:
         getitems = getattr(self.dataset, "__getitems__", None)
         # A worker draws only for loading; the main process gives the model its torch stream back.
-        with seeded_streams(indices.seed, hand_back_torch=get_worker_info() is None):
+        main_process = torch.utils.data.get_worker_info() is None
+        with rng.seeded_streams(indices.seed, hand_back_torch=main_process):
             return getitems(indices) if getitems else [self.dataset[index] for index in indices]
 
 
@@ -457,7 +432,7 @@ class SeededIndices(list):
 
 
 @dataclass(eq=False)
-class EpochBatches(Sampler[list]):
+class EpochBatches(torch.utils.data.Sampler[list]):
     """The batch sampler of every loader torch-hapi builds: this process's batches.
 
     Each epoch's *stream* -- the order of its units, sample indices or whole
@@ -508,7 +483,7 @@ class EpochBatches(Sampler[list]):
         self._stream: list | None = None
         self._padding: list | None = None  # units that pad the stream (a resumed one's head)
         if self.training:  # evaluation's workers draw from a fresh generator, as torch's do
-            self.loader_generator.manual_seed(mix(self.seed, epoch))
+            self.loader_generator.manual_seed(rng.mix(self.seed, epoch))
 
     def resume(self, epoch: int, rest: list, padding: list, position: int) -> None:
         """Serve ``rest`` of epoch ``epoch``'s stream in the next pass, its first batch at
@@ -552,7 +527,7 @@ class EpochBatches(Sampler[list]):
             share = BatchSampler(share, self.batch_size, self.drop_last)
         for position, batch in enumerate(share, start=self.first_position):
             tagged = SeededIndices(batch)
-            tagged.seed = mix(self.seed, self.epoch, position, self.rank)
+            tagged.seed = rng.mix(self.seed, self.epoch, position, self.rank)
             yield tagged
 
     def __len__(self) -> int:
@@ -594,7 +569,7 @@ def user_stream(source: Any) -> Callable[[int, int], list]:
     def draw(seed: int, epoch: int) -> list:
         if hasattr(source, "set_epoch"):
             source.set_epoch(epoch)
-        with seeded_streams(mix(seed, epoch, 0x5A3)):
+        with rng.seeded_streams(rng.mix(seed, epoch, 0x5A3)):
             return list(source)
 
     return draw
@@ -639,7 +614,8 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> EpochBatches | Non
     batches = loader.batch_sampler  # None when the user turned automatic batching off
     own_batches = not isinstance(batches, (BatchSampler, type(None)))  # batch_size's is torch's
     inner = getattr(batches, "sampler", loader.sampler)  # batch_size's BatchSampler: its own
-    rank_aware = isinstance(inner, DistributedSampler) or hasattr(batches, "set_epoch")
+    knows_epochs = hasattr(batches, "set_epoch")  # e.g. Paddle's DistributedBatchSampler
+    rank_aware = knows_epochs or isinstance(inner, torch.utils.data.DistributedSampler)
     if training and rank_aware:
         return None
     options = {"seed": seed, "training": training}
@@ -664,7 +640,7 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> EpochBatches | Non
         )
     options.update(batch_size=batch_size, drop_last=bool(getattr(batches, "drop_last", False)))
     if rank_aware or _plain_order(inner):
-        shuffle = training and isinstance(inner, RandomSampler)
+        shuffle = training and isinstance(inner, torch.utils.data.RandomSampler)
         length = len(loader.dataset)
         return EpochBatches(permutation(length, shuffle), length, **options)
     return EpochBatches(user_stream(inner), _length(inner, "sampler"), **options)
@@ -672,8 +648,8 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> EpochBatches | Non
 
 def _plain_order(sampler: Any) -> bool:
     """torch's default orders, which a seeded shard of the whole data set reproduces."""
-    return type(sampler) is SequentialSampler or (
-        type(sampler) is RandomSampler
+    return type(sampler) is torch.utils.data.SequentialSampler or (
+        type(sampler) is torch.utils.data.RandomSampler
         and not sampler.replacement
         and sampler.num_samples == len(sampler.data_source)
     )
@@ -743,7 +719,7 @@ class TrainData:
         self.given = given = given if isinstance(given, DataLoader) else None
         self.seed = seed
         # The generators a user's loader and its samplers keep (found once: the same objects all fit).
-        self._generators = generators_of(given)
+        self._generators = rng.generators_of(given)
         # Samples per batch of the user's loader; None where its items are whole batches of a
         # batch sampler of the user's own (torch's BatchSampler batches samples).
         batches = getattr(given, "batch_sampler", None)  # torch's also where batch_size is given
@@ -777,7 +753,7 @@ class TrainData:
         return loader
 
     def _states(self) -> dict[str, Any]:
-        return {"global": global_state(), "generators": generator_states(self._generators)}
+        return {"global": rng.global_state(), "generators": rng.generator_states(self._generators)}
 
     @contextlib.contextmanager
     def _states_at(self, start: dict[str, Any]) -> Iterator[None]:
@@ -785,12 +761,12 @@ class TrainData:
         each the state it had before."""
         now = self._states()
         try:
-            set_global_state(start["global"])
-            set_generator_states(self._generators, start["generators"])
+            rng.set_global_state(start["global"])
+            rng.set_generator_states(self._generators, start["generators"])
             yield
         finally:
-            set_global_state(now["global"])
-            set_generator_states(self._generators, now["generators"])
+            rng.set_global_state(now["global"])
+            rng.set_generator_states(self._generators, now["generators"])
 
     def inexact_reason(self) -> str | None:
         """Why a resumed epoch of this data cannot equal the uninterrupted one, or ``None``."""
@@ -819,7 +795,10 @@ class TrainData:
             shared.update(sampler.state(batches - self._first_step))
         elif kind == "given":
             shared["done"] = batches * (self._given_size or 1)
-        own = {"epoch_start": self._epoch_start, "generators": generator_states(self._generators)}
+        own = {
+            "epoch_start": self._epoch_start,
+            "generators": rng.generator_states(self._generators),
+        }
         return shared, own
 
     def resume(
@@ -845,7 +824,9 @@ class TrainData:
         sampler = epoch_batches(self.loader)
         if sampler is not None:
             sampler.seed = self.seed  # the interrupted run's: every later epoch is its epoch too
-        set_generator_states(self._generators, (first_rank if own is None else own)["generators"])
+        rng.set_generator_states(
+            self._generators, (first_rank if own is None else own)["generators"]
+        )
         if epoch_step == 0:  # the next epoch starts afresh from the restored states
             return 0, "exact" if own is not None else "fresh", None
         kind = shared.get("kind", "unknown")
@@ -902,7 +883,7 @@ class TrainData:
             raise ValueError("'padding' is missing beside 'rest'")
         if own is not None and self.steps is not None and epoch_step > self.steps:
             raise ValueError(f"'epoch_step' is {epoch_step}, beyond the epoch's {self.steps} steps")
-        now = global_state()
+        now = rng.global_state()
         parts = [part for part in (own, first_rank) if part]
         starts = [part.get("epoch_start") for part in parts]
         for state in [*filter(None, starts), *({"global": now, **part} for part in parts)]:
@@ -920,7 +901,7 @@ class TrainData:
             iterator = iter(self.loader)
             for _ in range(epoch_step):
                 next(iterator)
-        set_generator_states(self._generators, own["generators"])
+        rng.set_generator_states(self._generators, own["generators"])
         return iterator
 
     def _rest_of(self, shared: dict[str, Any], start: dict[str, Any] | None, epoch: int) -> Any:
@@ -1002,7 +983,7 @@ def with_last(iterable: Iterable, length: int | None = None) -> Iterator[tuple[A
 # seeds the loading of batches that may draw random numbers
 # (:class:`hapi.data.SeededDataset`). It is the only number torch-hapi itself draws
 # from the global generators in a fit, and it is drawn only when the run
-# needs it (:func:`needs_seed`): one ``int64`` in ``[0, 2**31 - 1)`` from
+# needs it (:func:`fit_seed`): one ``int64`` in ``[0, 2**31 - 1)`` from
 # torch's global CPU generator, on rank 0 (broadcast to the others), when
 # ``fit`` starts -- after its arguments are checked, before any callback runs
 # or any batch loads. ``evaluate`` and ``predict`` draw nothing. A user's
@@ -1052,10 +1033,12 @@ def as_source(data: Any, role: str) -> Any:
     return as_dataset(data, role)
 
 
-def needs_seed(source: Any, shuffle: bool) -> bool:
-    """Whether a fit over ``source`` (see :func:`as_source`) needs a data seed drawn.
+def fit_seed(source: Any, shuffle: bool) -> int:
+    """The fit's data seed over ``source`` (see :func:`as_source`): drawn (see the module)
+    where the fit needs one, else 0, which then decides nothing (no order is shuffled and no
+    loading draws).
 
-    It does when torch-hapi shuffles the data (``shuffle=True``), when the
+    A fit needs one when torch-hapi shuffles the data (``shuffle=True``), when the
     data set may draw random numbers while loading (its batches then load
     under seeds made from it; a data set says it never draws with a false
     ``draws_random_numbers``, as tensors, lists of samples and hapi's data
@@ -1065,16 +1048,10 @@ def needs_seed(source: Any, shuffle: bool) -> bool:
     process (its own sampler and generator decide, as in a hand loop) or for
     an ``IterableDataset`` (read as it streams).
     """
-    if source is None:
-        return False
     if isinstance(source, DataLoader):
-        return distributed.world_size() > 1 and not isinstance(source.dataset, IterableDataset)
-    if isinstance(source, IterableDataset):
-        return False
-    return shuffle or may_draw_random_numbers(source)
-
-
-def fit_seed(source: Any, shuffle: bool) -> int:
-    """The fit's data seed: drawn (see the module) when :func:`needs_seed`, else 0, which
-    then decides nothing: no order is shuffled and no loading draws."""
-    return distributed.shared_seed() if needs_seed(source, shuffle) else 0
+        needed = distributed.world_size() > 1 and not isinstance(source.dataset, IterableDataset)
+    else:
+        needed = not isinstance(source, (type(None), IterableDataset)) and (
+            shuffle or may_draw_random_numbers(source)
+        )
+    return distributed.shared_seed() if needed else 0

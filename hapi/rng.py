@@ -37,10 +37,12 @@ def mix(*numbers: int) -> int:
     return state >> 1
 
 
-def seed_python_and_numpy(seed: int) -> None:
-    """Python's and NumPy's global generators from one seed (NumPy takes its low 32 bits)."""
+def seed_generators(seed: int, every_device: bool = True) -> None:
+    """Python's, NumPy's and torch's global generators from one seed (NumPy takes its low 32
+    bits); torch's on every CUDA device too, or with ``every_device=False`` the CPU's only."""
     random.seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)
+    (torch if every_device else torch.default_generator).manual_seed(seed)
 
 
 @contextlib.contextmanager
@@ -57,8 +59,7 @@ def seeded_streams(seed: int, hand_back_torch: bool = True) -> Iterator[None]:
     runs on the CPU.
     """
     with torch.random.fork_rng(devices=[], enabled=hand_back_torch):
-        torch.default_generator.manual_seed(seed)
-        seed_python_and_numpy(seed)
+        seed_generators(seed, every_device=False)
         yield
 
 
@@ -85,9 +86,7 @@ def set_global_state(state: dict[str, Any]) -> None:
 
 
 # Attributes never searched for generators: the data itself, and what is not an order.
-_NOT_SEARCHED = frozenset(
-    {"dataset", "data_source", "collate_fn", "worker_init_fn", "indices", "weights"}
-)
+_NOT_SEARCHED = {"dataset", "data_source", "collate_fn", "worker_init_fn", "indices", "weights"}
 _STATE_ACCESS: tuple[tuple[type, Callable, Callable], ...] = (
     (torch.Generator, torch.Generator.get_state, torch.Generator.set_state),
     (random.Random, random.Random.getstate, random.Random.setstate),
@@ -246,7 +245,7 @@ def seed_everything(seed: int, per_process: bool = True) -> int:
             f"seed_everything(seed) takes a seed from 0 to 2**63 - 1; received {seed}. Pass a "
             "non-negative integer that fits in 63 bits."
         )
-    _seed_generators(seed)
+    seed_generators(seed)
     _per_process_seed = seed if per_process else None
     _fits_since_seeding = 0
     return seed
@@ -262,9 +261,4 @@ def streams_for_training() -> None:
     _fits_since_seeding += 1  # counted on every process alike: each fit has its own streams
     rank = distributed.rank()
     if rank != 0:
-        _seed_generators(mix(_per_process_seed, rank, _fits_since_seeding))
-
-
-def _seed_generators(seed: int) -> None:
-    seed_python_and_numpy(seed)
-    torch.manual_seed(seed)  # every CUDA device's generator too
+        seed_generators(mix(_per_process_seed, rank, _fits_since_seeding))
