@@ -795,11 +795,8 @@ class TrainData:
             shared.update(sampler.state(batches - self._first_step))
         elif kind == "given":
             shared["done"] = batches * (self._given_size or 1)
-        own = {
-            "epoch_start": self._epoch_start,
-            "generators": rng.generator_states(self._generators),
-        }
-        return shared, own
+        generators = rng.generator_states(self._generators)
+        return shared, {"epoch_start": self._epoch_start, "generators": generators}
 
     def resume(
         self,
@@ -824,9 +821,8 @@ class TrainData:
         sampler = epoch_batches(self.loader)
         if sampler is not None:
             sampler.seed = self.seed  # the interrupted run's: every later epoch is its epoch too
-        rng.set_generator_states(
-            self._generators, (first_rank if own is None else own)["generators"]
-        )
+        part = first_rank if own is None else own  # this process's, or rank 0's
+        rng.set_generator_states(self._generators, part["generators"])
         if epoch_step == 0:  # the next epoch starts afresh from the restored states
             return 0, "exact" if own is not None else "fresh", None
         kind = shared.get("kind", "unknown")
