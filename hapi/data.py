@@ -480,8 +480,8 @@ class EpochBatches(torch.utils.data.Sampler[list]):
     def set_epoch(self, epoch: int) -> None:
         """A new epoch: its stream is drawn at the next pass."""
         self.epoch, self.first_position, self.length = epoch, 0, self.units
-        self._stream: list | None = None
-        self._padding: list | None = None  # units that pad the stream (a resumed one's head)
+        # What is left of the stream, and the units that pad it (a resumed stream's head).
+        self._stream = self._padding = None
         if self.training:  # evaluation's workers draw from a fresh generator, as torch's do
             self.loader_generator.manual_seed(rng.mix(self.seed, epoch))
 
