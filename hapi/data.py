@@ -29,32 +29,11 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import (
-    BatchSampler,
-    DataLoader,
-    Dataset,
-    DistributedSampler,
-    IterableDataset,
-    RandomSampler,
-    Sampler,
-    SequentialSampler,
-    TensorDataset,
-    default_collate,
-    get_worker_info,
-)
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset
 
-from hapi import distributed
+from hapi import distributed, rng
 from hapi.arguments import require_int
 from hapi.distributed import DistributedSetupError, group
-from hapi.rng import (
-    generator_states,
-    generators_of,
-    global_state,
-    mix,
-    seeded_streams,
-    set_generator_states,
-    set_global_state,
-)
 
 ACCEPTED = (
     "a torch.utils.data.Dataset or any map-style data set (__len__ and __getitem__(int), e.g. a "
@@ -141,23 +120,21 @@ DEVICE_DATA_SHARE = 0.25
 
 def free_device_memory(device: torch.device) -> int:
     """Bytes free on ``device`` for data; 0 where data is not worth moving (the CPU)."""
-    if device.type != "cuda":
-        return 0
-    free, _ = torch.cuda.mem_get_info(device)
-    return int(free)
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
 
 
-def device_resident(dataset: Any, device: torch.device, free_bytes: int) -> Any:
+def device_resident(dataset: Any, device: torch.device) -> Any:
     """``dataset`` copied to ``device`` once, when it can be and fits; else ``dataset``.
 
     A data set can be when it serves whole batches (``__getitems__``) and says
     how big it is and how to move it (``nbytes``, ``to(device)``): tensors,
     ``TensorDataset`` and hapi's data sets do. Its batches are then gathered on
     the device, with no host-to-device copy per step. It fits when it takes at
-    most ``DEVICE_DATA_SHARE`` of the ``free_bytes`` left on the device.
+    most ``DEVICE_DATA_SHARE`` of the memory left free on the device
+    (:func:`free_device_memory`).
     """
     movable = all(hasattr(dataset, name) for name in ("__getitems__", "nbytes", "to"))
-    if not movable or dataset.nbytes > DEVICE_DATA_SHARE * free_bytes:
+    if not movable or dataset.nbytes > DEVICE_DATA_SHARE * free_device_memory(device):
         return dataset
     return dataset.to(device)
 
@@ -182,13 +159,12 @@ def is_map_style(data: Any) -> bool:
     """
     if isinstance(data, (str, bytes, Mapping, np.ndarray)) or torch.is_tensor(data):
         return False
-    kind = type(data)
-    return hasattr(kind, "__len__") and hasattr(kind, "__getitem__")
+    return hasattr(type(data), "__len__") and hasattr(type(data), "__getitem__")
 
 
 def _refusal(data: Any, role: str) -> TypeError:
     """The error for data of no accepted kind, saying what was received and what would do."""
-    hint = ""
+    received, hint = type(data).__name__, ""
     if torch.is_tensor(data) or isinstance(data, np.ndarray):
         received = f"a single {type(data).__name__} {describe(data)}"
         hint = " Pass a tuple: (x, y) to train and evaluate, (x,) to predict."
@@ -205,8 +181,6 @@ def _refusal(data: Any, role: str) -> TypeError:
             " A list is data when it holds samples (tuples or dicts, e.g. list(zip(x, y))); "
             "a tuple or list, when it holds tensors or arrays with one row per sample."
         )
-    else:
-        received = type(data).__name__
     return TypeError(f"{role} must be {ACCEPTED}; received {received}.{hint}")
 
 
@@ -217,7 +191,7 @@ def as_dataset(data: Any, role: str) -> Any:
     :class:`Samples`; a ``Dataset`` or any other map-style object is used as
     it is.
     """
-    if type(data) is TensorDataset:
+    if type(data) is torch.utils.data.TensorDataset:
         return TensorBatches(*data.tensors)
     if isinstance(data, Dataset):
         return data
@@ -258,7 +232,7 @@ class ExplainingCollate:
         if isinstance(samples, Batch):
             return samples.tensors  # the data set's __getitems__ made the batch itself
         try:
-            return default_collate(samples)
+            return torch.utils.data.default_collate(samples)
         except (RuntimeError, TypeError, ValueError) as error:
             sizes = sorted({len(s) for s in samples if isinstance(s, (tuple, list))})
             counts = f" with {', '.join(map(str, sizes))} elements" if len(sizes) > 1 else ""
@@ -282,11 +256,10 @@ class NonEmpty:
         return getattr(self.loader, name)
 
     def __iter__(self) -> Iterator[Any]:
-        empty = True
+        batch = end = object()
         for batch in self.loader:
-            empty = False
             yield batch
-        if empty:
+        if batch is end:
             raise ValueError(
                 f"{self.role} is empty: it yielded no batch, so there is nothing to "
                 "iterate over. Check the data source (an IterableDataset that yields "
@@ -352,16 +325,12 @@ def make_loader(
                 "same number of batches.",
                 stacklevel=3,
             )
-        generator = torch.Generator()  # not torch's global one, which the model draws from
-        return NonEmpty(
-            DataLoader(dataset, batch_size, drop_last=drop_last, generator=generator, **options),
-            role,
-        )
+        # Not torch's global generator, which the model draws from.
+        options["generator"] = torch.Generator()
+        return NonEmpty(DataLoader(dataset, batch_size, drop_last=drop_last, **options), role)
     if len(dataset) == 0:
         raise ValueError(f"{role} is empty (0 samples); there is nothing to iterate over.")
-    resident = (
-        dataset if num_workers else device_resident(dataset, device, free_device_memory(device))
-    )
+    resident = dataset if num_workers else device_resident(dataset, device)
     sampler = EpochBatches(
         permutation(len(dataset), shuffle),
         len(dataset),
@@ -419,7 +388,8 @@ class SeededDataset(Dataset):
     def __getitems__(self, indices: SeededIndices) -> Any:
         getitems = getattr(self.dataset, "__getitems__", None)
         # A worker draws only for loading; the main process gives the model its torch stream back.
-        with seeded_streams(indices.seed, hand_back_torch=get_worker_info() is None):
+        main_process = torch.utils.data.get_worker_info() is None
+        with rng.seeded_streams(indices.seed, hand_back_torch=main_process):
             return getitems(indices) if getitems else [self.dataset[index] for index in indices]
 
 
@@ -439,14 +409,11 @@ def _loader(dataset: Any, sampler: EpochBatches, **options: Any) -> DataLoader:
 def rebuilt(loader: DataLoader, sampler: EpochBatches) -> DataLoader:
     """``loader`` read through ``sampler``, with the same data set, workers, collate function,
     memory pinning and timeouts. Training workers start afresh each epoch (not persistent)."""
+    kept = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn")
     return _loader(
         loader.dataset,
         sampler,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
+        **{name: getattr(loader, name) for name in kept},
         persistent_workers=loader.persistent_workers and not sampler.training,
         prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
     )
@@ -465,7 +432,7 @@ class SeededIndices(list):
 
 
 @dataclass(eq=False)
-class EpochBatches(Sampler[list]):
+class EpochBatches(torch.utils.data.Sampler[list]):
     """The batch sampler of every loader torch-hapi builds: this process's batches.
 
     Each epoch's *stream* -- the order of its units, sample indices or whole
@@ -502,10 +469,8 @@ class EpochBatches(Sampler[list]):
     rank: int | None = None
 
     def __post_init__(self) -> None:
-        if self.num_replicas is None:
-            self.num_replicas = group.world_size()
-        if self.rank is None:
-            self.rank = group.rank()
+        self.num_replicas = group.world_size() if self.num_replicas is None else self.num_replicas
+        self.rank = group.rank() if self.rank is None else self.rank
         # The DataLoader draws its workers' base seed from this generator, not torch's global
         # one: iterating the data never shifts the numbers the model draws (dropout), and a
         # resumed epoch gets the same worker seeds.
@@ -515,10 +480,10 @@ class EpochBatches(Sampler[list]):
     def set_epoch(self, epoch: int) -> None:
         """A new epoch: its stream is drawn at the next pass."""
         self.epoch, self.first_position, self.length = epoch, 0, self.units
-        self._stream: list | None = None
-        self._padding: list | None = None  # units that pad the stream (a resumed one's head)
+        # What is left of the stream, and the units that pad it (a resumed stream's head).
+        self._stream = self._padding = None
         if self.training:  # evaluation's workers draw from a fresh generator, as torch's do
-            self.loader_generator.manual_seed(mix(self.seed, epoch))
+            self.loader_generator.manual_seed(rng.mix(self.seed, epoch))
 
     def resume(self, epoch: int, rest: list, padding: list, position: int) -> None:
         """Serve ``rest`` of epoch ``epoch``'s stream in the next pass, its first batch at
@@ -557,15 +522,12 @@ class EpochBatches(Sampler[list]):
         return padded[self.rank :: self.num_replicas]
 
     def __iter__(self) -> Iterator[list]:
-        share, size = self._share(self.stream()), self.batch_size
-        batches = (
-            share if size is None else [share[i : i + size] for i in range(0, len(share), size)]
-        )
-        if size is not None and self.drop_last and batches and len(batches[-1]) < size:
-            batches.pop()
-        for position, batch in enumerate(batches, start=self.first_position):
+        share = self._share(self.stream())
+        if self.batch_size is not None:  # else each unit is a batch
+            share = BatchSampler(share, self.batch_size, self.drop_last)
+        for position, batch in enumerate(share, start=self.first_position):
             tagged = SeededIndices(batch)
-            tagged.seed = mix(self.seed, self.epoch, position, self.rank)
+            tagged.seed = rng.mix(self.seed, self.epoch, position, self.rank)
             yield tagged
 
     def __len__(self) -> int:
@@ -575,7 +537,7 @@ class EpochBatches(Sampler[list]):
             share = len(range(self.length)[self._contiguous(self.length)])
         if self.batch_size is None:
             return share
-        return share // self.batch_size if self.drop_last else -(-share // self.batch_size)
+        return len(BatchSampler(range(share), self.batch_size, self.drop_last))
 
     def state(self, batches: int) -> dict[str, Any]:
         """What is left of the epoch's stream after ``batches`` steps of this pass, and the
@@ -607,7 +569,7 @@ def user_stream(source: Any) -> Callable[[int, int], list]:
     def draw(seed: int, epoch: int) -> list:
         if hasattr(source, "set_epoch"):
             source.set_epoch(epoch)
-        with seeded_streams(mix(seed, epoch, 0x5A3)):
+        with rng.seeded_streams(rng.mix(seed, epoch, 0x5A3)):
             return list(source)
 
     return draw
@@ -650,11 +612,10 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> EpochBatches | Non
     if group.world_size() == 1 or isinstance(loader.dataset, IterableDataset):
         return None
     batches = loader.batch_sampler  # None when the user turned automatic batching off
-    own_batches = loader.batch_size is None and not isinstance(batches, (BatchSampler, type(None)))
-    inner = (
-        getattr(batches, "sampler", loader.sampler) if loader.batch_size is None else loader.sampler
-    )
-    rank_aware = isinstance(inner, DistributedSampler) or hasattr(batches, "set_epoch")
+    own_batches = not isinstance(batches, (BatchSampler, type(None)))  # batch_size's is torch's
+    inner = getattr(batches, "sampler", loader.sampler)  # batch_size's BatchSampler: its own
+    knows_epochs = hasattr(batches, "set_epoch")  # e.g. Paddle's DistributedBatchSampler
+    rank_aware = knows_epochs or isinstance(inner, torch.utils.data.DistributedSampler)
     if training and rank_aware:
         return None
     options = {"seed": seed, "training": training}
@@ -679,7 +640,7 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> EpochBatches | Non
         )
     options.update(batch_size=batch_size, drop_last=bool(getattr(batches, "drop_last", False)))
     if rank_aware or _plain_order(inner):
-        shuffle = training and isinstance(inner, RandomSampler)
+        shuffle = training and isinstance(inner, torch.utils.data.RandomSampler)
         length = len(loader.dataset)
         return EpochBatches(permutation(length, shuffle), length, **options)
     return EpochBatches(user_stream(inner), _length(inner, "sampler"), **options)
@@ -687,10 +648,8 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> EpochBatches | Non
 
 def _plain_order(sampler: Any) -> bool:
     """torch's default orders, which a seeded shard of the whole data set reproduces."""
-    if type(sampler) is SequentialSampler:
-        return True
-    return (
-        type(sampler) is RandomSampler
+    return type(sampler) is torch.utils.data.SequentialSampler or (
+        type(sampler) is torch.utils.data.RandomSampler
         and not sampler.replacement
         and sampler.num_samples == len(sampler.data_source)
     )
@@ -698,9 +657,8 @@ def _plain_order(sampler: Any) -> bool:
 
 def loader_batch_size(loader: Any) -> int | None:
     """Samples per batch of a DataLoader, also when it was given a ``batch_sampler``."""
-    size = getattr(loader, "batch_size", None)
-    if size is None:
-        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    batches = getattr(loader, "batch_sampler", None)
+    size = getattr(loader, "batch_size", None) or getattr(batches, "batch_size", None)
     return size if isinstance(size, int) else None
 
 
@@ -758,18 +716,15 @@ class TrainData:
 
     def __init__(self, loader: Iterable, given: Any, seed: int) -> None:
         self.loader = loader
-        self.given = given if isinstance(given, DataLoader) else None
+        self.given = given = given if isinstance(given, DataLoader) else None
         self.seed = seed
         # The generators a user's loader and its samplers keep (found once: the same objects all fit).
-        self._generators = generators_of(self.given)
+        self._generators = rng.generators_of(given)
         # Samples per batch of the user's loader; None where its items are whole batches of a
         # batch sampler of the user's own (torch's BatchSampler batches samples).
-        given = self.given
-        whole = given is None or (
-            given.batch_size is None and not isinstance(given.batch_sampler, BatchSampler)
-        )
-        self._given_size = None if whole else loader_batch_size(given)
-        iterable = self.given is None or isinstance(self.given.dataset, IterableDataset)
+        batches = getattr(given, "batch_sampler", None)  # torch's also where batch_size is given
+        self._given_size = batches.batch_size if isinstance(batches, BatchSampler) else None
+        iterable = given is None or isinstance(given.dataset, IterableDataset)
         ours = epoch_batches(loader) is not None
         self.kind = "batches" if ours else "iterable" if iterable else "given"
         self._serve(loader, 0)
@@ -798,7 +753,7 @@ class TrainData:
         return loader
 
     def _states(self) -> dict[str, Any]:
-        return {"global": global_state(), "generators": generator_states(self._generators)}
+        return {"global": rng.global_state(), "generators": rng.generator_states(self._generators)}
 
     @contextlib.contextmanager
     def _states_at(self, start: dict[str, Any]) -> Iterator[None]:
@@ -806,12 +761,12 @@ class TrainData:
         each the state it had before."""
         now = self._states()
         try:
-            set_global_state(start["global"])
-            set_generator_states(self._generators, start["generators"])
+            rng.set_global_state(start["global"])
+            rng.set_generator_states(self._generators, start["generators"])
             yield
         finally:
-            set_global_state(now["global"])
-            set_generator_states(self._generators, now["generators"])
+            rng.set_global_state(now["global"])
+            rng.set_generator_states(self._generators, now["generators"])
 
     def inexact_reason(self) -> str | None:
         """Why a resumed epoch of this data cannot equal the uninterrupted one, or ``None``."""
@@ -840,8 +795,8 @@ class TrainData:
             shared.update(sampler.state(batches - self._first_step))
         elif kind == "given":
             shared["done"] = batches * (self._given_size or 1)
-        own = {"epoch_start": self._epoch_start, "generators": generator_states(self._generators)}
-        return shared, own
+        generators = rng.generator_states(self._generators)
+        return shared, {"epoch_start": self._epoch_start, "generators": generators}
 
     def resume(
         self,
@@ -866,7 +821,8 @@ class TrainData:
         sampler = epoch_batches(self.loader)
         if sampler is not None:
             sampler.seed = self.seed  # the interrupted run's: every later epoch is its epoch too
-        set_generator_states(self._generators, (first_rank if own is None else own)["generators"])
+        part = first_rank if own is None else own  # this process's, or rank 0's
+        rng.set_generator_states(self._generators, part["generators"])
         if epoch_step == 0:  # the next epoch starts afresh from the restored states
             return 0, "exact" if own is not None else "fresh", None
         kind = shared.get("kind", "unknown")
@@ -874,22 +830,20 @@ class TrainData:
             self._resumed = (epoch, lambda: self._replay(own, epoch, epoch_step))
             reason = self.inexact_reason()
             return epoch_step, "exact" if reason is None else "inexact", reason
-        rest, reason = self._rest_of(shared, first_rank.get("epoch_start"), epoch)
-        if rest is None:
-            return 0, "restart", reason
+        rest = self._rest_of(shared, first_rank.get("epoch_start"), epoch)
+        whole_batches = (self._given_size if sampler is None else sampler.batch_size) is None
+        if isinstance(rest, list) and rest and isinstance(rest[0], list) != whole_batches:
+            rest = "the checkpoint's run split the epoch into other units (batches, samples)"
+        if isinstance(rest, str):
+            return 0, "restart", rest
         # As many processes, the same units: each batch as the uninterrupted run read it.
         exact = own is not None and kind == self.kind == "batches"
         padding, step = (shared["padding"], epoch_step) if exact else ([], 0)
         loader = self.loader
         if sampler is None:  # the user's loader as given: read the rest through torch-hapi's
-            drop_last = getattr(self.given.batch_sampler, "drop_last", self.given.drop_last)
-            sampler = EpochBatches(
-                lambda seed, epoch: [],
-                0,
-                batch_size=self._given_size,
-                drop_last=bool(drop_last),
-                seed=self.seed,
-            )
+            drop_last = bool(getattr(self.given.batch_sampler, "drop_last", self.given.drop_last))
+            options = {"batch_size": self._given_size, "drop_last": drop_last, "seed": self.seed}
+            sampler = EpochBatches(lambda seed, epoch: rest, len(rest), **options)
             loader = rebuilt(self.given, sampler)
         sampler.resume(epoch, rest, padding, step)
         self._resumed = (epoch, lambda: self._serve(loader, step))
@@ -906,39 +860,31 @@ class TrainData:
         if kind not in KINDS:
             raise ValueError(f"'kind' is {kind!r}, not one of {KINDS}")
         for name, least, what in (("world", 1, "processes"), ("done", 0, "samples or batches")):
-            value = shared.get(name, least)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{name!r} is {value!r}, not a count of {what}")
+            if not _is_count(shared.get(name, least), least):
+                raise ValueError(f"{name!r} is {shared[name]!r}, not a count of {what}")
         try:
             length = len(getattr(self.given or self.loader, "dataset", None))
-        except TypeError:  # an IterableDataset: no index to check
+        except TypeError:  # an IterableDataset: any index
             length = None
         for name in ("rest", "padding"):  # sample indices, or batches of them
             units = shared.get(name, [])
             if not isinstance(units, list):
-                raise ValueError(
-                    f"{name!r} is {type(units).__name__}, not a list of sample indices"
-                )
+                raise ValueError(f"{name!r} is {units!r}, not a list of sample indices")
             if len({isinstance(unit, list) for unit in units}) > 1:
                 raise ValueError(f"{name!r} mixes sample indices and batches of them")
             for index in itertools.chain(*(u if isinstance(u, list) else [u] for u in units)):
-                if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-                    raise ValueError(f"{name!r} holds {index!r}, not a sample index")
-                if length is not None and index >= length:
-                    raise ValueError(f"{name!r} holds {index}, beyond the data's {length} samples")
+                if not _is_count(index, 0) or (length is not None and index >= length):
+                    raise ValueError(f"{name!r} holds {index!r}, not an index of {length} samples")
         if "rest" in shared and "padding" not in shared:
             raise ValueError("'padding' is missing beside 'rest'")
         if own is not None and self.steps is not None and epoch_step > self.steps:
-            raise ValueError(
-                f"'epoch_step' is {epoch_step}, beyond the epoch's {self.steps} batches"
-            )
-        now = global_state()
-        for part in (own, first_rank):
-            if part:
-                for state in (part.get("epoch_start"), {"global": now, **part}):
-                    if state is not None:
-                        with self._states_at(state):
-                            pass
+            raise ValueError(f"'epoch_step' is {epoch_step}, beyond the epoch's {self.steps} steps")
+        now = rng.global_state()
+        parts = [part for part in (own, first_rank) if part]
+        starts = [part.get("epoch_start") for part in parts]
+        for state in [*filter(None, starts), *({"global": now, **part} for part in parts)]:
+            with self._states_at(state):  # set once and put back: another layout fails here
+                pass
 
     def _replay(self, own: dict[str, Any], epoch: int, epoch_step: int) -> Iterable:
         """The same world, the user's loader as given: its epoch replayed from the random states
@@ -951,54 +897,42 @@ class TrainData:
             iterator = iter(self.loader)
             for _ in range(epoch_step):
                 next(iterator)
-        set_generator_states(self._generators, own["generators"])
+        rng.set_generator_states(self._generators, own["generators"])
         return iterator
 
-    def _rest_of(
-        self, shared: dict[str, Any], start: dict[str, Any] | None, epoch: int
-    ) -> tuple[list | None, str | None]:
+    def _rest_of(self, shared: dict[str, Any], start: dict[str, Any] | None, epoch: int) -> Any:
         """What is left of the interrupted epoch's stream, as the run that wrote ``shared``
-        read it (from the random states ``start`` it began with), or why it cannot be had."""
+        read it (from the random states ``start`` it began with): a list; or why it cannot be
+        had: a str."""
         kind = shared.get("kind", "unknown")
         if kind == "batches":
-            if "rest" not in shared:
-                return None, "the checkpoint does not say how far its run read the epoch"
-            return self._in_units(shared["rest"])
+            return shared.get("rest", "the checkpoint does not say how far its run read the epoch")
         if kind == "given" and self.given is None:
-            return (
-                None,
-                "the checkpoint's run read a DataLoader of the user's, and this one has none",
-            )
+            return "the checkpoint's run read a DataLoader of the user's, and this one has none"
         if kind == "given" and shared.get("world", 1) > 1:
-            return None, (
+            return (
                 "the DataLoader's sampler knew the rank itself, so its order cannot be split "
                 "anew on another number of processes"
             )
         if kind == "given" and start is not None:
             with self._states_at(start):
-                stream = self._given_stream(epoch)
-            return self._in_units(stream[shared.get("done", 0) :])
-        return None, self.inexact_reason() or "its order cannot be split anew"
-
-    def _in_units(self, rest: list) -> tuple[list | None, str | None]:
-        """``rest`` if this run reads its units (samples, or a batch sampler's batches)."""
-        sampler = epoch_batches(self.loader)
-        whole_batches = (self._given_size if sampler is None else sampler.batch_size) is None
-        if rest and isinstance(rest[0], list) != whole_batches:
-            return None, "the checkpoint's run split the epoch into other units (batches, samples)"
-        return rest, None
+                return self._given_stream(epoch)[shared.get("done", 0) :]
+        return self.inexact_reason() or "its order cannot be split anew"
 
     def _given_stream(self, epoch: int) -> list:
         """The stream of the user's loader as torch's DataLoader iterator draws it: the
         workers' base seed, then the sampler's order; in samples when it batches them."""
-        given = self.given
-        set_epoch(given, epoch)
-        torch.empty((), dtype=torch.int64).random_(generator=given.generator)
-        batches = given.batch_sampler if given.batch_sampler is not None else given.sampler
-        stream = list(batches)
+        set_epoch(self.given, epoch)
+        torch.empty((), dtype=torch.int64).random_(generator=self.given.generator)
+        batches = self.given.batch_sampler
+        batches = self.given.sampler if batches is None else batches  # no automatic batching
         if isinstance(batches, BatchSampler):
-            return list(itertools.chain.from_iterable(stream))
-        return stream
+            return list(itertools.chain.from_iterable(batches))
+        return list(batches)
+
+
+def _is_count(value: Any, least: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= least
 
 
 def num_batches(loader: Iterable) -> int | None:
@@ -1045,7 +979,7 @@ def with_last(iterable: Iterable, length: int | None = None) -> Iterator[tuple[A
 # seeds the loading of batches that may draw random numbers
 # (:class:`hapi.data.SeededDataset`). It is the only number torch-hapi itself draws
 # from the global generators in a fit, and it is drawn only when the run
-# needs it (:func:`needs_seed`): one ``int64`` in ``[0, 2**31 - 1)`` from
+# needs it (:func:`fit_seed`): one ``int64`` in ``[0, 2**31 - 1)`` from
 # torch's global CPU generator, on rank 0 (broadcast to the others), when
 # ``fit`` starts -- after its arguments are checked, before any callback runs
 # or any batch loads. ``evaluate`` and ``predict`` draw nothing. A user's
@@ -1070,19 +1004,16 @@ def batch_sizes(batch_size: Any) -> tuple[int, int]:
             other length, a bool.
     """
 
-    def positive(value: Any) -> bool:
-        return not isinstance(value, bool) and isinstance(value, numbers.Integral) and value > 0
-
-    if positive(batch_size):
-        return int(batch_size), int(batch_size)
-    if not isinstance(batch_size, (tuple, list)):
+    pair = isinstance(batch_size, (tuple, list))
+    sizes = batch_size if pair else (batch_size, batch_size)
+    if len(sizes) == 2 and all(_is_count(size, 1) for size in sizes):
+        return int(sizes[0]), int(sizes[1])
+    if not pair:
         raise ValueError(
             f"fit: batch_size must be a positive int; received {batch_size!r} "
             f"({type(batch_size).__name__}). Pass e.g. batch_size=1, or a pair (train, eval) of "
             "positive ints, e.g. batch_size=(32, 64) to evaluate at 64."
         )
-    if len(batch_size) == 2 and all(positive(size) for size in batch_size):
-        return int(batch_size[0]), int(batch_size[1])
     raise ValueError(
         f"fit: batch_size must be a positive int or a pair (train, eval) of positive ints; "
         f"received {batch_size!r} ({type(batch_size).__name__} of {len(batch_size)}). Pass e.g. "
@@ -1098,10 +1029,12 @@ def as_source(data: Any, role: str) -> Any:
     return as_dataset(data, role)
 
 
-def needs_seed(source: Any, shuffle: bool) -> bool:
-    """Whether a fit over ``source`` (see :func:`as_source`) needs a data seed drawn.
+def fit_seed(source: Any, shuffle: bool) -> int:
+    """The fit's data seed over ``source`` (see :func:`as_source`): drawn (see the module)
+    where the fit needs one, else 0, which then decides nothing (no order is shuffled and no
+    loading draws).
 
-    It does when torch-hapi shuffles the data (``shuffle=True``), when the
+    A fit needs one when torch-hapi shuffles the data (``shuffle=True``), when the
     data set may draw random numbers while loading (its batches then load
     under seeds made from it; a data set says it never draws with a false
     ``draws_random_numbers``, as tensors, lists of samples and hapi's data
@@ -1111,16 +1044,10 @@ def needs_seed(source: Any, shuffle: bool) -> bool:
     process (its own sampler and generator decide, as in a hand loop) or for
     an ``IterableDataset`` (read as it streams).
     """
-    if source is None:
-        return False
     if isinstance(source, DataLoader):
-        return distributed.world_size() > 1 and not isinstance(source.dataset, IterableDataset)
-    if isinstance(source, IterableDataset):
-        return False
-    return shuffle or may_draw_random_numbers(source)
-
-
-def fit_seed(source: Any, shuffle: bool) -> int:
-    """The fit's data seed: drawn (see the module) when :func:`needs_seed`, else 0, which
-    then decides nothing: no order is shuffled and no loading draws."""
-    return distributed.shared_seed() if needs_seed(source, shuffle) else 0
+        needed = distributed.world_size() > 1 and not isinstance(source.dataset, IterableDataset)
+    else:
+        needed = not isinstance(source, (type(None), IterableDataset)) and (
+            shuffle or may_draw_random_numbers(source)
+        )
+    return distributed.shared_seed() if needed else 0

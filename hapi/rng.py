@@ -37,10 +37,12 @@ def mix(*numbers: int) -> int:
     return state >> 1
 
 
-def seed_python_and_numpy(seed: int) -> None:
-    """Python's and NumPy's global generators from one seed (NumPy takes its low 32 bits)."""
+def seed_generators(seed: int, every_device: bool = True) -> None:
+    """Python's, NumPy's and torch's global generators from one seed (NumPy takes its low 32
+    bits); torch's on every CUDA device too, or with ``every_device=False`` the CPU's only."""
     random.seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)
+    (torch if every_device else torch.default_generator).manual_seed(seed)
 
 
 @contextlib.contextmanager
@@ -56,15 +58,9 @@ def seeded_streams(seed: int, hand_back_torch: bool = True) -> Iterator[None]:
     loading and hands nothing back. CUDA generators are left alone: loading
     runs on the CPU.
     """
-    generator = torch.default_generator
-    saved = generator.get_state() if hand_back_torch else None
-    generator.manual_seed(seed)
-    seed_python_and_numpy(seed)
-    try:
+    with torch.random.fork_rng(devices=[], enabled=hand_back_torch):
+        seed_generators(seed, every_device=False)
         yield
-    finally:
-        if saved is not None:
-            generator.set_state(saved)
 
 
 def global_state() -> dict[str, Any]:
@@ -82,7 +78,7 @@ def set_global_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-    np.random.set_state(_native(_legacy_numpy(state["numpy"])))
+    np.random.set_state(_from_file(state["numpy"]))
     python = state["python"]
     if len(python) > 3:  # written before 2026-11-27: version, the 625 words, gauss in one list
         python = [python[0], python[1:-1], python[-1]]
@@ -90,9 +86,7 @@ def set_global_state(state: dict[str, Any]) -> None:
 
 
 # Attributes never searched for generators: the data itself, and what is not an order.
-_NOT_SEARCHED = frozenset(
-    {"dataset", "data_source", "collate_fn", "worker_init_fn", "indices", "weights"}
-)
+_NOT_SEARCHED = {"dataset", "data_source", "collate_fn", "worker_init_fn", "indices", "weights"}
 _STATE_ACCESS: tuple[tuple[type, Callable, Callable], ...] = (
     (torch.Generator, torch.Generator.get_state, torch.Generator.set_state),
     (random.Random, random.Random.getstate, random.Random.setstate),
@@ -146,7 +140,7 @@ def set_generator_states(generators: dict[str, Any], states: dict[str, Any]) -> 
     for path, state in states.items():
         generator = generators.get(path)
         if generator is not None:
-            _access(generator)[1](generator, _native(_legacy_numpy(state)))
+            _access(generator)[1](generator, _from_file(state))
 
 
 def _access(generator: Any) -> tuple[Callable, Callable]:
@@ -154,22 +148,16 @@ def _access(generator: Any) -> tuple[Callable, Callable]:
     return next((get, put) for kind, get, put in _STATE_ACCESS if isinstance(generator, kind))
 
 
-def _legacy_numpy(state: Any) -> Any:
-    """A NumPy MT19937 state as files written before 2026-11-27 hold it (a dict of
-    ``keys``/``pos``/``has_gauss``/``cached_gaussian``, or that list for a generator of the
-    data's), as :func:`_plain` writes it now; any other state as it is."""
+def _from_file(state: Any) -> Any:
+    """A generator's state as :func:`_plain` wrote it, made native again; a NumPy MT19937
+    state as files written before 2026-11-27 hold it (a dict of ``keys``/``pos``/
+    ``has_gauss``/``cached_gaussian``, or that list for a generator of the data's) as NumPy's
+    legacy tuple."""
     if isinstance(state, dict) and "keys" in state:
         state = [state[key] for key in ("keys", "pos", "has_gauss", "cached_gaussian")]
-    if not (isinstance(state, list) and len(state) == 4 and torch.is_tensor(state[0])):
-        return state
-    keys, pos, has_gauss, gauss = state
-    key = {"array": keys, "dtype": "uint32"}
-    return {
-        "bit_generator": "MT19937",
-        "state": {"key": key, "pos": pos},
-        "has_gauss": has_gauss,
-        "gauss": gauss,
-    }
+    if isinstance(state, list) and len(state) == 4 and torch.is_tensor(state[0]):
+        return ("MT19937", state[0].numpy().astype(np.uint32), *state[1:])
+    return _native(state)
 
 
 def _plain(value: Any) -> Any:
@@ -257,7 +245,7 @@ def seed_everything(seed: int, per_process: bool = True) -> int:
             f"seed_everything(seed) takes a seed from 0 to 2**63 - 1; received {seed}. Pass a "
             "non-negative integer that fits in 63 bits."
         )
-    _seed_generators(seed)
+    seed_generators(seed)
     _per_process_seed = seed if per_process else None
     _fits_since_seeding = 0
     return seed
@@ -273,9 +261,4 @@ def streams_for_training() -> None:
     _fits_since_seeding += 1  # counted on every process alike: each fit has its own streams
     rank = distributed.rank()
     if rank != 0:
-        _seed_generators(mix(_per_process_seed, rank, _fits_since_seeding))
-
-
-def _seed_generators(seed: int) -> None:
-    seed_python_and_numpy(seed)
-    torch.manual_seed(seed)  # every CUDA device's generator too
+        seed_generators(mix(_per_process_seed, rank, _fits_since_seeding))
