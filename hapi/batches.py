@@ -101,9 +101,8 @@ class BatchSplitter:
         inputs, labels = batch[:first_label], batch[first_label:][: self.n_labels]
         if need_labels and (self.n_labels or 0) > len(labels):
             raise ValueError(
-                f"A batch has {len(batch)} elements but Model(inputs={self.n_inputs}, "
-                f"labels={self.n_labels}) asks for more; make the data's items tuples with "
-                "that many inputs and labels."
+                f"A batch has {len(batch)} elements but Model(inputs={self.n_inputs}, labels="
+                f"{self.n_labels}) asks for more; give the data's items that many of each."
             )
         if not inputs:
             raise ValueError(
@@ -138,11 +137,11 @@ class BatchSplitter:
         if keys is None:
             keys = [key for key in DEFAULT_LABEL_KEYS if key in batch][:1]
         elif need_labels and missing:
+            guess = [k for k in sorted(batch) if "label" in k] or ["labels"]
             raise KeyError(
-                f"A batch is a {type(batch).__name__} with keys {sorted(batch)}, without the "
-                f"label keys {missing} that Model(labels={keys}) names. Name the keys your "
-                f"data set returns, e.g. Model(network, "
-                f"labels={[k for k in sorted(batch) if 'label' in k] or ['labels']})."
+                f"A batch is a {type(batch).__name__} with keys {sorted(batch)}, without the label "
+                f"keys {missing} that Model(labels={keys}) names. Name the keys your data set "
+                f"returns, e.g. Model(network, labels={guess})."
             )
         features = {
             key: value for key, value in batch.items() if self.labels_to_network or key not in keys

@@ -1017,13 +1017,7 @@ class Model:
         Raises:
             RuntimeError: ``prepare`` was not called or gave no optimizer.
         """
-        stepper = self._stepper_for("train_batch")
-        stepper.network.train()
-        inputs_, labels_ = self._splitter.user_batch(inputs, labels)
-        loss, outputs = stepper.train(inputs_, labels_, update)
-        stepper.end_step()
-        self.step += int(update)
-        return self._one_batch_logs(loss, outputs, labels_)
+        return self._one_batch("train_batch", inputs, labels, update)
 
     def eval_batch(self, inputs: Any, labels: Any = None) -> dict[str, float]:
         """Evaluate one batch, with no gradients and the network in eval mode.
@@ -1039,11 +1033,7 @@ class Model:
         Raises:
             RuntimeError: ``prepare`` was not called.
         """
-        stepper = self._stepper_for("eval_batch")
-        stepper.network.eval()
-        inputs_, labels_ = self._splitter.user_batch(inputs, labels)
-        loss, outputs = stepper.evaluate(inputs_, labels_)
-        return self._one_batch_logs(loss, outputs, labels_)
+        return self._one_batch("eval_batch", inputs, labels)
 
     def predict_batch(self, inputs: Any) -> list[torch.Tensor]:
         """The network's outputs for one batch of inputs (eval mode, no gradients).
@@ -1060,10 +1050,20 @@ class Model:
         inputs_, _ = self._splitter.user_batch(inputs, None)
         return [o.cpu() for o in stepper.predict(inputs_)]
 
-    def _one_batch_logs(
-        self, loss: torch.Tensor | None, outputs: list, labels: list
+    def _one_batch(
+        self, purpose: str, inputs: Any, labels: Any, update: bool | None = None
     ) -> dict[str, float]:
-        """Figures of this batch alone (Paddle keeps running ones; one batch is clearer)."""
+        """``train_batch`` (``update`` given) or ``eval_batch``: the figures of this batch alone
+        (Paddle keeps running ones; one batch is clearer)."""
+        stepper = self._stepper_for(purpose)
+        stepper.network.train(update is not None)
+        inputs, labels = self._splitter.user_batch(inputs, labels)
+        if update is None:
+            loss, outputs = stepper.evaluate(inputs, labels)
+        else:
+            loss, outputs = stepper.train(inputs, labels, update)
+            stepper.end_step()
+            self.step += int(update)
         if not labels:
             return {} if loss is None else {"loss": loss.item()}
         self._metrics.reset()

@@ -65,8 +65,7 @@ class PerOutputLoss:
             raise ValueError(
                 f"prepare(loss=[...]) has {len(self.losses)} losses, one per output, but a batch gave "
                 f"{len(outputs)} outputs {describe(outputs)} and {len(labels)} labels {describe(labels)}. "
-                "Give the network one output per loss, and the data one label per output "
-                "(Model(labels=...) counts them)."
+                "Give one output and one label per loss (Model(labels=...) counts the labels)."
             )
         return [loss(output, label) for loss, output, label in zip(self.losses, outputs, labels)]
 
@@ -160,11 +159,10 @@ class Stepper:
             text, name = str(error), distributed.class_name(network)
             if _UNUSED_PARAMETERS in text:
                 raise RuntimeError(
-                    f"Some parameters of {name} received no gradient in the last training step (a "
-                    "layer or branch the forward did not use), which DistributedDataParallel does "
-                    "not allow by default. If intended, prepare the model with strategy=hapi.DDP("
-                    "find_unused_parameters=True); else use or remove those parameters (or set "
-                    f"requires_grad=False). DDP's own message: {text.splitlines()[0]}"
+                    f"Some parameters of {name} got no gradient in the last training step (unused "
+                    "by the forward), which DDP refuses by default. If intended, prepare with "
+                    "strategy=hapi.DDP(find_unused_parameters=True); else use or remove them (or "
+                    f"set requires_grad=False). DDP's own message: {text.splitlines()[0]}"
                 ) from error
             # Advice about the inputs only when the error is about shapes, dtypes or
             # arguments (not a process group's, say).
@@ -192,10 +190,9 @@ class Stepper:
             if network_loss is None and training:
                 raise RuntimeError(
                     f"prepare() got no loss, so the network's own loss is trained, but "
-                    f"{distributed.class_name(self.network)} returned no 'loss'. Pass a loss to "
-                    "prepare(loss=...), or return it from forward as a dict entry or attribute "
-                    "'loss' (Hugging Face models do when the batch has 'labels'; with dict batches "
-                    "the label keys go to the network when prepare() has no loss)."
+                    f"{distributed.class_name(self.network)} returned no 'loss'. Pass "
+                    "prepare(loss=...), or return a 'loss' entry or attribute from forward (as "
+                    "Hugging Face models do when dict batches' 'labels' reach them: no loss given)."
                 )
             loss, source = network_loss, "the network's own 'loss'"
         elif training or labels or self.model._splitter.n_labels == 0:
@@ -220,11 +217,10 @@ class Stepper:
             return sum(weight * part for weight, part in zip(loss_fn.weights, parts))
         except (RuntimeError, ValueError, IndexError, TypeError) as error:
             raise type(error)(
-                f"The loss {type(loss_fn).__name__} failed on outputs "
-                f"{describe(outputs)} and labels {describe(labels)}: {error}. Check that "
-                "the network's outputs and the data's labels have the shapes and dtypes this "
-                "loss expects (e.g. CrossEntropyLoss wants scores [N, C] and int64 class "
-                "indices [N]); Model(inputs=..., labels=...) sets how batches are split."
+                f"The loss {type(loss_fn).__name__} failed on outputs {describe(outputs)} and "
+                f"labels {describe(labels)}: {error}. Check their shapes and dtypes (e.g. "
+                "CrossEntropyLoss wants scores [N, C] and int64 class indices [N]); "
+                "Model(inputs=..., labels=...) sets how batches are split."
             ) from error
 
     def train(
