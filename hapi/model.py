@@ -250,12 +250,11 @@ class Model:
             CPU tensors (a module's extra state, such as ``get_extra_state``
             returns, is deep-copied as it is).
         """
-        return {
-            key: value.detach().to("cpu", copy=True)
-            if torch.is_tensor(value)
-            else copy.deepcopy(value)
-            for key, value in distributed.full_state_dict(self._network).items()
-        }
+        copied = {}
+        for key, value in distributed.full_state_dict(self._network).items():
+            tensor = torch.is_tensor(value)
+            copied[key] = value.detach().to("cpu", copy=True) if tensor else copy.deepcopy(value)
+        return copied
 
     def set_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Load full weights, such as :meth:`get_weights` returned, whatever the strategy.
@@ -1446,12 +1445,7 @@ def _step_logs(returned: Any, step_name: str, metrics: Any, splitter: Any, batch
 
 
 def evaluate_loop(
-    model: Any,
-    loader: Iterable,
-    cbks: CallbackList,
-    *,
-    log_freq: int,
-    num_iters: int | None = None,
+    model: Any, loader: Iterable, cbks: CallbackList, *, log_freq: int, num_iters: int | None = None
 ) -> dict[str, float]:
     """One pass over evaluation data; returns the logs over all of it (over the batches
     seen, when a callback set ``model.stop_evaluating``)."""

@@ -224,11 +224,7 @@ class Stepper:
             ) from error
 
     def train(
-        self,
-        inputs: list[torch.Tensor],
-        labels: list[torch.Tensor],
-        update: bool = True,
-        loss_scale: float = 1.0,
+        self, inputs: list[Any], labels: list[Any], update: bool = True, loss_scale: float = 1.0
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Forward and backward one batch; step the optimizer when ``update``.
 
