@@ -194,12 +194,12 @@ class Stepper:
                     "prepare(loss=...), or return a 'loss' entry or attribute from forward (as "
                     "Hugging Face models do when dict batches' 'labels' reach them: no loss given)."
                 )
-            loss, source = network_loss, "the network's own 'loss'"
+            loss, source = network_loss, f"the network {distributed.class_name(self.network)}"
         elif training or labels or self.model._splitter.n_labels == 0:
             loss, source = self._apply(loss_fn, outputs, labels), type(loss_fn).__name__
         else:
             return None
-        if isinstance(loss, (list, tuple)):
+        if isinstance(loss, (list, tuple)) and loss_fn is not None:
             loss = torch.stack([torch.as_tensor(part) for part in loss]).sum()
         if loss is not None and (not torch.is_tensor(loss) or loss.numel() != 1):
             raise ValueError(
