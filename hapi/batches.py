@@ -143,9 +143,7 @@ class BatchSplitter:
                 f"keys {missing} that Model(labels={keys}) names. Name the keys your data set "
                 f"returns, e.g. Model(network, labels={guess})."
             )
-        features = {
-            key: value for key, value in batch.items() if self.labels_to_network or key not in keys
-        }
+        features = {k: v for k, v in batch.items() if self.labels_to_network or k not in keys}
         if not features:
             raise ValueError(
                 f"A {type(batch).__name__} batch with keys {sorted(batch)} leaves no network "
