@@ -25,8 +25,7 @@ def _count(value: Any, name: str) -> int | None:
             f"{name} must be the number of {name} per sample (an int) or a list of them "
             f"(names or specs, one per {name[:-1]}); received {value!r}."
         )
-    count = value if isinstance(value, int) else len(value)
-    least = 1 if name == "inputs" else 0
+    count, least = (value if isinstance(value, int) else len(value)), int(name == "inputs")
     if count < least:
         raise ValueError(f"{name} must count at least {least}; received {value!r}.")
     return count
@@ -77,8 +76,8 @@ class BatchSplitter:
         for item in tensors:
             if not torch.is_tensor(item):
                 raise TypeError(
-                    f"{name} must be tensors or NumPy arrays (or a list of them); "
-                    f"received {type(item).__name__}."
+                    f"{name} must be tensors or NumPy arrays (or a list of them); received "
+                    f"{type(item).__name__}."
                 )
         return self._to_device(tensors)
 
@@ -95,18 +94,15 @@ class BatchSplitter:
             if isinstance(batch, dict) or isinstance(batch, Mapping):  # dict: no ABC check
                 return self._split_dict(batch, need_labels)
             return [batch], []
-        batch = list(batch)
-        first_label = self.n_inputs
+        batch, first_label = list(batch), self.n_inputs
         if first_label is None:
-            first_label = (
-                max(len(batch) - 1, 1) if self.n_labels is None else len(batch) - self.n_labels
-            )
+            n = len(batch)
+            first_label = max(n - 1, 1) if self.n_labels is None else n - self.n_labels
         inputs, labels = batch[:first_label], batch[first_label:][: self.n_labels]
         if need_labels and (self.n_labels or 0) > len(labels):
             raise ValueError(
-                f"A batch has {len(batch)} elements but Model(inputs={self.n_inputs}, "
-                f"labels={self.n_labels}) asks for more; make the data's items tuples with "
-                "that many inputs and labels."
+                f"A batch has {len(batch)} elements but Model(inputs={self.n_inputs}, labels="
+                f"{self.n_labels}) asks for more; give the data's items that many of each."
             )
         if not inputs:
             raise ValueError(
@@ -117,20 +113,16 @@ class BatchSplitter:
 
     def to_device(self, batch: Any) -> Any:
         """The batch on the device, its structure kept (what every step receives)."""
-        if torch.is_tensor(batch):
-            return self._to_device([batch])[0]
         if isinstance(batch, (tuple, list)):
             moved = self._to_device(batch)
             return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
-        if isinstance(batch, Mapping):
-            moved = dict(zip(batch, self._to_device(batch.values())))
-            if type(batch) is dict:
-                return moved
-            try:  # keep the user's type (UserDict, BatchEncoding) where it takes a dict
-                return type(batch)(moved)
-            except TypeError:
-                return moved
-        return batch
+        if not isinstance(batch, Mapping):
+            return self._to_device([batch])[0]  # a tensor, or left as it is
+        moved = dict(zip(batch, self._to_device(batch.values())))
+        try:  # keep the user's type (UserDict, BatchEncoding) where it takes a dict
+            return moved if type(batch) is dict else type(batch)(moved)
+        except TypeError:
+            return moved
 
     @staticmethod
     def length(batch: Any) -> int:
@@ -141,19 +133,17 @@ class BatchSplitter:
 
     def _split_dict(self, batch: Mapping, need_labels: bool) -> tuple[list[Any], list[Any]]:
         keys = self.label_keys
+        missing = [key for key in keys or [] if key not in batch]
         if keys is None:
             keys = [key for key in DEFAULT_LABEL_KEYS if key in batch][:1]
-        elif need_labels and any(key not in batch for key in keys):
-            missing = [key for key in keys if key not in batch]
+        elif need_labels and missing:
+            guess = [k for k in sorted(batch) if "label" in k] or ["labels"]
             raise KeyError(
-                f"A batch is a {type(batch).__name__} with keys {sorted(batch)}, without the "
-                f"label keys {missing} that Model(labels={keys}) names. Name the keys your "
-                f"data set returns, e.g. Model(network, "
-                f"labels={[k for k in sorted(batch) if 'label' in k] or ['labels']})."
+                f"A batch is a {type(batch).__name__} with keys {sorted(batch)}, without the label "
+                f"keys {missing} that Model(labels={keys}) names. Name the keys your data set "
+                f"returns, e.g. Model(network, labels={guess})."
             )
-        features = {
-            key: value for key, value in batch.items() if self.labels_to_network or key not in keys
-        }
+        features = {k: v for k, v in batch.items() if self.labels_to_network or k not in keys}
         if not features:
             raise ValueError(
                 f"A {type(batch).__name__} batch with keys {sorted(batch)} leaves no network "

@@ -89,11 +89,11 @@ class _FitRun:
 
     callbacks: CallbackList
     train_data: TrainData
-    epochs: int
     eval_loader: Iterable | None
     eval_freq: int
     log_freq: int
-    accumulate: int  # batches per optimizer step
+    epochs: int
+    accumulate_grad_batches: int  # batches per optimizer step
     num_iters: int | None
     eval_steps: int | None
     restoring: bool = False  # between on_train_begin and the first epoch: a resume may load
@@ -104,8 +104,7 @@ def named_optimizers(optimizer: Any) -> dict[str, torch.optim.Optimizer]:
     if optimizer is None:
         return {}
     named = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else optimizer
-    if isinstance(named, (list, tuple)):
-        named = dict(enumerate(named))
+    named = dict(enumerate(named)) if isinstance(named, (list, tuple)) else named
     optimizers = list(named.values()) if isinstance(named, dict) else []
     if not optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in optimizers):
         raise TypeError(
@@ -200,14 +199,13 @@ class Model:
         # State loaded before prepare() gave the objects it belongs to.
         self._pending_optimizer: tuple[dict, str | None] | None = None  # (state, optimizer class)
         self._pending_scaler_state: dict | None = None
-        self.stop_training = False
-        # Keras 3: a callback sets these in on_eval_batch_end / on_predict_batch_end to end
-        # evaluate / predict after that batch; each evaluation and prediction resets them.
-        self.stop_evaluating = False
-        self.stop_predicting = False
-        self.epoch = 0  # epochs completed in the current fit (restored by load)
-        self.epoch_step = 0  # batches done in the epoch in progress (restored by load)
-        self.step = 0  # optimizer steps taken, over the model's life (restored by load)
+        # Keras 3: a callback sets stop_evaluating / stop_predicting in on_eval_batch_end /
+        # on_predict_batch_end to end evaluate / predict after that batch; each evaluation and
+        # prediction resets them.
+        self.stop_training = self.stop_evaluating = self.stop_predicting = False
+        # Epochs completed in the current fit, batches done in the epoch in progress, optimizer
+        # steps taken over the model's life: all three restored by load.
+        self.epoch = self.epoch_step = self.step = 0
         self._fit_run: _FitRun | None = None  # what a resume needs, while fit() runs
 
     # -- public attributes ------------------------------------------------
@@ -252,12 +250,11 @@ class Model:
             CPU tensors (a module's extra state, such as ``get_extra_state``
             returns, is deep-copied as it is).
         """
-        return {
-            key: value.detach().to("cpu", copy=True)
-            if torch.is_tensor(value)
-            else copy.deepcopy(value)
-            for key, value in distributed.full_state_dict(self._network).items()
-        }
+        copied = {}
+        for key, value in distributed.full_state_dict(self._network).items():
+            tensor = torch.is_tensor(value)
+            copied[key] = value.detach().to("cpu", copy=True) if tensor else copy.deepcopy(value)
+        return copied
 
     def set_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Load full weights, such as :meth:`get_weights` returned, whatever the strategy.
@@ -429,11 +426,9 @@ class Model:
         self._scaler = make_scaler(amp_setting, self.device)
         self._stepper = None
         if self._pending_optimizer is not None and len(by_name) == 1:
+            state, kind = self._pending_optimizer
             run_state.load_optimizer_state(
-                self,
-                *self._pending_optimizer,
-                source="the loaded checkpoint",
-                keep_hyperparameters=True,
+                self, state, kind, source="the loaded checkpoint", keep_hyperparameters=True
             )
             self._pending_optimizer = None
         if self._pending_scaler_state is not None and self._scaler is not None:
@@ -561,18 +556,12 @@ class Model:
             )
 
     def _loader(self, data: Any, role: str, batch_size: int, workers: int, **options: Any) -> Any:
-        return make_loader(
-            data,
-            role=role,
-            batch_size=batch_size,
-            num_workers=workers,
-            device=self.device,
-            **options,
-        )
+        options.update(role=role, batch_size=batch_size, num_workers=workers, device=self.device)
+        return make_loader(data, **options)
 
     def _callbacks(
         self,
-        callbacks: Any,
+        given: Any,
         loader: Any,
         batch_size: int,
         verbose: int,
@@ -581,30 +570,17 @@ class Model:
         save_freq: int = 1,
         **params: Any,
     ) -> CallbackList:
-        """The run's callbacks (the user's and the defaults), their model and params set."""
+        """The run's callbacks (the user's and the defaults), their model and params set:
+        the run's own ``params`` over these defaults."""
         cbks = callbacks_for_run(
-            self,
-            callbacks,
-            verbose=verbose,
-            log_freq=log_freq,
-            save_dir=save_dir,
-            save_freq=save_freq,
+            self, given, verbose=verbose, log_freq=log_freq, save_dir=save_dir, save_freq=save_freq
         )
         if save_dir is not None:
             params["save_dir"] = save_dir  # EarlyStopping's best_model goes there
-        cbks.set_params(
-            {
-                "rank": distributed.rank(),
-                "world_size": distributed.world_size(),
-                "metrics": self._metrics.names() if self._metrics else [],
-                "batch_size": loader_batch_size(loader) or batch_size,
-                "verbose": verbose,
-                "log_freq": log_freq,
-                "epochs": None,
-                "steps": num_batches(loader),
-                **params,
-            }
-        )
+        run = {"rank": distributed.rank(), "world_size": distributed.world_size(), "epochs": None}
+        run.update(metrics=self._metrics.names() if self._metrics else [], verbose=verbose)
+        run.update(batch_size=loader_batch_size(loader) or batch_size, log_freq=log_freq)
+        cbks.set_params({**run, "steps": num_batches(loader), **params})
         return cbks
 
     # -- fit / evaluate / predict -----------------------------------------------
@@ -719,83 +695,51 @@ class Model:
                 history.history["val_loss"]  # one float per epoch
         """
         self._stepper_for("fit")
-        for name, value in (
-            ("epochs", epochs),
-            ("eval_freq", eval_freq),
-            ("log_freq", log_freq),
-            ("save_freq", save_freq),
-            ("accumulate_grad_batches", accumulate_grad_batches),
-        ):
-            require_int("fit", name, value)
-        require_int("fit", "num_iters", num_iters, allow_none=True)
-        require_int("fit", "eval_steps", eval_steps, allow_none=True)
+        settings = dict(epochs=epochs, eval_steps=eval_steps, num_iters=num_iters)
+        settings["accumulate_grad_batches"] = accumulate_grad_batches
+        counts = dict(settings, eval_freq=eval_freq, log_freq=log_freq, save_freq=save_freq)
+        for name, value in counts.items():
+            require_int("fit", name, value, allow_none=name in ("num_iters", "eval_steps"))
         _check_verbose(verbose)
         if resume_from is not None and not isinstance(resume_from, (str, os.PathLike)):
             raise TypeError(
-                f"resume_from must be the path of a checkpoint saved during fit; received "
+                "resume_from must be the path of a checkpoint saved during fit; received "
                 f"{type(resume_from).__name__}."
             )
         if accumulate_grad_batches != 1 and self._overrides("train_step"):
             raise ValueError(
-                f"fit(accumulate_grad_batches={accumulate_grad_batches}) with a train_step of "
-                f"your own ({type(self).__name__}): your step decides when to update; "
-                "accumulate in it, or leave accumulate_grad_batches=1."
+                f"fit(accumulate_grad_batches={accumulate_grad_batches}) with a train_step of your "
+                f"own ({type(self).__name__}): your step decides when to update; accumulate in it, "
+                "or leave accumulate_grad_batches=1."
             )
-        train_batch_size, eval_batch_size = batch_sizes(batch_size)
+        train_size, eval_size = batch_sizes(batch_size)
         train_source = as_source(train_data, "train_data")  # refused before anything is drawn
         eval_source = as_source(eval_data, "eval_data")
         streams_for_training()  # after seed_everything: each process its own stream from here
         data_seed = fit_seed(train_source, shuffle)
-        train_loader = self._loader(
-            train_source,
-            "train_data",
-            train_batch_size,
-            num_workers,
-            shuffle=shuffle,
-            drop_last=drop_last,
-            seed=data_seed,
-        )
+        options = dict(shuffle=shuffle, drop_last=drop_last, seed=data_seed)
+        loader = self._loader(train_source, "train_data", train_size, num_workers, **options)
         eval_loader = None
         if eval_source is not None:
-            eval_loader = self._loader(eval_source, "eval_data", eval_batch_size, num_workers)
-        steps = num_batches(train_loader)
-        if num_iters is not None and steps:
-            epochs = math.ceil(num_iters / steps)
+            eval_loader = self._loader(eval_source, "eval_data", eval_size, num_workers)
+        per_epoch = num_batches(loader)
+        if num_iters is not None and per_epoch:
+            settings["epochs"] = math.ceil(num_iters / per_epoch)
+        params = dict(settings, steps=_limit(per_epoch, num_iters))
         cbks = self._callbacks(
-            callbacks,
-            train_loader,
-            train_batch_size,
-            verbose,
-            log_freq,
-            save_dir=save_dir,
-            save_freq=save_freq,
-            epochs=epochs,
-            steps=steps if num_iters is None else min(steps or num_iters, num_iters),
-            eval_steps=eval_steps,
-            accumulate_grad_batches=accumulate_grad_batches,
-            num_iters=num_iters,
+            callbacks, loader, train_size, verbose, log_freq, save_dir, save_freq, **params
         )
         self.stop_training = False
         self.epoch = self.epoch_step = 0
-        train = TrainData(train_loader, train_data, data_seed)
+        train = TrainData(loader, train_data, data_seed)
         inexact = train.inexact_reason()
         if inexact and (resume_from is not None or any(getattr(c, "resumable", 0) for c in cbks)):
             warnings.warn(
-                f"This fit writes or reads checkpoints to resume from, but a resumed epoch will "
+                "This fit writes or reads checkpoints to resume from, but a resumed epoch will "
                 f"not equal the uninterrupted one: {inexact}.",
                 stacklevel=2,
             )
-        self._fit_run = run = _FitRun(
-            cbks,
-            train,
-            epochs,
-            eval_loader,
-            eval_freq,
-            log_freq,
-            accumulate_grad_batches,
-            num_iters,
-            eval_steps,
-        )
+        self._fit_run = run = _FitRun(cbks, train, eval_loader, eval_freq, log_freq, **settings)
         try:
             fit_loop(self, run, restore=lambda: run_state.restore_fit(self, resume_from))
         except BaseException:
@@ -892,12 +836,9 @@ class Model:
         with _params_kept(callbacks):
             cbks = self._callbacks(callbacks, loader, batch_size, verbose, DEFAULT_LOG_FREQ)
             outputs = predict_loop(self, loader, cbks)
-        if stack_outputs:
-            return [
-                torch.cat(batches) if batches and torch.is_tensor(batches[0]) else batches
-                for batches in outputs
-            ]
-        return outputs
+        if not stack_outputs:
+            return outputs
+        return [torch.cat(b) if b and torch.is_tensor(b[0]) else b for b in outputs]
 
     # -- files: hapi.state collects and restores, hapi.checkpoint writes and reads -------
     @property
@@ -1075,13 +1016,7 @@ class Model:
         Raises:
             RuntimeError: ``prepare`` was not called or gave no optimizer.
         """
-        stepper = self._stepper_for("train_batch")
-        stepper.network.train()
-        inputs_, labels_ = self._splitter.user_batch(inputs, labels)
-        loss, outputs = stepper.train(inputs_, labels_, update)
-        stepper.end_step()
-        self.step += int(update)
-        return self._one_batch_logs(loss, outputs, labels_)
+        return self._one_batch("train_batch", inputs, labels, update)
 
     def eval_batch(self, inputs: Any, labels: Any = None) -> dict[str, float]:
         """Evaluate one batch, with no gradients and the network in eval mode.
@@ -1097,11 +1032,7 @@ class Model:
         Raises:
             RuntimeError: ``prepare`` was not called.
         """
-        stepper = self._stepper_for("eval_batch")
-        stepper.network.eval()
-        inputs_, labels_ = self._splitter.user_batch(inputs, labels)
-        loss, outputs = stepper.evaluate(inputs_, labels_)
-        return self._one_batch_logs(loss, outputs, labels_)
+        return self._one_batch("eval_batch", inputs, labels)
 
     def predict_batch(self, inputs: Any) -> list[torch.Tensor]:
         """The network's outputs for one batch of inputs (eval mode, no gradients).
@@ -1118,10 +1049,20 @@ class Model:
         inputs_, _ = self._splitter.user_batch(inputs, None)
         return [o.cpu() for o in stepper.predict(inputs_)]
 
-    def _one_batch_logs(
-        self, loss: torch.Tensor | None, outputs: list, labels: list
+    def _one_batch(
+        self, purpose: str, inputs: Any, labels: Any, update: bool | None = None
     ) -> dict[str, float]:
-        """Figures of this batch alone (Paddle keeps running ones; one batch is clearer)."""
+        """``train_batch`` (``update`` given) or ``eval_batch``: the figures of this batch alone
+        (Paddle keeps running ones; one batch is clearer)."""
+        stepper = self._stepper_for(purpose)
+        stepper.network.train(update is not None)
+        inputs, labels = self._splitter.user_batch(inputs, labels)
+        if update is None:
+            loss, outputs = stepper.evaluate(inputs, labels)
+        else:
+            loss, outputs = stepper.train(inputs, labels, update)
+            stepper.end_step()
+            self.step += int(update)
         if not labels:
             return {} if loss is None else {"loss": loss.item()}
         self._metrics.reset()
@@ -1260,9 +1201,8 @@ class Model:
         chosen = optimizer if optimizer is not None else self._optimizer
         if chosen is None or all(chosen is not o for o in self._optimizers.values()):
             raise ValueError(
-                f"optimizer_step() got {type(chosen).__name__}, which is not one of the "
-                f"optimizers given to prepare() ({sorted(self._optimizers)}); pass one of "
-                "self.optimizers."
+                f"optimizer_step() got {type(chosen).__name__}, not one of the optimizers given to "
+                f"prepare() ({sorted(self._optimizers)}); pass one of self.optimizers."
             )
         self._stepper_for("train_step").update(chosen, average=True)
 
@@ -1311,19 +1251,17 @@ def _check_trains_network(optimizers: dict[str, Any], network: nn.Module, loss: 
     optimizer over a subset): the rest keeps its values. A loss module's own
     parameters count as trained too.
     """
-    trained = {id(p) for p in network.parameters()}
-    if isinstance(loss, nn.Module):
-        trained |= {id(p) for p in loss.parameters()}
+    modules = [network, loss] if isinstance(loss, nn.Module) else [network]
+    trained = {id(p) for module in modules for p in module.parameters()}
     for name, optimizer in optimizers.items():
-        held = optimized_parameters(optimizer)
+        held, kind = optimized_parameters(optimizer), type(optimizer).__name__
         if not any(id(p) in trained for p in held):
             which = f"optimizer {name!r}" if len(optimizers) > 1 else "the optimizer"
             raise ValueError(
-                f"prepare(): {which} ({type(optimizer).__name__}) holds {len(held)} parameters, "
-                f"none of them among the {len(trained)} of the network "
-                f"({type(network).__name__}) or the loss, so fit would train nothing. Build "
-                f"it over the model's: {type(optimizer).__name__}(model.parameters(), ...), or "
-                "over the part to fine-tune, e.g. model.network.<layer>.parameters()."
+                f"prepare(): {which} ({kind}) holds {len(held)} parameters, none of them among the "
+                f"{len(trained)} of the network ({type(network).__name__}) or the loss, so fit "
+                f"would train nothing. Build it over the model's: {kind}(model.parameters(), ...), "
+                "or over the part to fine-tune, e.g. model.network.<layer>.parameters()."
             )
 
 
@@ -1360,16 +1298,14 @@ def _stop_check(can_stop: bool, steps: int | None, log_freq: int) -> Callable | 
 
 
 def _limit(steps: int | None, num_iters: int | None) -> int | None:
-    if num_iters is None:
-        return steps
-    return num_iters if steps is None else min(steps, num_iters)
+    """The smaller of two lengths, either of which may be unknown (``None``)."""
+    return min([n for n in (steps, num_iters) if n is not None], default=None)
 
 
 def _batch_logs(batch_size: int, logs: dict[str, float] | None, metrics: Any) -> dict:
     """``batch_size``; with logs, also ``samples``, the count they cover."""
-    if logs is None:
-        return {"batch_size": batch_size}
-    return {"batch_size": batch_size, "samples": metrics.counted, **logs}
+    read = {} if logs is None else {"samples": metrics.counted, **logs}
+    return {"batch_size": batch_size, **read}
 
 
 def _accumulation(step: int, is_last: bool, every: int, steps: int | None) -> tuple[bool, float]:
@@ -1396,11 +1332,9 @@ def fit_loop(model: Any, run: _FitRun, restore: Callable[[], None]) -> dict[str,
     cbks = run.callbacks
     if not model._overrides("train_step") and model._stepper.nothing_trainable():
         warnings.warn(
-            f"fit(): no parameter of {distributed.class_name(model._network)} "
-            "requires a gradient (every one has requires_grad=False), so nothing will be "
-            "updated: the loss and metrics are computed and reported, the weights stay as "
-            "they are (as Keras trains a model with trainable=False). Set requires_grad=True "
-            "on the parameters to train, and give them to the optimizer.",
+            f"fit(): no parameter of {distributed.class_name(model._network)} requires a gradient, "
+            "so nothing will be updated: the loss and metrics are reported, the weights stay (as "
+            "Keras trains a model with trainable=False). Set requires_grad=True on those to train.",
             stacklevel=3,
         )
     model._optimizer.zero_grad(set_to_none=True)  # nothing left from a stopped accumulation
@@ -1468,7 +1402,7 @@ def _train_epoch(
     ):
         if notify_begin:
             cbks.on_train_batch_begin(step)
-        stepper.accumulation = _accumulation(step, is_last, run.accumulate, steps)
+        stepper.accumulation = _accumulation(step, is_last, run.accumulate_grad_batches, steps)
         update = stepper.accumulation[0]
         batch = splitter.to_device(batch)
         _step_logs(model.train_step(batch), "train_step", metrics, splitter, batch)
@@ -1511,12 +1445,7 @@ def _step_logs(returned: Any, step_name: str, metrics: Any, splitter: Any, batch
 
 
 def evaluate_loop(
-    model: Any,
-    loader: Iterable,
-    cbks: CallbackList,
-    *,
-    log_freq: int,
-    num_iters: int | None = None,
+    model: Any, loader: Iterable, cbks: CallbackList, *, log_freq: int, num_iters: int | None = None
 ) -> dict[str, float]:
     """One pass over evaluation data; returns the logs over all of it (over the batches
     seen, when a callback set ``model.stop_evaluating``)."""

@@ -7,6 +7,7 @@ tensors and the loop decides when to read them.
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -23,16 +24,12 @@ from hapi.data import describe
 _UNUSED_PARAMETERS = "parameters that were not used in producing loss"
 # A forward's error about what it was given: shapes, dtypes, sizes, arguments.
 _ABOUT_INPUTS = re.compile(
-    r"shape|size|dtype|scalar type|dimension|\bdims?\b|channels|mat1|mat2|must match|"
-    r"argument|expected (input|tensor|all tensors)|not enough values|index out of range|"
-    r"out of bounds|can't convert|cannot convert|unpack",
-    re.IGNORECASE,
+    r"(?i)shape|size|dtype|scalar type|dimension|\bdims?\b|channels|mat[12]|must match|argument|"
+    r"expected (input|tensor|all tensors)|not enough values|index out of range|out of bounds|"
+    r"can't convert|cannot convert|unpack"
 )
 # ... unless it comes from the processes' group or FSDP, whatever words it uses.
-_NOT_ABOUT_INPUTS = re.compile(
-    r"FSDP|DTensor|process group|collective|Gloo|NCCL|timed? ?out|another FSDP group",
-    re.IGNORECASE,
-)
+_NOT_ABOUT_INPUTS = re.compile(r"(?i)FSDP|DTensor|process group|collective|Gloo|NCCL|timed? ?out")
 
 
 def check_clipping(clip_grad_norm: Any, clip_grad_value: Any) -> tuple[float | None, float | None]:
@@ -40,15 +37,14 @@ def check_clipping(clip_grad_norm: Any, clip_grad_value: Any) -> tuple[float | N
     bounds = {"clip_grad_norm": clip_grad_norm, "clip_grad_value": clip_grad_value}
     for name, value in bounds.items():
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if value is not None and not (number and 0 < value < float("inf")):
+        if value is not None and not (number and 0 < value < math.inf):
             raise ValueError(
                 f"{name} must be a positive finite number (or None); received {value!r}."
             )
-    if clip_grad_norm is not None and clip_grad_value is not None:
+    if None not in bounds.values():
         raise ValueError(
             f"prepare() got clip_grad_norm={clip_grad_norm!r} and clip_grad_value={clip_grad_value!r}; "
-            "choose one: clip_grad_norm scales all gradients together to a total L2 norm, "
-            "clip_grad_value clips each element on its own."
+            "choose one: the first scales all gradients to a total L2 norm, the second clips each."
         )
     return tuple(None if value is None else float(value) for value in bounds.values())
 
@@ -69,8 +65,7 @@ class PerOutputLoss:
             raise ValueError(
                 f"prepare(loss=[...]) has {len(self.losses)} losses, one per output, but a batch gave "
                 f"{len(outputs)} outputs {describe(outputs)} and {len(labels)} labels {describe(labels)}. "
-                "Give the network one output per loss, and the data one label per output "
-                "(Model(labels=...) counts them)."
+                "Give one output and one label per loss (Model(labels=...) counts the labels)."
             )
         return [loss(output, label) for loss, output, label in zip(self.losses, outputs, labels)]
 
@@ -158,84 +153,78 @@ class Stepper:
         """
         try:
             if len(inputs) == 1 and isinstance(inputs[0], KeywordInputs):
-                result = network(**inputs[0])
-            else:
-                result = network(*inputs)
-            return _outputs_and_loss(result)
+                return _outputs_and_loss(network(**inputs[0]))
+            return _outputs_and_loss(network(*inputs))
         except (RuntimeError, ValueError, IndexError, TypeError) as error:
-            name = distributed.class_name(network)
-            if _UNUSED_PARAMETERS in str(error):
+            text, name = str(error), distributed.class_name(network)
+            if _UNUSED_PARAMETERS in text:
                 raise RuntimeError(
-                    f"Some parameters of {name} received no "
-                    "gradient in the last training step (a layer or branch the forward did not use), "
-                    "which DistributedDataParallel does not allow by default. If that is intended, "
-                    "prepare the model with strategy=hapi.DDP(find_unused_parameters=True); otherwise "
-                    "use or remove those parameters (or set requires_grad=False). DDP's own message: "
-                    f"{str(error).splitlines()[0]}"
+                    f"Some parameters of {name} got no gradient in the last training step (unused "
+                    "by the forward), which DDP refuses by default. If intended, prepare with "
+                    "strategy=hapi.DDP(find_unused_parameters=True); else use or remove them (or "
+                    f"set requires_grad=False). DDP's own message: {text.splitlines()[0]}"
                 ) from error
             # Advice about the inputs only when the error is about shapes, dtypes or
             # arguments (not a process group's, say).
             message = f"The network {name} failed on inputs {describe(inputs)}: {error}."
-            if _ABOUT_INPUTS.search(str(error)) and not _NOT_ABOUT_INPUTS.search(str(error)):
+            if _ABOUT_INPUTS.search(text) and not _NOT_ABOUT_INPUTS.search(text):
                 message += (
                     " Check that the data's inputs have the shape and dtype the network expects "
-                    "(e.g. float32 for Linear/Conv layers); Model(inputs=..., labels=...) sets how "
-                    "samples are split."
+                    "(e.g. float32 for Linear/Conv layers); Model(inputs=, labels=) split samples."
                 )
             raise type(error)(message) from error
 
-    def own_loss(self, network_loss: torch.Tensor | None) -> torch.Tensor:
-        """The loss the network computed itself, trained when ``prepare`` got no loss."""
-        if network_loss is None:
-            name = distributed.class_name(self.network)
-            raise RuntimeError(
-                f"prepare() got no loss, so the network's own loss is trained, but {name} returned "
-                "no 'loss'. Pass a loss to prepare(loss=...), or return it from forward as a dict "
-                "entry or attribute 'loss' (Hugging Face models do when the batch has 'labels'; with "
-                "dict batches the label keys go to the network when prepare() has no loss)."
-            )
-        if not torch.is_tensor(network_loss) or network_loss.numel() != 1:
-            raise ValueError(
-                f"The network's own 'loss' must be a scalar tensor; received "
-                f"{describe(network_loss)}."
-            )
-        return network_loss.reshape(())
+    def loss(
+        self, outputs: list[Any], network_loss: Any, labels: list[Any], training: bool
+    ) -> torch.Tensor | None:
+        """The batch's loss, a scalar: ``loss_fn(*outputs, *labels)`` (a list of losses is summed,
+        as in Paddle), or the network's own loss when ``prepare`` got none.
 
-    def compute_loss(self, outputs: list[torch.Tensor], labels: list[torch.Tensor]) -> torch.Tensor:
-        """``loss_fn(*outputs, *labels)``; a list of losses is summed, as in Paddle."""
+        ``None`` for an evaluation batch without the labels the loss needs, or whose network
+        returned no loss. A model that takes no labels (``Model(labels=0)``) has the loss
+        score the outputs alone (a network returning ``(logits, loss)``, with
+        ``loss=lambda logits, loss: loss``).
+        """
         loss_fn = self.model._loss
+        if loss_fn is None:
+            if network_loss is None and training:
+                raise RuntimeError(
+                    f"prepare() got no loss, so the network's own loss is trained, but "
+                    f"{distributed.class_name(self.network)} returned no 'loss'. Pass "
+                    "prepare(loss=...), or return a 'loss' entry or attribute from forward (as "
+                    "Hugging Face models do when dict batches' 'labels' reach them: no loss given)."
+                )
+            loss, source = network_loss, f"the network {distributed.class_name(self.network)}"
+        elif training or labels or self.model._splitter.n_labels == 0:
+            loss, source = self._apply(loss_fn, outputs, labels), type(loss_fn).__name__
+        else:
+            return None
+        if isinstance(loss, (list, tuple)) and loss_fn is not None:
+            loss = torch.stack([torch.as_tensor(part) for part in loss]).sum()
+        if loss is not None and (not torch.is_tensor(loss) or loss.numel() != 1):
+            raise ValueError(
+                f"The loss must be a scalar tensor; {source} returned {describe(as_list(loss))}. "
+                "Use reduction='mean' (or 'sum')."
+            )
+        return None if loss is None else loss.reshape(())
+
+    def _apply(self, loss_fn: Any, outputs: list[Any], labels: list[Any]) -> Any:
         try:
-            if isinstance(loss_fn, PerOutputLoss):
-                parts = loss_fn.parts(outputs, labels)
-                self.loss_parts = {
-                    f"output_{i}_loss": part.detach() for i, part in enumerate(parts)
-                }
-                loss = sum(weight * part for weight, part in zip(loss_fn.weights, parts))
-            else:
-                loss = loss_fn(*outputs, *labels)
+            if not isinstance(loss_fn, PerOutputLoss):
+                return loss_fn(*outputs, *labels)
+            parts = loss_fn.parts(outputs, labels)
+            self.loss_parts = {f"output_{i}_loss": part.detach() for i, part in enumerate(parts)}
+            return sum(weight * part for weight, part in zip(loss_fn.weights, parts))
         except (RuntimeError, ValueError, IndexError, TypeError) as error:
             raise type(error)(
-                f"The loss {type(loss_fn).__name__} failed on outputs "
-                f"{describe(outputs)} and labels {describe(labels)}: {error}. Check that "
-                "the network's outputs and the data's labels have the shapes and dtypes this "
-                "loss expects (e.g. CrossEntropyLoss wants scores [N, C] and int64 class "
-                "indices [N]); Model(inputs=..., labels=...) sets how batches are split."
+                f"The loss {type(loss_fn).__name__} failed on outputs {describe(outputs)} and "
+                f"labels {describe(labels)}: {error}. Check their shapes and dtypes (e.g. "
+                "CrossEntropyLoss wants scores [N, C] and int64 class indices [N]); "
+                "Model(inputs=..., labels=...) sets how batches are split."
             ) from error
-        if isinstance(loss, (list, tuple)):
-            loss = torch.stack([torch.as_tensor(part) for part in loss]).sum()
-        if not torch.is_tensor(loss) or loss.numel() != 1:
-            raise ValueError(
-                f"The loss must return a scalar tensor; {type(loss_fn).__name__} returned "
-                f"{describe(as_list(loss))}. Use reduction='mean' (or 'sum')."
-            )
-        return loss if loss.dim() == 0 else loss.reshape(())
 
     def train(
-        self,
-        inputs: list[torch.Tensor],
-        labels: list[torch.Tensor],
-        update: bool = True,
-        loss_scale: float = 1.0,
+        self, inputs: list[Any], labels: list[Any], update: bool = True, loss_scale: float = 1.0
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Forward and backward one batch; step the optimizer when ``update``.
 
@@ -247,10 +236,7 @@ class Stepper:
         with model._strategy._no_sync(self.network, skip_gradient_sync=not update):
             with self.autocast():
                 outputs, network_loss = self.forward(self.network, inputs)
-                if model._loss is not None:
-                    loss = self.compute_loss(outputs, labels)
-                else:
-                    loss = self.own_loss(network_loss)
+                loss = self.loss(outputs, network_loss, labels, training=True)
             # Keras trains a frozen model: the loss is reported, nothing is updated
             # (fit warns once why). Checked only when the loss has no graph.
             frozen = not loss.requires_grad and self.nothing_trainable()
@@ -317,20 +303,10 @@ class Stepper:
     def evaluate(
         self, inputs: list[torch.Tensor], labels: list[torch.Tensor]
     ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
-        """The loss (``None`` for a batch without the labels the loss needs) and the outputs.
-
-        A model that takes no labels (``Model(labels=0)``) has the loss score
-        the outputs alone, as in training (a network returning ``(logits,
-        loss)``, with ``loss=lambda logits, loss: loss``).
-        """
+        """The loss (see :meth:`loss`) and the outputs."""
         with self.autocast():
             outputs, network_loss = self.forward(self.eval_network, inputs)
-            if self.model._loss is not None:
-                no_labels = self.model._splitter.n_labels == 0
-                loss = self.compute_loss(outputs, labels) if labels or no_labels else None
-            else:
-                loss = None if network_loss is None else self.own_loss(network_loss)
-        return loss, outputs
+            return self.loss(outputs, network_loss, labels, training=False), outputs
 
     @torch.no_grad()
     def predict(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
