@@ -117,26 +117,22 @@ def backend_name(device: str | torch.device | None = None) -> str:
     """
     on_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
     requested = os.environ.get("HAPI_BACKEND", "").strip().lower()
-    if requested:
-        if requested not in ("nccl", "gloo"):
-            raise DistributedSetupError(
-                f"HAPI_BACKEND={requested!r} is not a backend torch-hapi uses; choose 'nccl' "
-                "(CUDA GPUs) or 'gloo' (CPU), or unset it to choose automatically."
+    if requested not in ("", "nccl", "gloo"):
+        raise DistributedSetupError(
+            f"HAPI_BACKEND={requested!r} is not a backend torch-hapi uses; choose 'nccl' "
+            "(CUDA GPUs) or 'gloo' (CPU), or unset it to choose automatically."
+        )
+    if requested == "nccl" and not (on_cuda and torch.cuda.is_available()):
+        raise DistributedSetupError(
+            "HAPI_BACKEND=nccl asks for NCCL, which "
+            + (
+                f"reduces CUDA tensors only, but the Model was given device={str(device)!r}"
+                if torch.cuda.is_available()
+                else "needs CUDA GPUs, but torch.cuda.is_available() is False on this machine"
             )
-        if requested == "nccl" and not torch.cuda.is_available():
-            raise DistributedSetupError(
-                "HAPI_BACKEND=nccl asks for NCCL, which needs CUDA GPUs, but "
-                "torch.cuda.is_available() is False on this machine. Unset HAPI_BACKEND (Gloo "
-                "is chosen on CPU) or run on machines with GPUs."
-            )
-        if requested == "nccl" and not on_cuda:
-            raise DistributedSetupError(
-                f"HAPI_BACKEND=nccl asks for NCCL, which reduces CUDA tensors only, but the Model "
-                f"was given device={str(device)!r}. Unset HAPI_BACKEND (Gloo is chosen for CPU "
-                "models) or give the Model a CUDA device."
-            )
-        return requested
-    return "nccl" if on_cuda else "gloo"
+            + ". Unset HAPI_BACKEND (Gloo is chosen for CPU models) or train on CUDA GPUs."
+        )
+    return requested or ("nccl" if on_cuda else "gloo")
 
 
 def init(device: str | torch.device | None = None) -> None:

@@ -126,7 +126,7 @@ class DDP(Strategy):
         **ddp_kwargs: Any,
     ) -> None:
         reserved = sorted(
-            {"module", "device_ids", "output_device", "process_group"} & set(ddp_kwargs)
+            {"module", "device_ids", "output_device", "process_group"} & {*ddp_kwargs}
         )
         if reserved:
             raise TypeError(
@@ -251,12 +251,7 @@ def resolve(strategy: Any) -> DDP | FSDP:
         return strategy
     if strategy is None or isinstance(strategy, str) and strategy in ("auto", "ddp", "fsdp"):
         return FSDP() if strategy == "fsdp" else DDP()
+    accepted = "'auto', 'ddp' or 'fsdp' (or hapi.DDP(...) / hapi.FSDP(...))"
     if isinstance(strategy, str):
-        raise ValueError(
-            f"strategy must be 'auto', 'ddp' or 'fsdp' (or hapi.DDP(...) / hapi.FSDP(...)); "
-            f"received {strategy!r}."
-        )
-    raise TypeError(
-        f"strategy must be None, 'auto', 'ddp', 'fsdp', hapi.DDP(...) or hapi.FSDP(...); "
-        f"received {type(strategy).__name__}."
-    )
+        raise ValueError(f"strategy must be {accepted}; received {strategy!r}.")
+    raise TypeError(f"strategy must be None, {accepted}; received {type(strategy).__name__}.")
