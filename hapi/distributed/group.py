@@ -193,17 +193,15 @@ def init(device: str | torch.device | None = None) -> None:
     try:
         dist.init_process_group(backend=backend, timeout=limit, **restart_safe_store(limit))
     except Exception as error:  # torch raises several (DistNetworkError, RuntimeError, ...)
-        address = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-        hint = (
-            "another program already listens on that port: pick a free one "
-            "(torchrun --master-port / --rdzv-endpoint, or MASTER_PORT)"
-            if "address already in use" in str(error).lower() or "EADDRINUSE" in str(error)
-            else "check that every process uses the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE, "
-            "and that rank 0 is reachable"
-        )
+        hint = "check that every process uses the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE, "
+        hint += "and that rank 0 is reachable"
+        if "address already in use" in str(error).lower() or "EADDRINUSE" in str(error):
+            hint = "another program already listens on that port: pick a free one "
+            hint += "(torchrun --master-port / --rdzv-endpoint, or MASTER_PORT)"
         raise DistributedSetupError(
-            f"Could not join the {backend} process group at {address} as rank "
-            f"{os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}: {error}. Likely cause: {hint}."
+            f"Could not join the {backend} process group at {os.environ['MASTER_ADDR']}:"
+            f"{os.environ['MASTER_PORT']} as rank {os.environ['RANK']} of "
+            f"{os.environ['WORLD_SIZE']}: {error}. Likely cause: {hint}."
         ) from error
     _created_group = True
     excepthook = sys.excepthook
