@@ -189,11 +189,10 @@ def average_gradients(parameters: list[torch.Tensor]) -> None:
         return
     present = all_reduce_sum(torch.tensor([float(p.grad is not None) for p in parameters]))
     used = [p for p, count in zip(parameters, present.tolist()) if count > 0]
-    for parameter in used:
-        if parameter.grad is None:
-            parameter.grad = torch.zeros_like(parameter)
+    grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in used]
+    for parameter, grad in zip(used, grads):
+        parameter.grad = grad
     if used:
-        grads = [p.grad for p in used]
         _through_one_tensor(grads, lambda flat: all_reduce_sum(flat.float()) / world_size())
 
 

@@ -104,16 +104,13 @@ def _local_facts(network: nn.Module, trained: list[nn.Parameter]) -> dict[str, A
 
 def _why_not(facts: list[dict[str, Any]]) -> str | None:
     """Why the processes that reported ``facts`` (one per rank) cannot share a buffer, or ``None``."""
+    machines = sorted({(fact["host"], fact["boot_id"]) for fact in facts})
+    counts = [fact["numel"] for fact in facts]
     reasons = [f"rank {r}: {fact['reason']}" for r, fact in enumerate(facts) if fact["reason"]]
-    machines = {(fact["host"], fact["boot_id"]) for fact in facts}
-    if len(machines) > 1 or any(not boot_id for _, boot_id in machines):
-        reasons.append(
-            f"the processes are not all on one machine (hostname, boot id: {sorted(machines)})"
-        )
-    if len({fact["numel"] for fact in facts}) > 1:
-        reasons.append(
-            f"the processes train different numbers of elements: {[f['numel'] for f in facts]}"
-        )
+    if len(machines) > 1 or not machines[0][1]:  # several, or one whose boot id is unknown
+        reasons.append(f"the processes are not all on one machine (hostname, boot id: {machines})")
+    if len(set(counts)) > 1:
+        reasons.append(f"the processes train different numbers of elements: {counts}")
     return "; ".join(reasons) or None
 
 

@@ -221,13 +221,10 @@ def launcher_place() -> tuple[int, int]:
 
 def tasks_per_node(text: str) -> list[int]:
     """Slurm's ``"2(x3),1"`` as ``[2, 2, 2, 1]``."""
-    counts: list[int] = []
-    for part in filter(None, text.split(",")):
-        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if match is None:
-            return []
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    return counts
+    parts = [re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", p.strip()) for p in text.split(",") if p]
+    if not all(parts):  # not Slurm's form: no count is known
+        return []
+    return [int(match[1]) for match in parts for _ in range(int(match[2] or 1))]
 
 
 def first_host(node_list: str) -> str:

@@ -189,10 +189,9 @@ class SharedMemoryAllReduce:
             actual = os.fstat(file.fileno()).st_size
             if actual != size:
                 raise OSError(f"{path} holds {actual} bytes, not the buffer's {size}")
+            if file.read(_TOKEN_BYTES) != self._token:
+                raise OSError(f"{path} does not hold rank 0's token: not the same memory")
             self._mapping = mmap.mmap(file.fileno(), size)
-        if bytes(self._mapping[:_TOKEN_BYTES]) != self._token:
-            self._mapping.close()
-            raise OSError(f"{path} does not hold rank 0's token: not the same memory")
         self.lines = np.ndarray((self.world, _LINE // 8), np.int64, self._mapping, offset=_LINE)
         offset, floats = _LINE * (1 + self.world), 2 * self.world * self.numel
         rows = torch.frombuffer(self._mapping, dtype=torch.float32, count=floats, offset=offset)
@@ -252,16 +251,14 @@ class SharedMemoryAllReduce:
         return gradients
 
     def _wait_for_everyone(self) -> None:
-        spins, published, calls = 0, self.lines[:, _PUBLISHED], self.calls
+        spins, published, calls, now = 0, self.lines[:, _PUBLISHED], self.calls, time.monotonic()
+        deadline, next_check = now + self.timeout_s, now + _PEER_CHECK_S
         while (published < calls).any():
             spins += 1
             if spins < _SPINS_BEFORE_YIELD:
                 continue
             os.sched_yield()  # more processes than cores: let the one we wait for run
             now = time.monotonic()
-            if spins == _SPINS_BEFORE_YIELD:
-                deadline, next_check = now + self.timeout_s, now + _PEER_CHECK_S
-                continue
             if now < next_check:
                 continue
             next_check = now + _PEER_CHECK_S

@@ -120,9 +120,8 @@ def _addresses_others_reach(agent_host: str, agent_port: int, spans_machines: bo
     seen = _address_seen_from(agent_host, agent_port)
     if not spans_machines or not _is_loopback(seen):
         return [seen]
-    others = [address for _, address in _machine_addresses() if not _is_loopback(address)]
-    others.sort(key=lambda address: ipaddress.ip_address(address).version)  # IPv4 first
-    return list(dict.fromkeys(others)) or [seen]
+    others = dict.fromkeys(a for _, a in _machine_addresses() if not _is_loopback(a))  # in order
+    return sorted(others, key=lambda a: ipaddress.ip_address(a).version) or [seen]  # IPv4 first
 
 
 def _address_seen_from(host: str, port: int) -> str:
