@@ -13,13 +13,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from hapi.distributed.env import (
-    DistributedSetupError,
-    env_int,
-    launcher_place,
-    launcher_variables,
-    timeout,
-)
+from hapi.distributed import env
+from hapi.distributed.env import DistributedSetupError, env_int
 from hapi.distributed.store import leave_attempt_store, restart_safe_store
 
 _created_group = False  # True when hapi created the default group (and so destroys it)
@@ -57,7 +52,7 @@ def launched_rank() -> int:
             if hapi.distributed.rank() == 0:
                 print("world size", hapi.distributed.world_size())
     """
-    return dist.get_rank() if _active() else launcher_place()[0]
+    return dist.get_rank() if _active() else env.launcher_place()[0]
 
 
 def launched_world_size() -> int:
@@ -71,7 +66,7 @@ def launched_world_size() -> int:
     Returns:
         The number of processes, 1 when nothing was launched.
     """
-    return dist.get_world_size() if _active() else launcher_place()[1]
+    return dist.get_world_size() if _active() else env.launcher_place()[1]
 
 
 def launched_is_main() -> bool:
@@ -175,7 +170,9 @@ def init(device: str | torch.device | None = None) -> None:
                 'hapi.distributed.init("cpu") first to train on the CPU.'
             )
         return
-    os.environ.update(launcher_variables())  # srun, jsrun, mpirun: torch.distributed's from theirs
+    os.environ.update(
+        env.launcher_variables()
+    )  # srun, jsrun, mpirun: torch.distributed's from theirs
     if env_int("WORLD_SIZE", 1) <= 1:
         return
     missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
@@ -189,7 +186,7 @@ def init(device: str | torch.device | None = None) -> None:
     backend = backend_name(device)
     if backend == "nccl":
         torch.cuda.set_device(local_rank() % torch.cuda.device_count())
-    limit = timeout()
+    limit = env.timeout()
     try:
         dist.init_process_group(backend=backend, timeout=limit, **restart_safe_store(limit))
     except Exception as error:  # torch raises several (DistNetworkError, RuntimeError, ...)
@@ -235,7 +232,7 @@ def teardown() -> None:
             # A peer that died or never came: destroy anyway.
             with contextlib.suppress(Exception):
                 if dist.get_backend() == "gloo":
-                    dist.monitored_barrier(timeout=timeout())
+                    dist.monitored_barrier(timeout=env.timeout())
                 else:
                     dist.barrier()
         for release in _releases:
@@ -243,7 +240,7 @@ def teardown() -> None:
         gc.collect()  # what held the group's work goes now, while the interpreter can free it
         dist.destroy_process_group()
         if not _dying_of_an_exception:
-            leave_attempt_store(timeout())
+            leave_attempt_store(env.timeout())
     _created_group = False
 
 
@@ -291,7 +288,7 @@ def background_group() -> dist.ProcessGroup | None:
     if world_size() == 1:
         return None
     if _background is None:
-        _background = dist.new_group(backend="gloo", timeout=timeout())
+        _background = dist.new_group(backend="gloo", timeout=env.timeout())
     return _background
 
 
