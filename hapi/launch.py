@@ -75,12 +75,11 @@ def _in_forked_child() -> None:
     none), while the launcher sends each process's output to ``log_dir``'s files
     by redirecting its descriptors.
     """
-    if _forking:
-        _restore_signals(_forking["handlers"])
     if _forking.get("to_files"):
         sys.stdout, sys.stderr = (
             open(fd, "w", buffering=1, closefd=False, errors="replace") for fd in (1, 2)
         )
+    _restore_signals(_forking.pop("handlers", {}))  # none: a fork that is not spawn's
     _forking.clear()  # the process's own forks (DataLoader workers) are none of spawn's
 
 
