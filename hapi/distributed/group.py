@@ -170,9 +170,8 @@ def init(device: str | torch.device | None = None) -> None:
                 'hapi.distributed.init("cpu") first to train on the CPU.'
             )
         return
-    os.environ.update(
-        env.launcher_variables()
-    )  # srun, jsrun, mpirun: torch.distributed's from theirs
+    # srun, jsrun, mpirun: torch.distributed's variables from theirs
+    os.environ.update(env.launcher_variables())
     if env_int("WORLD_SIZE", 1) <= 1:
         return
     missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
