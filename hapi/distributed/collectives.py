@@ -205,8 +205,7 @@ class SyncFlag:
     the figures at the end of a pass are reduced over every process.
     """
 
-    def __init__(self) -> None:
-        self.enabled = False
+    enabled = False  # set on each instance while the end of a pass is reduced
 
     def __call__(self) -> bool:
         return self.enabled and world_size() > 1

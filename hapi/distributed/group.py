@@ -8,6 +8,7 @@ import contextlib
 import gc
 import os
 import sys
+import types
 from typing import Any, Callable
 
 import torch
@@ -17,7 +18,10 @@ from hapi.distributed import env
 from hapi.distributed.env import DistributedSetupError, env_int
 from hapi.distributed.store import leave_attempt_store, restart_safe_store
 
-_created_group = False  # True when hapi created the default group (and so destroys it)
+# This process's part in the group: whether hapi created it (and so destroys it), whether the
+# process is dying of an exception (see note_failure), the group of background saves, and what
+# to release before the group goes (see release_at_teardown).
+_state = types.SimpleNamespace(created=False, dying=False, background=None, releases=[])
 
 
 def _active() -> bool:
@@ -160,7 +164,6 @@ def init(device: str | torch.device | None = None) -> None:
             loader = DataLoader(train_set, batch_size=32, sampler=sampler)
             model = hapi.Model(Net())
     """
-    global _created_group
     if _active():
         if backend_name(device) == "gloo" and dist.get_backend() == "nccl":
             raise DistributedSetupError(
@@ -199,7 +202,7 @@ def init(device: str | torch.device | None = None) -> None:
             f"{os.environ['MASTER_PORT']} as rank {os.environ['RANK']} of "
             f"{os.environ['WORLD_SIZE']}: {error}. Likely cause: {hint}."
         ) from error
-    _created_group = True
+    _state.created = True
     excepthook = sys.excepthook
 
     def note_then_report(*args: Any) -> None:  # the process dies of an uncaught exception
@@ -225,26 +228,21 @@ def teardown() -> None:
     others may be blocked in a collective it will never join, and the
     launcher must learn of the failure at once (see :func:`note_failure`).
     """
-    global _created_group
-    if _created_group and _active():
-        if not _dying_of_an_exception:
+    if _state.created and _active():
+        if not _state.dying:
             # A peer that died or never came: destroy anyway.
             with contextlib.suppress(Exception):
                 if dist.get_backend() == "gloo":
                     dist.monitored_barrier(timeout=env.timeout())
                 else:
                     dist.barrier()
-        for release in _releases:
+        for release in _state.releases:
             release()
         gc.collect()  # what held the group's work goes now, while the interpreter can free it
         dist.destroy_process_group()
-        if not _dying_of_an_exception:
+        if not _state.dying:
             leave_attempt_store(env.timeout())
-    _created_group = False
-
-
-_dying_of_an_exception = False
-_releases: list[Callable[[], None]] = []
+    _state.created = False
 
 
 def release_at_teardown(release: Callable[[], None]) -> None:
@@ -256,7 +254,7 @@ def release_at_teardown(release: Callable[[], None]) -> None:
     aborts ("terminate called without an active exception") after a run that
     finished.
     """
-    _releases.append(release)
+    _state.releases.append(release)
 
 
 def note_failure() -> None:
@@ -266,11 +264,7 @@ def note_failure() -> None:
     :func:`hapi.spawn` child, and for any uncaught exception (``sys.excepthook``):
     the other processes may be blocked in a collective this one will never join.
     """
-    global _dying_of_an_exception
-    _dying_of_an_exception = True
-
-
-_background: dist.ProcessGroup | None = None
+    _state.dying = True
 
 
 def background_group() -> dist.ProcessGroup | None:
@@ -283,12 +277,11 @@ def background_group() -> dist.ProcessGroup | None:
     meet training's. Created by every process at its first background save,
     which they make together (creating a group is itself a collective).
     """
-    global _background
     if world_size() == 1:
         return None
-    if _background is None:
-        _background = dist.new_group(backend="gloo", timeout=env.timeout())
-    return _background
+    if _state.background is None:
+        _state.background = dist.new_group(backend="gloo", timeout=env.timeout())
+    return _state.background
 
 
 def default_device(requested: str | torch.device | None = None) -> torch.device:
