@@ -75,12 +75,11 @@ def _in_forked_child() -> None:
     none), while the launcher sends each process's output to ``log_dir``'s files
     by redirecting its descriptors.
     """
-    if _forking:
-        _restore_signals(_forking["handlers"])
     if _forking.get("to_files"):
         sys.stdout, sys.stderr = (
             open(fd, "w", buffering=1, closefd=False, errors="replace") for fd in (1, 2)
         )
+    _restore_signals(_forking.pop("handlers", {}))  # none: a fork that is not spawn's
     _forking.clear()  # the process's own forks (DataLoader workers) are none of spawn's
 
 
@@ -116,9 +115,7 @@ def resolve_nprocs(nprocs: int, visible_devices: str | None) -> int:
         return nprocs
     if visible_devices is not None:
         return len(visible_devices.split(","))
-    if torch.cuda.is_available():
-        return torch.cuda.device_count()
-    return os.cpu_count() or 1
+    return torch.cuda.device_count() if torch.cuda.is_available() else os.cpu_count() or 1
 
 
 def spawn(
@@ -265,14 +262,9 @@ def _failure_report(
     """The first child's own traceback, or what the launcher knows when it left none."""
     if os.path.exists(os.path.join(error_dir, "unguarded")):
         return f"hapi.spawn could not start its {count} processes: {_UNGUARDED}"
-    where = ""
-    if log_dir:
-        where = (
-            f" Each process's output is in {', '.join(logs.values())}."
-            if logs
-            else f" No process wrote anything to {log_dir}: they died before their output "
-            "could go there."
-        )
+    where = f" Each process's output is in {', '.join(logs.values())}." if logs else ""
+    if log_dir and not logs:
+        where = f" No process wrote anything to {log_dir}: they died before any output went there."
     # The first report written is the root cause; later ones are ranks that
     # lost their peer ("Connection closed by peer") because of it.
     reports = sorted(pathlib.Path(error_dir).glob("error.*"), key=lambda p: p.stat().st_mtime_ns)
@@ -283,13 +275,12 @@ def _failure_report(
         )
     rank, failure = error.get_first_failure()
     output = f"in {logs[str(rank)]}" if str(rank) in logs else "above"
-    hint = (  # forked: nothing was imported, the cause is in fn or what it ran
-        ""
-        if _forks()
-        else ' If that output says "Can\'t get attribute", define fn at the top level of its '
-        'module, outside `if __name__ == "__main__":`: each child imports the script and looks '
-        "fn up there."
+    hint = (
+        ' If that output says "Can\'t get attribute", define fn at the top level of its module, '
+        'outside `if __name__ == "__main__":`: each child imports the script and looks fn up there.'
     )
+    if _forks():  # nothing was imported: the cause is in fn or what it ran
+        hint = ""
     return (
         f"Process {rank} of {count} started by hapi.spawn died with exit code {failure.exitcode} "
         f"before it could report an error; its output is {output}.{where}{hint}"
@@ -307,14 +298,13 @@ def _name_worker_logs(log_dir: str, run_id: str) -> dict[str, str]:
     from hapi.checkpoint import files
 
     written = {}  # rank -> its workerlog, when this run added output to it (not an earlier run)
-    run_dirs = list(pathlib.Path(log_dir).glob(f"{run_id}_*"))
-    sources = [path for run_dir in run_dirs for path in run_dir.glob("attempt_*/*/std*.log")]
+    sources = pathlib.Path(log_dir).glob(f"{run_id}_*/attempt_*/*/std*.log")
     for source in sorted(sources, key=lambda path: (path.parent, path.name == "stderr.log")):
         target = os.path.join(log_dir, f"workerlog.{source.parent.name}")
         with open(target, "a", encoding="utf-8") as log:
             if log.write(source.read_text(encoding="utf-8", errors="replace")):
                 written[source.parent.name] = target
-    for run_dir in run_dirs:
+    for run_dir in list(pathlib.Path(log_dir).glob(f"{run_id}_*")):
         for directory, _, _ in os.walk(run_dir, topdown=False):
             files.remove_empty_directory(directory)
     return dict(sorted(written.items()))

@@ -189,11 +189,10 @@ def average_gradients(parameters: list[torch.Tensor]) -> None:
         return
     present = all_reduce_sum(torch.tensor([float(p.grad is not None) for p in parameters]))
     used = [p for p, count in zip(parameters, present.tolist()) if count > 0]
-    for parameter in used:
-        if parameter.grad is None:
-            parameter.grad = torch.zeros_like(parameter)
+    grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in used]
+    for parameter, grad in zip(used, grads):
+        parameter.grad = grad
     if used:
-        grads = [p.grad for p in used]
         _through_one_tensor(grads, lambda flat: all_reduce_sum(flat.float()) / world_size())
 
 
@@ -206,8 +205,7 @@ class SyncFlag:
     the figures at the end of a pass are reduced over every process.
     """
 
-    def __init__(self) -> None:
-        self.enabled = False
+    enabled = False  # set on each instance while the end of a pass is reduced
 
     def __call__(self) -> bool:
         return self.enabled and world_size() > 1

@@ -58,16 +58,14 @@ def _average_through_shared_memory(wrapped: nn.Module, trained: list[nn.Paramete
         return f"the backend is {dist.get_backend()}, not gloo"
     facts = _everyone(lambda: _local_facts(wrapped.module, trained))
     reservation, mapped = facts[0]["reservation"], []
+    peers = [(fact["pid"], fact["start"]) for fact in facts]
 
     def attach() -> str | None:
-        peers = [(fact["pid"], fact["start"]) for fact in facts]
         try:
-            state = shared_memory.SharedMemoryAllReduce(
-                reservation, rank(), peers, timeout().total_seconds()
-            )
+            limit = timeout().total_seconds()
+            mapped.append(shared_memory.SharedMemoryAllReduce(reservation, rank(), peers, limit))
         except OSError as error:  # not rank 0's memory after all: another machine or namespace
             return f"could not map rank 0's buffer: {error}"
-        mapped.append(state)
         return None
 
     try:
@@ -95,31 +93,24 @@ def _local_facts(network: nn.Module, trained: list[nn.Parameter]) -> dict[str, A
     reason = shared_memory.reason_not_to_use(network, trained)
     local_world = env_int("LOCAL_WORLD_SIZE", -1)  # set by launchers; -1 where they were not used
     if reason is None and local_world not in (-1, world_size()):
-        reason = (
-            f"LOCAL_WORLD_SIZE={local_world} says the {world_size()} processes are not all "
-            "on one machine"
-        )
+        reason = f"LOCAL_WORLD_SIZE={local_world} says the {world_size()} processes span machines"
     numel = sum(p.numel() for p in trained)
-    reserved = None
-    if rank() == 0 and reason is None:
-        reserved = shared_memory.reserve(numel, world_size())
-        if reserved is None:
-            reason = f"found no memory for the {numel * 8 * world_size()} bytes of the buffer"
+    reserving = rank() == 0 and reason is None
+    reserved = shared_memory.reserve(numel, world_size()) if reserving else None
+    if reserving and reserved is None:
+        reason = f"found no memory for the {numel * 8 * world_size()} bytes of the buffer"
     return {"reason": reason, "numel": numel, "reservation": reserved, **shared_memory.identity()}
 
 
 def _why_not(facts: list[dict[str, Any]]) -> str | None:
     """Why the processes that reported ``facts`` (one per rank) cannot share a buffer, or ``None``."""
+    machines = sorted({(fact["host"], fact["boot_id"]) for fact in facts})
+    counts = [fact["numel"] for fact in facts]
     reasons = [f"rank {r}: {fact['reason']}" for r, fact in enumerate(facts) if fact["reason"]]
-    machines = {(fact["host"], fact["boot_id"]) for fact in facts}
-    if len(machines) > 1 or any(not boot_id for _, boot_id in machines):
-        reasons.append(
-            f"the processes are not all on one machine (hostname, boot id: {sorted(machines)})"
-        )
-    if len({fact["numel"] for fact in facts}) > 1:
-        reasons.append(
-            f"the processes train different numbers of elements: {[f['numel'] for f in facts]}"
-        )
+    if len(machines) > 1 or not machines[0][1]:  # several, or one whose boot id is unknown
+        reasons.append(f"the processes are not all on one machine (hostname, boot id: {machines})")
+    if len(set(counts)) > 1:
+        reasons.append(f"the processes train different numbers of elements: {counts}")
     return "; ".join(reasons) or None
 
 

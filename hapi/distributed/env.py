@@ -88,10 +88,13 @@ def launcher_variables() -> dict[str, str]:
     ``mpirun`` (:func:`_from_mpi`) each start N copies of the script and
     tell each its place only in their own variables: read as one process
     each, every copy would train alone as rank 0 and write the same files.
-    ``MASTER_ADDR``/``MASTER_PORT`` set by the user are kept. A script run
-    directly in a Slurm batch script (no ``srun``) sees the allocation's
-    ``SLURM_NTASKS`` but no step variables: it is one process, and a warning
-    says how to start the others.
+    Each gives ``(local rank, processes on this machine, first host, job)``
+    for a world of the launcher's count; ``MASTER_PORT`` is derived from
+    the job, which every process shares (20000 + the job id mod 40000, or a
+    hash of a job name). ``MASTER_ADDR``/``MASTER_PORT`` set by the user are
+    kept. A script run directly in a Slurm batch script (no ``srun``) sees
+    the allocation's ``SLURM_NTASKS`` but no step variables: it is one
+    process, and a warning says how to start the others.
     """
     launcher = _launcher()
     if launcher == "torch":
@@ -107,17 +110,13 @@ def launcher_variables() -> dict[str, str]:
                 stacklevel=4,
             )
         return {}
-    if launcher == "slurm":
-        return _from_slurm()
-    return _from_lsf() if launcher == "lsf" else _from_mpi(*_PLACES[launcher])
-
-
-def _place(rank: str, local: str, world: int, local_world: int, host: str, job: str) -> dict:
-    """The torch.distributed variables; ``MASTER_PORT`` derived from ``job``, which every
-    process of the job shares (20000 + the job id mod 40000, or a hash of a job name)."""
+    rank_name, world_name = _PLACES[launcher]
+    world = env_int(world_name, 0)
+    reader = {"slurm": _from_slurm, "lsf": _from_lsf}.get(launcher, _from_mpi)
+    local, local_world, host, job = reader(world)
     number = int(job) if job.isdigit() else zlib.crc32(job.encode())
     return {
-        "RANK": rank,
+        "RANK": os.environ[rank_name],
         "LOCAL_RANK": local,
         "WORLD_SIZE": str(world),
         "LOCAL_WORLD_SIZE": str(local_world),
@@ -126,69 +125,56 @@ def _place(rank: str, local: str, world: int, local_world: int, host: str, job: 
     }
 
 
-def _from_slurm() -> dict:
-    """Under ``srun`` with several tasks: ``RANK`` from ``SLURM_PROCID``,
-    ``LOCAL_RANK`` from ``SLURM_LOCALID``, ``WORLD_SIZE`` from the step's task
-    count, ``LOCAL_WORLD_SIZE`` from this node's share of
-    ``SLURM_STEP_TASKS_PER_NODE``, ``MASTER_ADDR`` the first host of the
-    step's node list and ``MASTER_PORT`` derived from the job id."""
-    step_tasks = env_int("SLURM_STEP_NUM_TASKS", 0)
-    missing = [n for n in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_ID") if n not in os.environ]
-    nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
-    if missing or not nodes:
-        raise DistributedSetupError(
-            f"srun started {step_tasks} tasks, but {', '.join(missing) or 'SLURM_STEP_NODELIST'} "
-            "is not set, so this process cannot tell its place. Run the script with srun itself "
-            "(not through a wrapper that clears the environment), or set RANK, LOCAL_RANK, "
-            "WORLD_SIZE, MASTER_ADDR and MASTER_PORT."
-        )
-    per_node = tasks_per_node(os.environ.get("SLURM_STEP_TASKS_PER_NODE", ""))
-    node = env_int("SLURM_NODEID", 0)
-    local_world = per_node[node] if node < len(per_node) else step_tasks
-    return _place(
-        os.environ["SLURM_PROCID"],
-        os.environ["SLURM_LOCALID"],
-        step_tasks,
-        local_world,
-        first_host(nodes),
-        os.environ["SLURM_JOB_ID"],
+def _unplaced(launched: str, missing: str, fix: str) -> DistributedSetupError:
+    return DistributedSetupError(
+        f"{launched}, but {missing}, so this process cannot tell its place. {fix}, or set RANK, "
+        "LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT."
     )
 
 
-def _from_lsf() -> dict:
-    """Under LSF's ``jsrun`` with several tasks: ``RANK``, ``LOCAL_RANK`` and
-    ``WORLD_SIZE`` from ``JSM_NAMESPACE_RANK``, ``_LOCAL_RANK`` and ``_SIZE``;
-    ``MASTER_ADDR`` the first compute host of ``LSB_DJOB_RANKFILE`` (else of
-    ``LSB_HOSTS``), after the job's launch node, which comes first;
-    ``MASTER_PORT`` derived from ``LSB_JOBID``."""
-    world = env_int("JSM_NAMESPACE_SIZE", 0)
+def _from_slurm(world: int) -> tuple[str, int, str, str]:
+    """Under ``srun`` with several tasks: ``LOCAL_RANK`` from ``SLURM_LOCALID``,
+    ``LOCAL_WORLD_SIZE`` from this node's share of ``SLURM_STEP_TASKS_PER_NODE``,
+    ``MASTER_ADDR`` the first host of the step's node list, the job ``SLURM_JOB_ID``."""
+    missing = [n for n in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_ID") if n not in os.environ]
+    nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
+    if missing or not nodes:
+        raise _unplaced(
+            f"srun started {world} tasks",
+            f"{', '.join(missing) or 'SLURM_STEP_NODELIST'} is not set",
+            "Run the script with srun itself (not through a wrapper that clears the environment)",
+        )
+    per_node = tasks_per_node(os.environ.get("SLURM_STEP_TASKS_PER_NODE", ""))
+    node = env_int("SLURM_NODEID", 0)
+    local_world = per_node[node] if node < len(per_node) else world
+    return os.environ["SLURM_LOCALID"], local_world, first_host(nodes), os.environ["SLURM_JOB_ID"]
+
+
+def _from_lsf(world: int) -> tuple[str, int, str, str]:
+    """Under LSF's ``jsrun`` with several tasks: ``LOCAL_RANK`` from
+    ``JSM_NAMESPACE_LOCAL_RANK``; ``MASTER_ADDR`` the first compute host of
+    ``LSB_DJOB_RANKFILE`` (else of ``LSB_HOSTS``), after the job's launch node,
+    which comes first; the job ``LSB_JOBID``."""
     rank_file = os.environ.get("LSB_DJOB_RANKFILE")
     hosts = (
         pathlib.Path(rank_file).read_text() if rank_file else os.environ.get("LSB_HOSTS", "")
     ).split()[1:]  # the first is the job's launch node
     missing = sorted({"JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK"} - set(os.environ))
     if missing or not (hosts or os.environ.get("MASTER_ADDR")):
-        raise DistributedSetupError(
-            f"LSF started {world} tasks (JSM_NAMESPACE_SIZE), but "
-            f"{', '.join(missing) or 'neither LSB_DJOB_RANKFILE nor LSB_HOSTS names a host'}, so "
-            "this process cannot tell its place. Start the script with jsrun, or set RANK, "
-            "LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT."
+        raise _unplaced(
+            f"LSF started {world} tasks (JSM_NAMESPACE_SIZE)",
+            ", ".join(missing) or "neither LSB_DJOB_RANKFILE nor LSB_HOSTS names a host",
+            "Start the script with jsrun",
         )
-    return _place(
-        os.environ["JSM_NAMESPACE_RANK"],
-        os.environ["JSM_NAMESPACE_LOCAL_RANK"],
-        world,
-        world // max(len(set(hosts)), 1),
-        hosts[0] if hosts else "",
-        os.environ["LSB_JOBID"],
-    )
+    local_world = world // max(len(set(hosts)), 1)
+    host = hosts[0] if hosts else ""
+    return os.environ["JSM_NAMESPACE_LOCAL_RANK"], local_world, host, os.environ["LSB_JOBID"]
 
 
-def _from_mpi(rank_name: str, world_name: str) -> dict:
-    """Under ``mpirun`` with several processes: Open MPI's ``OMPI_COMM_WORLD_RANK``,
-    ``_SIZE``, ``_LOCAL_RANK`` and ``_LOCAL_SIZE``, or MPICH's and Intel MPI's
-    ``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID`` and ``MPI_LOCALNRANKS``
-    (``rank_name`` and ``world_name`` are the first two).
+def _from_mpi(world: int) -> tuple[str, int, str, str]:
+    """Under ``mpirun`` with several processes: Open MPI's ``OMPI_COMM_WORLD_LOCAL_RANK``
+    and ``_LOCAL_SIZE``, or MPICH's and Intel MPI's ``MPI_LOCALRANKID`` and
+    ``MPI_LOCALNRANKS`` (the rank and world are ``_PLACES``').
 
     On one machine ``MASTER_ADDR`` is 127.0.0.1 and ``MASTER_PORT`` is
     derived from what all the processes share with no communication: the
@@ -197,8 +183,7 @@ def _from_mpi(rank_name: str, world_name: str) -> dict:
     if that port is taken. On several machines the two must be passed to
     every process (``mpirun -x MASTER_ADDR -x MASTER_PORT``).
     """
-    ompi = rank_name.startswith("OMPI")
-    world = env_int(world_name, 0)
+    ompi = "OMPI_COMM_WORLD_RANK" in os.environ
     local_world = env_int("OMPI_COMM_WORLD_LOCAL_SIZE" if ompi else "MPI_LOCALNRANKS", world)
     if local_world < world and not (
         os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")
@@ -209,10 +194,9 @@ def _from_mpi(rank_name: str, world_name: str) -> dict:
             "the first machine's address and a free port, and pass them to every process: "
             "mpirun -x MASTER_ADDR -x MASTER_PORT ..."
         )
-    rank = os.environ[rank_name]
+    rank = os.environ["OMPI_COMM_WORLD_RANK" if ompi else "PMI_RANK"]
     local = os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK" if ompi else "MPI_LOCALRANKID", rank)
-    job = os.environ.get("PMIX_NAMESPACE") or str(os.getppid())
-    return _place(rank, local, world, local_world, "127.0.0.1", job)
+    return local, local_world, "127.0.0.1", os.environ.get("PMIX_NAMESPACE") or str(os.getppid())
 
 
 def launcher_place() -> tuple[int, int]:
@@ -237,13 +221,10 @@ def launcher_place() -> tuple[int, int]:
 
 def tasks_per_node(text: str) -> list[int]:
     """Slurm's ``"2(x3),1"`` as ``[2, 2, 2, 1]``."""
-    counts: list[int] = []
-    for part in filter(None, text.split(",")):
-        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if match is None:
-            return []
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    return counts
+    parts = [re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", p.strip()) for p in text.split(",") if p]
+    if not all(parts):  # not Slurm's form: no count is known
+        return []
+    return [int(match[1]) for match in parts for _ in range(int(match[2] or 1))]
 
 
 def first_host(node_list: str) -> str:

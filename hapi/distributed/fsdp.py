@@ -142,15 +142,11 @@ def shard(
     if world_size() == 1 or is_sharded(network):
         return network
     names = {id(p): name for name, p in network.named_parameters()}
-    strangers = [
-        p
-        for group in (optimizer.param_groups if optimizer else [])
-        for p in group["params"]
-        if id(p) not in names
-    ]
+    groups = optimizer.param_groups if optimizer is not None else []
+    strangers = sum(id(p) not in names for group in groups for p in group["params"])
     if strangers:
         raise DistributedSetupError(
-            f"The optimizer holds {len(strangers)} tensor(s) that are not parameters of "
+            f"The optimizer holds {strangers} tensor(s) that are not parameters of "
             f"{type(network).__name__}; under FSDP every optimized tensor must belong to the "
             "network, whose parameters are replaced by their shards. Build the optimizer over "
             "model.parameters()."
@@ -177,10 +173,10 @@ def shard(
     for unit in [*units, network]:
         policy = MixedPrecisionPolicy() if isinstance(unit, _NORMS) else mixed
         fully_shard(unit, mp_policy=policy, **options)
-    if optimizer is not None:  # its groups, moved from the replaced parameters to the shards
-        current = dict(network.named_parameters())
-        for group in optimizer.param_groups:
-            group["params"] = [current[names[id(p)]] for p in group["params"]]
+    current = dict(network.named_parameters())
+    for group in groups:  # the optimizer's groups, moved from the replaced parameters to the shards
+        group["params"] = [current[names[id(p)]] for p in group["params"]]
+    if optimizer is not None:
         load_optimizer_state(network, optimizer, saved_optimizer)  # its state, on the shards
     return network
 
@@ -309,9 +305,7 @@ def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
         twin = copies[id(module)] = cls.__new__(cls)
         # Not torch's composable-API state (FSDP's state and registry).
         fields = {k: v for k, v in vars(module).items() if not k.startswith("__composable_api_")}
-        fields["_parameters"] = {
-            k: p if p is None else copies[id(p)] for k, p in module._parameters.items()
-        }
+        fields["_parameters"] = {k: copies.get(id(p)) for k, p in module._parameters.items()}
         fields["_buffers"] = {
             k: None if b is None else b.detach().clone() for k, b in module._buffers.items()
         }

@@ -8,21 +8,20 @@ import contextlib
 import gc
 import os
 import sys
+import types
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
-from hapi.distributed.env import (
-    DistributedSetupError,
-    env_int,
-    launcher_place,
-    launcher_variables,
-    timeout,
-)
+from hapi.distributed import env
+from hapi.distributed.env import DistributedSetupError, env_int
 from hapi.distributed.store import leave_attempt_store, restart_safe_store
 
-_created_group = False  # True when hapi created the default group (and so destroys it)
+# This process's part in the group: whether hapi created it (and so destroys it), whether the
+# process is dying of an exception (see note_failure), the group of background saves, and what
+# to release before the group goes (see release_at_teardown).
+_state = types.SimpleNamespace(created=False, dying=False, background=None, releases=[])
 
 
 def _active() -> bool:
@@ -57,7 +56,7 @@ def launched_rank() -> int:
             if hapi.distributed.rank() == 0:
                 print("world size", hapi.distributed.world_size())
     """
-    return dist.get_rank() if _active() else launcher_place()[0]
+    return dist.get_rank() if _active() else env.launcher_place()[0]
 
 
 def launched_world_size() -> int:
@@ -71,7 +70,7 @@ def launched_world_size() -> int:
     Returns:
         The number of processes, 1 when nothing was launched.
     """
-    return dist.get_world_size() if _active() else launcher_place()[1]
+    return dist.get_world_size() if _active() else env.launcher_place()[1]
 
 
 def launched_is_main() -> bool:
@@ -117,26 +116,22 @@ def backend_name(device: str | torch.device | None = None) -> str:
     """
     on_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
     requested = os.environ.get("HAPI_BACKEND", "").strip().lower()
-    if requested:
-        if requested not in ("nccl", "gloo"):
-            raise DistributedSetupError(
-                f"HAPI_BACKEND={requested!r} is not a backend torch-hapi uses; choose 'nccl' "
-                "(CUDA GPUs) or 'gloo' (CPU), or unset it to choose automatically."
+    if requested not in ("", "nccl", "gloo"):
+        raise DistributedSetupError(
+            f"HAPI_BACKEND={requested!r} is not a backend torch-hapi uses; choose 'nccl' "
+            "(CUDA GPUs) or 'gloo' (CPU), or unset it to choose automatically."
+        )
+    if requested == "nccl" and not (on_cuda and torch.cuda.is_available()):
+        raise DistributedSetupError(
+            "HAPI_BACKEND=nccl asks for NCCL, which "
+            + (
+                f"reduces CUDA tensors only, but the Model was given device={str(device)!r}"
+                if torch.cuda.is_available()
+                else "needs CUDA GPUs, but torch.cuda.is_available() is False on this machine"
             )
-        if requested == "nccl" and not torch.cuda.is_available():
-            raise DistributedSetupError(
-                "HAPI_BACKEND=nccl asks for NCCL, which needs CUDA GPUs, but "
-                "torch.cuda.is_available() is False on this machine. Unset HAPI_BACKEND (Gloo "
-                "is chosen on CPU) or run on machines with GPUs."
-            )
-        if requested == "nccl" and not on_cuda:
-            raise DistributedSetupError(
-                f"HAPI_BACKEND=nccl asks for NCCL, which reduces CUDA tensors only, but the Model "
-                f"was given device={str(device)!r}. Unset HAPI_BACKEND (Gloo is chosen for CPU "
-                "models) or give the Model a CUDA device."
-            )
-        return requested
-    return "nccl" if on_cuda else "gloo"
+            + ". Unset HAPI_BACKEND (Gloo is chosen for CPU models) or train on CUDA GPUs."
+        )
+    return requested or ("nccl" if on_cuda else "gloo")
 
 
 def init(device: str | torch.device | None = None) -> None:
@@ -169,7 +164,6 @@ def init(device: str | torch.device | None = None) -> None:
             loader = DataLoader(train_set, batch_size=32, sampler=sampler)
             model = hapi.Model(Net())
     """
-    global _created_group
     if _active():
         if backend_name(device) == "gloo" and dist.get_backend() == "nccl":
             raise DistributedSetupError(
@@ -179,7 +173,8 @@ def init(device: str | torch.device | None = None) -> None:
                 'hapi.distributed.init("cpu") first to train on the CPU.'
             )
         return
-    os.environ.update(launcher_variables())  # srun, jsrun, mpirun: torch.distributed's from theirs
+    # srun, jsrun, mpirun: torch.distributed's variables from theirs
+    os.environ.update(env.launcher_variables())
     if env_int("WORLD_SIZE", 1) <= 1:
         return
     missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
@@ -193,23 +188,21 @@ def init(device: str | torch.device | None = None) -> None:
     backend = backend_name(device)
     if backend == "nccl":
         torch.cuda.set_device(local_rank() % torch.cuda.device_count())
-    limit = timeout()
+    limit = env.timeout()
     try:
         dist.init_process_group(backend=backend, timeout=limit, **restart_safe_store(limit))
     except Exception as error:  # torch raises several (DistNetworkError, RuntimeError, ...)
-        address = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-        hint = (
-            "another program already listens on that port: pick a free one "
-            "(torchrun --master-port / --rdzv-endpoint, or MASTER_PORT)"
-            if "address already in use" in str(error).lower() or "EADDRINUSE" in str(error)
-            else "check that every process uses the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE, "
-            "and that rank 0 is reachable"
-        )
+        hint = "check that every process uses the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE, "
+        hint += "and that rank 0 is reachable"
+        if "address already in use" in str(error).lower() or "EADDRINUSE" in str(error):
+            hint = "another program already listens on that port: pick a free one "
+            hint += "(torchrun --master-port / --rdzv-endpoint, or MASTER_PORT)"
         raise DistributedSetupError(
-            f"Could not join the {backend} process group at {address} as rank "
-            f"{os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}: {error}. Likely cause: {hint}."
+            f"Could not join the {backend} process group at {os.environ['MASTER_ADDR']}:"
+            f"{os.environ['MASTER_PORT']} as rank {os.environ['RANK']} of "
+            f"{os.environ['WORLD_SIZE']}: {error}. Likely cause: {hint}."
         ) from error
-    _created_group = True
+    _state.created = True
     excepthook = sys.excepthook
 
     def note_then_report(*args: Any) -> None:  # the process dies of an uncaught exception
@@ -235,26 +228,21 @@ def teardown() -> None:
     others may be blocked in a collective it will never join, and the
     launcher must learn of the failure at once (see :func:`note_failure`).
     """
-    global _created_group
-    if _created_group and _active():
-        if not _dying_of_an_exception:
+    if _state.created and _active():
+        if not _state.dying:
             # A peer that died or never came: destroy anyway.
             with contextlib.suppress(Exception):
                 if dist.get_backend() == "gloo":
-                    dist.monitored_barrier(timeout=timeout())
+                    dist.monitored_barrier(timeout=env.timeout())
                 else:
                     dist.barrier()
-        for release in _releases:
+        for release in _state.releases:
             release()
         gc.collect()  # what held the group's work goes now, while the interpreter can free it
         dist.destroy_process_group()
-        if not _dying_of_an_exception:
-            leave_attempt_store(timeout())
-    _created_group = False
-
-
-_dying_of_an_exception = False
-_releases: list[Callable[[], None]] = []
+        if not _state.dying:
+            leave_attempt_store(env.timeout())
+    _state.created = False
 
 
 def release_at_teardown(release: Callable[[], None]) -> None:
@@ -266,7 +254,7 @@ def release_at_teardown(release: Callable[[], None]) -> None:
     aborts ("terminate called without an active exception") after a run that
     finished.
     """
-    _releases.append(release)
+    _state.releases.append(release)
 
 
 def note_failure() -> None:
@@ -276,11 +264,7 @@ def note_failure() -> None:
     :func:`hapi.spawn` child, and for any uncaught exception (``sys.excepthook``):
     the other processes may be blocked in a collective this one will never join.
     """
-    global _dying_of_an_exception
-    _dying_of_an_exception = True
-
-
-_background: dist.ProcessGroup | None = None
+    _state.dying = True
 
 
 def background_group() -> dist.ProcessGroup | None:
@@ -293,12 +277,11 @@ def background_group() -> dist.ProcessGroup | None:
     meet training's. Created by every process at its first background save,
     which they make together (creating a group is itself a collective).
     """
-    global _background
     if world_size() == 1:
         return None
-    if _background is None:
-        _background = dist.new_group(backend="gloo", timeout=timeout())
-    return _background
+    if _state.background is None:
+        _state.background = dist.new_group(backend="gloo", timeout=env.timeout())
+    return _state.background
 
 
 def default_device(requested: str | torch.device | None = None) -> torch.device:

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import pathlib
 import platform
 import secrets
 import socket
@@ -85,40 +86,32 @@ def reason_not_to_use(network: nn.Module, parameters: list[nn.Parameter]) -> str
     Only this process's side; the process group's side -- Gloo, every process
     on one machine, all of them agreeing -- is :mod:`hapi.distributed.ddp`'s.
     """
-    if os.environ.get("HAPI_SHM_ALLREDUCE", "1") == "0":
-        return "HAPI_SHM_ALLREDUCE=0"
     machine = platform.machine()
-    if not sys.platform.startswith("linux") or machine.lower() not in ("x86_64", "amd64"):
-        return f"the platform is {sys.platform} on {machine}; the buffer's protocol needs Linux on x86-64"
     missing = [n for n in ("memfd_create", "posix_fallocate", "sched_yield") if not hasattr(os, n)]
-    if missing:
-        return f"this Python's os module lacks {', '.join(missing)}"
     others = sorted({f"{p.dtype} on {p.device}" for p in parameters} - {"torch.float32 on cpu"})
-    if others:
-        return f"parameters are {', '.join(others)}; the buffer holds float32 CPU gradients"
     sparse = [
         f"{name or 'the network'} ({type(module).__name__})"
         for name, module in network.named_modules()
         if getattr(module, "sparse", False) is True
         and any(p.requires_grad for p in module.parameters(recurse=False))
     ]
-    if sparse:
-        return (
-            f"{', '.join(sparse)} has sparse=True: its gradients are sparse tensors, "
-            "which Gloo's all-reduce adds but the buffer's rows cannot"
-        )
-    return None
+    linux_x86 = sys.platform.startswith("linux") and machine.lower() in ("x86_64", "amd64")
+    reasons = [  # (whether it applies, the reason); the first that applies is the answer
+        (os.environ.get("HAPI_SHM_ALLREDUCE", "1") == "0", "HAPI_SHM_ALLREDUCE=0"),
+        (not linux_x86, f"the platform is {sys.platform} on {machine}, not Linux on x86-64"),
+        (missing, f"this Python's os module lacks {', '.join(missing)}"),
+        (others, f"parameters are {', '.join(others)}; the buffer holds float32 CPU gradients"),
+        (sparse, f"{', '.join(sparse)} has sparse=True (Gloo adds sparse gradients, rows cannot)"),
+    ]
+    return next((reason for applies, reason in reasons if applies), None)
 
 
 def identity() -> dict[str, Any]:
     """This process's id and start time (in clock ticks since boot; -1 where unknown), which
     together name it even after the id is reused, and its machine's hostname and boot id
     (``""`` where it cannot be read): processes that report the same pair run under one kernel."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as file:
-            boot_id = file.read().strip()
-    except OSError:
-        boot_id = ""
+    boot = pathlib.Path("/proc/sys/kernel/random/boot_id")
+    boot_id = boot.read_text().strip() if boot.exists() else ""
     start = _start_time(os.getpid()) or -1
     return {"host": socket.gethostname(), "boot_id": boot_id, "pid": os.getpid(), "start": start}
 
@@ -196,10 +189,9 @@ class SharedMemoryAllReduce:
             actual = os.fstat(file.fileno()).st_size
             if actual != size:
                 raise OSError(f"{path} holds {actual} bytes, not the buffer's {size}")
+            if file.read(_TOKEN_BYTES) != self._token:
+                raise OSError(f"{path} does not hold rank 0's token: not the same memory")
             self._mapping = mmap.mmap(file.fileno(), size)
-        if bytes(self._mapping[:_TOKEN_BYTES]) != self._token:
-            self._mapping.close()
-            raise OSError(f"{path} does not hold rank 0's token: not the same memory")
         self.lines = np.ndarray((self.world, _LINE // 8), np.int64, self._mapping, offset=_LINE)
         offset, floats = _LINE * (1 + self.world), 2 * self.world * self.numel
         rows = torch.frombuffer(self._mapping, dtype=torch.float32, count=floats, offset=offset)
@@ -242,10 +234,9 @@ class SharedMemoryAllReduce:
         line[_COUNT + half] = count
         line[_PUBLISHED] = self.calls  # last: whoever sees it sees the row and the count
         self._wait_for_everyone()
-        counts = self.lines[:, _COUNT + half]
-        if (counts != count).any():
-            counts = counts.tolist()
-            other = next(r for r, theirs in enumerate(counts) if theirs != count)
+        counts = self.lines[:, _COUNT + half].tolist()
+        other = next((r for r, theirs in enumerate(counts) if theirs != count), None)
+        if other is not None:
             raise RuntimeError(
                 f"Rank {self.rank} averages a gradient bucket of {count} elements, but rank {other} "
                 f"published {counts[other]} for the same call ({self.calls}; every rank's: {counts}): "
@@ -253,27 +244,21 @@ class SharedMemoryAllReduce:
                 "element. Every process must train the same network with the same trainable parameters "
                 "(same requires_grad, same order); HAPI_SHM_ALLREDUCE=0 uses Gloo's all-reduce instead."
             )
-        flat = gradients.view(-1)
-        if self.world == 1:
-            flat.copy_(rows[0])
-        else:
-            torch.add(rows[0], rows[1], out=flat)
-        for other in range(2, self.world):  # one after the other, in rank order, on every process
+        flat = gradients.view(-1).copy_(rows[0])
+        for other in range(1, self.world):  # one after the other, in rank order, on every process
             flat.add_(rows[other])
         flat.div_(self.world)
         return gradients
 
     def _wait_for_everyone(self) -> None:
-        spins, published, calls = 0, self.lines[:, _PUBLISHED], self.calls
+        spins, published, calls, now = 0, self.lines[:, _PUBLISHED], self.calls, time.monotonic()
+        deadline, next_check = now + self.timeout_s, now + _PEER_CHECK_S
         while (published < calls).any():
             spins += 1
             if spins < _SPINS_BEFORE_YIELD:
                 continue
             os.sched_yield()  # more processes than cores: let the one we wait for run
             now = time.monotonic()
-            if spins == _SPINS_BEFORE_YIELD:
-                deadline, next_check = now + self.timeout_s, now + _PEER_CHECK_S
-                continue
             if now < next_check:
                 continue
             next_check = now + _PEER_CHECK_S
@@ -306,14 +291,10 @@ def _start_time(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks since boot), or ``None`` where it is gone,
     a zombie, or not visible. One open and read of ``/proc/<pid>/stat``."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            stat = file.read()
-    except OSError:
-        return None
-    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_bytes()
         fields = stat[stat.rindex(b")") + 2 :].split()  # the command name may hold spaces and ')'
         state, start = fields[0], int(fields[19])
-    except (ValueError, IndexError):  # an exiting process's file can read back empty
+    except (OSError, ValueError, IndexError):  # gone, or an exiting process's file read back empty
         return None
     return None if state in (b"Z", b"X", b"x") else start  # Z, X: exited, not yet reaped
 

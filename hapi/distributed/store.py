@@ -57,14 +57,13 @@ def restart_safe_store(timeout: datetime.timedelta) -> dict[str, Any]:
         store = _publish_new_store(agent_store, hosts, processes, timeout)
     else:
         store = _join_published_store(agent_store, processes, timeout)
-    global _attempt_store
-    _attempt_store = (store, this_rank, processes)
+    _attempt_store[:] = [(store, this_rank, processes)]
     return {"store": store, "rank": this_rank, "world_size": processes}
 
 
 _PUBLISHED_KEY = "hapi/process_group_store"
 _TOKEN_KEY = "hapi/token"
-_attempt_store: tuple[dist.Store, int, int] | None = None  # (store, this rank, processes)
+_attempt_store: list[tuple[dist.Store, int, int]] = []  # [(store, this rank, processes)] once made
 
 
 def leave_attempt_store(limit: datetime.timedelta) -> None:
@@ -75,11 +74,9 @@ def leave_attempt_store(limit: datetime.timedelta) -> None:
     rank 0 exiting while another rank still tears its group down takes the
     store from under it: that rank could abort at exit after a finished run.
     """
-    global _attempt_store
-    if _attempt_store is None:
+    if not _attempt_store:
         return
-    store, this_rank, processes = _attempt_store
-    _attempt_store = None
+    store, this_rank, processes = _attempt_store.pop()
     # A peer that died, or rank 0 already gone (torch's store errors): nothing to wait for.
     with contextlib.suppress(RuntimeError, ValueError):
         if this_rank == 0:
@@ -120,9 +117,8 @@ def _addresses_others_reach(agent_host: str, agent_port: int, spans_machines: bo
     seen = _address_seen_from(agent_host, agent_port)
     if not spans_machines or not _is_loopback(seen):
         return [seen]
-    others = [address for _, address in _machine_addresses() if not _is_loopback(address)]
-    others.sort(key=lambda address: ipaddress.ip_address(address).version)  # IPv4 first
-    return list(dict.fromkeys(others)) or [seen]
+    others = dict.fromkeys(a for _, a in _machine_addresses() if not _is_loopback(a))  # in order
+    return sorted(others, key=lambda a: ipaddress.ip_address(a).version) or [seen]  # IPv4 first
 
 
 def _address_seen_from(host: str, port: int) -> str:

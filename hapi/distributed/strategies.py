@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.optim import Optimizer
 
 from hapi.distributed import ddp, fsdp
 from hapi.distributed.env import DistributedSetupError
@@ -126,7 +127,7 @@ class DDP(Strategy):
         **ddp_kwargs: Any,
     ) -> None:
         reserved = sorted(
-            {"module", "device_ids", "output_device", "process_group"} & set(ddp_kwargs)
+            {"module", "device_ids", "output_device", "process_group"} & {*ddp_kwargs}
         )
         if reserved:
             raise TypeError(
@@ -138,14 +139,9 @@ class DDP(Strategy):
         self.sync_batchnorm = bool(sync_batchnorm)
         self.ddp_kwargs = ddp_kwargs
 
-    def _wrap_network(
-        self,
-        network: nn.Module,
-        device: torch.device,
-        optimizer: torch.optim.Optimizer | None,
-        amp_dtype: torch.dtype | None,
-    ) -> nn.Module:
-        """The module training runs (``network`` itself on one process)."""
+    def _wrap_network(self, network: nn.Module, device: torch.device, *_: Any) -> nn.Module:
+        """The module training runs (``network`` itself on one process). The optimizer and the
+        amp dtype that follow are FSDP's concern (:meth:`FSDP._wrap_network`), not DDP's."""
         if self.sync_batchnorm and world_size() > 1:
             if device.type != "cuda":
                 raise DistributedSetupError(
@@ -223,14 +219,10 @@ class FSDP(Strategy):
         return fsdp.gathered(network, self.reshard_after_forward)
 
     def _wrap_network(
-        self,
-        network: nn.Module,
-        device: torch.device,
-        optimizer: torch.optim.Optimizer | None,
-        amp_dtype: torch.dtype | None,
+        self, network: nn.Module, device: torch.device, optimizer: Optimizer | None, amp: Any
     ) -> nn.Module:
-        # This strategy's options are fsdp.shard's keywords.
-        return fsdp.shard(network, device, optimizer, amp_dtype=amp_dtype, **vars(self))
+        # This strategy's options are fsdp.shard's keywords; ``amp`` is the amp dtype (or None).
+        return fsdp.shard(network, device, optimizer, amp_dtype=amp, **vars(self))
 
     def _check_own_step(self, model_class: str) -> None:
         if world_size() > 1:
@@ -251,12 +243,7 @@ def resolve(strategy: Any) -> DDP | FSDP:
         return strategy
     if strategy is None or isinstance(strategy, str) and strategy in ("auto", "ddp", "fsdp"):
         return FSDP() if strategy == "fsdp" else DDP()
+    accepted = "'auto', 'ddp' or 'fsdp' (or hapi.DDP(...) / hapi.FSDP(...))"
     if isinstance(strategy, str):
-        raise ValueError(
-            f"strategy must be 'auto', 'ddp' or 'fsdp' (or hapi.DDP(...) / hapi.FSDP(...)); "
-            f"received {strategy!r}."
-        )
-    raise TypeError(
-        f"strategy must be None, 'auto', 'ddp', 'fsdp', hapi.DDP(...) or hapi.FSDP(...); "
-        f"received {type(strategy).__name__}."
-    )
+        raise ValueError(f"strategy must be {accepted}; received {strategy!r}.")
+    raise TypeError(f"strategy must be None, {accepted}; received {type(strategy).__name__}.")
