@@ -30,6 +30,8 @@ from hapi.checkpoint.errors import CRAFTED, CheckpointError, refuse
 from hapi.rng import global_state, set_global_state
 
 _PLAIN = (type(None), bool, int, float, str)
+_STEP_STATE = ("step_state_dict", "load_step_state_dict")
+
 # The position of a file written before torch-hapi recorded the epoch's order.
 _UNKNOWN_POSITION = {"kind": "unknown"}
 
@@ -100,23 +102,23 @@ def save(model: Any, path: Any, training: bool, resumable: bool, sharded: bool, 
     distributed.sync_from_main(network)  # what is written is what every process evaluates
     if not (training or sharded):  # the plain state_dict: loads with no torch-hapi
         return checkpoint.save_state(path, strategy._full_state_dict(network), wait=wait)
+    if training and sharded and len(optimizers) > 1:
+        raise ValueError(
+            f"save(sharded=True) holds one optimizer; this Model has {len(optimizers)}. "
+            "Save with sharded=False."
+        )
     state: dict[str, Any] = {"format": checkpoint.FORMAT, "version": checkpoint.VERSION}
     if not sharded:
         state["network"] = strategy._full_state_dict(network)
     if training:
-        if len(optimizers) > 1 and sharded:
-            raise ValueError(
-                f"save(sharded=True) holds one optimizer; this Model has {len(optimizers)}. "
-                "Save with sharded=False."
-            )
         full = functools.partial(strategy._full_optimizer_state, network)
-        if model._optimizer is None:  # one loaded before prepare() gave its optimizer
-            optimizer, kind = model._pending_optimizer or (None, None)
-        elif len(optimizers) > 1:  # a train_step of the user's own: every optimizer, by name
+        # Without an optimizer, one loaded before prepare() gave it one.
+        optimizer, kind = model._pending_optimizer or (None, None)
+        if len(optimizers) > 1:  # a train_step of the user's own: every optimizer, by name
             optimizer = kind = None
             state["optimizers"] = {name: full(o) for name, o in optimizers.items()}
             state["optimizer_types"] = {name: type(o).__name__ for name, o in optimizers.items()}
-        else:
+        elif optimizers:
             optimizer = None if sharded else full(model._optimizer)
             kind = type(model._optimizer).__name__
         scaler = model._scaler.state_dict() if model._scaler else model._pending_scaler_state
@@ -149,24 +151,23 @@ def _fit_state(model: Any, rng: dict[str, Any]) -> dict[str, Any]:
     run = model._fit_run
     shared, own = run.train_data.position(model.epoch_step)
     per_rank = {"rng": rng, "metrics": model._metrics.training_state_dict(), "data": own}
-    save_ = getattr(model, "step_state_dict", None)
-    load_ = getattr(model, "load_step_state_dict", None)
-    if save_ is not None or load_ is not None:
-        if save_ is None or load_ is None:
-            names = ["step_state_dict", "load_step_state_dict"]
-            given, missing = names if load_ is None else names[::-1]
-            raise TypeError(
-                f"{type(model).__name__} defines {given}() but not {missing}(): a resumed fit "
-                "needs both to carry the train_step's state over. Define the pair: "
-                "step_state_dict() returning a dict, load_step_state_dict(state) taking it back."
-            )
-        per_rank["step_state"] = save_()
-        if not isinstance(per_rank["step_state"], dict):
-            raise TypeError(
-                f"{type(model).__name__}.step_state_dict() returned "
-                f"{type(per_rank['step_state']).__name__}; it must return a dict (of tensors, "
-                "numbers, strings, lists or dicts), e.g. {'hidden': self.hidden}."
-            )
+    save_, load_ = (getattr(model, name, None) for name in _STEP_STATE)
+    if (save_ is None) != (load_ is None):
+        given, missing = _STEP_STATE if load_ is None else _STEP_STATE[::-1]
+        raise TypeError(
+            f"{type(model).__name__} defines {given}() but not {missing}(): a resumed fit "
+            "needs both to carry the train_step's state over. Define the pair: "
+            "step_state_dict() returning a dict, load_step_state_dict(state) taking it back."
+        )
+    step_state = save_ and save_()
+    if save_ is not None and not isinstance(step_state, dict):
+        raise TypeError(
+            f"{type(model).__name__}.step_state_dict() returned {type(step_state).__name__}; "
+            "it must return a dict (of tensors, numbers, strings, lists or dicts), e.g. "
+            "{'hidden': self.hidden}."
+        )
+    if save_ is not None:
+        per_rank["step_state"] = step_state
     return {
         "data_seed": run.train_data.seed,
         "data": shared,
@@ -601,23 +602,8 @@ def _resume_fit(model: Any, file: str, saved: Any) -> None:
     ]
     if refused:
         raise failure or CheckpointError(refused[0])
-    _warn_resume(file, len(saved["per_rank"]), outcome, reason)
-
-
-def _check_fit(file: str, saved: Any) -> None:
-    """The fit state's layout: what :func:`_fit_state` writes, before any of it is used."""
-    keys = {"data_seed", "data", "per_rank", "callbacks"}
-    if not isinstance(saved, dict) or not keys <= set(saved):
-        refuse(file, "'fit'", saved, "a dict of 'data_seed', 'data', 'per_rank' and 'callbacks'")
-    check_like(file, saved, {"data": {}, "per_rank": [], "callbacks": []}, "'fit'")
-    count(file, saved, "data_seed")
-    per_rank = saved["per_rank"]
-    if not per_rank or not all(isinstance(part, dict) for part in per_rank):
-        refuse(file, "'per_rank'", per_rank, "a list of each process's dict")
-    for index, entry in enumerate(saved["callbacks"]):
-        if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str)):
-            refuse(file, f"'callbacks'[{index}]", entry, "a [class name, state] pair")
-        check_like(file, entry[1], {}, f"'callbacks'[{index}] ({entry[0]}) state")
+    if outcome != "exact":
+        _warn_resume(file, len(saved["per_rank"]), outcome, reason)
 
 
 def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
@@ -626,10 +612,21 @@ def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
     Returns this process's part of the file (``None`` when another number of
     processes wrote it: the per-process parts cannot be matched, and random
     streams and the epoch's running sums start afresh). Every part is checked
-    before it is used; one that no run writes raises :class:`CheckpointError`
-    naming it.
+    (the layout :func:`_fit_state` writes) before it is used; one that no run
+    writes raises :class:`CheckpointError` naming it.
     """
-    _check_fit(file, saved)
+    if not isinstance(saved, dict) or not {"data_seed", "data", "per_rank", "callbacks"} <= set(
+        saved
+    ):
+        refuse(file, "'fit'", saved, "a dict of 'data_seed', 'data', 'per_rank' and 'callbacks'")
+    check_like(file, saved, {"data": {}, "per_rank": [], "callbacks": []}, "'fit'")
+    count(file, saved, "data_seed")
+    if not saved["per_rank"] or not all(isinstance(part, dict) for part in saved["per_rank"]):
+        refuse(file, "'per_rank'", saved["per_rank"], "a list of each process's dict")
+    for index, entry in enumerate(saved["callbacks"]):
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str)):
+            refuse(file, f"'callbacks'[{index}]", entry, "a [class name, state] pair")
+        check_like(file, entry[1], {}, f"'callbacks'[{index}] ({entry[0]}) state")
     own = distributed.this_process_part(saved["per_rank"])
     if own is not None:
         where = f"'per_rank'[{distributed.rank()}]"
@@ -638,48 +635,41 @@ def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
         with restoring(file, f"{where}['metrics']"):
             model._metrics.load_state_dict(own["metrics"])
             model._metrics.compute(sync=False)  # a running sum of another shape fails here
-    callbacks = list(model._fit_run.callbacks)
-    names = [name for name, _ in saved["callbacks"]]
-    ours = [type(c).__name__ for c in callbacks]
+    pending = [list(entry) for entry in saved["callbacks"]]
+    names, ours = (
+        [name for name, _ in pending],
+        [type(c).__name__ for c in model._fit_run.callbacks],
+    )
     if names != ours:
         warnings.warn(
             f"Resuming from {file!r}: its callbacks {names} differ from this fit's {ours}; "
             "callbacks are matched by class name in order, and the others start afresh.",
             stacklevel=5,
         )
-    pending = list(saved["callbacks"])
-    for callback in callbacks:
-        left = [name for name, _ in pending]
-        if type(callback).__name__ in left:
-            name, state = pending.pop(left.index(type(callback).__name__))
-            with restoring(file, f"{name}'s state"):
-                callback.load_state_dict(state)
-    if own is not None and "step_state" in own:  # else the Model's own state stays as it is
-        with restoring(file, "'step_state'"):
-            _restore_step_state(model, own["step_state"], file)
-    return own
-
-
-def _restore_step_state(model: Any, saved: Any, file: str) -> None:
-    """Give the Model's own step its state back from this process's part of a resumable file.
-
-    The saved dict must hold the kinds of value (and tensors of the shapes)
-    ``step_state_dict()`` returns now, where it returns one that is not
-    ``None``: the step would trip over any other later, far from the file.
-    """
-    load_ = getattr(model, "load_step_state_dict", None)
-    save_ = getattr(model, "step_state_dict", None)
+    for callback in model._fit_run.callbacks:  # the first entry of its class not yet taken
+        entry = next((e for e in pending if e[0] == type(callback).__name__), None)
+        if entry is not None:
+            pending.remove(entry)
+            with restoring(file, f"{entry[0]}'s state"):
+                callback.load_state_dict(entry[1])
+    if own is None or "step_state" not in own:  # the Model's own state stays as it is
+        return own
+    save_, load_ = (getattr(model, name, None) for name in _STEP_STATE)
     if load_ is None:
         warnings.warn(
             f"Resuming from {file!r}: it holds the state a train_step carried between batches "
-            f"(keys {sorted(saved)}), but {type(model).__name__} defines no "
+            f"(keys {sorted(own['step_state'])}), but {type(model).__name__} defines no "
             "load_step_state_dict(state) to take it, so it is not restored. Define "
             "step_state_dict() and load_step_state_dict(state) on the Model subclass.",
-            stacklevel=7,
+            stacklevel=6,
         )
-    else:
-        check_like(file, saved, save_ and save_(), "'step_state'", shapes=True)
-        load_(saved)
+        return own
+    # Of the kinds (and tensors of the shapes) step_state_dict() returns now: the step
+    # would trip over any other later, far from the file.
+    with restoring(file, "'step_state'"):
+        check_like(file, own["step_state"], save_ and save_(), "'step_state'", shapes=True)
+        load_(own["step_state"])
+    return own
 
 
 def _warn_resume(file: str, saved_by: int, outcome: str, reason: str | None) -> None:
@@ -687,8 +677,6 @@ def _warn_resume(file: str, saved_by: int, outcome: str, reason: str | None) -> 
 
     ``outcome`` is what :meth:`hapi.data.TrainData.resume` did.
     """
-    if outcome == "exact":
-        return
     here = distributed.world_size()
     epoch = {
         "fresh": "random streams start afresh, so results differ from an uninterrupted run",

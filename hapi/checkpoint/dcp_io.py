@@ -172,11 +172,8 @@ class SafeFileSystemReader(dcp.FileSystemReader):
                 reached through a symbolic link.
         """
         path, directory = self._get_metadata_path(kwargs.get("rank")), os.fspath(self.path)
-        try:
-            with self.fs.create_stream(path, "rb") as metadata_file:
-                raw = metadata_file.read()
-        except files.UnsafeNameError as error:
-            raise CheckpointError(f"Sharded checkpoint {directory!r}: {error}") from None
+        with self.fs.create_stream(path, "rb") as metadata_file:  # refuses a link, naming it
+            raw = metadata_file.read()
         try:
             metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
             _check(metadata)

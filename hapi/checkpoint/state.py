@@ -62,6 +62,8 @@ from hapi.checkpoint.files import MANIFEST
 FORMAT = "torch-hapi"
 VERSION = 1
 SUFFIX = ".pt"
+_SHARDED = "Sharded checkpoint: "  # starts the refusal of a link as its directory or manifest
+
 
 # The global torch's weights-only unpickler refused, e.g. "GLOBAL posix.system".
 _GLOBAL = re.compile(r"GLOBAL [A-Za-z_]\w*(\.[A-Za-z_]\w*)+(\s|$)")
@@ -252,7 +254,7 @@ def save_sharded(
     from hapi.checkpoint import dcp_io  # torch.distributed.checkpoint: imported on first use
 
     created = _missing_directories(os.path.join(os.fspath(path), MANIFEST))
-    directory = _no_link(check_path(path, directory=True))
+    directory = files.refuse_link(check_path(path, directory=True), _SHARDED)
     background.wait_for_writes()
     # Every process must name the same directory: rank 0's random name is everyone's.
     name = "shards-" + distributed.broadcast_bytes(secrets.token_hex(8).encode()).decode()
@@ -294,29 +296,16 @@ def shards_directory(file: str, state: dict[str, Any]) -> str:
     """Where the shards of the sharded checkpoint whose manifest is ``file`` lie.
 
     Raises:
-        CheckpointError: the manifest names anything but a shards directory
-            inside the checkpoint's own directory (an absolute path, ``..``,
-            a separator, a link leading elsewhere), naming the value; the
-            checkpoint's directory or manifest is a symbolic link.
+        UnsafeNameError: (a CheckpointError) the manifest names anything but
+            a shards directory inside the checkpoint's own directory (an
+            absolute path, ``..``, a separator, a link leading elsewhere),
+            naming the value; the checkpoint's directory or manifest is a
+            symbolic link.
     """
-    directory = _no_link(os.path.dirname(_no_link(file)))
+    directory = files.refuse_link(os.path.dirname(files.refuse_link(file, _SHARDED)), _SHARDED)
     entry = f"The manifest {file!r} entry 'shards'"
-    try:  # follow_links=False: the shards directory is read and deleted, never replaced
-        return files.child(directory, state.get("shards"), entry, files.SHARDS_NAME, False)
-    except files.UnsafeNameError as error:
-        raise CheckpointError(str(error)) from None
-
-
-def _no_link(path: str) -> str:
-    """``path``, once it is no symbolic link: a sharded checkpoint's directory and manifest never are.
-
-    Raises:
-        CheckpointError: naming the path and where the link leads.
-    """
-    try:
-        return files.refuse_link(path.rstrip("/" + os.sep) or path, "Sharded checkpoint: ")
-    except files.UnsafeNameError as error:
-        raise CheckpointError(str(error)) from None
+    # follow_links=False: the shards directory is read and deleted, never replaced.
+    return files.child(directory, state.get("shards"), entry, files.SHARDS_NAME, False)
 
 
 def _candidates(path: str | os.PathLike) -> list[str]:
