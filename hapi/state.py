@@ -30,6 +30,8 @@ from hapi.checkpoint.errors import CRAFTED, CheckpointError, refuse
 from hapi.rng import global_state, set_global_state
 
 _PLAIN = (type(None), bool, int, float, str)
+_OPTIMIZER_KEYS = ("optimizer", "optimizer_shards")  # a file's, a sharded checkpoint's
+
 _STEP_STATE = ("step_state_dict", "load_step_state_dict")
 
 # The position of a file written before torch-hapi recorded the epoch's order.
@@ -279,10 +281,7 @@ def _load_weights(model: Any, file: str, state: dict, skip_mismatch: bool) -> li
 def _check_optimizer_states(model: Any, file: str, state: dict) -> None:
     """Each saved optimizer state of the layout torch writes, its tensors of their parameters'
     shapes, its settings of this optimizer's types; refused with the entry before any is used."""
-    named = [
-        ("'optimizer'", state.get("optimizer"), model._optimizer),
-        ("'optimizer_shards'", state.get("optimizer_shards"), model._optimizer),
-    ]
+    named = [(f"'{key}'", state.get(key), model._optimizer) for key in _OPTIMIZER_KEYS]
     if isinstance(state.get("optimizers"), dict):
         named += [
             (f"'optimizers'[{name!r}]", saved, model._optimizers.get(name))
@@ -294,13 +293,13 @@ def _check_optimizer_states(model: Any, file: str, state: dict) -> None:
         check_like(file, saved, {"state": {}, "param_groups": []}, where)
         if optimizer is None:
             continue
-        groups = optimizer.state_dict()["param_groups"]
+        settings = optimizer.state_dict()["param_groups"][0]
         shapes = [tuple(p.shape) for group in optimizer.param_groups for p in group["params"]]
         for index, group in enumerate(saved.get("param_groups", [])):
             at = f"{where}['param_groups'][{index}]"
-            check_like(file, group, groups[0], at)
+            check_like(file, group, settings, at)
             for name, value in group.items():  # a setting torch leaves None: a plain value
-                if groups[0].get(name, 0) is None and not isinstance(value, _PLAIN):
+                if settings.get(name, 0) is None and not isinstance(value, _PLAIN):
                     refuse(file, f"{at}[{name!r}]", value, "a plain value")
         # torch's optimizers keep tensors per parameter (and a step count); LBFGS and
         # optimizers of other libraries may keep numbers and lists of tensors too.
@@ -329,7 +328,7 @@ def _load_optimizers(
     ``keep_hyperparameters``: the settings given to prepare() win (a load); a
     resume takes the file's too, schedules having changed them.
     """
-    saved, shards, several = (state.get(k) for k in ("optimizer", "optimizer_shards", "optimizers"))
+    saved, shards = (state.get(key) for key in _OPTIMIZER_KEYS)
     kind = state.get("optimizer_type")
     load = functools.partial(
         load_optimizer_state,
@@ -354,12 +353,18 @@ def _load_optimizers(
             stacklevel=4,
         )
     elif shards is not None:
-        directory = checkpoint.shards_directory(file, state)
-        load(shards, kind, loader=lambda _: _load_optimizer_shards(directory, model, shards))
+        from hapi.checkpoint import dcp_io  # imported on first use (DCP costs a second)
+
+        directory, network = checkpoint.shards_directory(file, state), model._network
+        loader = functools.partial(
+            dcp_io.load_optimizer_shards, directory, network, model._optimizer
+        )
+        load(shards, kind, loader=loader)
     elif saved is not None and model._optimizer is None:
         model._pending_optimizer = (saved, kind)
     elif saved is not None:
         load(saved, kind)
+    several = state.get("optimizers")
     if several is None:
         return
     with restoring(file, "'optimizers'"):
@@ -381,22 +386,6 @@ def _load_optimizers(
             )
 
 
-def _load_optimizer_shards(directory: str, model: Any, shards: dict) -> None:
-    """A sharded checkpoint's optimizer state, once its groups hold as many parameters as this
-    optimizer's (torch's ``load_state_dict`` refuses others, its sharded loader takes them) and
-    its per-parameter state was kept under settings that keep the same (:func:`check_state_keys`).
-    """
-    sizes = [len(group["params"]) for group in shards["param_groups"]]
-    ours = [len(group["params"]) for group in model._optimizer.param_groups]
-    if sizes != ours:
-        raise ValueError(f"its parameter groups hold {sizes} parameters, this optimizer's {ours}")
-    if shards["plain_values"] or shards["has_tensors"]:
-        check_state_keys(model._optimizer, shards["param_groups"])
-    from hapi.checkpoint import dcp_io
-
-    dcp_io.load_optimizer_shards(directory, model._network, model._optimizer, shards)
-
-
 def load_optimizer_state(
     model: Any,
     optimizer_state: dict,
@@ -411,7 +400,11 @@ def load_optimizer_state(
     """A saved state into ``optimizer`` (default: the Model's), refusing one of another class.
 
     ``loader(state)`` puts it in; by default the strategy's way (sharded under
-    FSDP). With ``keep_hyperparameters`` the optimizer's own settings
+    FSDP). Its groups must hold as many parameters as the optimizer's (a
+    sharded checkpoint's loader would take others), and a per-parameter state
+    was kept under settings that keep the same (:func:`check_state_keys`;
+    always for a sharded checkpoint's, which takes the file's settings on a
+    resume too). With ``keep_hyperparameters`` the optimizer's own settings
     (``lr``, ``betas``, ``weight_decay``, ...: what the user passed to
     ``prepare``) stay, and only the per-parameter state (momentum buffers,
     Adam's moments and step counts) comes from the file; a warning names each
@@ -436,8 +429,15 @@ def load_optimizer_state(
         lacking = sorted(set(optimizer.defaults) - set(groups[0]))
         if lacking:
             raise ValueError(f"it was saved from another optimizer (its settings lack {lacking})")
-        if keep_hyperparameters and optimizer_state.get("state"):
-            check_state_keys(optimizer, groups, optimizer_state["state"])
+        sizes = [len(group.get("params", ())) for group in groups]
+        ours = [len(group["params"]) for group in optimizer.param_groups]
+        if sizes != ours:
+            raise ValueError(
+                f"its parameter groups hold {sizes} parameters, this optimizer's {ours}"
+            )
+        sharded = optimizer_state.get("plain_values") or optimizer_state.get("has_tensors")
+        if sharded or (keep_hyperparameters and optimizer_state.get("state")):
+            check_state_keys(optimizer, groups, optimizer_state.get("state"))
         load(optimizer_state)
     except CheckpointError:
         raise  # the shards could not be read: says so itself
