@@ -84,20 +84,13 @@ _DCP = "torch.distributed.checkpoint.metadata"
 # FSDP2 model + Adam state saved from 2 processes -- with a find_class that
 # records its calls). Each is a plain data class, a tuple subclass, an enum or
 # a constant: creating one runs no code beyond storing its fields.
+# BytesStorageMetadata is harmless (an empty data class) and found in real files;
+# allowed here so the refusal below can name the entries that hold it.
+_METADATA_CLASSES = ("Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata")
+_METADATA_CLASSES += ("TensorProperties", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
+_METADATA_CLASSES += ("BytesStorageMetadata",)
 _ALLOWED: dict[tuple[str, str], Any] = {
-    (_DCP, name): getattr(dcp_metadata, name)
-    for name in (
-        "Metadata",
-        "MetadataIndex",
-        "StorageMeta",
-        "TensorStorageMetadata",
-        "TensorProperties",
-        "ChunkStorageMetadata",
-        "_MEM_FORMAT_ENCODING",
-        # Harmless (an empty data class) and found in real files; allowed here so the
-        # refusal below can name the entries that hold it.
-        "BytesStorageMetadata",
-    )
+    (_DCP, name): getattr(dcp_metadata, name) for name in _METADATA_CLASSES
 }
 _ALLOWED[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = _StorageInfo
 _ALLOWED[("torch", "Size")] = torch.Size
@@ -191,7 +184,7 @@ class SafeFileSystemReader(dcp.FileSystemReader):
                 f"{error}). It was probably cut off while being copied or written. Use an earlier "
                 "checkpoint, or save it again with model.save(path, sharded=True)."
             ) from error
-        if getattr(metadata, "storage_meta", None) is None:
+        if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
@@ -268,15 +261,6 @@ def _split(values: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, A
     return tensors, {k: v for k, v in values.items() if k not in tensors}
 
 
-def _named_groups(network: nn.Module, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
-    """The optimizer's groups with parameters named, as torch's state-dict API names them."""
-    names = {id(p): name for name, p in network.named_parameters()}
-    return [
-        {**group, "params": [names[id(p)] for p in group["params"]]}
-        for group in optimizer.param_groups
-    ]
-
-
 class _Writer(dcp.FileSystemWriter):
     """DCP's file writer, remembering whether DCP made this process its coordinator."""
 
@@ -314,7 +298,12 @@ def save_shards(
     payload: dict[str, Any] = {"network": _split(get_model_state_dict(network))[0]}
     optimizer_rest = None
     if optimizer is not None:
-        groups, plain_values = _named_groups(network, optimizer), {}
+        # Its groups with parameters named, as torch's state-dict API names them.
+        names = {id(p): name for name, p in network.named_parameters()}
+        groups = [
+            {**g, "params": [names[id(p)] for p in g["params"]]} for g in optimizer.param_groups
+        ]
+        plain_values: dict[str, Any] = {}
         if optimizer.state:  # torch's API would otherwise create the state with a dry step
             by_name = get_optimizer_state_dict(network, optimizer)
             groups = by_name["param_groups"]
