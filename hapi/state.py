@@ -602,8 +602,30 @@ def _resume_fit(model: Any, file: str, saved: Any) -> None:
     ]
     if refused:
         raise failure or CheckpointError(refused[0])
-    if outcome != "exact":
-        _warn_resume(file, len(saved["per_rank"]), outcome, reason)
+    if outcome == "exact":
+        return
+    # One warning when the resumed fit will not equal the uninterrupted one, saying why
+    # (outcome: what hapi.data.TrainData.resume did).
+    here, saved_by = distributed.world_size(), len(saved["per_rank"])
+    epoch = {
+        "fresh": "random streams start afresh, so results differ from an uninterrupted run",
+        "split": (
+            f"the rest of the interrupted epoch is split across the processes there are now "
+            f"({here}; each remaining sample trained once); random streams and that epoch's "
+            "running figures start afresh, so results differ from an uninterrupted run"
+        ),
+        "restart": (
+            f"the interrupted epoch restarts from its first batch, because {reason}; results "
+            "differ from an uninterrupted run"
+        ),
+        "inexact": f"the rest of the interrupted epoch may differ from an uninterrupted run's: {reason}",
+    }[outcome]
+    moved = f", saved by {saved_by} processes, on {here}" if saved_by != here else ""
+    warnings.warn(
+        f"Resuming from {file!r}{moved}: the weights, optimizer and callbacks are restored, and "
+        f"{epoch}.",
+        stacklevel=4,
+    )
 
 
 def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
@@ -670,30 +692,3 @@ def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
         check_like(file, own["step_state"], save_ and save_(), "'step_state'", shapes=True)
         load_(own["step_state"])
     return own
-
-
-def _warn_resume(file: str, saved_by: int, outcome: str, reason: str | None) -> None:
-    """One warning when a resumed fit will not equal the uninterrupted one, saying why.
-
-    ``outcome`` is what :meth:`hapi.data.TrainData.resume` did.
-    """
-    here = distributed.world_size()
-    epoch = {
-        "fresh": "random streams start afresh, so results differ from an uninterrupted run",
-        "split": (
-            f"the rest of the interrupted epoch is split across the processes there are now "
-            f"({here}; each remaining sample trained once); random streams and that epoch's "
-            "running figures start afresh, so results differ from an uninterrupted run"
-        ),
-        "restart": (
-            f"the interrupted epoch restarts from its first batch, because {reason}; results "
-            "differ from an uninterrupted run"
-        ),
-        "inexact": f"the rest of the interrupted epoch may differ from an uninterrupted run's: {reason}",
-    }[outcome]
-    moved = f", saved by {saved_by} processes, on {here}" if saved_by != here else ""
-    warnings.warn(
-        f"Resuming from {file!r}{moved}: the weights, optimizer and callbacks are restored, and "
-        f"{epoch}.",
-        stacklevel=5,
-    )

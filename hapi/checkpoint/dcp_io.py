@@ -61,16 +61,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import metadata as dcp_metadata
-from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint import state_dict as dcp_state
 from torch.distributed.checkpoint.filesystem import FileSystem, _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from hapi import distributed
 from hapi.checkpoint import files
@@ -243,7 +236,7 @@ def _load(directory: str, payload: dict[str, Any]) -> dict[str, Any]:
     try:
         with _quiet():
             dcp.load(payload, storage_reader=SafeFileSystemReader(directory))
-    except CheckpointException as error:
+    except dcp.CheckpointException as error:
         causes = "; ".join(
             f"process {rank}: {type(cause).__name__}: {cause}"
             for rank, (cause, _) in sorted(error.failures.items())
@@ -256,7 +249,12 @@ def _load(directory: str, payload: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
+def _model_tensors(network: nn.Module) -> dict[str, torch.Tensor]:
+    return _split(dcp_state.get_model_state_dict(network))[0]
+
+
 def _split(values: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+
     tensors = {k: v for k, v in values.items() if torch.is_tensor(v)}
     return tensors, {k: v for k, v in values.items() if k not in tensors}
 
@@ -295,7 +293,7 @@ def save_shards(
     Returns what completes the save: called now with ``wait``, else in the
     caller's background thread (it waits for DCP's future).
     """
-    payload: dict[str, Any] = {"network": _split(get_model_state_dict(network))[0]}
+    payload: dict[str, Any] = {"network": _model_tensors(network)}
     optimizer_rest = None
     if optimizer is not None:
         # Its groups with parameters named, as torch's state-dict API names them.
@@ -305,7 +303,7 @@ def save_shards(
         ]
         plain_values: dict[str, Any] = {}
         if optimizer.state:  # torch's API would otherwise create the state with a dry step
-            by_name = get_optimizer_state_dict(network, optimizer)
+            by_name = dcp_state.get_optimizer_state_dict(network, optimizer)
             groups = by_name["param_groups"]
             tensors = {}
             for name, values in by_name["state"].items():
@@ -344,23 +342,21 @@ def saved_shapes(directory: str) -> dict[str, torch.Size]:
 
 def load_shards(directory: str, network: nn.Module, keys: set[str]) -> None:
     """The network's entries named in ``keys`` from ``directory``, resharded as the network is now."""
-    template = {k: v for k, v in _split(get_model_state_dict(network))[0].items() if k in keys}
+    template = {k: v for k, v in _model_tensors(network).items() if k in keys}
     loaded = _load(directory, {"network": template})["network"]
-    set_model_state_dict(network, loaded, options=StateDictOptions(strict=False))
+    options = dcp_state.StateDictOptions(strict=False)
+    dcp_state.set_model_state_dict(network, loaded, options=options)
 
 
 def load_optimizer_shards(
     directory: str, network: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]
 ) -> None:
     """The optimizer state :func:`save_shards` wrote (``saved``: the manifest's part), resharded."""
-    state: dict[str, dict[str, Any]] = {
-        name: dict(values) for name, values in saved["plain_values"].items()
-    }
-    if saved["has_tensors"]:
-        template = get_optimizer_state_dict(network, optimizer)  # creates the state to read into
-        tensors = {name: _split(values)[0] for name, values in template["state"].items()}
+    state = {name: dict(values) for name, values in saved["plain_values"].items()}
+    if saved["has_tensors"]:  # the optimizer's own state, created now, to read into
+        template = dcp_state.get_optimizer_state_dict(network, optimizer)["state"]
+        tensors = {name: _split(values)[0] for name, values in template.items()}
         for name, values in _load(directory, {"optimizer": tensors})["optimizer"].items():
             state.setdefault(name, {}).update(values)
-    set_optimizer_state_dict(
-        network, optimizer, {"state": state, "param_groups": saved["param_groups"]}
-    )
+    groups = saved["param_groups"]
+    dcp_state.set_optimizer_state_dict(network, optimizer, {"state": state, "param_groups": groups})
