@@ -161,15 +161,14 @@ def _fit_state(model: Any, rng: dict[str, Any]) -> dict[str, Any]:
             "needs both to carry the train_step's state over. Define the pair: "
             "step_state_dict() returning a dict, load_step_state_dict(state) taking it back."
         )
-    step_state = save_ and save_()
-    if save_ is not None and not isinstance(step_state, dict):
-        raise TypeError(
-            f"{type(model).__name__}.step_state_dict() returned {type(step_state).__name__}; "
-            "it must return a dict (of tensors, numbers, strings, lists or dicts), e.g. "
-            "{'hidden': self.hidden}."
-        )
     if save_ is not None:
-        per_rank["step_state"] = step_state
+        per_rank["step_state"] = step_state = save_()
+        if not isinstance(step_state, dict):
+            raise TypeError(
+                f"{type(model).__name__}.step_state_dict() returned {type(step_state).__name__}; "
+                "it must return a dict (of tensors, numbers, strings, lists or dicts), e.g. "
+                "{'hidden': self.hidden}."
+            )
     return {
         "data_seed": run.train_data.seed,
         "data": shared,
@@ -242,10 +241,9 @@ def _load_weights(model: Any, file: str, state: dict, skip_mismatch: bool) -> li
         from hapi.checkpoint import dcp_io  # imported on first use (DCP costs a second)
 
         directory = checkpoint.shards_directory(file, state)
-        saved = {
-            key: torch.empty(shape, device="meta")
-            for key, shape in dcp_io.saved_shapes(directory).items()
-        }
+        shapes = dcp_io.saved_shapes(directory)  # meta tensors: shapes without their data
+        saved = {key: torch.empty(shape, device="meta") for key, shape in shapes.items()}
+
     else:
         saved = state.get("network")
         check_like(file, saved, {}, "'network'")
@@ -305,6 +303,7 @@ def _check_optimizer_states(model: Any, file: str, state: dict) -> None:
         # optimizers of other libraries may keep numbers and lists of tensors too.
         module = type(optimizer).__module__
         lenient = isinstance(optimizer, torch.optim.LBFGS) or not module.startswith("torch.optim")
+        expected = "a tensor, a number or a list" if lenient else "a tensor"
         for key, entry in saved.get("state", {}).items():
             check_like(file, entry, {}, f"{where}['state'][{key!r}]")
             shape = shapes[key] if isinstance(key, int) and 0 <= key < len(shapes) else None
@@ -313,9 +312,8 @@ def _check_optimizer_states(model: Any, file: str, state: dict) -> None:
                 items = value if lenient and isinstance(value, (list, tuple)) else [value]
                 kinds = (torch.Tensor, type(None)) + (_PLAIN if lenient or name == "step" else ())
                 if not all(isinstance(v, kinds) for v in items):
-                    refuse(
-                        file, at, value, "a tensor" + (", a number or a list" if lenient else "")
-                    )
+                    refuse(file, at, value, expected)
+
                 if shape and torch.is_tensor(value) and value.dim() and value.shape != shape:
                     refuse(file, at, value, f"a tensor of the parameter's shape {shape}")
 
@@ -330,13 +328,8 @@ def _load_optimizers(
     """
     saved, shards = (state.get(key) for key in _OPTIMIZER_KEYS)
     kind = state.get("optimizer_type")
-    load = functools.partial(
-        load_optimizer_state,
-        model,
-        keep_hyperparameters=keep_hyperparameters,
-        source=file,
-        stacklevel=5,  # the user's load()
-    )
+    options = {"keep_hyperparameters": keep_hyperparameters, "stacklevel": 5}  # the user's load()
+    load = functools.partial(load_optimizer_state, model, source=file, **options)
     if skipped:  # the optimizer state belongs to other weights
         if saved is not None or shards is not None:
             warnings.warn(
@@ -356,10 +349,8 @@ def _load_optimizers(
         from hapi.checkpoint import dcp_io  # imported on first use (DCP costs a second)
 
         directory, network = checkpoint.shards_directory(file, state), model._network
-        loader = functools.partial(
-            dcp_io.load_optimizer_shards, directory, network, model._optimizer
-        )
-        load(shards, kind, loader=loader)
+        read = functools.partial(dcp_io.load_optimizer_shards, directory, network, model._optimizer)
+        load(shards, kind, loader=read)
     elif saved is not None and model._optimizer is None:
         model._pending_optimizer = (saved, kind)
     elif saved is not None:
@@ -377,13 +368,9 @@ def _load_optimizers(
                 stacklevel=4,
             )
             return
-        for name, optimizer_state in several.items():
-            load(
-                optimizer_state,
-                state["optimizer_types"][name],
-                source=f"{file} ({name!r})",
-                optimizer=model._optimizers[name],
-            )
+        for name, saved_state in several.items():
+            optimizer, kind = model._optimizers[name], state["optimizer_types"][name]
+            load(saved_state, kind, source=f"{file} ({name!r})", optimizer=optimizer)
 
 
 def load_optimizer_state(
@@ -416,10 +403,7 @@ def load_optimizer_state(
     load = loader or functools.partial(
         model._strategy._load_optimizer_state, model._network, optimizer
     )
-    given = [
-        {key: value for key, value in group.items() if key != "params"}
-        for group in optimizer.param_groups
-    ]
+    given = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     try:
         if saved_type is not None and saved_type != type(optimizer).__name__:
             raise ValueError(f"it was saved from a {saved_type} optimizer")
@@ -524,11 +508,9 @@ def check_state_keys(
         needed = functools.cache(lambda ndim, given=given: _state_keys(kind, given, ndim))
         differing = [k for k in given if k in saved and not _same_setting(saved[k], given[k])]
         for ndim in {p.ndim for p in group["params"]} if differing else ():
-            blamed = [
-                k
-                for k in differing
-                if _state_keys(kind, {**given, k: saved[k]}, ndim) != needed(ndim)
-            ]
+            swapped = {k: _state_keys(kind, {**given, k: saved[k]}, ndim) for k in differing}
+            blamed = [k for k in differing if swapped[k] != needed(ndim)]
+
             if needed(ndim) is None or not blamed:
                 continue
             kept = _state_keys(kind, {**given, **{k: saved[k] for k in blamed}}, ndim)
@@ -587,13 +569,11 @@ def _resume_fit(model: Any, file: str, saved: Any) -> None:
     try:
         own = _restore_parts(model, file, saved)
         run.train_data.seed = saved["data_seed"]
-        with restoring(file, "the data position ('data')"):
+        with restoring(file, "the data position ('data')"):  # a tensor for a dict fails at `or`
+            position, mine = saved.get("data") or _UNKNOWN_POSITION, own and own.get("data")
+            first = saved["per_rank"][0].get("data") or {"generators": {}}  # rank 0's part
             model.epoch_step, outcome, reason = run.train_data.resume(
-                saved.get("data") or _UNKNOWN_POSITION,
-                None if own is None else own.get("data"),
-                saved["per_rank"][0].get("data") or {"generators": {}},
-                model.epoch,
-                model.epoch_step,
+                position, mine, first, model.epoch, model.epoch_step
             )
     except CheckpointError as error:
         failure = error
@@ -637,9 +617,8 @@ def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
     (the layout :func:`_fit_state` writes) before it is used; one that no run
     writes raises :class:`CheckpointError` naming it.
     """
-    if not isinstance(saved, dict) or not {"data_seed", "data", "per_rank", "callbacks"} <= set(
-        saved
-    ):
+    keys = {"data_seed", "data", "per_rank", "callbacks"}
+    if not isinstance(saved, dict) or not keys <= set(saved):
         refuse(file, "'fit'", saved, "a dict of 'data_seed', 'data', 'per_rank' and 'callbacks'")
     check_like(file, saved, {"data": {}, "per_rank": [], "callbacks": []}, "'fit'")
     count(file, saved, "data_seed")
@@ -657,11 +636,9 @@ def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
         with restoring(file, f"{where}['metrics']"):
             model._metrics.load_state_dict(own["metrics"])
             model._metrics.compute(sync=False)  # a running sum of another shape fails here
-    pending = [list(entry) for entry in saved["callbacks"]]
-    names, ours = (
-        [name for name, _ in pending],
-        [type(c).__name__ for c in model._fit_run.callbacks],
-    )
+    pending = list(saved["callbacks"])
+    names = [name for name, _ in pending]
+    ours = [type(c).__name__ for c in model._fit_run.callbacks]
     if names != ours:
         warnings.warn(
             f"Resuming from {file!r}: its callbacks {names} differ from this fit's {ours}; "
@@ -669,11 +646,12 @@ def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
             stacklevel=5,
         )
     for callback in model._fit_run.callbacks:  # the first entry of its class not yet taken
-        entry = next((e for e in pending if e[0] == type(callback).__name__), None)
-        if entry is not None:
-            pending.remove(entry)
-            with restoring(file, f"{entry[0]}'s state"):
-                callback.load_state_dict(entry[1])
+        found = [i for i, (name, _) in enumerate(pending) if name == type(callback).__name__]
+        if found:
+            name, callback_state = pending.pop(found[0])
+            with restoring(file, f"{name}'s state"):
+                callback.load_state_dict(callback_state)
+
     if own is None or "step_state" not in own:  # the Model's own state stays as it is
         return own
     save_, load_ = (getattr(model, name, None) for name in _STEP_STATE)

@@ -92,13 +92,9 @@ _ALLOWED[("torch", "Size")] = torch.Size
 # only function allowed.
 _ALLOWED[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
 # Constants (never called): every dtype; layouts and memory formats by name too.
-_ALLOWED.update(
-    {
-        ("torch", name): value
-        for name, value in vars(torch).items()
-        if isinstance(value, (torch.dtype, torch.layout, torch.memory_format))
-    }
-)
+_CONSTANTS = (torch.dtype, torch.layout, torch.memory_format)
+_ALLOWED.update({("torch", n): v for n, v in vars(torch).items() if isinstance(v, _CONSTANTS)})
+
 # StorageMeta.checkpoint_id is the save path, often a pathlib path: pickled as
 # pathlib.PosixPath (pathlib._local.PosixPath by Python 3.13, WindowsPath on
 # Windows). torch's load path never reads it, so it becomes a pure path, which
@@ -220,9 +216,8 @@ def _check(metadata: Any) -> None:
 def _quiet() -> Iterator[None]:
     """DCP warns on one process that it assumes one process; that is what one process means here."""
     with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message="torch.distributed is disabled", category=UserWarning
-        )
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+
         yield
 
 

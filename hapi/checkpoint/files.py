@@ -227,10 +227,9 @@ def atomic_write(
     tmp_path = os.path.join(directory, f".{name}.{_HOST}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY
     fd = os.open(tmp_path, flags, 0o666)
+    text = {"encoding": "utf-8", "newline": ""} if mode == "w" else {}
     try:
-        with os.fdopen(
-            fd, mode, **({"encoding": "utf-8", "newline": ""} if mode == "w" else {})
-        ) as handle:
+        with os.fdopen(fd, mode, **text) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
@@ -265,10 +264,9 @@ def link_or_copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
     source, target = os.fspath(source), os.fspath(target)
     if not stat.S_ISREG(os.lstat(source).st_mode):
         raise OSError(f"Not linking {source!r} to {target!r}: it is not a regular file.")
-    temporary = os.path.join(
-        os.path.dirname(os.path.abspath(target)),
-        f".{os.path.basename(target)}.{secrets.token_hex(6)}.link",
-    )
+    directory, name = os.path.split(os.path.abspath(target))
+    temporary = os.path.join(directory, f".{name}.{secrets.token_hex(6)}.link")
+
     try:
         os.link(source, temporary, follow_symlinks=False)
     except (OSError, NotImplementedError):  # no hard links here: a copy

@@ -222,12 +222,9 @@ def save_state(path: str | os.PathLike, state: dict[str, Any], wait: bool = True
 
     if not wait:
         background.background.started = True  # on every process: a load now waits for it everywhere
-    distributed.on_main(
-        functools.partial(write_file, state, target) if wait else start,
-        lambda: CheckpointError(
-            f"Rank 0 could not write the checkpoint {target!r}; see its error."
-        ),
-    )
+    failed = f"Rank 0 could not write the checkpoint {target!r}; see its error."
+    write = functools.partial(write_file, state, target) if wait else start
+    distributed.on_main(write, functools.partial(CheckpointError, failed))
     return target
 
 
@@ -386,12 +383,11 @@ def load_freshest_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
         # None: another machine may have one.
         return max(copies, key=lambda copy: copy[0]) if copies else None
 
-    freshest = distributed.broadcast_freshest(
-        read,
-        lambda source: CheckpointError(
-            f"Rank {source} could not read its copy of {file!r}; see its error."
-        ),
-    )
+    def failed(source: int) -> CheckpointError:
+        return CheckpointError(f"Rank {source} could not read its copy of {file!r}; see its error.")
+
+    freshest = distributed.broadcast_freshest(read, failed)
+
     if freshest is None:
         raise FileNotFoundError(f"No process found a checkpoint at {file!r} on its machine.")
     payload, state = freshest
@@ -409,9 +405,8 @@ def _parse(source: IO[bytes], file: str) -> dict[str, Any]:
     try:
         state = torch.load(source, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 -- a damaged file can fail anywhere in torch's reader
-        if isinstance(error, pickle.UnpicklingError) and _GLOBAL.search(
-            f"{error}\n{error.__context__ or ''}"
-        ):
+        said = f"{error}\n{error.__context__ or ''}"
+        if isinstance(error, pickle.UnpicklingError) and _GLOBAL.search(said):
             raise CheckpointError(
                 f"Checkpoint {file!r} holds Python objects other than tensors and plain "
                 "values (it may carry code), so torch-hapi refuses to load it: files are "
