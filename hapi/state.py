@@ -577,9 +577,8 @@ def _resume_fit(model: Any, file: str, saved: Any) -> None:
             )
     except CheckpointError as error:
         failure = error
-    refused = [
-        message for message in distributed.gather_objects(failure and str(failure)) if message
-    ]
+    refused = list(filter(None, distributed.gather_objects(failure and str(failure))))
+
     if refused:
         raise failure or CheckpointError(refused[0])
     if outcome == "exact":

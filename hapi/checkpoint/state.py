@@ -335,9 +335,9 @@ def load_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     found = _existing_files(path)
     if not found:
         directory = os.path.dirname(os.path.abspath(path))
-        nearby = sorted(
-            glob.glob("*.pt", root_dir=directory) + glob.glob("*.pth", root_dir=directory)
-        )
+        listed = glob.glob("*.pt*", root_dir=directory)  # none for a missing directory
+        nearby = sorted(name for name in listed if name.endswith((".pt", ".pth")))
+
         raise FileNotFoundError(
             f"No checkpoint found at {os.fspath(path)!r} (tried "
             f"{', '.join(map(repr, _candidates(path)))})."
