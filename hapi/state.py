@@ -280,11 +280,9 @@ def _check_optimizer_states(model: Any, file: str, state: dict) -> None:
     """Each saved optimizer state of the layout torch writes, its tensors of their parameters'
     shapes, its settings of this optimizer's types; refused with the entry before any is used."""
     named = [(f"'{key}'", state.get(key), model._optimizer) for key in _OPTIMIZER_KEYS]
-    if isinstance(state.get("optimizers"), dict):
-        named += [
-            (f"'optimizers'[{name!r}]", saved, model._optimizers.get(name))
-            for name, saved in state["optimizers"].items()
-        ]
+    several = state["optimizers"].items() if isinstance(state.get("optimizers"), dict) else ()
+    named += [(f"'optimizers'[{n!r}]", s, model._optimizers.get(n)) for n, s in several]
+
     for where, saved, optimizer in named:
         if saved is None:
             continue

@@ -304,11 +304,9 @@ def save_shards(
             for name, values in by_name["state"].items():
                 tensors[name], plain_values[name] = _split(values)
             payload["optimizer"] = tensors
-        optimizer_rest = {
-            "param_groups": groups,
-            "plain_values": plain_values,
-            "has_tensors": "optimizer" in payload,
-        }
+        optimizer_rest = {"param_groups": groups, "plain_values": plain_values}
+        optimizer_rest["has_tensors"] = "optimizer" in payload
+
     writer = _Writer(directory)
     if not wait:
         optimizer_rest = snapshot(optimizer_rest)
