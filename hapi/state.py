@@ -30,6 +30,10 @@ from hapi.checkpoint.errors import CRAFTED, CheckpointError, refuse
 from hapi.rng import global_state, set_global_state
 
 _PLAIN = (type(None), bool, int, float, str)
+_OPTIMIZER_KEYS = ("optimizer", "optimizer_shards")  # a file's, a sharded checkpoint's
+
+_STEP_STATE = ("step_state_dict", "load_step_state_dict")
+
 # The position of a file written before torch-hapi recorded the epoch's order.
 _UNKNOWN_POSITION = {"kind": "unknown"}
 
@@ -100,23 +104,23 @@ def save(model: Any, path: Any, training: bool, resumable: bool, sharded: bool, 
     distributed.sync_from_main(network)  # what is written is what every process evaluates
     if not (training or sharded):  # the plain state_dict: loads with no torch-hapi
         return checkpoint.save_state(path, strategy._full_state_dict(network), wait=wait)
+    if training and sharded and len(optimizers) > 1:
+        raise ValueError(
+            f"save(sharded=True) holds one optimizer; this Model has {len(optimizers)}. "
+            "Save with sharded=False."
+        )
     state: dict[str, Any] = {"format": checkpoint.FORMAT, "version": checkpoint.VERSION}
     if not sharded:
         state["network"] = strategy._full_state_dict(network)
     if training:
-        if len(optimizers) > 1 and sharded:
-            raise ValueError(
-                f"save(sharded=True) holds one optimizer; this Model has {len(optimizers)}. "
-                "Save with sharded=False."
-            )
         full = functools.partial(strategy._full_optimizer_state, network)
-        if model._optimizer is None:  # one loaded before prepare() gave its optimizer
-            optimizer, kind = model._pending_optimizer or (None, None)
-        elif len(optimizers) > 1:  # a train_step of the user's own: every optimizer, by name
+        # Without an optimizer, one loaded before prepare() gave it one.
+        optimizer, kind = model._pending_optimizer or (None, None)
+        if len(optimizers) > 1:  # a train_step of the user's own: every optimizer, by name
             optimizer = kind = None
             state["optimizers"] = {name: full(o) for name, o in optimizers.items()}
             state["optimizer_types"] = {name: type(o).__name__ for name, o in optimizers.items()}
-        else:
+        elif optimizers:
             optimizer = None if sharded else full(model._optimizer)
             kind = type(model._optimizer).__name__
         scaler = model._scaler.state_dict() if model._scaler else model._pending_scaler_state
@@ -149,23 +153,21 @@ def _fit_state(model: Any, rng: dict[str, Any]) -> dict[str, Any]:
     run = model._fit_run
     shared, own = run.train_data.position(model.epoch_step)
     per_rank = {"rng": rng, "metrics": model._metrics.training_state_dict(), "data": own}
-    save_ = getattr(model, "step_state_dict", None)
-    load_ = getattr(model, "load_step_state_dict", None)
-    if save_ is not None or load_ is not None:
-        if save_ is None or load_ is None:
-            names = ["step_state_dict", "load_step_state_dict"]
-            given, missing = names if load_ is None else names[::-1]
+    save_, load_ = (getattr(model, name, None) for name in _STEP_STATE)
+    if (save_ is None) != (load_ is None):
+        given, missing = _STEP_STATE if load_ is None else _STEP_STATE[::-1]
+        raise TypeError(
+            f"{type(model).__name__} defines {given}() but not {missing}(): a resumed fit "
+            "needs both to carry the train_step's state over. Define the pair: "
+            "step_state_dict() returning a dict, load_step_state_dict(state) taking it back."
+        )
+    if save_ is not None:
+        per_rank["step_state"] = step_state = save_()
+        if not isinstance(step_state, dict):
             raise TypeError(
-                f"{type(model).__name__} defines {given}() but not {missing}(): a resumed fit "
-                "needs both to carry the train_step's state over. Define the pair: "
-                "step_state_dict() returning a dict, load_step_state_dict(state) taking it back."
-            )
-        per_rank["step_state"] = save_()
-        if not isinstance(per_rank["step_state"], dict):
-            raise TypeError(
-                f"{type(model).__name__}.step_state_dict() returned "
-                f"{type(per_rank['step_state']).__name__}; it must return a dict (of tensors, "
-                "numbers, strings, lists or dicts), e.g. {'hidden': self.hidden}."
+                f"{type(model).__name__}.step_state_dict() returned {type(step_state).__name__}; "
+                "it must return a dict (of tensors, numbers, strings, lists or dicts), e.g. "
+                "{'hidden': self.hidden}."
             )
     return {
         "data_seed": run.train_data.seed,
@@ -239,10 +241,9 @@ def _load_weights(model: Any, file: str, state: dict, skip_mismatch: bool) -> li
         from hapi.checkpoint import dcp_io  # imported on first use (DCP costs a second)
 
         directory = checkpoint.shards_directory(file, state)
-        saved = {
-            key: torch.empty(shape, device="meta")
-            for key, shape in dcp_io.saved_shapes(directory).items()
-        }
+        shapes = dcp_io.saved_shapes(directory)  # meta tensors: shapes without their data
+        saved = {key: torch.empty(shape, device="meta") for key, shape in shapes.items()}
+
     else:
         saved = state.get("network")
         check_like(file, saved, {}, "'network'")
@@ -278,33 +279,29 @@ def _load_weights(model: Any, file: str, state: dict, skip_mismatch: bool) -> li
 def _check_optimizer_states(model: Any, file: str, state: dict) -> None:
     """Each saved optimizer state of the layout torch writes, its tensors of their parameters'
     shapes, its settings of this optimizer's types; refused with the entry before any is used."""
-    named = [
-        ("'optimizer'", state.get("optimizer"), model._optimizer),
-        ("'optimizer_shards'", state.get("optimizer_shards"), model._optimizer),
-    ]
-    if isinstance(state.get("optimizers"), dict):
-        named += [
-            (f"'optimizers'[{name!r}]", saved, model._optimizers.get(name))
-            for name, saved in state["optimizers"].items()
-        ]
+    named = [(f"'{key}'", state.get(key), model._optimizer) for key in _OPTIMIZER_KEYS]
+    several = state["optimizers"].items() if isinstance(state.get("optimizers"), dict) else ()
+    named += [(f"'optimizers'[{n!r}]", s, model._optimizers.get(n)) for n, s in several]
+
     for where, saved, optimizer in named:
         if saved is None:
             continue
         check_like(file, saved, {"state": {}, "param_groups": []}, where)
         if optimizer is None:
             continue
-        groups = optimizer.state_dict()["param_groups"]
+        settings = optimizer.state_dict()["param_groups"][0]
         shapes = [tuple(p.shape) for group in optimizer.param_groups for p in group["params"]]
         for index, group in enumerate(saved.get("param_groups", [])):
             at = f"{where}['param_groups'][{index}]"
-            check_like(file, group, groups[0], at)
+            check_like(file, group, settings, at)
             for name, value in group.items():  # a setting torch leaves None: a plain value
-                if groups[0].get(name, 0) is None and not isinstance(value, _PLAIN):
+                if settings.get(name, 0) is None and not isinstance(value, _PLAIN):
                     refuse(file, f"{at}[{name!r}]", value, "a plain value")
         # torch's optimizers keep tensors per parameter (and a step count); LBFGS and
         # optimizers of other libraries may keep numbers and lists of tensors too.
         module = type(optimizer).__module__
         lenient = isinstance(optimizer, torch.optim.LBFGS) or not module.startswith("torch.optim")
+        expected = "a tensor, a number or a list" if lenient else "a tensor"
         for key, entry in saved.get("state", {}).items():
             check_like(file, entry, {}, f"{where}['state'][{key!r}]")
             shape = shapes[key] if isinstance(key, int) and 0 <= key < len(shapes) else None
@@ -313,9 +310,8 @@ def _check_optimizer_states(model: Any, file: str, state: dict) -> None:
                 items = value if lenient and isinstance(value, (list, tuple)) else [value]
                 kinds = (torch.Tensor, type(None)) + (_PLAIN if lenient or name == "step" else ())
                 if not all(isinstance(v, kinds) for v in items):
-                    refuse(
-                        file, at, value, "a tensor" + (", a number or a list" if lenient else "")
-                    )
+                    refuse(file, at, value, expected)
+
                 if shape and torch.is_tensor(value) and value.dim() and value.shape != shape:
                     refuse(file, at, value, f"a tensor of the parameter's shape {shape}")
 
@@ -328,15 +324,10 @@ def _load_optimizers(
     ``keep_hyperparameters``: the settings given to prepare() win (a load); a
     resume takes the file's too, schedules having changed them.
     """
-    saved, shards, several = (state.get(k) for k in ("optimizer", "optimizer_shards", "optimizers"))
+    saved, shards = (state.get(key) for key in _OPTIMIZER_KEYS)
     kind = state.get("optimizer_type")
-    load = functools.partial(
-        load_optimizer_state,
-        model,
-        keep_hyperparameters=keep_hyperparameters,
-        source=file,
-        stacklevel=5,  # the user's load()
-    )
+    options = {"keep_hyperparameters": keep_hyperparameters, "stacklevel": 5}  # the user's load()
+    load = functools.partial(load_optimizer_state, model, source=file, **options)
     if skipped:  # the optimizer state belongs to other weights
         if saved is not None or shards is not None:
             warnings.warn(
@@ -353,12 +344,16 @@ def _load_optimizers(
             stacklevel=4,
         )
     elif shards is not None:
-        directory = checkpoint.shards_directory(file, state)
-        load(shards, kind, loader=lambda _: _load_optimizer_shards(directory, model, shards))
+        from hapi.checkpoint import dcp_io  # imported on first use (DCP costs a second)
+
+        directory, network = checkpoint.shards_directory(file, state), model._network
+        read = functools.partial(dcp_io.load_optimizer_shards, directory, network, model._optimizer)
+        load(shards, kind, loader=read)
     elif saved is not None and model._optimizer is None:
         model._pending_optimizer = (saved, kind)
     elif saved is not None:
         load(saved, kind)
+    several = state.get("optimizers")
     if several is None:
         return
     with restoring(file, "'optimizers'"):
@@ -371,29 +366,9 @@ def _load_optimizers(
                 stacklevel=4,
             )
             return
-        for name, optimizer_state in several.items():
-            load(
-                optimizer_state,
-                state["optimizer_types"][name],
-                source=f"{file} ({name!r})",
-                optimizer=model._optimizers[name],
-            )
-
-
-def _load_optimizer_shards(directory: str, model: Any, shards: dict) -> None:
-    """A sharded checkpoint's optimizer state, once its groups hold as many parameters as this
-    optimizer's (torch's ``load_state_dict`` refuses others, its sharded loader takes them) and
-    its per-parameter state was kept under settings that keep the same (:func:`check_state_keys`).
-    """
-    sizes = [len(group["params"]) for group in shards["param_groups"]]
-    ours = [len(group["params"]) for group in model._optimizer.param_groups]
-    if sizes != ours:
-        raise ValueError(f"its parameter groups hold {sizes} parameters, this optimizer's {ours}")
-    if shards["plain_values"] or shards["has_tensors"]:
-        check_state_keys(model._optimizer, shards["param_groups"])
-    from hapi.checkpoint import dcp_io
-
-    dcp_io.load_optimizer_shards(directory, model._network, model._optimizer, shards)
+        for name, saved_state in several.items():
+            optimizer, kind = model._optimizers[name], state["optimizer_types"][name]
+            load(saved_state, kind, source=f"{file} ({name!r})", optimizer=optimizer)
 
 
 def load_optimizer_state(
@@ -410,7 +385,11 @@ def load_optimizer_state(
     """A saved state into ``optimizer`` (default: the Model's), refusing one of another class.
 
     ``loader(state)`` puts it in; by default the strategy's way (sharded under
-    FSDP). With ``keep_hyperparameters`` the optimizer's own settings
+    FSDP). Its groups must hold as many parameters as the optimizer's (a
+    sharded checkpoint's loader would take others), and a per-parameter state
+    was kept under settings that keep the same (:func:`check_state_keys`;
+    always for a sharded checkpoint's, which takes the file's settings on a
+    resume too). With ``keep_hyperparameters`` the optimizer's own settings
     (``lr``, ``betas``, ``weight_decay``, ...: what the user passed to
     ``prepare``) stay, and only the per-parameter state (momentum buffers,
     Adam's moments and step counts) comes from the file; a warning names each
@@ -422,10 +401,7 @@ def load_optimizer_state(
     load = loader or functools.partial(
         model._strategy._load_optimizer_state, model._network, optimizer
     )
-    given = [
-        {key: value for key, value in group.items() if key != "params"}
-        for group in optimizer.param_groups
-    ]
+    given = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     try:
         if saved_type is not None and saved_type != type(optimizer).__name__:
             raise ValueError(f"it was saved from a {saved_type} optimizer")
@@ -435,8 +411,15 @@ def load_optimizer_state(
         lacking = sorted(set(optimizer.defaults) - set(groups[0]))
         if lacking:
             raise ValueError(f"it was saved from another optimizer (its settings lack {lacking})")
-        if keep_hyperparameters and optimizer_state.get("state"):
-            check_state_keys(optimizer, groups, optimizer_state["state"])
+        sizes = [len(group.get("params", ())) for group in groups]
+        ours = [len(group["params"]) for group in optimizer.param_groups]
+        if sizes != ours:
+            raise ValueError(
+                f"its parameter groups hold {sizes} parameters, this optimizer's {ours}"
+            )
+        sharded = optimizer_state.get("plain_values") or optimizer_state.get("has_tensors")
+        if sharded or (keep_hyperparameters and optimizer_state.get("state")):
+            check_state_keys(optimizer, groups, optimizer_state.get("state"))
         load(optimizer_state)
     except CheckpointError:
         raise  # the shards could not be read: says so itself
@@ -523,11 +506,9 @@ def check_state_keys(
         needed = functools.cache(lambda ndim, given=given: _state_keys(kind, given, ndim))
         differing = [k for k in given if k in saved and not _same_setting(saved[k], given[k])]
         for ndim in {p.ndim for p in group["params"]} if differing else ():
-            blamed = [
-                k
-                for k in differing
-                if _state_keys(kind, {**given, k: saved[k]}, ndim) != needed(ndim)
-            ]
+            swapped = {k: _state_keys(kind, {**given, k: saved[k]}, ndim) for k in differing}
+            blamed = [k for k in differing if swapped[k] != needed(ndim)]
+
             if needed(ndim) is None or not blamed:
                 continue
             kept = _state_keys(kind, {**given, **{k: saved[k] for k in blamed}}, ndim)
@@ -586,110 +567,23 @@ def _resume_fit(model: Any, file: str, saved: Any) -> None:
     try:
         own = _restore_parts(model, file, saved)
         run.train_data.seed = saved["data_seed"]
-        with restoring(file, "the data position ('data')"):
+        with restoring(file, "the data position ('data')"):  # a tensor for a dict fails at `or`
+            position, mine = saved.get("data") or _UNKNOWN_POSITION, own and own.get("data")
+            first = saved["per_rank"][0].get("data") or {"generators": {}}  # rank 0's part
             model.epoch_step, outcome, reason = run.train_data.resume(
-                saved.get("data") or _UNKNOWN_POSITION,
-                None if own is None else own.get("data"),
-                saved["per_rank"][0].get("data") or {"generators": {}},
-                model.epoch,
-                model.epoch_step,
+                position, mine, first, model.epoch, model.epoch_step
             )
     except CheckpointError as error:
         failure = error
-    refused = [
-        message for message in distributed.gather_objects(failure and str(failure)) if message
-    ]
+    refused = list(filter(None, distributed.gather_objects(failure and str(failure))))
+
     if refused:
         raise failure or CheckpointError(refused[0])
-    _warn_resume(file, len(saved["per_rank"]), outcome, reason)
-
-
-def _check_fit(file: str, saved: Any) -> None:
-    """The fit state's layout: what :func:`_fit_state` writes, before any of it is used."""
-    keys = {"data_seed", "data", "per_rank", "callbacks"}
-    if not isinstance(saved, dict) or not keys <= set(saved):
-        refuse(file, "'fit'", saved, "a dict of 'data_seed', 'data', 'per_rank' and 'callbacks'")
-    check_like(file, saved, {"data": {}, "per_rank": [], "callbacks": []}, "'fit'")
-    count(file, saved, "data_seed")
-    per_rank = saved["per_rank"]
-    if not per_rank or not all(isinstance(part, dict) for part in per_rank):
-        refuse(file, "'per_rank'", per_rank, "a list of each process's dict")
-    for index, entry in enumerate(saved["callbacks"]):
-        if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str)):
-            refuse(file, f"'callbacks'[{index}]", entry, "a [class name, state] pair")
-        check_like(file, entry[1], {}, f"'callbacks'[{index}] ({entry[0]}) state")
-
-
-def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
-    """Give this process its random streams, running sums and step state, each callback its state.
-
-    Returns this process's part of the file (``None`` when another number of
-    processes wrote it: the per-process parts cannot be matched, and random
-    streams and the epoch's running sums start afresh). Every part is checked
-    before it is used; one that no run writes raises :class:`CheckpointError`
-    naming it.
-    """
-    _check_fit(file, saved)
-    own = distributed.this_process_part(saved["per_rank"])
-    if own is not None:
-        where = f"'per_rank'[{distributed.rank()}]"
-        with restoring(file, f"{where}['rng']"):
-            set_global_state(own["rng"])
-        with restoring(file, f"{where}['metrics']"):
-            model._metrics.load_state_dict(own["metrics"])
-            model._metrics.compute(sync=False)  # a running sum of another shape fails here
-    callbacks = list(model._fit_run.callbacks)
-    names = [name for name, _ in saved["callbacks"]]
-    ours = [type(c).__name__ for c in callbacks]
-    if names != ours:
-        warnings.warn(
-            f"Resuming from {file!r}: its callbacks {names} differ from this fit's {ours}; "
-            "callbacks are matched by class name in order, and the others start afresh.",
-            stacklevel=5,
-        )
-    pending = list(saved["callbacks"])
-    for callback in callbacks:
-        left = [name for name, _ in pending]
-        if type(callback).__name__ in left:
-            name, state = pending.pop(left.index(type(callback).__name__))
-            with restoring(file, f"{name}'s state"):
-                callback.load_state_dict(state)
-    if own is not None and "step_state" in own:  # else the Model's own state stays as it is
-        with restoring(file, "'step_state'"):
-            _restore_step_state(model, own["step_state"], file)
-    return own
-
-
-def _restore_step_state(model: Any, saved: Any, file: str) -> None:
-    """Give the Model's own step its state back from this process's part of a resumable file.
-
-    The saved dict must hold the kinds of value (and tensors of the shapes)
-    ``step_state_dict()`` returns now, where it returns one that is not
-    ``None``: the step would trip over any other later, far from the file.
-    """
-    load_ = getattr(model, "load_step_state_dict", None)
-    save_ = getattr(model, "step_state_dict", None)
-    if load_ is None:
-        warnings.warn(
-            f"Resuming from {file!r}: it holds the state a train_step carried between batches "
-            f"(keys {sorted(saved)}), but {type(model).__name__} defines no "
-            "load_step_state_dict(state) to take it, so it is not restored. Define "
-            "step_state_dict() and load_step_state_dict(state) on the Model subclass.",
-            stacklevel=7,
-        )
-    else:
-        check_like(file, saved, save_ and save_(), "'step_state'", shapes=True)
-        load_(saved)
-
-
-def _warn_resume(file: str, saved_by: int, outcome: str, reason: str | None) -> None:
-    """One warning when a resumed fit will not equal the uninterrupted one, saying why.
-
-    ``outcome`` is what :meth:`hapi.data.TrainData.resume` did.
-    """
     if outcome == "exact":
         return
-    here = distributed.world_size()
+    # One warning when the resumed fit will not equal the uninterrupted one, saying why
+    # (outcome: what hapi.data.TrainData.resume did).
+    here, saved_by = distributed.world_size(), len(saved["per_rank"])
     epoch = {
         "fresh": "random streams start afresh, so results differ from an uninterrupted run",
         "split": (
@@ -707,5 +601,69 @@ def _warn_resume(file: str, saved_by: int, outcome: str, reason: str | None) -> 
     warnings.warn(
         f"Resuming from {file!r}{moved}: the weights, optimizer and callbacks are restored, and "
         f"{epoch}.",
-        stacklevel=5,
+        stacklevel=4,
     )
+
+
+def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
+    """Give this process its random streams, running sums and step state, each callback its state.
+
+    Returns this process's part of the file (``None`` when another number of
+    processes wrote it: the per-process parts cannot be matched, and random
+    streams and the epoch's running sums start afresh). Every part is checked
+    (the layout :func:`_fit_state` writes) before it is used; one that no run
+    writes raises :class:`CheckpointError` naming it.
+    """
+    keys = {"data_seed", "data", "per_rank", "callbacks"}
+    if not isinstance(saved, dict) or not keys <= set(saved):
+        refuse(file, "'fit'", saved, "a dict of 'data_seed', 'data', 'per_rank' and 'callbacks'")
+    check_like(file, saved, {"data": {}, "per_rank": [], "callbacks": []}, "'fit'")
+    count(file, saved, "data_seed")
+    if not saved["per_rank"] or not all(isinstance(part, dict) for part in saved["per_rank"]):
+        refuse(file, "'per_rank'", saved["per_rank"], "a list of each process's dict")
+    for index, entry in enumerate(saved["callbacks"]):
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str)):
+            refuse(file, f"'callbacks'[{index}]", entry, "a [class name, state] pair")
+        check_like(file, entry[1], {}, f"'callbacks'[{index}] ({entry[0]}) state")
+    own = distributed.this_process_part(saved["per_rank"])
+    if own is not None:
+        where = f"'per_rank'[{distributed.rank()}]"
+        with restoring(file, f"{where}['rng']"):
+            set_global_state(own["rng"])
+        with restoring(file, f"{where}['metrics']"):
+            model._metrics.load_state_dict(own["metrics"])
+            model._metrics.compute(sync=False)  # a running sum of another shape fails here
+    pending = list(saved["callbacks"])
+    names = [name for name, _ in pending]
+    ours = [type(c).__name__ for c in model._fit_run.callbacks]
+    if names != ours:
+        warnings.warn(
+            f"Resuming from {file!r}: its callbacks {names} differ from this fit's {ours}; "
+            "callbacks are matched by class name in order, and the others start afresh.",
+            stacklevel=5,
+        )
+    for callback in model._fit_run.callbacks:  # the first entry of its class not yet taken
+        found = [i for i, (name, _) in enumerate(pending) if name == type(callback).__name__]
+        if found:
+            name, callback_state = pending.pop(found[0])
+            with restoring(file, f"{name}'s state"):
+                callback.load_state_dict(callback_state)
+
+    if own is None or "step_state" not in own:  # the Model's own state stays as it is
+        return own
+    save_, load_ = (getattr(model, name, None) for name in _STEP_STATE)
+    if load_ is None:
+        warnings.warn(
+            f"Resuming from {file!r}: it holds the state a train_step carried between batches "
+            f"(keys {sorted(own['step_state'])}), but {type(model).__name__} defines no "
+            "load_step_state_dict(state) to take it, so it is not restored. Define "
+            "step_state_dict() and load_step_state_dict(state) on the Model subclass.",
+            stacklevel=6,
+        )
+        return own
+    # Of the kinds (and tensors of the shapes) step_state_dict() returns now: the step
+    # would trip over any other later, far from the file.
+    with restoring(file, "'step_state'"):
+        check_like(file, own["step_state"], save_ and save_(), "'step_state'", shapes=True)
+        load_(own["step_state"])
+    return own

@@ -61,16 +61,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import metadata as dcp_metadata
-from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint import state_dict as dcp_state
 from torch.distributed.checkpoint.filesystem import FileSystem, _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from hapi import distributed
 from hapi.checkpoint import files
@@ -84,20 +77,13 @@ _DCP = "torch.distributed.checkpoint.metadata"
 # FSDP2 model + Adam state saved from 2 processes -- with a find_class that
 # records its calls). Each is a plain data class, a tuple subclass, an enum or
 # a constant: creating one runs no code beyond storing its fields.
+# BytesStorageMetadata is harmless (an empty data class) and found in real files;
+# allowed here so the refusal below can name the entries that hold it.
+_METADATA_CLASSES = ("Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata")
+_METADATA_CLASSES += ("TensorProperties", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
+_METADATA_CLASSES += ("BytesStorageMetadata",)
 _ALLOWED: dict[tuple[str, str], Any] = {
-    (_DCP, name): getattr(dcp_metadata, name)
-    for name in (
-        "Metadata",
-        "MetadataIndex",
-        "StorageMeta",
-        "TensorStorageMetadata",
-        "TensorProperties",
-        "ChunkStorageMetadata",
-        "_MEM_FORMAT_ENCODING",
-        # Harmless (an empty data class) and found in real files; allowed here so the
-        # refusal below can name the entries that hold it.
-        "BytesStorageMetadata",
-    )
+    (_DCP, name): getattr(dcp_metadata, name) for name in _METADATA_CLASSES
 }
 _ALLOWED[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = _StorageInfo
 _ALLOWED[("torch", "Size")] = torch.Size
@@ -106,13 +92,9 @@ _ALLOWED[("torch", "Size")] = torch.Size
 # only function allowed.
 _ALLOWED[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
 # Constants (never called): every dtype; layouts and memory formats by name too.
-_ALLOWED.update(
-    {
-        ("torch", name): value
-        for name, value in vars(torch).items()
-        if isinstance(value, (torch.dtype, torch.layout, torch.memory_format))
-    }
-)
+_CONSTANTS = (torch.dtype, torch.layout, torch.memory_format)
+_ALLOWED.update({("torch", n): v for n, v in vars(torch).items() if isinstance(v, _CONSTANTS)})
+
 # StorageMeta.checkpoint_id is the save path, often a pathlib path: pickled as
 # pathlib.PosixPath (pathlib._local.PosixPath by Python 3.13, WindowsPath on
 # Windows). torch's load path never reads it, so it becomes a pure path, which
@@ -172,11 +154,8 @@ class SafeFileSystemReader(dcp.FileSystemReader):
                 reached through a symbolic link.
         """
         path, directory = self._get_metadata_path(kwargs.get("rank")), os.fspath(self.path)
-        try:
-            with self.fs.create_stream(path, "rb") as metadata_file:
-                raw = metadata_file.read()
-        except files.UnsafeNameError as error:
-            raise CheckpointError(f"Sharded checkpoint {directory!r}: {error}") from None
+        with self.fs.create_stream(path, "rb") as metadata_file:  # refuses a link, naming it
+            raw = metadata_file.read()
         try:
             metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
             _check(metadata)
@@ -194,7 +173,7 @@ class SafeFileSystemReader(dcp.FileSystemReader):
                 f"{error}). It was probably cut off while being copied or written. Use an earlier "
                 "checkpoint, or save it again with model.save(path, sharded=True)."
             ) from error
-        if getattr(metadata, "storage_meta", None) is None:
+        if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
@@ -237,9 +216,8 @@ def _check(metadata: Any) -> None:
 def _quiet() -> Iterator[None]:
     """DCP warns on one process that it assumes one process; that is what one process means here."""
     with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message="torch.distributed is disabled", category=UserWarning
-        )
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+
         yield
 
 
@@ -253,7 +231,7 @@ def _load(directory: str, payload: dict[str, Any]) -> dict[str, Any]:
     try:
         with _quiet():
             dcp.load(payload, storage_reader=SafeFileSystemReader(directory))
-    except CheckpointException as error:
+    except dcp.CheckpointException as error:
         causes = "; ".join(
             f"process {rank}: {type(cause).__name__}: {cause}"
             for rank, (cause, _) in sorted(error.failures.items())
@@ -266,18 +244,14 @@ def _load(directory: str, payload: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
+def _model_tensors(network: nn.Module) -> dict[str, torch.Tensor]:
+    return _split(dcp_state.get_model_state_dict(network))[0]
+
+
 def _split(values: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+
     tensors = {k: v for k, v in values.items() if torch.is_tensor(v)}
     return tensors, {k: v for k, v in values.items() if k not in tensors}
-
-
-def _named_groups(network: nn.Module, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
-    """The optimizer's groups with parameters named, as torch's state-dict API names them."""
-    names = {id(p): name for name, p in network.named_parameters()}
-    return [
-        {**group, "params": [names[id(p)] for p in group["params"]]}
-        for group in optimizer.param_groups
-    ]
 
 
 class _Writer(dcp.FileSystemWriter):
@@ -314,22 +288,25 @@ def save_shards(
     Returns what completes the save: called now with ``wait``, else in the
     caller's background thread (it waits for DCP's future).
     """
-    payload: dict[str, Any] = {"network": _split(get_model_state_dict(network))[0]}
+    payload: dict[str, Any] = {"network": _model_tensors(network)}
     optimizer_rest = None
     if optimizer is not None:
-        groups, plain_values = _named_groups(network, optimizer), {}
+        # Its groups with parameters named, as torch's state-dict API names them.
+        names = {id(p): name for name, p in network.named_parameters()}
+        groups = [
+            {**g, "params": [names[id(p)] for p in g["params"]]} for g in optimizer.param_groups
+        ]
+        plain_values: dict[str, Any] = {}
         if optimizer.state:  # torch's API would otherwise create the state with a dry step
-            by_name = get_optimizer_state_dict(network, optimizer)
+            by_name = dcp_state.get_optimizer_state_dict(network, optimizer)
             groups = by_name["param_groups"]
             tensors = {}
             for name, values in by_name["state"].items():
                 tensors[name], plain_values[name] = _split(values)
             payload["optimizer"] = tensors
-        optimizer_rest = {
-            "param_groups": groups,
-            "plain_values": plain_values,
-            "has_tensors": "optimizer" in payload,
-        }
+        optimizer_rest = {"param_groups": groups, "plain_values": plain_values}
+        optimizer_rest["has_tensors"] = "optimizer" in payload
+
     writer = _Writer(directory)
     if not wait:
         optimizer_rest = snapshot(optimizer_rest)
@@ -358,23 +335,21 @@ def saved_shapes(directory: str) -> dict[str, torch.Size]:
 
 def load_shards(directory: str, network: nn.Module, keys: set[str]) -> None:
     """The network's entries named in ``keys`` from ``directory``, resharded as the network is now."""
-    template = {k: v for k, v in _split(get_model_state_dict(network))[0].items() if k in keys}
+    template = {k: v for k, v in _model_tensors(network).items() if k in keys}
     loaded = _load(directory, {"network": template})["network"]
-    set_model_state_dict(network, loaded, options=StateDictOptions(strict=False))
+    options = dcp_state.StateDictOptions(strict=False)
+    dcp_state.set_model_state_dict(network, loaded, options=options)
 
 
 def load_optimizer_shards(
     directory: str, network: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]
 ) -> None:
     """The optimizer state :func:`save_shards` wrote (``saved``: the manifest's part), resharded."""
-    state: dict[str, dict[str, Any]] = {
-        name: dict(values) for name, values in saved["plain_values"].items()
-    }
-    if saved["has_tensors"]:
-        template = get_optimizer_state_dict(network, optimizer)  # creates the state to read into
-        tensors = {name: _split(values)[0] for name, values in template["state"].items()}
+    state = {name: dict(values) for name, values in saved["plain_values"].items()}
+    if saved["has_tensors"]:  # the optimizer's own state, created now, to read into
+        template = dcp_state.get_optimizer_state_dict(network, optimizer)["state"]
+        tensors = {name: _split(values)[0] for name, values in template.items()}
         for name, values in _load(directory, {"optimizer": tensors})["optimizer"].items():
             state.setdefault(name, {}).update(values)
-    set_optimizer_state_dict(
-        network, optimizer, {"state": state, "param_groups": saved["param_groups"]}
-    )
+    groups = saved["param_groups"]
+    dcp_state.set_optimizer_state_dict(network, optimizer, {"state": state, "param_groups": groups})

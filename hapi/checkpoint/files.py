@@ -36,6 +36,8 @@ import socket
 import stat
 from typing import IO, Any, Callable, Iterator
 
+from hapi.checkpoint.errors import CheckpointError
+
 # The layout of a sharded checkpoint directory (written by hapi.checkpoint): a manifest and
 # one shards directory per save, whose files torch's distributed checkpoint names.
 MANIFEST = "checkpoint.pt"
@@ -47,9 +49,12 @@ _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _BINARY = getattr(os, "O_BINARY", 0)
 
 
-class UnsafeNameError(ValueError):
+class UnsafeNameError(ValueError, CheckpointError):
     """A name read from a file would lead outside its directory (or is no name at all), or a
-    path where torch-hapi keeps its own files is a symbolic link."""
+    path where torch-hapi keeps its own files is a symbolic link.
+
+    A ``ValueError``, and a :class:`~hapi.checkpoint.CheckpointError` too: a checkpoint
+    that names such a path cannot be loaded safely."""
 
 
 def is_plain_name(name: Any) -> bool:
@@ -104,7 +109,8 @@ def child(
 
 
 def refuse_link(path: str | os.PathLike, what: str = "") -> str:
-    """``path`` as a str, once it is no symbolic link (``lstat``: the link itself is looked at).
+    """``path`` as a str without trailing separators, once it is no symbolic link (``lstat``:
+    the link itself is looked at, also for ``"link/"``).
 
     For the entries of a checkpoint, backup or shards directory, where a link
     planted before, between or during runs would lead reads, writes and
@@ -113,7 +119,7 @@ def refuse_link(path: str | os.PathLike, what: str = "") -> str:
     Raises:
         UnsafeNameError: naming the path and where the link leads.
     """
-    path = os.fspath(path)
+    path = os.fspath(path).rstrip("/" + os.sep) or os.fspath(path)
     if os.path.islink(path):
         raise UnsafeNameError(
             f"{what}{path!r} is a symbolic link (to {os.readlink(path)!r}): torch-hapi follows "
@@ -221,10 +227,9 @@ def atomic_write(
     tmp_path = os.path.join(directory, f".{name}.{_HOST}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY
     fd = os.open(tmp_path, flags, 0o666)
+    text = {"encoding": "utf-8", "newline": ""} if mode == "w" else {}
     try:
-        with os.fdopen(
-            fd, mode, **({"encoding": "utf-8", "newline": ""} if mode == "w" else {})
-        ) as handle:
+        with os.fdopen(fd, mode, **text) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
@@ -259,10 +264,9 @@ def link_or_copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
     source, target = os.fspath(source), os.fspath(target)
     if not stat.S_ISREG(os.lstat(source).st_mode):
         raise OSError(f"Not linking {source!r} to {target!r}: it is not a regular file.")
-    temporary = os.path.join(
-        os.path.dirname(os.path.abspath(target)),
-        f".{os.path.basename(target)}.{secrets.token_hex(6)}.link",
-    )
+    directory, name = os.path.split(os.path.abspath(target))
+    temporary = os.path.join(directory, f".{name}.{secrets.token_hex(6)}.link")
+
     try:
         os.link(source, temporary, follow_symlinks=False)
     except (OSError, NotImplementedError):  # no hard links here: a copy

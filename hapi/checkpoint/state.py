@@ -62,6 +62,8 @@ from hapi.checkpoint.files import MANIFEST
 FORMAT = "torch-hapi"
 VERSION = 1
 SUFFIX = ".pt"
+_SHARDED = "Sharded checkpoint: "  # starts the refusal of a link as its directory or manifest
+
 
 # The global torch's weights-only unpickler refused, e.g. "GLOBAL posix.system".
 _GLOBAL = re.compile(r"GLOBAL [A-Za-z_]\w*(\.[A-Za-z_]\w*)+(\s|$)")
@@ -220,12 +222,9 @@ def save_state(path: str | os.PathLike, state: dict[str, Any], wait: bool = True
 
     if not wait:
         background.background.started = True  # on every process: a load now waits for it everywhere
-    distributed.on_main(
-        functools.partial(write_file, state, target) if wait else start,
-        lambda: CheckpointError(
-            f"Rank 0 could not write the checkpoint {target!r}; see its error."
-        ),
-    )
+    failed = f"Rank 0 could not write the checkpoint {target!r}; see its error."
+    write = functools.partial(write_file, state, target) if wait else start
+    distributed.on_main(write, functools.partial(CheckpointError, failed))
     return target
 
 
@@ -252,7 +251,7 @@ def save_sharded(
     from hapi.checkpoint import dcp_io  # torch.distributed.checkpoint: imported on first use
 
     created = _missing_directories(os.path.join(os.fspath(path), MANIFEST))
-    directory = _no_link(check_path(path, directory=True))
+    directory = files.refuse_link(check_path(path, directory=True), _SHARDED)
     background.wait_for_writes()
     # Every process must name the same directory: rank 0's random name is everyone's.
     name = "shards-" + distributed.broadcast_bytes(secrets.token_hex(8).encode()).decode()
@@ -294,29 +293,16 @@ def shards_directory(file: str, state: dict[str, Any]) -> str:
     """Where the shards of the sharded checkpoint whose manifest is ``file`` lie.
 
     Raises:
-        CheckpointError: the manifest names anything but a shards directory
-            inside the checkpoint's own directory (an absolute path, ``..``,
-            a separator, a link leading elsewhere), naming the value; the
-            checkpoint's directory or manifest is a symbolic link.
+        UnsafeNameError: (a CheckpointError) the manifest names anything but
+            a shards directory inside the checkpoint's own directory (an
+            absolute path, ``..``, a separator, a link leading elsewhere),
+            naming the value; the checkpoint's directory or manifest is a
+            symbolic link.
     """
-    directory = _no_link(os.path.dirname(_no_link(file)))
+    directory = files.refuse_link(os.path.dirname(files.refuse_link(file, _SHARDED)), _SHARDED)
     entry = f"The manifest {file!r} entry 'shards'"
-    try:  # follow_links=False: the shards directory is read and deleted, never replaced
-        return files.child(directory, state.get("shards"), entry, files.SHARDS_NAME, False)
-    except files.UnsafeNameError as error:
-        raise CheckpointError(str(error)) from None
-
-
-def _no_link(path: str) -> str:
-    """``path``, once it is no symbolic link: a sharded checkpoint's directory and manifest never are.
-
-    Raises:
-        CheckpointError: naming the path and where the link leads.
-    """
-    try:
-        return files.refuse_link(path.rstrip("/" + os.sep) or path, "Sharded checkpoint: ")
-    except files.UnsafeNameError as error:
-        raise CheckpointError(str(error)) from None
+    # follow_links=False: the shards directory is read and deleted, never replaced.
+    return files.child(directory, state.get("shards"), entry, files.SHARDS_NAME, False)
 
 
 def _candidates(path: str | os.PathLike) -> list[str]:
@@ -349,9 +335,9 @@ def load_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     found = _existing_files(path)
     if not found:
         directory = os.path.dirname(os.path.abspath(path))
-        nearby = sorted(
-            glob.glob("*.pt", root_dir=directory) + glob.glob("*.pth", root_dir=directory)
-        )
+        listed = glob.glob("*.pt*", root_dir=directory)  # none for a missing directory
+        nearby = sorted(name for name in listed if name.endswith((".pt", ".pth")))
+
         raise FileNotFoundError(
             f"No checkpoint found at {os.fspath(path)!r} (tried "
             f"{', '.join(map(repr, _candidates(path)))})."
@@ -397,12 +383,11 @@ def load_freshest_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
         # None: another machine may have one.
         return max(copies, key=lambda copy: copy[0]) if copies else None
 
-    freshest = distributed.broadcast_freshest(
-        read,
-        lambda source: CheckpointError(
-            f"Rank {source} could not read its copy of {file!r}; see its error."
-        ),
-    )
+    def failed(source: int) -> CheckpointError:
+        return CheckpointError(f"Rank {source} could not read its copy of {file!r}; see its error.")
+
+    freshest = distributed.broadcast_freshest(read, failed)
+
     if freshest is None:
         raise FileNotFoundError(f"No process found a checkpoint at {file!r} on its machine.")
     payload, state = freshest
@@ -420,9 +405,8 @@ def _parse(source: IO[bytes], file: str) -> dict[str, Any]:
     try:
         state = torch.load(source, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 -- a damaged file can fail anywhere in torch's reader
-        if isinstance(error, pickle.UnpicklingError) and _GLOBAL.search(
-            f"{error}\n{error.__context__ or ''}"
-        ):
+        said = f"{error}\n{error.__context__ or ''}"
+        if isinstance(error, pickle.UnpicklingError) and _GLOBAL.search(said):
             raise CheckpointError(
                 f"Checkpoint {file!r} holds Python objects other than tensors and plain "
                 "values (it may carry code), so torch-hapi refuses to load it: files are "
