@@ -128,7 +128,12 @@ class LRScheduler(Callback):
 
     def _fit_length(self) -> int:
         """This fit's length in scheduler steps: epochs, or this process's optimizer updates."""
-        epochs, steps = self.params["epochs"], self.params.get("steps")
+        epochs, steps = self.params.get("epochs"), self.params.get("steps")
+        if not isinstance(epochs, int) or epochs < 1:
+            raise RuntimeError(
+                f"LRScheduler needs the number of epochs to size its schedule; params has "
+                f"epochs={epochs!r}. A scheduler factory works only inside fit()."
+            )
         self._per_epoch = 1  # updates per epoch: what a resume on another world size changes
         if not self.by_step:
             return epochs

@@ -134,13 +134,10 @@ class _Phase:
         self.paused = 0.0
 
     def part_of(self, max_lines: int | None) -> int:
-        """Which 1/max_lines of the pass the current step ends (-1: a pass of unknown length).
-
-        With ``max_lines=None`` every step is a part of its own (every candidate is due).
-        """
-        if self.steps is None:
+        """Which 1/max_lines of the pass the current step ends (-1: unknown length or no thinning)."""
+        if self.steps is None or max_lines is None:
             return -1
-        return self.done * (max_lines or self.steps) // max(self.steps, 1)
+        return self.done * max_lines // max(self.steps, 1)
 
     def since_mark(self) -> float:
         """Seconds since the last batch begin or end, evaluations inside it left out."""
@@ -193,7 +190,7 @@ class ProgBarLogger(Callback):
                 f"verbose must be 0, 1, 2 or 3 (lines with time counters); received {verbose!r}."
             )
         if interval is not None and (
-            isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0
+            isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0
         ):
             raise ValueError(
                 "interval must be a positive number of seconds, or None for no time-based lines; "
@@ -322,8 +319,10 @@ class ProgBarLogger(Callback):
         phase.unprinted = figures
         # A log_freq step gets a line by the rule of the module docstring; a pass of
         # unknown length stays in part -1, so only time spaces its lines.
-        due = phase.part_of(self.max_lines) > phase.part or (
-            self.interval is not None and _clock() - phase.last_line >= self.interval
+        due = (
+            self.max_lines is None
+            or phase.part_of(self.max_lines) > phase.part
+            or (self.interval is not None and _clock() - phase.last_line >= self.interval)
         )
         steady = phase.done % self.log_freq == 0 or phase.steps is None
         if phase.done == phase.steps or (steady and due):

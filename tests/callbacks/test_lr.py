@@ -299,6 +299,20 @@ def test_no_optimizer_is_a_clear_error():
         model.fit(data, batch_size=2, epochs=1, verbose=0, callbacks=[ReduceLROnPlateau()])
 
 
+@pytest.mark.parametrize("params", [{}, {"epochs": None, "steps": 5}])
+def test_a_factory_driven_outside_fit_says_it_needs_fit(params):
+    from hapi import Model
+
+    model = Model(torch.nn.Linear(2, 1), device="cpu")
+    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.MSELoss())
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR
+    callback = LRScheduler(lambda optimizer, total: schedule(optimizer, T_max=total))
+    callback.set_model(model)
+    callback.set_params(params)
+    with pytest.raises(RuntimeError, match=r"epochs=None\. A scheduler factory works only inside"):
+        callback.on_train_begin()
+
+
 # -- a factory's schedule across a resume ----------------------------------------------------
 
 

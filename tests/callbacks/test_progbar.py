@@ -173,6 +173,14 @@ def test_a_pass_of_unknown_length_prints_first_last_and_one_line_per_interval(cl
     assert steps[1:-1] == list(range(10 + 7680, 100_000, 7680))  # 30 s = 7,680 steps of 1/256 s
 
 
+@pytest.mark.parametrize("known_length", [True, False])
+def test_max_lines_none_prints_every_log_freq_step_whatever_the_length(clock, capsys, known_length):
+    bar = ProgBarLogger(log_freq=3, verbose=2, max_lines=None, interval=None)
+    drive_epoch(bar, clock, 20, log_freq=3, seconds_per_step=0.01, known_length=known_length)
+    steps, _ = printed_steps(capsys.readouterr().out)
+    assert steps == [3, 6, 9, 12, 15, 18, 20]
+
+
 @pytest.mark.parametrize(
     "steps, log_freq, expected",
     [
@@ -228,6 +236,7 @@ def test_an_evaluation_is_thinned_too(clock, capsys):
         {"max_lines": True},
         {"interval": 0},
         {"interval": -1.0},
+        {"interval": float("nan")},
         {"interval": "30"},
     ],
 )
