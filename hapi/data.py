@@ -469,6 +469,7 @@ class EpochBatches(torch.utils.data.Sampler[list]):
     rank: int | None = None
 
     def __post_init__(self) -> None:
+        self.drop_last = bool(self.drop_last)  # fit takes any truth value, as Paddle does
         self.num_replicas = group.world_size() if self.num_replicas is None else self.num_replicas
         self.rank = group.rank() if self.rank is None else self.rank
         # The DataLoader draws its workers' base seed from this generator, not torch's global

@@ -295,18 +295,20 @@ class MetricSet:
         With ``sync`` (a collective: every process must call it) the figures
         cover every process's samples; without, only this process's.
         """
-        # The same names on every process: the same step code. Loss first, then by name.
-        names = sorted(self._log_sums, key=lambda name: (name != "loss", name))
-        sums = (self._samples, self._weight_sum, *(self._log_sums[name] for name in names))
+        # The same names on every process: the same step code. The loss has its own slot, as
+        # a process with an empty shard added none and must still reduce as many sums.
+        names = sorted(name for name in self._log_sums if name != "loss")
+        loss = self._log_sums.get("loss", 0.0)
+        sums = (self._samples, self._weight_sum, loss, *(self._log_sums[name] for name in names))
         totals = torch.stack([torch.as_tensor(v, dtype=torch.float64).cpu() for v in sums])
         if sync:
             totals = distributed.all_reduce_sum(totals)
         self.counted = int(totals[0].item())
         if self.counted == 0:
             return {}
-        # Per sample, or per unit of a step's weight; a loss never added counts 0.
-        results = {"loss": 0.0} if self.with_loss else {}
-        results.update(zip(names, (totals[2:] / totals[1]).tolist()))
+        means = (totals[2:] / totals[1]).tolist()  # per sample, or per unit of a step's weight
+        results = {"loss": means[0]} if self.with_loss else {}
+        results.update(zip(names, means[1:]))
         if not self.use_metrics:
             return results
         self._sync.enabled = sync

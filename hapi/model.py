@@ -1055,9 +1055,10 @@ class Model:
         """``train_batch`` (``update`` given) or ``eval_batch``: the figures of this batch alone
         (Paddle keeps running ones; one batch is clearer)."""
         stepper = self._stepper_for(purpose)
-        stepper.network.train(update is not None)
+        training = purpose == "train_batch"
+        stepper.network.train(training)
         inputs, labels = self._splitter.user_batch(inputs, labels)
-        if update is None:
+        if not training:
             loss, outputs = stepper.evaluate(inputs, labels)
         else:
             loss, outputs = stepper.train(inputs, labels, update)

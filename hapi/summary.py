@@ -252,12 +252,18 @@ COUNTERS: dict[type, CountFn] = {
 
 def _run_custom(fn: CountFn, module: nn.Module, inputs: tuple, output: Any) -> int:
     """A user's count function, returning its count or adding it to ``module.total_ops``
-    (Paddle's functions do ``m.total_ops += n``); a module's own ``total_ops`` stays."""
-    from unittest import mock
-
-    with mock.patch.dict(module.__dict__, total_ops=0):
+    (Paddle's functions do ``m.total_ops += n``); a module's own ``total_ops`` stays, and so
+    does anything else the function sets on the module."""
+    had = "total_ops" in vars(module)
+    previous = vars(module).get("total_ops")
+    module.__dict__["total_ops"] = 0
+    try:
         returned = fn(module, inputs, output)
         return int(module.__dict__["total_ops"]) + int(returned or 0)
+    finally:
+        module.__dict__.pop("total_ops", None)
+        if had:
+            module.__dict__["total_ops"] = previous
 
 
 def count_flops(

@@ -199,3 +199,13 @@ def test_batch_sizes_other_than_an_int_or_a_pair_are_refused(batch_size, pattern
     model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
     with pytest.raises(ValueError, match=pattern):
         model.fit((x, y), eval_data=(x, y), batch_size=batch_size, verbose=0)
+
+
+@pytest.mark.parametrize("drop_last", [1, 0, None, np.bool_(True)])
+def test_drop_last_takes_any_truth_value(drop_last):
+    # 10 samples at batch 4: two batches with a true drop_last, three otherwise.
+    x, y = make_tiny_data(10)
+    model = Model(TinyNet())
+    model.prepare(torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    model.fit((x, y), batch_size=4, drop_last=drop_last, verbose=0)
+    assert model.step == (2 if drop_last else 3)

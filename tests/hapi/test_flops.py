@@ -47,6 +47,7 @@ def test_custom_ops_return_or_add_to_total_ops_and_win_over_built_ins():
 
     def tanh(m, x, y):
         m.total_ops += 5
+        m.counted_by_user = True  # the function's own attributes stay
 
     def linear(m, x, y):
         return 1
@@ -54,6 +55,7 @@ def test_custom_ops_return_or_add_to_total_ops_and_win_over_built_ins():
     total = hapi.flops(net, (2, 4), custom_ops={nn.GELU: gelu, nn.Tanh: tanh, nn.Linear: linear})
     assert total == 1 + 3 * 8 + 5
     assert not any("total_ops" in vars(m) for m in net.modules())
+    assert net[2].counted_by_user is True
     net[0].total_ops = 9  # a module's own attribute of that name is left as it was
     hapi.flops(net, (2, 4), custom_ops={nn.Linear: linear})
     assert vars(net[0])["total_ops"] == 9
