@@ -285,7 +285,9 @@ class MetricSet:
                 )
             self.with_loss = self.with_loss or name == "loss"
             dtype = torch.float32 if name == "loss" else torch.float64
-            total = self._log_sums.setdefault(name, value.new_zeros((), dtype=dtype))
+            total = self._log_sums.get(name)
+            if total is None:  # the first batch: no tensor made per batch after it
+                total = self._log_sums[name] = value.new_zeros((), dtype=dtype)
             weight = batch_size.to(total.device) if torch.is_tensor(batch_size) else batch_size
             total.add_(value.reshape(()).to(dtype) * weight)
 
