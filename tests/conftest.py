@@ -11,8 +11,8 @@ from torch import nn
 from callbacks import Callback
 from hapi import Model
 
-# One torch thread in each test process. The suite runs two test processes at once
-# (pytest-xdist, ``-n 2`` in pyproject.toml) on a 2-core machine, and each multi-process
+# One torch thread in each test process. The suite runs three test processes at once
+# (pytest-xdist, ``-n 3`` in pyproject.toml) on a 2-core machine, and each multi-process
 # test starts its own one-thread processes besides: more intra-op threads than cores make
 # OpenMP's threads spin-wait for each other, which tripled the CPU time of the in-process
 # tests (tests/callbacks and test_fuzz: 204 s -> 69 s of CPU). The tests' tensors are tiny.
@@ -145,7 +145,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-# The slowest files first (measured with --durations on this 2-core machine). Two test
+# The slowest files first (measured with --durations on this 2-core machine). The test
 # processes take whole files in collection order (``--dist loadfile``), and the top-level
 # files, collected last, hold some of the slowest (Ray's start, the GPU check on the CPU, the
 # benchmark scripts): taken last, one process worked through them alone at the end.
