@@ -148,14 +148,22 @@ class SafeFileSystemReader(dcp.FileSystemReader):
         """Unpickle ``.metadata`` (or ``__<rank>.metadata``) through the allowlist and check it.
 
         Raises:
-            hapi.checkpoint.CheckpointError: the metadata imports anything DCP
-                does not write, declares non-tensor entries or stream
+            hapi.checkpoint.CheckpointError: the metadata is missing, imports anything
+                DCP does not write, declares non-tensor entries or stream
                 transforms, points outside the directory, is damaged, or is
                 reached through a symbolic link.
         """
         path, directory = self._get_metadata_path(kwargs.get("rank")), os.fspath(self.path)
-        with self.fs.create_stream(path, "rb") as metadata_file:  # refuses a link, naming it
-            raw = metadata_file.read()
+        try:
+            with self.fs.create_stream(path, "rb") as metadata_file:  # refuses a link, naming it
+                raw = metadata_file.read()
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"Sharded checkpoint {directory!r} is incomplete: its metadata file "
+                f"{os.fspath(path)!r} is missing (a save that never finished, or a copy that left "
+                "it out: its name starts with a dot). Copy it too, use an earlier checkpoint, or "
+                "save again with model.save(path, sharded=True)."
+            ) from None
         try:
             metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
             _check(metadata)

@@ -116,7 +116,7 @@ def launcher_variables() -> dict[str, str]:
     local, local_world, host, job = reader(world)
     number = int(job) if job.isdigit() else zlib.crc32(job.encode())
     return {
-        "RANK": os.environ[rank_name],
+        "RANK": str(env_int(rank_name, 0)),  # an integer, or a DistributedSetupError naming it
         "LOCAL_RANK": local,
         "WORLD_SIZE": str(world),
         "LOCAL_WORLD_SIZE": str(local_world),
@@ -155,15 +155,24 @@ def _from_lsf(world: int) -> tuple[str, int, str, str]:
     ``JSM_NAMESPACE_LOCAL_RANK``; ``MASTER_ADDR`` the first compute host of
     ``LSB_DJOB_RANKFILE`` (else of ``LSB_HOSTS``), after the job's launch node,
     which comes first; the job ``LSB_JOBID``."""
+    launched = f"LSF started {world} tasks (JSM_NAMESPACE_SIZE)"
     rank_file = os.environ.get("LSB_DJOB_RANKFILE")
-    hosts = (
-        pathlib.Path(rank_file).read_text() if rank_file else os.environ.get("LSB_HOSTS", "")
-    ).split()[1:]  # the first is the job's launch node
+    try:
+        listed = pathlib.Path(rank_file).read_text() if rank_file else os.environ.get("LSB_HOSTS")
+    except OSError as error:
+        raise _unplaced(
+            launched,
+            f"LSB_DJOB_RANKFILE={rank_file!r} cannot be read ({error.strerror})",
+            "Run the script with jsrun on the job's nodes",
+        ) from None
+    hosts = (listed or "").split()[1:]  # the first is the job's launch node
     missing = sorted({"JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK"} - set(os.environ))
     if missing or not (hosts or os.environ.get("MASTER_ADDR")):
         raise _unplaced(
-            f"LSF started {world} tasks (JSM_NAMESPACE_SIZE)",
-            ", ".join(missing) or "neither LSB_DJOB_RANKFILE nor LSB_HOSTS names a host",
+            launched,
+            f"{', '.join(missing)} is not set"
+            if missing
+            else "neither LSB_DJOB_RANKFILE nor LSB_HOSTS names a host",
             "Start the script with jsrun",
         )
     local_world = world // max(len(set(hosts)), 1)

@@ -114,7 +114,35 @@ def test_lsf_variables_become_torch_distributed_ones(environ, tmp_path):
     environ["LSB_HOSTS"] = "launch1 gpu09 gpu09"
     assert env.launcher_variables()["MASTER_ADDR"] == "gpu09"
     del environ["JSM_NAMESPACE_LOCAL_RANK"]
-    with pytest.raises(env.DistributedSetupError, match="JSM_NAMESPACE_LOCAL_RANK, so"):
+    with pytest.raises(env.DistributedSetupError, match="JSM_NAMESPACE_LOCAL_RANK is not set, so"):
+        env.launcher_variables()
+
+
+@pytest.mark.parametrize(
+    "launcher, said",
+    [
+        (
+            {"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "x", "SLURM_LOCALID": "0"},
+            r"SLURM_PROCID='x' is not an integer",
+        ),
+        ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "one"}, r"RANK='one' is not an"),
+        (
+            {
+                "JSM_NAMESPACE_SIZE": "2",
+                "JSM_NAMESPACE_RANK": "0",
+                "LSB_DJOB_RANKFILE": "/nonexistent",
+            },
+            r"LSB_DJOB_RANKFILE='/nonexistent' cannot be read \(No such file",
+        ),
+    ],
+    ids=["slurm-rank", "openmpi-rank", "lsf-rank-file"],
+)
+def test_a_launcher_variable_that_makes_no_sense_is_named(environ, launcher, said):
+    environ.update(
+        SLURM_JOB_ID="7", SLURM_STEP_NODELIST="node1", LSB_JOBID="7", JSM_NAMESPACE_LOCAL_RANK="0"
+    )
+    environ.update(launcher)
+    with pytest.raises(env.DistributedSetupError, match=said):
         env.launcher_variables()
 
 

@@ -219,3 +219,13 @@ def test_every_cut_of_every_shard_is_a_checkpoint_error(tmp_path: Path) -> None:
         file.write_bytes(raw)
     assert tried >= 4
     model().load(tmp_path / "ckpt")  # whole again: loads
+
+
+def test_a_missing_metadata_file_is_named_by_the_load(tmp_path: Path) -> None:
+    """A sharded checkpoint copied without its dot file: the load says which file is missing."""
+    model = hapi.Model(TinyNet(), device="cpu")
+    model.save(tmp_path / "ckpt", sharded=True)
+    (metadata,) = (tmp_path / "ckpt").glob("shards-*/.metadata")
+    metadata.unlink()
+    with pytest.raises(CheckpointError, match=r"is incomplete: its metadata file .*\.metadata"):
+        hapi.Model(TinyNet(), device="cpu").load(tmp_path / "ckpt")
