@@ -291,12 +291,19 @@ class MetricSet:
             weight = batch_size.to(total.device) if torch.is_tensor(batch_size) else batch_size
             total.add_(value.reshape(()).to(dtype) * weight)
 
-    def compute(self, sync: bool = True) -> dict[str, float]:
+    def compute(self, sync: bool = True, agree: bool = False) -> dict[str, float]:
         """Means over every sample since :meth:`reset`.
 
         With ``sync`` (a collective: every process must call it) the figures
-        cover every process's samples; without, only this process's.
+        cover every process's samples; without, only this process's. With
+        ``agree`` (an evaluation's end) the processes first agree on the logged
+        names: a process whose shard was empty saw none of them.
         """
+        if sync and agree and distributed.world_size() > 1:
+            agreed = distributed.gather_objects((sorted(self._log_sums), self.with_loss))
+            for name in {name for names, _ in agreed for name in names} - self._log_sums.keys():
+                self._log_sums[name] = torch.zeros((), dtype=torch.float64)
+            self.with_loss = any(with_loss for _, with_loss in agreed)
         # The same names on every process: the same step code. The loss has its own slot, as
         # a process with an empty shard added none and must still reduce as many sums.
         names = sorted(name for name in self._log_sums if name != "loss")

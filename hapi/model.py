@@ -1476,14 +1476,14 @@ def evaluate_loop(
             # Running logs stay local, and only the last batch's are reduced
             # (each process has one).
             due = is_last or (step + 1) % log_freq == 0
-            logs = metrics.compute(sync=is_last) if due else None
+            logs = metrics.compute(sync=is_last, agree=True) if due else None
             cbks.on_eval_batch_end(step, _batch_logs(splitter.length(batch), logs, metrics))
             if is_last:
                 break
             if stop_check is not None and stop_check(step, model.stop_evaluating):
                 logs = None  # the logs so far, over every process (one collective)
                 break
-    results = logs if logs is not None else metrics.compute()
+    results = logs if logs is not None else metrics.compute(agree=True)
     cbks.on_eval_end(results)
     return results
 

@@ -115,6 +115,8 @@ def test_three_processes_evaluate_predict_and_train_exactly_like_one(tmp_path):
         # 2 samples on 3 processes: rank 2's shard is empty, nothing hangs or fails.
         assert rank["evaluate_2"]["loss"] == pytest.approx(two["loss"], rel=1e-6)
         assert rank["evaluate_2"]["acc"] == two["acc"]
+        own = rank["evaluate_2_own_step"]  # names logged only where a batch ran
+        assert own == pytest.approx({"loss": two["loss"], "doubled": 2 * two["loss"]}, rel=1e-6)
         assert_close_lists(rank["predict_2"], predictions[:2].tolist(), atol=1e-6)
     # Three processes at batch 8 train like one at 24 (rank r reads samples r, r+3, ...,
     # so each step's three batches are the single process's batch), with the shared-memory

@@ -41,6 +41,15 @@ def flat_weights(model: Model) -> list[float]:
     return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
 
 
+class DoublingEval(Model):
+    """A step of one's own that logs a figure besides the loss."""
+
+    def eval_step(self, batch):
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.network(x), y)
+        return {"loss": loss, "doubled": 2 * loss}
+
+
 class IndexedData(Dataset):
     """Records which sample indices this process reads."""
 
@@ -199,6 +208,10 @@ def scenario_eval(out: pathlib.Path) -> dict:
     batches = model.predict((x, y), batch_size=3, verbose=0)[0]
     # Fewer samples than processes: one shard is empty; every rank still gets the figures.
     tiny_logs = model.evaluate((x[:2], y[:2]), batch_size=3, verbose=0)
+    # ... also the figures of a step of one's own, which that shard never logged.
+    own = DoublingEval(model.network)
+    own.prepare(loss=nn.CrossEntropyLoss())
+    own_tiny_logs = own.evaluate((x[:2], y[:2]), batch_size=3, verbose=0)
     tiny_predictions = model.predict((x[:2], y[:2]), batch_size=3, stack_outputs=True, verbose=0)[0]
     # An evaluation loader on a rank-aware batch sampler is re-split without its padding.
     padded = BatchSampler(
@@ -228,6 +241,7 @@ def scenario_eval(out: pathlib.Path) -> dict:
         "predict": predictions.tolist(),
         "predict_batches_rows": sum(len(b) for b in batches),
         "evaluate_2": tiny_logs,
+        "evaluate_2_own_step": own_tiny_logs,
         "predict_2": tiny_predictions.tolist(),
         "trained_48": flat_weights(trained),
         "broadcast": list(broadcast),
