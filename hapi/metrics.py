@@ -247,8 +247,9 @@ class MetricSet:
         pass's figures are per token (the sum of value * weight over the sum of
         the weights, over every process).
         """
-        figures, weight = dict(figures), batch_size
+        weight = batch_size
         if "weight" in figures:  # a tensor weight stays on its device: no read back per batch
+            figures = dict(figures)  # the step's own dict keeps its "weight"
             value = figures.pop("weight")
             weight = torch.as_tensor(value).detach()
             if weight.numel() != 1 or weight.is_complex() or weight.dtype == torch.bool:
@@ -304,8 +305,9 @@ class MetricSet:
             for name in {name for names, _ in agreed for name in names} - self._log_sums.keys():
                 self._log_sums[name] = torch.zeros((), dtype=torch.float64)
             self.with_loss = any(with_loss for _, with_loss in agreed)
-        # The same names on every process: the same step code. The loss has its own slot, as
-        # a process with an empty shard added none and must still reduce as many sums.
+        # As many sums on every process: in training the same step code logs the same names,
+        # and an evaluation's end agrees on them (above). The loss comes first, in a slot of
+        # its own.
         names = sorted(name for name in self._log_sums if name != "loss")
         loss = self._log_sums.get("loss", 0.0)
         sums = (self._samples, self._weight_sum, loss, *(self._log_sums[name] for name in names))
