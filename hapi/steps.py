@@ -194,14 +194,20 @@ class Stepper:
                     "prepare(loss=...), or return a 'loss' entry or attribute from forward (as "
                     "Hugging Face models do when dict batches' 'labels' reach them: no loss given)."
                 )
-            loss, source = network_loss, f"the network {distributed.class_name(self.network)}"
+            loss = network_loss
         elif training or labels or self.model._splitter.n_labels == 0:
-            loss, source = self._apply(loss_fn, outputs, labels), type(loss_fn).__name__
+            loss = self._apply(loss_fn, outputs, labels)
         else:
             return None
         if isinstance(loss, (list, tuple)) and loss_fn is not None:
             loss = torch.stack([torch.as_tensor(part) for part in loss]).sum()
         if loss is not None and (not torch.is_tensor(loss) or loss.numel() != 1):
+            # Named only here: the network's class name is not worked out on every batch.
+            source = (
+                type(loss_fn).__name__
+                if loss_fn is not None
+                else f"the network {distributed.class_name(self.network)}"
+            )
             raise ValueError(
                 f"The loss must be a scalar tensor; {source} returned {describe(as_list(loss))}. "
                 "Use reduction='mean' (or 'sum')."
