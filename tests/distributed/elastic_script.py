@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pathlib
 import sys
+import time
 
 import torch
 from torch import nn
@@ -39,16 +40,28 @@ class LoggedReads(torch.utils.data.Dataset):
         return self.x[index], self.y[index]
 
 
+def _saved_step(path: pathlib.Path) -> int:
+    try:
+        return int(torch.load(path, weights_only=True)["step"])
+    except (OSError, RuntimeError, KeyError, EOFError):  # not there yet, or being replaced
+        return -1
+
+
 class Epochs(Callback):
-    def __init__(self, data, kill_at):
+    def __init__(self, data, kill_at, backup):
         super().__init__()
-        self.data, self.kill_at = data, kill_at
+        self.data, self.kill_at, self.backup = data, kill_at, backup
 
     def on_epoch_begin(self, epoch, logs=None):
         self.data.epoch = epoch
 
     def on_train_batch_end(self, step, logs=None):
         if self.params["rank"] == 1 and self.model.step == self.kill_at:
+            # The moment is after the last backup's write, which rank 0 may still be finishing
+            # in the background: wait until the file holds it (a busy machine once lost it).
+            backup, deadline = self.backup / "backup.pt", time.monotonic() + 60
+            while time.monotonic() < deadline and _saved_step(backup) < self.kill_at - 1:
+                time.sleep(0.05)
             os._exit(17)
 
 
@@ -65,5 +78,8 @@ if __name__ == "__main__":
         batch_size=BATCH,
         epochs=3,
         verbose=0,
-        callbacks=[Epochs(data, kill_at), BackupAndRestore(out / "backup", save_freq=BACKUP_EVERY)],
+        callbacks=[
+            Epochs(data, kill_at, out / "backup"),
+            BackupAndRestore(out / "backup", save_freq=BACKUP_EVERY),
+        ],
     )
