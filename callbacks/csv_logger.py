@@ -79,15 +79,9 @@ class CSVLogger(Callback):
         columns = ["epoch", *sorted(self.keys)]
         try:
             with atomic_write(self.filename, "w") as handle:
-                writer = csv.DictWriter(
-                    handle,
-                    columns,
-                    delimiter=self.separator,
-                    extrasaction="ignore",
-                    lineterminator="\n",
-                )
-                writer.writeheader()
-                writer.writerows(self.rows)
+                writer = csv.writer(handle, delimiter=self.separator, lineterminator="\n")
+                writer.writerow(columns)
+                writer.writerows([row.get(key, "") for key in columns] for row in self.rows)
         except OSError as error:  # a bare "[Errno 28] No space left on device" names no file
             raise OSError(
                 error.errno,

@@ -31,10 +31,14 @@ def _check_scheduler(scheduler: Any, received: str) -> None:
             f"figure; {received} one. Use callbacks.ReduceLROnPlateau(monitor='val_loss', ...)."
         )
     if not isinstance(scheduler, torch_lr.LRScheduler):
+        # A class is callable, yet no factory: StepLR(optimizer, total) would take total for its
+        # step_size.
+        kind = "the class" if isinstance(scheduler, type) else "an object of type"
+        name = scheduler.__name__ if isinstance(scheduler, type) else type(scheduler).__name__
         raise TypeError(
             "LRScheduler needs a torch.optim.lr_scheduler.LRScheduler instance or a function "
-            f"(optimizer, total) -> scheduler; {received} an object of type "
-            f"{type(scheduler).__name__}. Pass e.g. LRScheduler(StepLR(optimizer, step_size=10))."
+            f"(optimizer, total) -> scheduler; {received} {kind} {name}. Pass e.g. LRScheduler("
+            "StepLR(optimizer, step_size=10)) or LRScheduler(lambda optimizer, total: ...)."
         )
 
 
@@ -98,13 +102,7 @@ class LRScheduler(Callback):
         by_epoch: bool | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(scheduler, type):
-            name = scheduler.__name__
-            raise TypeError(
-                f"LRScheduler received the class {name}, not a scheduler. Pass one built on the "
-                f"optimizer, {name}(optimizer, ...), or lambda optimizer, total: {name}(optimizer, ...)."
-            )
-        made = isinstance(scheduler, torch_lr.LRScheduler) or not callable(scheduler)
+        made = isinstance(scheduler, (torch_lr.LRScheduler, type)) or not callable(scheduler)
         if made:
             _check_scheduler(scheduler, "received")
         self._factory: SchedulerFactory | None = None if made else scheduler
@@ -139,10 +137,9 @@ class LRScheduler(Callback):
             return epochs
         if steps is None:
             raise ValueError(
-                "LRScheduler(factory, by_step=True) sizes the schedule from the batches per epoch, "
-                "unknown here (received steps=None: a loader without len()). Give fit() "
-                "num_iters=..., or pass a scheduler of explicit length, e.g. OneCycleLR(..., "
-                "total_steps=N)."
+                "LRScheduler(factory, by_step=True) sizes its schedule from the batches per epoch: "
+                "received steps=None (a loader without len()). Give fit() num_iters=..., or pass "
+                "a scheduler of explicit length, e.g. OneCycleLR(..., total_steps=N)."
             )
         every = self.params.get("accumulate_grad_batches", 1)
         self._per_epoch = math.ceil(steps / every)

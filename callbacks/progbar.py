@@ -79,6 +79,7 @@ from typing import Any
 from hapi.arguments import require_int
 
 from .base import NOT_FIGURES, Callback
+from .monitor import require_number
 
 _BEGIN_HOOKS = ("on_train_batch_begin", "on_eval_batch_begin", "on_predict_batch_begin")
 
@@ -183,22 +184,16 @@ class ProgBarLogger(Callback):
         interval: float | None = 30.0,
     ) -> None:
         super().__init__()
-        require_int("ProgBarLogger", "log_freq", log_freq)
-        require_int("ProgBarLogger", "max_lines", max_lines, allow_none=True)  # None: every line
+        self.log_freq = require_int("ProgBarLogger", "log_freq", log_freq)
+        self.max_lines = require_int("ProgBarLogger", "max_lines", max_lines, allow_none=True)
         if verbose not in (0, 1, 2, 3):
             raise ValueError(
                 f"verbose must be 0, 1, 2 or 3 (lines with time counters); received {verbose!r}."
             )
-        if interval is not None and (
-            isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0
-        ):
-            raise ValueError(
-                "interval must be a positive number of seconds, or None for no time-based lines; "
-                f"received {interval!r}."
-            )
-        self.log_freq = log_freq
+        if interval is not None:
+            kind = "a positive number of seconds, or None for no time-based lines"
+            require_number("ProgBarLogger", "interval", interval, kind, lambda v: v > 0, 30)
         self.verbose = verbose
-        self.max_lines = max_lines
         self.interval = interval
         self._phase: _Phase | None = None
         self._outer: _Phase | None = None  # the training epoch while an evaluation runs

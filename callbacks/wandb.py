@@ -126,9 +126,8 @@ class WandbCallback(_Curves):
         current = wandb.run
         if current is not None:
             warnings.warn(
-                f"WandbCallback: a wandb run is already active ({current.name!r}, id "
-                f"{current.id}); this callback logs into it and leaves it open. To have the "
-                "callback start and finish a run of its own, call wandb.finish() first.",
+                f"WandbCallback: a wandb run is already active ({current.name!r}, id {current.id})"
+                ": logged into, left open. Call wandb.finish() first for the callback's own run.",
                 stacklevel=3,
             )
             self.run = current
@@ -138,10 +137,9 @@ class WandbCallback(_Curves):
             atexit.unregister(_finish_open_runs)
             atexit.register(_finish_open_runs)
             _OPEN.append(self)
-        self.run.define_metric("train/step")
-        self.run.define_metric("train/*", step_metric="train/step")
-        self.run.define_metric("epoch")
-        self.run.define_metric("eval/*", step_metric="epoch")
+        for figures, axis in (("train/*", "train/step"), ("eval/*", "epoch")):
+            self.run.define_metric(axis)
+            self.run.define_metric(figures, step_metric=axis)
 
     def _finish(self, exit_code: int | None = None) -> None:
         """Let go of the run; finish it if this callback started it (the user finishes theirs)."""
