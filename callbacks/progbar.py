@@ -201,12 +201,14 @@ class ProgBarLogger(Callback):
         self.unused_hooks = () if verbose == 3 else _BEGIN_HOOKS
 
     # -- display helpers -------------------------------------------------
-    @property
-    def _active(self) -> bool:
-        return self.verbose > 0 and self.is_main
-
     def _start(self, steps: int | None, description: str, line: str) -> None:
-        """Begin a pass: a bar named ``description``, or the ``line`` that opens it."""
+        """Begin a pass: a bar named ``description``, or the ``line`` that opens it.
+
+        Nothing with ``verbose=0`` or off the main process: no pass, so every hook after
+        it finds none and shows nothing.
+        """
+        if not self.verbose or not self.is_main:
+            return
         tqdm = _bar_class(self.params.get("world_size", 1)) if self.verbose == 1 else None
         if tqdm is None:
             print(line, flush=True)
@@ -258,7 +260,7 @@ class ProgBarLogger(Callback):
     # -- hooks -----------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
         world_size = self.params.get("world_size", 1)
-        if self._active and world_size > 1:
+        if self.verbose and self.is_main and world_size > 1:
             batch = self.params.get("batch_size")
             print(
                 f"Distributed training on {world_size} processes: batch_size {batch} per "
@@ -267,10 +269,9 @@ class ProgBarLogger(Callback):
             )
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        if self._active:
-            epochs = self.params.get("epochs")
-            header = f"Epoch {epoch + 1}/{epochs}" if epochs else f"Epoch {epoch + 1}"
-            self._start(self.params.get("steps"), header, header)
+        epochs = self.params.get("epochs")
+        header = f"Epoch {epoch + 1}/{epochs}" if epochs else f"Epoch {epoch + 1}"
+        self._start(self.params.get("steps"), header, header)
 
     def on_train_batch_begin(self, step: int, logs: dict | None = None) -> None:
         """Time the reading of a batch (``verbose=3``); every pass's batches alike.
@@ -330,9 +331,7 @@ class ProgBarLogger(Callback):
         self._end(None)
 
     def on_eval_begin(self, logs: dict | None = None) -> None:
-        if not self._active:
-            return
-        outer = self._outer = self._phase
+        outer = self._outer = self._phase  # None with verbose=0 or off the main process
         if outer is not None:
             outer.paused -= _clock()  # the evaluation is no part of a batch's cost
             if outer.bar is not None:
@@ -345,8 +344,7 @@ class ProgBarLogger(Callback):
         self._end("Eval", logs)
 
     def on_predict_begin(self, logs: dict | None = None) -> None:
-        if self._active:
-            self._start((logs or {}).get("steps"), "Predict", "Predict begin...")
+        self._start((logs or {}).get("steps"), "Predict", "Predict begin...")
 
     def on_predict_end(self, logs: dict | None = None) -> None:
         self._end("Predict", logs)
