@@ -178,36 +178,26 @@ def _explain(
     head = f"torch.export could not export {name}"
     if not exporting and distributed.is_collective_failure(error):  # not the inputs' fault
         head = f"{name}'s forward made a collective that failed, before any export"
-        advice = (
-            "Export runs forward on rank 0 alone; a forward that needs the other processes "
-            "cannot be exported as it is."
-        )
+        advice = "Export runs forward on rank 0 alone, without the other processes it needs."
     elif not exporting:
         head = f"{name} fails on example_inputs {describe(list(inputs))} before any export"
         advice = (
-            "If example_inputs are not what forward takes, pass them as it does (one tensor per "
-            "positional argument, the shapes and dtypes of a real batch); if they are, the line "
-            "named is where forward itself fails."
+            "Pass example_inputs as forward takes them: one tensor per positional argument, with "
+            "the shapes and dtypes of a real batch."
         )
     elif "data-dependent" in message or "data dependent" in message:
         advice = (
-            "forward branches on, or sizes a tensor by, the values of a tensor (`if x.sum() > 0`, "
-            "`.item()`, `int(tensor)`), while an exported program is one graph for every input. "
-            "Write value-dependent branches with torch.cond(pred, true_fn, false_fn, (x,)) or "
-            "torch.where, or move that logic out of forward."
+            "forward branches on a tensor's values (`if x.sum() > 0`, `.item()`), while a program "
+            "is one graph for every input: use torch.cond or torch.where, or move that logic out."
         )
     elif dynamic_batch and ("specialized" in message or "Constraints violated" in message):
         advice = (
-            "forward fixes the batch size (e.g. x.view(4, -1) or a shape check against the "
-            "example's batch), so the program cannot take any batch size. Use x.shape[0] or -1 "
-            "instead of a constant, or pass dynamic_batch=False to export for the example's "
-            "batch size only."
+            "forward fixes the batch size (e.g. x.view(4, -1)): use x.shape[0] or -1 instead of "
+            "the constant, or pass dynamic_batch=False to export for the example's batch size."
         )
     else:
         advice = (
-            "torch.export traces forward with symbolic tensors: it needs tensor operations, not "
-            "Python that inspects tensor values, does I/O or calls libraries that do not accept "
-            "tensors. Change the line above, or try torch.export.draft_export(network, "
-            "example_inputs) to list every problem at once."
+            "torch.export needs tensor operations, not Python that inspects tensor values or "
+            "calls other libraries: change that line (torch.export.draft_export lists them all)."
         )
     return f"{head}: {_problem(error, network)}. {advice}"

@@ -43,13 +43,15 @@ def _zeros(size: Any, dtype: Any, input_size: Any, device: torch.device) -> Any:
             f"neither a size nor a shape. {_SHAPE_HELP}."
         )
     several = isinstance(dtype, (list, tuple))
-    if not all(_is_dim(d) for d in size):  # several inputs, or one nested input
+    nested = not all(_is_dim(d) for d in size)  # several inputs, or one nested input
+    inputs = len(size) if nested else 1  # Paddle takes a list's one dtype for one input
+    if several and len(dtype) != inputs:
+        raise ValueError(
+            f"dtype {dtype!r} is a list of {len(dtype)} entries for {inputs} inputs; give one "
+            "dtype per input, or a single dtype for all of them."
+        )
+    if nested:
         dtypes = dtype if several else [dtype] * len(size)
-        if len(dtypes) != len(size):
-            raise ValueError(
-                f"dtype {dtype!r} has {len(dtypes)} entries for {len(size)} inputs; give one "
-                "dtype per input, or a single dtype for all of them."
-            )
         return type(size)(_zeros(s, d, input_size, device) for s, d in zip(size, dtypes))
     shape = tuple(size)  # one input's shape, its batch dimension (-1 or None) made 1
     where = f"input_size {input_size!r}"
@@ -69,11 +71,6 @@ def _zeros(size: Any, dtype: Any, input_size: Any, device: torch.device) -> Any:
                 f"{where} has the size {d}; every size must be greater than zero (-1 or "
                 "None only for the batch dimension)."
             )
-    if several and len(dtype) != 1:  # Paddle takes a list's one dtype for one input
-        raise ValueError(
-            f"dtype {dtype!r} is a list where the input is the single shape "
-            f"{shape}; give one dtype for it, e.g. 'int64'."
-        )
     dtype = dtype[0] if several else dtype
     name = "float32" if dtype is None else str(dtype).removeprefix("torch.")
     if not isinstance(getattr(torch, name, None), torch.dtype):
@@ -254,16 +251,13 @@ def _run_custom(fn: CountFn, module: nn.Module, inputs: tuple, output: Any) -> i
     """A user's count function, returning its count or adding it to ``module.total_ops``
     (Paddle's functions do ``m.total_ops += n``); a module's own ``total_ops`` stays, and so
     does anything else the function sets on the module."""
-    had = "total_ops" in vars(module)
-    previous = vars(module).get("total_ops")
-    module.__dict__["total_ops"] = 0
+    own = {key: value for key, value in vars(module).items() if key == "total_ops"}
+    vars(module)["total_ops"] = 0
     try:
-        returned = fn(module, inputs, output)
-        return int(module.__dict__["total_ops"]) + int(returned or 0)
+        return int(fn(module, inputs, output) or 0) + int(vars(module)["total_ops"])
     finally:
-        module.__dict__.pop("total_ops", None)
-        if had:
-            module.__dict__["total_ops"] = previous
+        vars(module).pop("total_ops", None)
+        vars(module).update(own)
 
 
 def count_flops(
