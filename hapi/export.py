@@ -84,11 +84,9 @@ def export_network(
     sharded = distributed.sharded_parameters(network)
     if sharded:  # a forward would wait for every other process's shards
         raise RuntimeError(
-            f"{distributed.class_name(network)}'s parameters are sharded over processes (DTensors: "
-            f"{', '.join(sharded[:3])}{', ...' if len(sharded) > 3 else ''}), as FSDP leaves "
-            "them: one process cannot run or export it alone. Call model.export(...) on every "
-            "process (rank 0 exports a gathered plain copy), or export an unsharded network "
-            "loaded from a checkpoint."
+            f"{distributed.class_name(network)}'s parameters are sharded over processes by FSDP "
+            f"({', '.join(sharded[:3])}{', ...' if len(sharded) > 3 else ''}): one process cannot "
+            "export it alone. Call model.export(...) on every process (rank 0 exports a copy)."
         )
     device = next((t.device for t in (*network.parameters(), *network.buffers())), None)
     inputs = _as_inputs(example_inputs, device)
@@ -141,7 +139,7 @@ def _as_inputs(example_inputs: Any, device: torch.device | None) -> tuple[torch.
             f"example_inputs is an empty {type(example_inputs).__name__}; {_ACCEPTED} "
             "E.g. model.export(path, x_test[:4])."
         )
-    return tuple(item if device is None else item.to(device) for item in items)
+    return tuple(item.to(device) for item in items)  # to(None) keeps a tensor where it is
 
 
 def _problem(error: BaseException, network: nn.Module) -> str:

@@ -61,9 +61,8 @@ def _zeros(size: Any, dtype: Any, input_size: Any, device: torch.device) -> Any:
     if len(unknown) > 1:
         raise ValueError(
             f"{where} has {len(unknown)} dimensions given as -1 or None; only the first "
-            "(batch) dimension may be -1 or None, one per shape (for an RNN's h0/c0 the "
-            "batch dimension is the second). Give every other dimension its size, e.g. "
-            "(-1, 16) instead of (-1, -1)."
+            "(batch) dimension may be -1 or None (an RNN's h0/c0: the second). Give every other "
+            "dimension its size, e.g. (-1, 16) instead of (-1, -1)."
         )
     for d in shape:
         if d is not None and d != -1 and d <= 0:
@@ -280,9 +279,8 @@ def count_flops(
         for k, v in custom_ops.items()
     ):
         raise TypeError(
-            "custom_ops must map module classes to functions fn(module, inputs, output) that "
-            "return the module's FLOPs (or add them to module.total_ops, as Paddle's do), e.g. "
-            f"{{nn.LeakyReLU: count_leaky_relu}}; received {custom_ops!r}."
+            "custom_ops must map module classes to functions fn(module, inputs, output) returning "
+            f"their FLOPs, e.g. {{nn.LeakyReLU: count_leaky_relu}}; received {custom_ops!r}."
         )
     # A custom entry wins at the same class; a subclass (a user's Conv2d with weight
     # standardisation) counts as its nearest base class that has a count function.
