@@ -47,8 +47,8 @@ def _zeros(size: Any, dtype: Any, input_size: Any, device: torch.device) -> Any:
     inputs = len(size) if nested else 1  # Paddle takes a list's one dtype for one input
     if several and len(dtype) != inputs:
         raise ValueError(
-            f"dtype {dtype!r} is a list of {len(dtype)} entries for {inputs} inputs; give one "
-            "dtype per input, or a single dtype for all of them."
+            f"dtype {dtype!r} is a list of {len(dtype)} entries for {inputs} inputs (in {size!r}); "
+            "give one dtype per input, or a single dtype for all of them."
         )
     if nested:
         dtypes = dtype if several else [dtype] * len(size)
@@ -169,14 +169,12 @@ def _numel(tensors: Any) -> int:
 def _print_table(headers: tuple[str, ...], rows: list[tuple]) -> int:
     """Prints a ruled table; returns its width for the lines printed after it."""
     widths = [max(len(str(value)) for value in column) for column in zip(headers, *rows)]
-    line = "-" * (sum(widths) + 2 * (len(headers) - 1))
-    print(line)
-    for row in (headers, None, *rows, None):
-        if row is None:
-            print(line.replace("-", "="))
-        else:
-            print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
-    return len(line)
+    width = sum(widths) + 2 * (len(headers) - 1)
+    head, *lines = [
+        "  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in (headers, *rows)
+    ]
+    print("\n".join(["-" * width, head, "=" * width, *lines, "=" * width]))
+    return width
 
 
 def summarize(
