@@ -105,10 +105,8 @@ def export_network(
             inputs = tuple(torch.cat([t, t]) if t.dim() else t for t in inputs)
         # Dim.DYNAMIC (not Dim.AUTO): if forward fixes the batch size, export fails and says
         # so, instead of silently writing a program that rejects every other batch size.
-        dynamic = tuple({0: torch.export.Dim.DYNAMIC} if b else None for b in batched)
-        program = torch.export.export(
-            network, inputs, dynamic_shapes=dynamic if dynamic_batch else None
-        )
+        dynamic = [{0: torch.export.Dim.DYNAMIC} if b and dynamic_batch else None for b in batched]
+        program = torch.export.export(network, inputs, dynamic_shapes=tuple(dynamic))
     except Exception as error:
         raise RuntimeError(_explain(network, error, inputs, dynamic_batch, exporting)) from error
     finally:
