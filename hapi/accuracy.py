@@ -44,9 +44,7 @@ class Accuracy(torchmetrics.Metric):
         super().__init__(**kwargs)
         topk = tuple(topk) if isinstance(topk, (tuple, list)) else (topk,)
         if not topk or any(not isinstance(k, int) or k < 1 for k in topk):
-            raise ValueError(
-                f"topk must be positive integers, e.g. (1,) or (1, 5); received {topk!r}."
-            )
+            raise ValueError(f"topk must be positive ints, e.g. (1,) or (1, 5); received {topk!r}.")
         self.topk = topk
         self.name = name or "acc"
         self.add_state(

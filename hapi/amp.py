@@ -105,8 +105,7 @@ def _from_configs(configs: Mapping, where: str) -> AmpSetting:
     if "use_pure_fp16" in unknown:
         raise ValueError(
             "amp['use_pure_fp16'] is not a key: as in Paddle, the level alone chooses the kind of "
-            "mixed precision (amp={'level': 'O1'}); Paddle's pure float16 ('O2') has no torch "
-            "equivalent."
+            "mixed precision; give amp={'level': 'O1'}."
         )
     if unknown:
         raise ValueError(
@@ -123,25 +122,20 @@ def _from_configs(configs: Mapping, where: str) -> AmpSetting:
     if level == "O2":
         raise ValueError(
             f"{where}={level!r} is Paddle's pure float16 training (float16 weights, float32 "
-            "master copies in the optimizer); torch has no such switch and torch-hapi does not "
-            "fake one. Use 'O1' (or 'fp16'/'bf16'): torch.autocast runs matmuls and convolutions "
-            "in the low dtype on float32 weights, where most of O2's speed comes from (under "
-            "strategy='fsdp', 'fp16' also gathers float16 parameters: the closest to O2)."
+            "master copies); torch has no such switch and torch-hapi does not fake one. Use 'O1' "
+            "(or 'fp16'/'bf16'): autocast's low-dtype matmuls give most of O2's speed."
         )
     if "use_fp16_guard" in configs:
         raise ValueError(
             "amp['use_fp16_guard'] belongs to Paddle's static-graph mode (Paddle refuses it in "
-            "dynamic mode too); torch-hapi runs eagerly. Remove the key; to keep a part in "
-            "float32, run it under torch.autocast(device_type, enabled=False) in your forward."
+            "dynamic mode too); remove the key."
         )
     for key in _OP_LISTS:
         if configs.get(key):
             raise ValueError(
-                f"amp[{key!r}]={configs[key]!r}: torch.autocast has no per-op lists; it picks each "
-                "op's dtype from its own fixed lists (matmul/conv/linear in the low dtype; "
-                "softmax, norms, losses and reductions in float32). Remove the key; to keep a part "
-                "in float32, run it under torch.autocast(device_type, enabled=False) in your "
-                "forward and cast its inputs with .float()."
+                f"amp[{key!r}]={configs[key]!r}: torch.autocast has no per-op lists. Remove the "
+                "key; to keep a part in float32, run it under torch.autocast(device_type, "
+                "enabled=False) in your forward and cast its inputs with .float()."
             )
     dtype = configs.get("dtype", "float16")
     name = {"float16": "fp16", "bfloat16": "bf16"}.get(str(dtype).removeprefix("torch."))
@@ -150,17 +144,15 @@ def _from_configs(configs: Mapping, where: str) -> AmpSetting:
     scaling = [k for k in _LOSS_SCALING if k in configs]
     if name == "bf16" and scaling:
         raise ValueError(
-            f"amp has dtype 'bfloat16' and loss-scaling key(s) {scaling!r}: bfloat16 has "
-            "float32's range, so torch-hapi uses no loss scaler with it. Remove those keys, "
-            "or use dtype 'float16' to scale the loss."
+            f"amp has dtype 'bfloat16' and loss-scaling key(s) {scaling!r}, but bfloat16 needs no "
+            "loss scaler (it has float32's range). Remove those keys, or use dtype 'float16'."
         )
     decr = configs.get("decr_every_n_nan_or_inf", 1)
     if isinstance(decr, bool) or decr != 1:
         raise ValueError(
             f"amp['decr_every_n_nan_or_inf']={decr!r}: torch.amp.GradScaler shrinks the scale at "
-            "every step with inf/NaN gradients and keeps no count of them, so only 1 (Paddle's "
-            "default) has an equivalent. Remove the key, or set it to 1; a gentler back-off is "
-            "amp['decr_ratio'] closer to 1."
+            "every inf/NaN step, as Paddle's default 1 does. Remove the key; a gentler back-off "
+            "is amp['decr_ratio'] closer to 1."
         )
     options = {}
     for key, (option, low, high, meaning) in _SCALER_KEYS.items():

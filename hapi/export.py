@@ -84,11 +84,9 @@ def export_network(
     sharded = distributed.sharded_parameters(network)
     if sharded:  # a forward would wait for every other process's shards
         raise RuntimeError(
-            f"{distributed.class_name(network)}'s parameters are sharded over processes (DTensors: "
-            f"{', '.join(sharded[:3])}{', ...' if len(sharded) > 3 else ''}), as FSDP leaves "
-            "them: one process cannot run or export it alone. Call model.export(...) on every "
-            "process (rank 0 exports a gathered plain copy), or export an unsharded network "
-            "loaded from a checkpoint."
+            f"{distributed.class_name(network)}'s parameters are sharded over processes by FSDP "
+            f"({', '.join(sharded[:3])}{', ...' if len(sharded) > 3 else ''}): one process cannot "
+            "export it alone. Call model.export(...) on every process (rank 0 exports a copy)."
         )
     device = next((t.device for t in (*network.parameters(), *network.buffers())), None)
     inputs = _as_inputs(example_inputs, device)
@@ -107,10 +105,8 @@ def export_network(
             inputs = tuple(torch.cat([t, t]) if t.dim() else t for t in inputs)
         # Dim.DYNAMIC (not Dim.AUTO): if forward fixes the batch size, export fails and says
         # so, instead of silently writing a program that rejects every other batch size.
-        dynamic = tuple({0: torch.export.Dim.DYNAMIC} if b else None for b in batched)
-        program = torch.export.export(
-            network, inputs, dynamic_shapes=dynamic if dynamic_batch else None
-        )
+        dynamic = [{0: torch.export.Dim.DYNAMIC} if b and dynamic_batch else None for b in batched]
+        program = torch.export.export(network, inputs, dynamic_shapes=tuple(dynamic))
     except Exception as error:
         raise RuntimeError(_explain(network, error, inputs, dynamic_batch, exporting)) from error
     finally:
@@ -141,7 +137,7 @@ def _as_inputs(example_inputs: Any, device: torch.device | None) -> tuple[torch.
             f"example_inputs is an empty {type(example_inputs).__name__}; {_ACCEPTED} "
             "E.g. model.export(path, x_test[:4])."
         )
-    return tuple(item if device is None else item.to(device) for item in items)
+    return tuple(item.to(device) for item in items)  # to(None) keeps a tensor where it is
 
 
 def _problem(error: BaseException, network: nn.Module) -> str:
@@ -178,36 +174,26 @@ def _explain(
     head = f"torch.export could not export {name}"
     if not exporting and distributed.is_collective_failure(error):  # not the inputs' fault
         head = f"{name}'s forward made a collective that failed, before any export"
-        advice = (
-            "Export runs forward on rank 0 alone; a forward that needs the other processes "
-            "cannot be exported as it is."
-        )
+        advice = "Export runs forward on rank 0 alone, without the other processes it needs."
     elif not exporting:
         head = f"{name} fails on example_inputs {describe(list(inputs))} before any export"
         advice = (
-            "If example_inputs are not what forward takes, pass them as it does (one tensor per "
-            "positional argument, the shapes and dtypes of a real batch); if they are, the line "
-            "named is where forward itself fails."
+            "Pass example_inputs as forward takes them: one tensor per positional argument, with "
+            "the shapes and dtypes of a real batch."
         )
     elif "data-dependent" in message or "data dependent" in message:
         advice = (
-            "forward branches on, or sizes a tensor by, the values of a tensor (`if x.sum() > 0`, "
-            "`.item()`, `int(tensor)`), while an exported program is one graph for every input. "
-            "Write value-dependent branches with torch.cond(pred, true_fn, false_fn, (x,)) or "
-            "torch.where, or move that logic out of forward."
+            "forward branches on a tensor's values (`if x.sum() > 0`, `.item()`), while a program "
+            "is one graph for every input: use torch.cond or torch.where, or move that logic out."
         )
     elif dynamic_batch and ("specialized" in message or "Constraints violated" in message):
         advice = (
-            "forward fixes the batch size (e.g. x.view(4, -1) or a shape check against the "
-            "example's batch), so the program cannot take any batch size. Use x.shape[0] or -1 "
-            "instead of a constant, or pass dynamic_batch=False to export for the example's "
-            "batch size only."
+            "forward fixes the batch size (e.g. x.view(4, -1)): use x.shape[0] or -1 instead of "
+            "the constant, or pass dynamic_batch=False to export for the example's batch size."
         )
     else:
         advice = (
-            "torch.export traces forward with symbolic tensors: it needs tensor operations, not "
-            "Python that inspects tensor values, does I/O or calls libraries that do not accept "
-            "tensors. Change the line above, or try torch.export.draft_export(network, "
-            "example_inputs) to list every problem at once."
+            "torch.export needs tensor operations, not Python that inspects tensor values or "
+            "calls other libraries: change that line (torch.export.draft_export lists them all)."
         )
     return f"{head}: {_problem(error, network)}. {advice}"

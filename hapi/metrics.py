@@ -59,19 +59,17 @@ def _is_accuracy(metric: Any) -> bool:
 
 
 def _check_metric(metric: Any, where: str) -> Any:
-    types = _metric_types()
-    if types and isinstance(metric, types):
+    if isinstance(metric, _metric_types()):  # isinstance(x, ()) is False: no metric ever made
         return metric
-    if types and isinstance(metric, type) and issubclass(metric, types):
+    if isinstance(metric, type) and issubclass(metric, _metric_types()):
         raise TypeError(
             f"metrics{where} is the class {metric.__name__}, not an instance; "
             f"write {metric.__name__}(...) with its arguments."
         )
     raise TypeError(
         f"metrics{where} must be a torchmetrics.Metric; received {metric!r} of type "
-        f"{type(metric).__name__}. Use e.g. torchmetrics.classification.MulticlassAccuracy("
-        "num_classes=10) or hapi.metrics.Accuracy(topk=(1, 2)); wrap a plain function in a "
-        "torchmetrics.Metric subclass."
+        f"{type(metric).__name__}. Use e.g. hapi.metrics.Accuracy(), or wrap a plain function "
+        "in a torchmetrics.Metric subclass."
     )
 
 
@@ -232,10 +230,9 @@ class MetricSet:
                 raise TypeError(
                     f"The metric {key!r} ({type(metric).__name__}){of} failed on outputs "
                     f"{describe(outputs[ours])} and labels {describe(labels[ours])} of a batch of "
-                    f"{len(outputs)} outputs and {len(labels)} labels: {error}. A metric is called "
-                    "as update(*outputs, *labels); with several outputs, give metrics per output: "
-                    "prepare(metrics=[[metrics of output 0], [metrics of output 1], ...]), each "
-                    "called with its output and its label (Model(labels=...) counts the labels)."
+                    f"{len(outputs)} outputs and {len(labels)} labels: {error}. With several "
+                    "outputs, give metrics per output, each updated with its output and label: "
+                    "prepare(metrics=[[metrics of output 0], [metrics of output 1], ...])."
                 ) from error
 
     @torch.no_grad()
@@ -254,13 +251,12 @@ class MetricSet:
             weight = torch.as_tensor(value).detach()
             if weight.numel() != 1 or weight.is_complex() or weight.dtype == torch.bool:
                 raise ValueError(
-                    f"A step's 'weight' must be one number (what its figures are weighted by, "
-                    f"e.g. the batch's token count); received {describe([value])}."
+                    "A step's 'weight' must be one number (e.g. the batch's token count); "
+                    f"received {describe([value])}."
                 )
             if weight.device.type == "cpu" and float(weight) < 0:
                 raise ValueError(
-                    f"A step's 'weight' must not be negative; received {float(weight)}. Return "
-                    "the count its figures are averaged over (samples, tokens)."
+                    f"A step's 'weight' must not be negative; received {float(weight)}."
                 )
             weight = weight.reshape(()).double()
         self._weight_sum = self._weight_sum + weight
@@ -281,8 +277,7 @@ class MetricSet:
             if value.numel() != 1:
                 raise ValueError(
                     f"{name!r} has {value.numel()} elements where one number is logged; return "
-                    "scalars (a float or a one-element tensor) from train_step/eval_step, and "
-                    "use a loss that reduces to one number."
+                    "one-element figures from train_step/eval_step and a loss reduced to one number."
                 )
             self.with_loss = self.with_loss or name == "loss"
             dtype = torch.float32 if name == "loss" else torch.float64
@@ -342,9 +337,8 @@ class MetricSet:
                     )
                 if torch.is_tensor(sub_value) and sub_value.numel() != 1:
                     raise ValueError(
-                        f"metric {name!r} computed a tensor of shape {tuple(sub_value.shape)}; "
-                        "only scalar metrics can be logged. Use average='micro' or 'macro' (not "
-                        "average=None), or a MetricCollection of scalar metrics."
+                        f"metric {name!r} computed a tensor of shape {tuple(sub_value.shape)}, where "
+                        "a scalar is logged; use average='micro' or 'macro', not average=None."
                     )
                 results[name] = float(sub_value)
         return results

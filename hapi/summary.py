@@ -43,13 +43,15 @@ def _zeros(size: Any, dtype: Any, input_size: Any, device: torch.device) -> Any:
             f"neither a size nor a shape. {_SHAPE_HELP}."
         )
     several = isinstance(dtype, (list, tuple))
-    if not all(_is_dim(d) for d in size):  # several inputs, or one nested input
+    nested = not all(_is_dim(d) for d in size)  # several inputs, or one nested input
+    inputs = len(size) if nested else 1  # Paddle takes a list's one dtype for one input
+    if several and len(dtype) != inputs:
+        raise ValueError(
+            f"dtype {dtype!r} is a list of {len(dtype)} entries for {inputs} inputs (in {size!r}); "
+            "give one dtype per input, or a single dtype for all of them."
+        )
+    if nested:
         dtypes = dtype if several else [dtype] * len(size)
-        if len(dtypes) != len(size):
-            raise ValueError(
-                f"dtype {dtype!r} has {len(dtypes)} entries for {len(size)} inputs; give one "
-                "dtype per input, or a single dtype for all of them."
-            )
         return type(size)(_zeros(s, d, input_size, device) for s, d in zip(size, dtypes))
     shape = tuple(size)  # one input's shape, its batch dimension (-1 or None) made 1
     where = f"input_size {input_size!r}"
@@ -59,9 +61,8 @@ def _zeros(size: Any, dtype: Any, input_size: Any, device: torch.device) -> Any:
     if len(unknown) > 1:
         raise ValueError(
             f"{where} has {len(unknown)} dimensions given as -1 or None; only the first "
-            "(batch) dimension may be -1 or None, one per shape (for an RNN's h0/c0 the "
-            "batch dimension is the second). Give every other dimension its size, e.g. "
-            "(-1, 16) instead of (-1, -1)."
+            "(batch) dimension may be -1 or None (an RNN's h0/c0: the second). Give every other "
+            "dimension its size, e.g. (-1, 16) instead of (-1, -1)."
         )
     for d in shape:
         if d is not None and d != -1 and d <= 0:
@@ -69,11 +70,6 @@ def _zeros(size: Any, dtype: Any, input_size: Any, device: torch.device) -> Any:
                 f"{where} has the size {d}; every size must be greater than zero (-1 or "
                 "None only for the batch dimension)."
             )
-    if several and len(dtype) != 1:  # Paddle takes a list's one dtype for one input
-        raise ValueError(
-            f"dtype {dtype!r} is a list where the input is the single shape "
-            f"{shape}; give one dtype for it, e.g. 'int64'."
-        )
     dtype = dtype[0] if several else dtype
     name = "float32" if dtype is None else str(dtype).removeprefix("torch.")
     if not isinstance(getattr(torch, name, None), torch.dtype):
@@ -173,14 +169,12 @@ def _numel(tensors: Any) -> int:
 def _print_table(headers: tuple[str, ...], rows: list[tuple]) -> int:
     """Prints a ruled table; returns its width for the lines printed after it."""
     widths = [max(len(str(value)) for value in column) for column in zip(headers, *rows)]
-    line = "-" * (sum(widths) + 2 * (len(headers) - 1))
-    print(line)
-    for row in (headers, None, *rows, None):
-        if row is None:
-            print(line.replace("-", "="))
-        else:
-            print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
-    return len(line)
+    width = sum(widths) + 2 * (len(headers) - 1)
+    head, *lines = [
+        "  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in (headers, *rows)
+    ]
+    print("\n".join(["-" * width, head, "=" * width, *lines, "=" * width]))
+    return width
 
 
 def summarize(
@@ -254,16 +248,13 @@ def _run_custom(fn: CountFn, module: nn.Module, inputs: tuple, output: Any) -> i
     """A user's count function, returning its count or adding it to ``module.total_ops``
     (Paddle's functions do ``m.total_ops += n``); a module's own ``total_ops`` stays, and so
     does anything else the function sets on the module."""
-    had = "total_ops" in vars(module)
-    previous = vars(module).get("total_ops")
-    module.__dict__["total_ops"] = 0
+    own = {key: value for key, value in vars(module).items() if key == "total_ops"}
+    vars(module)["total_ops"] = 0
     try:
-        returned = fn(module, inputs, output)
-        return int(module.__dict__["total_ops"]) + int(returned or 0)
+        return int(fn(module, inputs, output) or 0) + int(vars(module)["total_ops"])
     finally:
-        module.__dict__.pop("total_ops", None)
-        if had:
-            module.__dict__["total_ops"] = previous
+        vars(module).pop("total_ops", None)
+        vars(module).update(own)
 
 
 def count_flops(
@@ -286,9 +277,8 @@ def count_flops(
         for k, v in custom_ops.items()
     ):
         raise TypeError(
-            "custom_ops must map module classes to functions fn(module, inputs, output) that "
-            "return the module's FLOPs (or add them to module.total_ops, as Paddle's do), e.g. "
-            f"{{nn.LeakyReLU: count_leaky_relu}}; received {custom_ops!r}."
+            "custom_ops must map module classes to functions fn(module, inputs, output) returning "
+            f"their FLOPs, e.g. {{nn.LeakyReLU: count_leaky_relu}}; received {custom_ops!r}."
         )
     # A custom entry wins at the same class; a subclass (a user's Conv2d with weight
     # standardisation) counts as its nearest base class that has a count function.

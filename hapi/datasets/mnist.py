@@ -41,9 +41,7 @@ class _IDXDataset(base.ImageDataset):
         found = next((ps for d in tried if all(ps := [_find_file(d, s) for s in stems])), None)
         if found is None and not download:
             names = " and ".join(f"{s}.gz" for s in stems)
-            raise self._not_found(
-                f"no directory holds {names} (or the same names without .gz)", tried
-            )
+            raise self._not_found(f"no directory holds {names} (.gz or not)", tried)
         if found is None:
             target = tried[0]
             for stem, magic in zip(stems, (_IMAGE_MAGIC, _LABEL_MAGIC)):
