@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from hapi.checkpoint import files
 
-from .base import Callback, stepped_to
+from .base import Callback, refuse_argument, stepped_to
 from .monitor import refuse_state, require_bool
 
 
@@ -90,17 +90,14 @@ class BackupAndRestore(Callback):
         super().__init__()
         path_like = isinstance(backup_dir, (str, os.PathLike))
         if not path_like or not os.fspath(backup_dir):
-            raise (ValueError if path_like or backup_dir is None else TypeError)(
-                f"BackupAndRestore: backup_dir must name a directory; received {backup_dir!r} of "
-                f"type {type(backup_dir).__name__}. Pass a path, e.g. BackupAndRestore('backup')."
-            )
+            error = ValueError if path_like or backup_dir is None else TypeError
+            must, example = "name a directory", "BackupAndRestore('backup')"
+            refuse_argument("BackupAndRestore", "backup_dir", backup_dir, must, example, error)
         if save_freq != "epoch" and (
             isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1
         ):
-            raise ValueError(
-                "BackupAndRestore: save_freq must be 'epoch' or a positive number of optimizer "
-                f"steps; received {save_freq!r}."
-            )
+            must = "be 'epoch' or a positive number of optimizer steps"
+            refuse_argument("BackupAndRestore", "save_freq", save_freq, must, "save_freq=100")
         self.backup_dir = os.fspath(backup_dir)
         self.save_freq = save_freq
         self.delete_checkpoint = bool(delete_checkpoint)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NoReturn
 
 
 class Callback:
@@ -332,13 +332,22 @@ HOOKS = tuple(name for name in vars(Callback) if name.startswith("on_"))
 NOT_FIGURES = ("batch_size", "samples", "step")
 
 
+def refuse_argument(
+    owner: str, name: str, value: Any, must: str, example: str, error: type = ValueError
+) -> NoReturn:
+    """Raise ``error``: ``owner``'s argument ``name`` must ``must`` ("be a positive int"); the
+    message names what was received and an ``example`` to pass instead."""
+    raise error(
+        f"{owner}: {name} must {must}; received {value!r} of type {type(value).__name__}. Pass "
+        f"e.g. {example}."
+    )
+
+
 def as_path(owner: str, name: str, value: Any, kind: str, example: str) -> str:
     """``value``, a path (str or os.PathLike), as a str; a TypeError naming ``owner`` otherwise."""
     if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(
-            f"{owner}: {name} must be a {kind} path (str or os.PathLike); received {value!r} of "
-            f"type {type(value).__name__}. Pass e.g. {owner}({example!r})."
-        )
+        must = f"be a {kind} path (str or os.PathLike)"
+        refuse_argument(owner, name, value, must, f"{owner}({example!r})", TypeError)
     return os.fspath(value)
 
 
