@@ -176,9 +176,8 @@ class MonitorCallback(Callback):
                 warnings.warn(
                     f"{type(self).__name__} monitors {name!r}, the training figure, although "
                     f"'val_{name}' is logged too. In Paddle's hapi {name!r} meant the evaluation "
-                    f"figure; here that is 'val_{name}'. Pass monitor='val_{name}' to watch the "
-                    "evaluation, or silence this with warnings.filterwarnings('ignore', "
-                    "category=callbacks.MonitorNameWarning).",
+                    f"figure: pass monitor='val_{name}' to watch it, or filter the "
+                    "callbacks.MonitorNameWarning category out.",
                     MonitorNameWarning,
                     stacklevel=2,
                 )
