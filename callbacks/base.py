@@ -351,14 +351,6 @@ def as_path(owner: str, name: str, value: Any, kind: str, example: str) -> str:
     return os.fspath(value)
 
 
-def _overrides(callback: Callback, hook: str) -> bool:
-    """Whether ``callback`` implements ``hook``: its class overrides it, and the instance
-    did not list it in ``unused_hooks`` (a feature left off, e.g. ModelCheckpoint without
-    ``save_steps``, costs the loop no per-batch call nor the figures read for it)."""
-    overridden = getattr(type(callback), hook) is not getattr(Callback, hook)
-    return overridden and hook not in getattr(callback, "unused_hooks", ())
-
-
 def hook_method(hook: str, call: Callable[[Any, str, tuple, dict | None], None]) -> Callable:
     """A method for ``hook`` with :class:`Callback`'s signature and docstring that runs
     ``call(self, hook, (epoch or step,) or (), logs)``: CallbackList's and LambdaCallback's hooks."""
@@ -427,8 +419,12 @@ class CallbackList:
                 "callbacks.Callback and override the hooks you need."
             )
         self.callbacks.append(callback)
+        # The hooks its class overrides, less those the instance lists in ``unused_hooks`` (a
+        # feature left off, e.g. ModelCheckpoint without save_steps, costs the loop no
+        # per-batch call nor the figures read for it).
+        unused = getattr(callback, "unused_hooks", ())
         for hook in HOOKS:
-            if _overrides(callback, hook):
+            if getattr(type(callback), hook) is not getattr(Callback, hook) and hook not in unused:
                 self._handlers[hook].append(getattr(callback, hook))
 
     def __iter__(self):

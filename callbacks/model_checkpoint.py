@@ -145,7 +145,7 @@ class ModelCheckpoint(MonitorCallback):
         unused = () if self._eval_name else ("on_eval_end",)
         if self.save_steps is None and not (self._eval_name and resumable):
             unused += ("on_train_batch_end",)
-        self.unused_hooks = unused  # see callbacks.base._overrides
+        self.unused_hooks = unused  # see CallbackList.append
         self._written: list[str] = []  # numbered checkpoints this callback wrote, oldest first
         self._forget(0)
 

@@ -56,8 +56,6 @@ def _first_process() -> bool:
 
 
 def _resolve() -> types.ModuleType:
-    if NAME in sys.modules:
-        return sys.modules[NAME]
     origin = _origin_of_callbacks()
     ours = _is_ours(origin)
     if ours:
