@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from hapi.checkpoint import files
 
-from .base import Callback, stepped_to
+from .base import Callback, refuse_argument, stepped_to
 from .monitor import refuse_state, require_bool
 
 
@@ -90,17 +90,14 @@ class BackupAndRestore(Callback):
         super().__init__()
         path_like = isinstance(backup_dir, (str, os.PathLike))
         if not path_like or not os.fspath(backup_dir):
-            raise (ValueError if path_like or backup_dir is None else TypeError)(
-                f"BackupAndRestore: backup_dir must name a directory; received {backup_dir!r} of "
-                f"type {type(backup_dir).__name__}. Pass a path, e.g. BackupAndRestore('backup')."
-            )
+            error = ValueError if path_like or backup_dir is None else TypeError
+            must, example = "name a directory", "BackupAndRestore('backup')"
+            refuse_argument("BackupAndRestore", "backup_dir", backup_dir, must, example, error)
         if save_freq != "epoch" and (
             isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1
         ):
-            raise ValueError(
-                "BackupAndRestore: save_freq must be 'epoch' or a positive number of optimizer "
-                f"steps; received {save_freq!r}."
-            )
+            must = "be 'epoch' or a positive number of optimizer steps"
+            refuse_argument("BackupAndRestore", "save_freq", save_freq, must, "save_freq=100")
         self.backup_dir = os.fspath(backup_dir)
         self.save_freq = save_freq
         self.delete_checkpoint = bool(delete_checkpoint)
@@ -180,7 +177,8 @@ class BackupAndRestore(Callback):
             for name, kind in ((self.path + ".pt", os.path.isfile), (self.path, os.path.isdir))
             if kind(name)
         ]
-        newest = " or ".join(found) or self.path + ".pt"
+        newest, previous = " or ".join(found) or self.path + ".pt", self.previous_path + ".pt"
+        scratch = f"To start training from scratch instead, delete {newest}"
         try:
             self.model.load(self.path, resume=True)
             return self._resumed_from(newest)
@@ -190,35 +188,26 @@ class BackupAndRestore(Callback):
             failure = error
             if not self.double_checkpoint:
                 raise RuntimeError(
-                    f"BackupAndRestore could not resume from {newest}: {error} To start training "
-                    f"from scratch instead, delete {newest}."
+                    f"BackupAndRestore could not resume from {newest}: {error} {scratch}."
                 ) from error
-        if self.double_checkpoint:
-            self._resume_from_previous(newest, failure)
-
-    def _resume_from_previous(self, newest: str, newest_error: BaseException | None) -> None:
-        """The ``newest`` backup is unreadable (or missing): resume from the previous one, if any.
-
-        Raises:
-            RuntimeError: the newest is unreadable and the previous one
-                missing or unreadable too (naming both files and errors).
-        """
-        previous = self.previous_path + ".pt"
-        what = "is missing" if newest_error is None else f"cannot be read ({newest_error})"
+        if not self.double_checkpoint:
+            return  # no backup: a first run starts from scratch
+        # With double_checkpoint: the previous backup, when the newest is unreadable or missing.
+        what = "is missing" if failure is None else f"cannot be read ({failure})"
         start = f"BackupAndRestore could not resume: the newest backup {newest} {what}, and"
         try:
             self.model.load(self.previous_path, resume=True)
         except FileNotFoundError:
-            if newest_error is None:
+            if failure is None:
                 return  # neither backup: a first run starts from scratch
             raise RuntimeError(
-                f"{start} there is no previous backup ({previous} is missing) to fall back on. To "
-                f"start training from scratch instead, delete {newest}."
-            ) from newest_error
+                f"{start} there is no previous backup ({previous} is missing) to fall back on. "
+                f"{scratch}."
+            ) from failure
         except (RuntimeError, ValueError) as error:
             raise RuntimeError(
-                f"{start} the previous backup {previous} cannot be read either ({error}). To start "
-                f"training from scratch instead, delete {newest} and {previous}."
+                f"{start} the previous backup {previous} cannot be read either ({error}). "
+                f"{scratch} and {previous}."
             ) from error
         self._newest_unreadable = True
         if self.is_main:
@@ -226,7 +215,7 @@ class BackupAndRestore(Callback):
                 f"BackupAndRestore: the newest backup {newest} {what}; resuming from the previous "
                 f"backup {previous} instead (optimizer step {self.model.step}), so training done "
                 f"after it is done again. The next backup replaces {newest}.",
-                stacklevel=3,
+                stacklevel=2,
             )
         self._resumed_from(previous)
 

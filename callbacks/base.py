@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NoReturn
 
 
 class Callback:
@@ -332,22 +332,23 @@ HOOKS = tuple(name for name in vars(Callback) if name.startswith("on_"))
 NOT_FIGURES = ("batch_size", "samples", "step")
 
 
+def refuse_argument(
+    owner: str, name: str, value: Any, must: str, example: str, error: type = ValueError
+) -> NoReturn:
+    """Raise ``error``: ``owner``'s argument ``name`` must ``must`` ("be a positive int"); the
+    message names what was received and an ``example`` to pass instead."""
+    raise error(
+        f"{owner}: {name} must {must}; received {value!r} of type {type(value).__name__}. Pass "
+        f"e.g. {example}."
+    )
+
+
 def as_path(owner: str, name: str, value: Any, kind: str, example: str) -> str:
     """``value``, a path (str or os.PathLike), as a str; a TypeError naming ``owner`` otherwise."""
     if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(
-            f"{owner}: {name} must be a {kind} path (str or os.PathLike); received {value!r} of "
-            f"type {type(value).__name__}. Pass e.g. {owner}({example!r})."
-        )
+        must = f"be a {kind} path (str or os.PathLike)"
+        refuse_argument(owner, name, value, must, f"{owner}({example!r})", TypeError)
     return os.fspath(value)
-
-
-def _overrides(callback: Callback, hook: str) -> bool:
-    """Whether ``callback`` implements ``hook``: its class overrides it, and the instance
-    did not list it in ``unused_hooks`` (a feature left off, e.g. ModelCheckpoint without
-    ``save_steps``, costs the loop no per-batch call nor the figures read for it)."""
-    overridden = getattr(type(callback), hook) is not getattr(Callback, hook)
-    return overridden and hook not in getattr(callback, "unused_hooks", ())
 
 
 def hook_method(hook: str, call: Callable[[Any, str, tuple, dict | None], None]) -> Callable:
@@ -418,8 +419,12 @@ class CallbackList:
                 "callbacks.Callback and override the hooks you need."
             )
         self.callbacks.append(callback)
+        # The hooks its class overrides, less those the instance lists in ``unused_hooks`` (a
+        # feature left off, e.g. ModelCheckpoint without save_steps, costs the loop no
+        # per-batch call nor the figures read for it).
+        unused = getattr(callback, "unused_hooks", ())
         for hook in HOOKS:
-            if _overrides(callback, hook):
+            if getattr(type(callback), hook) is not getattr(Callback, hook) and hook not in unused:
                 self._handlers[hook].append(getattr(callback, hook))
 
     def __iter__(self):

@@ -186,18 +186,18 @@ class EarlyStopping(MonitorCallback):
                 f"EarlyStopping: no epoch logged {self.monitor!r}{since}, so the best weights were "
                 "not restored; the model keeps its last weights"
             )
-        elif self.best == self._initial_best:  # nothing improved on the first watched epoch
-            text = (
-                "Restoring model weights from the end of the first monitored epoch: "
-                f"{self.best_epoch + 1} (no value of {self.monitor!r} was a finite number)"
-            )
         else:
-            text = f"Restoring model weights from the end of the best epoch: {self.best_epoch + 1}"
-            if not self._beats_baseline(self.best):
+            self.model.set_weights(self.best_weights)  # every process: the same full weights
+            first = self.best == self._initial_best  # nothing improved on the first watched epoch
+            which = "first monitored" if first else "best"
+            text = (
+                f"Restoring model weights from the end of the {which} epoch: {self.best_epoch + 1}"
+            )
+            if first:
+                text += f" (no value of {self.monitor!r} was a finite number)"
+            elif not self._beats_baseline(self.best):
                 text += (
                     f" ({self.monitor}={self.best:g}; no epoch beat the baseline {self.baseline:g})"
                 )
-        if self.best_weights is not None:
-            self.model.set_weights(self.best_weights)  # every process: the same full weights
         if speak:
             tqdm.write(text + ".")

@@ -105,9 +105,8 @@ class EMA(Callback):
         floating = {n: p for n, p in self.model.network.named_parameters() if p.is_floating_point()}
         self._names, self._params = list(floating), list(floating.values())
         self._shadow = [p.detach().clone() for p in self._params]
-        self._saved = None
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
+        pending, self._pending, self._saved = self._pending, None, None
+        if pending is not None:
             self._restore(pending)
         self._last_step = self.model.step  # this fit's count, not the one a state was saved at
 
@@ -160,12 +159,10 @@ class EMA(Callback):
         Raises:
             ValueError: the saved average does not match this network's parameters.
         """
-        if not state:
-            return
-        if self._shadow is None:
+        if state and self._shadow is None:
             self._pending = dict(state)
-            return
-        self._restore(state)
+        elif state:
+            self._restore(state)
 
     def _restore(self, state: dict[str, Any]) -> None:
         saved = state.get("shadow")
@@ -174,23 +171,20 @@ class EMA(Callback):
                 "EMA: load_state_dict expects what EMA.state_dict() returns, {'step': int, "
                 f"'shadow': {{parameter name: tensor}}}}; received keys {sorted(state)}."
             )
-        names = set(self._names)
-        if names != set(saved):
+        network = {name: tuple(t.shape) for name, t in zip(self._names, self._shadow)}
+        missing = sorted(network.keys() - saved.keys())
+        unexpected = sorted(saved.keys() - network.keys())
+        wrong = [
+            f"{name}: saved {tuple(v.shape) if torch.is_tensor(v) else v!r}, network {network[name]}"
+            for name, v in saved.items()
+            if name in network and not (torch.is_tensor(v) and v.shape == network[name])
+        ]
+        if missing or unexpected or wrong:
             raise ValueError(
                 f"EMA: the saved average does not match this network's parameters (missing: "
-                f"{sorted(names - set(saved))}, unexpected: {sorted(set(saved) - names)}). It was "
-                "saved from another architecture; start the average afresh (a new EMA, or delete "
-                "the backup)."
-            )
-        wrong = [
-            f"{name}: saved {tuple(v.shape) if torch.is_tensor(v) else v!r}, network {tuple(t.shape)}"
-            for name, t, v in zip(self._names, self._shadow, map(saved.get, self._names))
-            if not torch.is_tensor(v) or v.shape != t.shape
-        ]
-        if wrong:
-            raise ValueError(
-                f"EMA: the saved average's shapes differ from this network's ({'; '.join(wrong)}). "
-                "It was saved from another architecture; start the average afresh."
+                f"{missing}, unexpected: {unexpected}; shapes differ: {'; '.join(wrong) or 'none'}). "
+                "It was saved from another architecture; start the average afresh (a new EMA, or "
+                "delete the backup)."
             )
         with torch.no_grad():
             torch._foreach_copy_(self._shadow, [saved[name] for name in self._names])

@@ -25,6 +25,13 @@ from .monitor import MonitorCallback, refuse_state, require_bool, require_int
 # The numbered checkpoints ModelCheckpoint writes (<epoch>, step-<N>): the only names it rotates.
 _NUMBERED = re.compile(r"\d+|step-\d+")
 _STEP = re.compile(r"step-\d+")
+# What the warning that the monitor is missing says next, by (no best yet, save_best_only).
+_THEN = {
+    (False, True): "best.pt keeps the best so far. ",
+    (True, True): "Until it is logged, best.pt is written with the latest weights at every epoch "
+    "end (as Keras does), so that save_best_only=True still leaves a checkpoint. ",
+    (True, False): "No best.pt is written until it is (the numbered files and final.pt are). ",
+}
 
 
 class ModelCheckpoint(MonitorCallback):
@@ -138,7 +145,7 @@ class ModelCheckpoint(MonitorCallback):
         unused = () if self._eval_name else ("on_eval_end",)
         if self.save_steps is None and not (self._eval_name and resumable):
             unused += ("on_train_batch_end",)
-        self.unused_hooks = unused  # see callbacks.base._overrides
+        self.unused_hooks = unused  # see CallbackList.append
         self._written: list[str] = []  # numbered checkpoints this callback wrote, oldest first
         self._forget(0)
 
@@ -261,35 +268,18 @@ class ModelCheckpoint(MonitorCallback):
             numbered.append(str(epoch))
         # Recorded and judged before any file is written: each file holds both.
         dropped = self._plan_numbered(numbered)
-        current = self._epoch_figure(logs)
-        if current is not None:
-            self._judge(current, prefix)
-        elif self._monitor_missing(logs) and self.save_best_only:
-            self._save("best", prefix, f"{self.monitor} not logged yet, ")
+        self._judge_epoch(logs, prefix)
         if numbered:
             step_prefix = prefix if numbered[-1] == str(epoch) else f"Step {self.model.step}: "
             self._write_numbered(numbered, dropped, step_prefix)
 
     # -- best -----------------------------------------------------------------
-    def _epoch_figure(self, logs: dict) -> float | None:
-        """The figure to judge at this epoch's end, or None (absent, or judged already).
+    def _judge_epoch(self, logs: dict, prefix: str) -> None:
+        """Judge this epoch's figure for ``best.pt``, or say that it is missing.
 
         An evaluation at this very optimizer step that ``on_eval_end`` judged
         is not judged again (the epoch's own evaluation, when the epoch's end
         could not be told apart); one it left to the epoch's end is judged now.
-        """
-        deferred, self._deferred = self._deferred, []
-        current = self.get_monitor_value(logs, warn=False)
-        if self._eval_name is None:
-            return current
-        if self._judged_step == self.model.step:
-            return None
-        if current is None and deferred and deferred[1] == self.model.step:
-            return deferred[0]
-        return current
-
-    def _monitor_missing(self, logs: dict) -> bool:
-        """No figure to judge: warn (once); True while none was ever judged.
 
         Keras writes the checkpoint anyway under ``save_best_only`` when the
         monitor is missing; once a best exists, overwriting it with unjudged
@@ -298,21 +288,20 @@ class ModelCheckpoint(MonitorCallback):
         cause: no ``eval_data``); an epoch without it after one with it (an
         ``eval_freq`` above 1) is no news then.
         """
-        if self._eval_name is not None and self._judged_step == self.model.step:
-            return False  # judged at on_eval_end a moment ago
+        deferred, self._deferred = self._deferred, []
+        if self._judged_step == self.model.step:
+            return  # judged at on_eval_end a moment ago
+        current = self.get_monitor_value(logs, warn=False)
+        if current is None and deferred and deferred[1] == self.model.step:
+            current = deferred[0]
+        if current is not None:
+            self._judge(current, prefix)
+            return
         never = self.best == self._initial_best
-        if not never:
-            then = "best.pt keeps the best so far. "
-        elif self.save_best_only:
-            then = (
-                "Until it is logged, best.pt is written with the latest weights at every epoch "
-                "end (as Keras does), so that save_best_only=True still leaves a checkpoint. "
-            )
-        else:
-            then = "No best.pt is written until it is (the numbered files and final.pt are). "
         if never or self.save_best_only:
-            self._warn_missing(logs, then)
-        return never
+            self._warn_missing(logs, _THEN[never, self.save_best_only])
+        if never and self.save_best_only:
+            self._save("best", prefix, f"{self.monitor} not logged yet, ")
 
     def _judge(self, current: float, prefix: str, later: bool = False) -> None:
         if self._is_improvement(current, self.best):
@@ -372,15 +361,13 @@ class ModelCheckpoint(MonitorCallback):
 
     def _write_numbered(self, names: list[str], dropped: list[str], prefix: str) -> None:
         """Write the last of ``names``, give it the other names, delete ``dropped``."""
-        written = names[-1]
-        self._save(written, prefix)
+        self._save(names[-1], prefix)
         if not self.is_main:
             return  # only the main process wrote, so only it links and deletes
+        written = self._file(names[-1])
         for name in [name for name in names[:-1] if name not in dropped]:  # its other names
             if self.verbose:
-                tqdm.write(
-                    f"{prefix}{self._file(name)} is the same checkpoint as {self._file(written)}"
-                )
-            files.link_or_copy(self._file(written), self._file(name))
+                tqdm.write(f"{prefix}{self._file(name)} is the same checkpoint as {written}")
+            files.link_or_copy(written, self._file(name))
         for name in dropped:
             files.remove_with_spare(self._file(name))

@@ -23,7 +23,7 @@ from typing import Any, Callable, NoReturn
 
 from hapi.arguments import require_int  # noqa: F401 -- other callbacks import it from here
 
-from .base import Callback
+from .base import Callback, refuse_argument
 
 # Substrings of a monitored name that mean "higher is better" in mode="auto".
 _MAX_HINTS = ("acc", "auc", "precision", "recall", "f1", "score")
@@ -51,19 +51,14 @@ def require_number(
     (``kind``), what was received and an ``example`` to pass.
     """
     if isinstance(value, bool) or not isinstance(value, Real) or not ok(float(value)):
-        raise ValueError(
-            f"{owner}: {name} must be {kind}; received {value!r} ({type(value).__name__}). "
-            f"Pass e.g. {name}={example}."
-        )
+        refuse_argument(owner, name, value, f"be {kind}", f"{name}={example}")
     return float(value)
 
 
 def require_bool(owner: str, name: str, value: Any) -> bool:
     """``value`` if it is True or False; a TypeError naming the owner and the argument otherwise."""
     if not isinstance(value, bool):
-        raise TypeError(
-            f"{owner}: {name} must be True or False; received {value!r} ({type(value).__name__})."
-        )
+        refuse_argument(owner, name, value, "be True or False", f"{name}=True", TypeError)
     return value
 
 
@@ -108,10 +103,8 @@ class MonitorCallback(Callback):
         super().__init__()
         owner = type(self).__name__
         if not isinstance(monitor, str) or not monitor:
-            raise TypeError(
-                f"{owner}: monitor must be the name of a logged figure (a non-empty str); "
-                f"received {monitor!r}. Pass e.g. monitor='val_loss' or monitor='val_acc'."
-            )
+            must = "be the name of a logged figure (a non-empty str)"
+            refuse_argument(owner, "monitor", monitor, must, "monitor='val_loss'", TypeError)
         self.min_delta = require_number(
             owner, "min_delta", min_delta, "a non-negative number", lambda v: v >= 0, 0.01
         )
@@ -183,9 +176,8 @@ class MonitorCallback(Callback):
                 warnings.warn(
                     f"{type(self).__name__} monitors {name!r}, the training figure, although "
                     f"'val_{name}' is logged too. In Paddle's hapi {name!r} meant the evaluation "
-                    f"figure; here that is 'val_{name}'. Pass monitor='val_{name}' to watch the "
-                    "evaluation, or silence this with warnings.filterwarnings('ignore', "
-                    "category=callbacks.MonitorNameWarning).",
+                    f"figure: pass monitor='val_{name}' to watch it, or filter the "
+                    "callbacks.MonitorNameWarning category out.",
                     MonitorNameWarning,
                     stacklevel=2,
                 )

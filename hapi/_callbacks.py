@@ -56,8 +56,6 @@ def _first_process() -> bool:
 
 
 def _resolve() -> types.ModuleType:
-    if NAME in sys.modules:
-        return sys.modules[NAME]
     origin = _origin_of_callbacks()
     ours = _is_ours(origin)
     if ours:
@@ -80,11 +78,9 @@ def _resolve() -> types.ModuleType:
         module = importlib.import_module(f"{package.__name__}.{info.name}")
         sys.modules[f"{NAME}.{info.name}"] = module
     if origin is not None and not ours and _first_process():
-        try:  # shown as the user would type it: ./callbacks.py for one in the working directory
-            relative = os.path.relpath(origin)
-        except ValueError:  # another drive on Windows
-            relative = ".."
-        shown = origin if relative.startswith("..") else os.path.join(".", relative)
+        # Shown as the user would type it: ./callbacks.py for one in the working directory.
+        here = os.path.join(os.getcwd(), "")
+        shown = os.path.join(".", origin[len(here) :]) if origin.startswith(here) else origin
         print(
             f"torch-hapi: {shown} shadows torch-hapi's callbacks package; torch-hapi uses its own "
             "(importable as hapi.callbacks), and `import callbacks` gives yours.",
