@@ -454,8 +454,7 @@ class Model:
         if training and len(self._optimizers) > 1 and not own_step:
             raise RuntimeError(
                 f"prepare() got {len(self._optimizers)} optimizers ({sorted(self._optimizers)}), but "
-                "the built-in training step updates one. Override train_step(self, batch) in a "
-                "subclass of Model to use several (a GAN's generator and discriminator), or pass one."
+                "the built-in step updates one. Override train_step(self, batch), or pass one."
             )
         if training and self._wrapped is None:
             if own_step:
@@ -560,23 +559,14 @@ class Model:
         return make_loader(data, **options)
 
     def _callbacks(
-        self,
-        given: Any,
-        loader: Any,
-        batch_size: int,
-        verbose: int,
-        log_freq: int,
-        save_dir: str | None = None,
-        save_freq: int = 1,
-        **params: Any,
+        self, given: Any, loader: Any, verbose: int, batch_size: int, log_freq: int, **params: Any
     ) -> CallbackList:
-        """The run's callbacks (the user's and the defaults), their model and params set:
-        the run's own ``params`` over these defaults."""
-        cbks = callbacks_for_run(
-            self, given, verbose=verbose, log_freq=log_freq, save_dir=save_dir, save_freq=save_freq
-        )
-        if save_dir is not None:
-            params["save_dir"] = save_dir  # EarlyStopping's best_model goes there
+        """The run's callbacks (the user's and the defaults), their model and params set: the
+        run's own ``params`` (fit's settings, ``save_dir``, ...) over these defaults."""
+        save = {"save_dir": params.pop("save_dir", None), "save_freq": params.pop("save_freq", 1)}
+        cbks = callbacks_for_run(self, given, verbose=verbose, log_freq=log_freq, **save)
+        if save["save_dir"] is not None:
+            params["save_dir"] = save["save_dir"]  # EarlyStopping's best_model goes there
         run = {"rank": distributed.rank(), "world_size": distributed.world_size(), "epochs": None}
         run.update(metrics=self._metrics.names() if self._metrics else [], verbose=verbose)
         run.update(batch_size=loader_batch_size(loader) or batch_size, log_freq=log_freq)
@@ -709,8 +699,7 @@ class Model:
         if accumulate_grad_batches != 1 and self._overrides("train_step"):
             raise ValueError(
                 f"fit(accumulate_grad_batches={accumulate_grad_batches}) with a train_step of your "
-                f"own ({type(self).__name__}): your step decides when to update; accumulate in it, "
-                "or leave accumulate_grad_batches=1."
+                f"own ({type(self).__name__}), which decides when to update: accumulate in it."
             )
         train_size, eval_size = batch_sizes(batch_size)
         train_source = as_source(train_data, "train_data")  # refused before anything is drawn
@@ -725,10 +714,9 @@ class Model:
         per_epoch = num_batches(loader)
         if num_iters is not None and per_epoch:
             settings["epochs"] = math.ceil(num_iters / per_epoch)
-        params = dict(settings, steps=_limit(per_epoch, num_iters))
-        cbks = self._callbacks(
-            callbacks, loader, train_size, verbose, log_freq, save_dir, save_freq, **params
-        )
+        params = dict(settings, steps=_limit(per_epoch, num_iters), save_dir=save_dir)
+        params["save_freq"] = save_freq
+        cbks = self._callbacks(callbacks, loader, verbose, train_size, log_freq, **params)
         self.stop_training = False
         self.epoch = self.epoch_step = 0
         train = TrainData(loader, train_data, data_seed)
@@ -794,7 +782,7 @@ class Model:
         _check_verbose(verbose)
         loader = self._loader(eval_data, "eval_data", batch_size, num_workers)
         with _params_kept(callbacks):
-            cbks = self._callbacks(callbacks, loader, batch_size, verbose, log_freq)
+            cbks = self._callbacks(callbacks, loader, verbose, batch_size, log_freq)
             return evaluate_loop(self, loader, cbks, log_freq=log_freq, num_iters=num_iters)
 
     def predict(
@@ -834,7 +822,7 @@ class Model:
         _check_verbose(verbose)
         loader = self._loader(test_data, "test_data", batch_size, num_workers)
         with _params_kept(callbacks):
-            cbks = self._callbacks(callbacks, loader, batch_size, verbose, DEFAULT_LOG_FREQ)
+            cbks = self._callbacks(callbacks, loader, verbose, batch_size, DEFAULT_LOG_FREQ)
             outputs = predict_loop(self, loader, cbks)
         if not stack_outputs:
             return outputs
@@ -1050,7 +1038,7 @@ class Model:
         return [o.cpu() for o in stepper.predict(inputs_)]
 
     def _one_batch(
-        self, purpose: str, inputs: Any, labels: Any, update: bool | None = None
+        self, purpose: str, inputs: Any, labels: Any, update: bool = True
     ) -> dict[str, float]:
         """``train_batch`` (``update`` given) or ``eval_batch``: the figures of this batch alone
         (Paddle keeps running ones; one batch is clearer)."""
@@ -1488,9 +1476,7 @@ def evaluate_loop(
     return results
 
 
-def predict_loop(
-    model: Any, loader: Iterable, cbks: CallbackList, *, log_freq: int = 10
-) -> list[list[torch.Tensor]]:
+def predict_loop(model: Any, loader: Iterable, cbks: CallbackList) -> list[list[torch.Tensor]]:
     """The network's outputs over the data, per output a list of CPU batches (those seen,
     when a callback set ``model.stop_predicting``)."""
     stepper, splitter = model._stepper, model._splitter
@@ -1500,7 +1486,7 @@ def predict_loop(
     notify_begin = cbks.wants("on_predict_batch_begin")
     model.stop_predicting = False
     stop_check = _stop_check(
-        notify_begin or cbks.wants("on_predict_batch_end"), exact_length(loader), log_freq
+        notify_begin or cbks.wants("on_predict_batch_end"), exact_length(loader), DEFAULT_LOG_FREQ
     )
     cbks.on_predict_begin({"steps": num_batches(loader)})
     stepper.network.eval()
