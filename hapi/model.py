@@ -47,24 +47,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
-from hapi import checkpoint, distributed
+from hapi import checkpoint, data, distributed
 from hapi import state as run_state
 from hapi.amp import AMP_DTYPES, make_scaler, parse_amp
 from hapi.arguments import require_int
 from hapi.batches import BatchSplitter, batch_length
 from hapi.callbacks import Callback, CallbackList, History
 from hapi.callbacks.run import callbacks_for_run
-from hapi.data import (
-    TrainData,
-    as_source,
-    batch_sizes,
-    exact_length,
-    fit_seed,
-    loader_batch_size,
-    make_loader,
-    num_batches,
-    with_last,
-)
 from hapi.metrics import MetricSet, normalise_metrics
 from hapi.rng import streams_for_training
 from hapi.steps import Stepper, as_list, check_clipping, check_loss, optimized_parameters
@@ -88,7 +77,7 @@ class _FitRun:
     restores (the callbacks, the training data with its seed, the epochs)."""
 
     callbacks: CallbackList
-    train_data: TrainData
+    train_data: data.TrainData
     eval_loader: Iterable | None
     eval_freq: int
     log_freq: int
@@ -475,9 +464,7 @@ class Model:
             if self._compile:
                 # torch.compile's import of torch.utils.mkldnn warns.
                 with warnings.catch_warnings():
-                    warnings.filterwarnings(
-                        "ignore", r"`torch\.jit\.script_method` is", DeprecationWarning
-                    )
+                    warnings.filterwarnings("ignore", ".*script_method", DeprecationWarning)
                     networks = [torch.compile(network) for network in networks]
             self._stepper = Stepper(self, *networks)
         return self._stepper
@@ -554,9 +541,9 @@ class Model:
                 self._network, input_size, custom_ops, print_detail, input=input, device=self.device
             )
 
-    def _loader(self, data: Any, role: str, batch_size: int, workers: int, **options: Any) -> Any:
+    def _loader(self, source: Any, role: str, batch_size: int, workers: int, **options: Any) -> Any:
         options.update(role=role, batch_size=batch_size, num_workers=workers, device=self.device)
-        return make_loader(data, **options)
+        return data.make_loader(source, **options)
 
     def _callbacks(
         self, given: Any, loader: Any, verbose: int, batch_size: int, log_freq: int, **params: Any
@@ -569,8 +556,8 @@ class Model:
             params["save_dir"] = save["save_dir"]  # EarlyStopping's best_model goes there
         run = {"rank": distributed.rank(), "world_size": distributed.world_size(), "epochs": None}
         run.update(metrics=self._metrics.names() if self._metrics else [], verbose=verbose)
-        run.update(batch_size=loader_batch_size(loader) or batch_size, log_freq=log_freq)
-        cbks.set_params({**run, "steps": num_batches(loader), **params})
+        run.update(batch_size=data.loader_batch_size(loader) or batch_size, log_freq=log_freq)
+        cbks.set_params({**run, "steps": data.num_batches(loader), **params})
         return cbks
 
     # -- fit / evaluate / predict -----------------------------------------------
@@ -701,17 +688,17 @@ class Model:
                 f"fit(accumulate_grad_batches={accumulate_grad_batches}) with a train_step of your "
                 f"own ({type(self).__name__}), which decides when to update: accumulate in it."
             )
-        train_size, eval_size = batch_sizes(batch_size)
-        train_source = as_source(train_data, "train_data")  # refused before anything is drawn
-        eval_source = as_source(eval_data, "eval_data")
+        train_size, eval_size = data.batch_sizes(batch_size)
+        train_source = data.as_source(train_data, "train_data")  # refused before anything is drawn
+        eval_source = data.as_source(eval_data, "eval_data")
         streams_for_training()  # after seed_everything: each process its own stream from here
-        data_seed = fit_seed(train_source, shuffle)
+        data_seed = data.fit_seed(train_source, shuffle)
         options = dict(shuffle=shuffle, drop_last=drop_last, seed=data_seed)
         loader = self._loader(train_source, "train_data", train_size, num_workers, **options)
         eval_loader = None
         if eval_source is not None:
             eval_loader = self._loader(eval_source, "eval_data", eval_size, num_workers)
-        per_epoch = num_batches(loader)
+        per_epoch = data.num_batches(loader)
         if num_iters is not None and per_epoch:
             settings["epochs"] = math.ceil(num_iters / per_epoch)
         params = dict(settings, steps=_limit(per_epoch, num_iters), save_dir=save_dir)
@@ -719,7 +706,7 @@ class Model:
         cbks = self._callbacks(callbacks, loader, verbose, train_size, log_freq, **params)
         self.stop_training = False
         self.epoch = self.epoch_step = 0
-        train = TrainData(loader, train_data, data_seed)
+        train = data.TrainData(loader, train_data, data_seed)
         inexact = train.inexact_reason()
         if inexact and (resume_from is not None or any(getattr(c, "resumable", 0) for c in cbks)):
             warnings.warn(
@@ -1386,9 +1373,8 @@ def _train_epoch(
     if first_step == 0:
         metrics.reset()  # a resumed epoch keeps the running logs restored with it
     logs: dict[str, float] | None = None  # the last logs read, if read after the last batch
-    for step, (batch, is_last) in enumerate(
-        with_last(loader, None if steps is None else max(steps - first_step, 0)), start=first_step
-    ):
+    length = None if steps is None else max(steps - first_step, 0)  # left of this epoch
+    for step, (batch, is_last) in enumerate(data.with_last(loader, length), start=first_step):
         if notify_begin:
             cbks.on_train_batch_begin(step)
         stepper.accumulation = _accumulation(step, is_last, run.accumulate_grad_batches, steps)
@@ -1443,11 +1429,11 @@ def evaluate_loop(
     # DDP never aligned them): see hapi.distributed.sync_from_main.
     distributed.sync_from_main(model._network, parameters=model._wrapped is None)
     notify_begin = cbks.wants("on_eval_batch_begin")
-    steps = _limit(exact_length(loader), num_iters)
+    steps = _limit(data.exact_length(loader), num_iters)
     model.stop_evaluating = False  # as Keras: each evaluation starts afresh
     stop_check = _stop_check(notify_begin or cbks.wants("on_eval_batch_end"), steps, log_freq)
     cbks.on_eval_begin(
-        {"steps": _limit(num_batches(loader), num_iters), "metrics": metrics.names()}
+        {"steps": _limit(data.num_batches(loader), num_iters), "metrics": metrics.names()}
     )
     stepper.network.eval()
     metrics.reset()
@@ -1456,7 +1442,7 @@ def evaluate_loop(
     # Shards may differ by a batch: no collective per batch.
     # Inside, every process holds the full weights: evaluation batches need no collective.
     with model._strategy._gathered(stepper.eval_network), torch.no_grad():
-        for step, (batch, is_last) in enumerate(with_last(loader, steps)):
+        for step, (batch, is_last) in enumerate(data.with_last(loader, steps)):
             if notify_begin:
                 cbks.on_eval_batch_begin(step)
             batch = splitter.to_device(batch)
@@ -1485,10 +1471,9 @@ def predict_loop(model: Any, loader: Iterable, cbks: CallbackList) -> list[list[
     distributed.sync_from_main(model._network, parameters=model._wrapped is None)
     notify_begin = cbks.wants("on_predict_batch_begin")
     model.stop_predicting = False
-    stop_check = _stop_check(
-        notify_begin or cbks.wants("on_predict_batch_end"), exact_length(loader), DEFAULT_LOG_FREQ
-    )
-    cbks.on_predict_begin({"steps": num_batches(loader)})
+    can_stop = notify_begin or cbks.wants("on_predict_batch_end")
+    stop_check = _stop_check(can_stop, data.exact_length(loader), DEFAULT_LOG_FREQ)
+    cbks.on_predict_begin({"steps": data.num_batches(loader)})
     stepper.network.eval()
     per_output: list[list[torch.Tensor]] = []
     # Inside, every process holds the full weights: evaluation batches need no collective.
