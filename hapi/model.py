@@ -270,8 +270,7 @@ class Model:
         except RuntimeError as error:
             raise ValueError(
                 f"set_weights(): these weights do not fit {type(self._network).__name__}: "
-                f"{' '.join(str(error).split()).rstrip('.')}. Pass what get_weights() returned "
-                "for this network."
+                f"{' '.join(str(error).split()).rstrip('.')}. Pass what get_weights() returned."
             ) from error
 
     def parameters(self) -> list[nn.Parameter]:
@@ -393,8 +392,7 @@ class Model:
         if wrapped_for_several and chosen_strategy != self._strategy:
             raise RuntimeError(
                 f"prepare(strategy={chosen_strategy!r}) after this Model trained with "
-                f"{self._strategy!r}: the network is already wrapped for that strategy. Build a new "
-                "Model(network) to train with another strategy."
+                f"{self._strategy!r}, which wraps the network. Build a new Model(network) instead."
             )
         by_name = named_optimizers(optimizer)
         loss = check_loss(loss, loss_weights)
@@ -1099,7 +1097,6 @@ class Model:
         inputs, labels = self._splitter.split(batch)
         loss, outputs = self._stepper.train(inputs, labels, *self._stepper.accumulation)
         self._update_metrics(loss, outputs, labels, inputs)
-        return None
 
     def eval_step(self, batch: Any) -> dict[str, Any] | None:
         """One evaluation batch (``evaluate`` and ``fit``'s evaluations): built in, or yours.
@@ -1119,7 +1116,6 @@ class Model:
         inputs, labels = self._splitter.split(batch)
         loss, outputs = self._stepper.evaluate(inputs, labels)
         self._update_metrics(loss, outputs, labels, inputs)
-        return None
 
     def predict_step(self, batch: Any) -> Any:
         """One prediction batch (``predict``): the network's outputs on its inputs, or yours.
