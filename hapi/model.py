@@ -1324,8 +1324,7 @@ def fit_loop(model: Any, run: _FitRun, restore: Callable[[], None]) -> dict[str,
         logs = _train_epoch(model, run, batches, stop_step, evaluates)
         left = None if left is None else stop_step - model.epoch_step
         if evaluates:
-            val_logs = _evaluate_in_fit(model, run)
-            logs.update({f"val_{name}": value for name, value in val_logs.items()})
+            logs.update({f"val_{k}": v for k, v in _evaluate_in_fit(model, run).items()})
         model.epoch, model.epoch_step = epoch + 1, 0
         cbks.on_epoch_end(epoch, logs)
         if distributed.any_true(model.stop_training) or left == 0:
