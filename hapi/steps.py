@@ -303,8 +303,8 @@ class Stepper:
 
     @torch.no_grad()
     def evaluate(
-        self, inputs: list[Any], labels: list[Any]
-    ) -> tuple[torch.Tensor | None, list[Any]]:
+        self, inputs: list[torch.Tensor], labels: list[torch.Tensor]
+    ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         """The loss (see :meth:`loss`) and the outputs."""
         with self.autocast():
             outputs, network_loss = self.forward(self.eval_network, inputs)
