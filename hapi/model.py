@@ -47,24 +47,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
-from hapi import checkpoint, distributed
+from hapi import checkpoint, data, distributed
 from hapi import state as run_state
 from hapi.amp import AMP_DTYPES, make_scaler, parse_amp
 from hapi.arguments import require_int
 from hapi.batches import BatchSplitter, batch_length
 from hapi.callbacks import Callback, CallbackList, History
 from hapi.callbacks.run import callbacks_for_run
-from hapi.data import (
-    TrainData,
-    as_source,
-    batch_sizes,
-    exact_length,
-    fit_seed,
-    loader_batch_size,
-    make_loader,
-    num_batches,
-    with_last,
-)
 from hapi.metrics import MetricSet, normalise_metrics
 from hapi.rng import streams_for_training
 from hapi.steps import Stepper, as_list, check_clipping, check_loss, optimized_parameters
@@ -88,7 +77,7 @@ class _FitRun:
     restores (the callbacks, the training data with its seed, the epochs)."""
 
     callbacks: CallbackList
-    train_data: TrainData
+    train_data: data.TrainData
     eval_loader: Iterable | None
     eval_freq: int
     log_freq: int
@@ -281,8 +270,7 @@ class Model:
         except RuntimeError as error:
             raise ValueError(
                 f"set_weights(): these weights do not fit {type(self._network).__name__}: "
-                f"{' '.join(str(error).split()).rstrip('.')}. Pass what get_weights() returned "
-                "for this network."
+                f"{' '.join(str(error).split()).rstrip('.')}. Pass what get_weights() returned."
             ) from error
 
     def parameters(self) -> list[nn.Parameter]:
@@ -404,8 +392,7 @@ class Model:
         if wrapped_for_several and chosen_strategy != self._strategy:
             raise RuntimeError(
                 f"prepare(strategy={chosen_strategy!r}) after this Model trained with "
-                f"{self._strategy!r}: the network is already wrapped for that strategy. Build a new "
-                "Model(network) to train with another strategy."
+                f"{self._strategy!r}, which wraps the network. Build a new Model(network) instead."
             )
         by_name = named_optimizers(optimizer)
         loss = check_loss(loss, loss_weights)
@@ -454,8 +441,7 @@ class Model:
         if training and len(self._optimizers) > 1 and not own_step:
             raise RuntimeError(
                 f"prepare() got {len(self._optimizers)} optimizers ({sorted(self._optimizers)}), but "
-                "the built-in training step updates one. Override train_step(self, batch) in a "
-                "subclass of Model to use several (a GAN's generator and discriminator), or pass one."
+                "the built-in step updates one. Override train_step(self, batch), or pass one."
             )
         if training and self._wrapped is None:
             if own_step:
@@ -476,9 +462,7 @@ class Model:
             if self._compile:
                 # torch.compile's import of torch.utils.mkldnn warns.
                 with warnings.catch_warnings():
-                    warnings.filterwarnings(
-                        "ignore", r"`torch\.jit\.script_method` is", DeprecationWarning
-                    )
+                    warnings.filterwarnings("ignore", ".*script_method", DeprecationWarning)
                     networks = [torch.compile(network) for network in networks]
             self._stepper = Stepper(self, *networks)
         return self._stepper
@@ -555,32 +539,23 @@ class Model:
                 self._network, input_size, custom_ops, print_detail, input=input, device=self.device
             )
 
-    def _loader(self, data: Any, role: str, batch_size: int, workers: int, **options: Any) -> Any:
+    def _loader(self, source: Any, role: str, batch_size: int, workers: int, **options: Any) -> Any:
         options.update(role=role, batch_size=batch_size, num_workers=workers, device=self.device)
-        return make_loader(data, **options)
+        return data.make_loader(source, **options)
 
     def _callbacks(
-        self,
-        given: Any,
-        loader: Any,
-        batch_size: int,
-        verbose: int,
-        log_freq: int,
-        save_dir: str | None = None,
-        save_freq: int = 1,
-        **params: Any,
+        self, given: Any, loader: Any, verbose: int, batch_size: int, log_freq: int, **params: Any
     ) -> CallbackList:
-        """The run's callbacks (the user's and the defaults), their model and params set:
-        the run's own ``params`` over these defaults."""
-        cbks = callbacks_for_run(
-            self, given, verbose=verbose, log_freq=log_freq, save_dir=save_dir, save_freq=save_freq
-        )
-        if save_dir is not None:
-            params["save_dir"] = save_dir  # EarlyStopping's best_model goes there
+        """The run's callbacks (the user's and the defaults), their model and params set: the
+        run's own ``params`` (fit's settings, ``save_dir``, ...) over these defaults."""
+        save = {"save_dir": params.pop("save_dir", None), "save_freq": params.pop("save_freq", 1)}
+        cbks = callbacks_for_run(self, given, verbose=verbose, log_freq=log_freq, **save)
+        if save["save_dir"] is not None:
+            params["save_dir"] = save["save_dir"]  # EarlyStopping's best_model goes there
         run = {"rank": distributed.rank(), "world_size": distributed.world_size(), "epochs": None}
         run.update(metrics=self._metrics.names() if self._metrics else [], verbose=verbose)
-        run.update(batch_size=loader_batch_size(loader) or batch_size, log_freq=log_freq)
-        cbks.set_params({**run, "steps": num_batches(loader), **params})
+        run.update(batch_size=data.loader_batch_size(loader) or batch_size, log_freq=log_freq)
+        cbks.set_params({**run, "steps": data.num_batches(loader), **params})
         return cbks
 
     # -- fit / evaluate / predict -----------------------------------------------
@@ -709,29 +684,27 @@ class Model:
         if accumulate_grad_batches != 1 and self._overrides("train_step"):
             raise ValueError(
                 f"fit(accumulate_grad_batches={accumulate_grad_batches}) with a train_step of your "
-                f"own ({type(self).__name__}): your step decides when to update; accumulate in it, "
-                "or leave accumulate_grad_batches=1."
+                f"own ({type(self).__name__}), which decides when to update: accumulate in it."
             )
-        train_size, eval_size = batch_sizes(batch_size)
-        train_source = as_source(train_data, "train_data")  # refused before anything is drawn
-        eval_source = as_source(eval_data, "eval_data")
+        train_size, eval_size = data.batch_sizes(batch_size)
+        train_source = data.as_source(train_data, "train_data")  # refused before anything is drawn
+        eval_source = data.as_source(eval_data, "eval_data")
         streams_for_training()  # after seed_everything: each process its own stream from here
-        data_seed = fit_seed(train_source, shuffle)
+        data_seed = data.fit_seed(train_source, shuffle)
         options = dict(shuffle=shuffle, drop_last=drop_last, seed=data_seed)
         loader = self._loader(train_source, "train_data", train_size, num_workers, **options)
         eval_loader = None
         if eval_source is not None:
             eval_loader = self._loader(eval_source, "eval_data", eval_size, num_workers)
-        per_epoch = num_batches(loader)
+        per_epoch = data.num_batches(loader)
         if num_iters is not None and per_epoch:
             settings["epochs"] = math.ceil(num_iters / per_epoch)
-        params = dict(settings, steps=_limit(per_epoch, num_iters))
-        cbks = self._callbacks(
-            callbacks, loader, train_size, verbose, log_freq, save_dir, save_freq, **params
-        )
+        params = dict(settings, steps=_limit(per_epoch, num_iters), save_dir=save_dir)
+        params["save_freq"] = save_freq
+        cbks = self._callbacks(callbacks, loader, verbose, train_size, log_freq, **params)
         self.stop_training = False
         self.epoch = self.epoch_step = 0
-        train = TrainData(loader, train_data, data_seed)
+        train = data.TrainData(loader, train_data, data_seed)
         inexact = train.inexact_reason()
         if inexact and (resume_from is not None or any(getattr(c, "resumable", 0) for c in cbks)):
             warnings.warn(
@@ -794,7 +767,7 @@ class Model:
         _check_verbose(verbose)
         loader = self._loader(eval_data, "eval_data", batch_size, num_workers)
         with _params_kept(callbacks):
-            cbks = self._callbacks(callbacks, loader, batch_size, verbose, log_freq)
+            cbks = self._callbacks(callbacks, loader, verbose, batch_size, log_freq)
             return evaluate_loop(self, loader, cbks, log_freq=log_freq, num_iters=num_iters)
 
     def predict(
@@ -834,7 +807,7 @@ class Model:
         _check_verbose(verbose)
         loader = self._loader(test_data, "test_data", batch_size, num_workers)
         with _params_kept(callbacks):
-            cbks = self._callbacks(callbacks, loader, batch_size, verbose, DEFAULT_LOG_FREQ)
+            cbks = self._callbacks(callbacks, loader, verbose, batch_size, DEFAULT_LOG_FREQ)
             outputs = predict_loop(self, loader, cbks)
         if not stack_outputs:
             return outputs
@@ -1050,7 +1023,7 @@ class Model:
         return [o.cpu() for o in stepper.predict(inputs_)]
 
     def _one_batch(
-        self, purpose: str, inputs: Any, labels: Any, update: bool | None = None
+        self, purpose: str, inputs: Any, labels: Any, update: bool = True
     ) -> dict[str, float]:
         """``train_batch`` (``update`` given) or ``eval_batch``: the figures of this batch alone
         (Paddle keeps running ones; one batch is clearer)."""
@@ -1124,7 +1097,6 @@ class Model:
         inputs, labels = self._splitter.split(batch)
         loss, outputs = self._stepper.train(inputs, labels, *self._stepper.accumulation)
         self._update_metrics(loss, outputs, labels, inputs)
-        return None
 
     def eval_step(self, batch: Any) -> dict[str, Any] | None:
         """One evaluation batch (``evaluate`` and ``fit``'s evaluations): built in, or yours.
@@ -1144,7 +1116,6 @@ class Model:
         inputs, labels = self._splitter.split(batch)
         loss, outputs = self._stepper.evaluate(inputs, labels)
         self._update_metrics(loss, outputs, labels, inputs)
-        return None
 
     def predict_step(self, batch: Any) -> Any:
         """One prediction batch (``predict``): the network's outputs on its inputs, or yours.
@@ -1353,8 +1324,7 @@ def fit_loop(model: Any, run: _FitRun, restore: Callable[[], None]) -> dict[str,
         logs = _train_epoch(model, run, batches, stop_step, evaluates)
         left = None if left is None else stop_step - model.epoch_step
         if evaluates:
-            val_logs = _evaluate_in_fit(model, run)
-            logs.update({f"val_{name}": value for name, value in val_logs.items()})
+            logs.update({f"val_{k}": v for k, v in _evaluate_in_fit(model, run).items()})
         model.epoch, model.epoch_step = epoch + 1, 0
         cbks.on_epoch_end(epoch, logs)
         if distributed.any_true(model.stop_training) or left == 0:
@@ -1398,9 +1368,8 @@ def _train_epoch(
     if first_step == 0:
         metrics.reset()  # a resumed epoch keeps the running logs restored with it
     logs: dict[str, float] | None = None  # the last logs read, if read after the last batch
-    for step, (batch, is_last) in enumerate(
-        with_last(loader, None if steps is None else max(steps - first_step, 0)), start=first_step
-    ):
+    length = None if steps is None else max(steps - first_step, 0)  # left of this epoch
+    for step, (batch, is_last) in enumerate(data.with_last(loader, length), start=first_step):
         if notify_begin:
             cbks.on_train_batch_begin(step)
         stepper.accumulation = _accumulation(step, is_last, run.accumulate_grad_batches, steps)
@@ -1455,11 +1424,11 @@ def evaluate_loop(
     # DDP never aligned them): see hapi.distributed.sync_from_main.
     distributed.sync_from_main(model._network, parameters=model._wrapped is None)
     notify_begin = cbks.wants("on_eval_batch_begin")
-    steps = _limit(exact_length(loader), num_iters)
+    steps = _limit(data.exact_length(loader), num_iters)
     model.stop_evaluating = False  # as Keras: each evaluation starts afresh
     stop_check = _stop_check(notify_begin or cbks.wants("on_eval_batch_end"), steps, log_freq)
     cbks.on_eval_begin(
-        {"steps": _limit(num_batches(loader), num_iters), "metrics": metrics.names()}
+        {"steps": _limit(data.num_batches(loader), num_iters), "metrics": metrics.names()}
     )
     stepper.network.eval()
     metrics.reset()
@@ -1468,7 +1437,7 @@ def evaluate_loop(
     # Shards may differ by a batch: no collective per batch.
     # Inside, every process holds the full weights: evaluation batches need no collective.
     with model._strategy._gathered(stepper.eval_network), torch.no_grad():
-        for step, (batch, is_last) in enumerate(with_last(loader, steps)):
+        for step, (batch, is_last) in enumerate(data.with_last(loader, steps)):
             if notify_begin:
                 cbks.on_eval_batch_begin(step)
             batch = splitter.to_device(batch)
@@ -1488,9 +1457,7 @@ def evaluate_loop(
     return results
 
 
-def predict_loop(
-    model: Any, loader: Iterable, cbks: CallbackList, *, log_freq: int = 10
-) -> list[list[torch.Tensor]]:
+def predict_loop(model: Any, loader: Iterable, cbks: CallbackList) -> list[list[torch.Tensor]]:
     """The network's outputs over the data, per output a list of CPU batches (those seen,
     when a callback set ``model.stop_predicting``)."""
     stepper, splitter = model._stepper, model._splitter
@@ -1499,10 +1466,9 @@ def predict_loop(
     distributed.sync_from_main(model._network, parameters=model._wrapped is None)
     notify_begin = cbks.wants("on_predict_batch_begin")
     model.stop_predicting = False
-    stop_check = _stop_check(
-        notify_begin or cbks.wants("on_predict_batch_end"), exact_length(loader), log_freq
-    )
-    cbks.on_predict_begin({"steps": num_batches(loader)})
+    can_stop = notify_begin or cbks.wants("on_predict_batch_end")
+    stop_check = _stop_check(can_stop, data.exact_length(loader), DEFAULT_LOG_FREQ)
+    cbks.on_predict_begin({"steps": data.num_batches(loader)})
     stepper.network.eval()
     per_output: list[list[torch.Tensor]] = []
     # Inside, every process holds the full weights: evaluation batches need no collective.

@@ -159,10 +159,9 @@ class Stepper:
             text, name = str(error), distributed.class_name(network)
             if _UNUSED_PARAMETERS in text:
                 raise RuntimeError(
-                    f"Some parameters of {name} got no gradient in the last training step (unused "
-                    "by the forward), which DDP refuses by default. If intended, prepare with "
-                    "strategy=hapi.DDP(find_unused_parameters=True); else use or remove them (or "
-                    f"set requires_grad=False). DDP's own message: {text.splitlines()[0]}"
+                    f"Parameters of {name} got no gradient in the last step (unused), which DDP "
+                    "refuses by default. If intended, prepare with strategy=hapi.DDP("
+                    f"find_unused_parameters=True), else use them. DDP: {text.splitlines()[0]}"
                 ) from error
             # Advice about the inputs only when the error is about shapes, dtypes or
             # arguments (not a process group's, say).
@@ -189,10 +188,9 @@ class Stepper:
         if loss_fn is None:
             if network_loss is None and training:
                 raise RuntimeError(
-                    f"prepare() got no loss, so the network's own loss is trained, but "
-                    f"{distributed.class_name(self.network)} returned no 'loss'. Pass "
-                    "prepare(loss=...), or return a 'loss' entry or attribute from forward (as "
-                    "Hugging Face models do when dict batches' 'labels' reach them: no loss given)."
+                    f"prepare() got no loss, so the network's own is trained, but "
+                    f"{distributed.class_name(self.network)} returned no 'loss'. Pass prepare("
+                    "loss=...), or return a 'loss' key or attribute as Hugging Face models do."
                 )
             loss = network_loss
         elif training or labels or self.model._splitter.n_labels == 0:
@@ -203,11 +201,9 @@ class Stepper:
             loss = torch.stack([torch.as_tensor(part) for part in loss]).sum()
         if loss is not None and (not torch.is_tensor(loss) or loss.numel() != 1):
             # Named only here: the network's class name is not worked out on every batch.
-            source = (
-                type(loss_fn).__name__
-                if loss_fn is not None
-                else f"the network {distributed.class_name(self.network)}"
-            )
+            source = f"the network {distributed.class_name(self.network)}"
+            if loss_fn is not None:
+                source = type(loss_fn).__name__
             raise ValueError(
                 f"The loss must be a scalar tensor; {source} returned {describe(as_list(loss))}. "
                 "Use reduction='mean' (or 'sum')."
