@@ -193,7 +193,7 @@ def as_dataset(data: Any, role: str) -> Any:
     """
     if type(data) is torch.utils.data.TensorDataset:
         return TensorBatches(*data.tensors)
-    if isinstance(data, Dataset):
+    if isinstance(data, Dataset) or (not isinstance(data, (tuple, list)) and is_map_style(data)):
         return data
     if (
         isinstance(data, (tuple, list))
@@ -210,8 +210,6 @@ def as_dataset(data: Any, role: str) -> Any:
         return TensorBatches(*tensors)
     if isinstance(data, list) and data and all(isinstance(s, (tuple, Mapping)) for s in data):
         return Samples(data)
-    if not isinstance(data, (tuple, list)) and is_map_style(data):
-        return data
     raise _refusal(data, role)
 
 
@@ -271,14 +269,14 @@ def _checked(loader: Iterable, role: str, batch_size: int | None, drop_last: boo
     batches = num_batches(loader)
     if batches is None:
         return NonEmpty(loader, role)
-    dataset = getattr(loader, "dataset", None)
+    dataset = loader.dataset
     # A map-style data set smaller than the process count leaves this process's shard empty.
     samples = is_map_style(dataset) and not isinstance(dataset, IterableDataset) and len(dataset)
     if batches == 0 and (drop_last or not samples):
-        reason = f" with batch_size={batch_size} and drop_last=True" if drop_last else ""
+        what = f"no batch at batch_size={batch_size}, drop_last=True" if samples else "0 samples"
         raise ValueError(
-            f"{role} is empty: it gives no batch{reason}, so there is nothing to "
-            "iterate over." + (" Lower batch_size or set drop_last=False." if drop_last else "")
+            f"{role} is empty ({what}), so there is nothing to iterate over."
+            + (" Lower batch_size or set drop_last=False." if samples else "")
         )
     return loader
 
@@ -328,25 +326,13 @@ def make_loader(
         # Not torch's global generator, which the model draws from.
         options["generator"] = torch.Generator()
         return NonEmpty(DataLoader(dataset, batch_size, drop_last=drop_last, **options), role)
-    if len(dataset) == 0:
-        raise ValueError(f"{role} is empty (0 samples); there is nothing to iterate over.")
+    length = len(dataset)
+    order = {"batch_size": batch_size, "drop_last": drop_last, "seed": seed, "training": training}
+    sampler = EpochBatches(permutation(length, shuffle), length, **order)
     resident = dataset if num_workers else device_resident(dataset, device)
-    sampler = EpochBatches(
-        permutation(len(dataset), shuffle),
-        len(dataset),
-        batch_size=batch_size,
-        drop_last=drop_last,
-        seed=seed,
-        training=training,
-    )
-    loader = _loader(
-        resident,
-        sampler,
-        pin_memory=device.type == "cuda" and resident is dataset,  # pinned only for host data
-        persistent_workers=num_workers > 0 and not training,
-        **options,
-    )
-    return _checked(loader, role, batch_size, drop_last)
+    pinned = device.type == "cuda" and resident is dataset  # pinned only for host data
+    options.update(pin_memory=pinned, persistent_workers=num_workers > 0 and not training)
+    return _checked(_loader(resident, sampler, **options), role, batch_size, drop_last)
 
 
 def may_draw_random_numbers(dataset: Any) -> bool:
@@ -410,13 +396,9 @@ def rebuilt(loader: DataLoader, sampler: EpochBatches) -> DataLoader:
     """``loader`` read through ``sampler``, with the same data set, workers, collate function,
     memory pinning and timeouts. Training workers start afresh each epoch (not persistent)."""
     kept = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn")
-    return _loader(
-        loader.dataset,
-        sampler,
-        **{name: getattr(loader, name) for name in kept},
-        persistent_workers=loader.persistent_workers and not sampler.training,
-        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
-    )
+    options = {name: getattr(loader, name) for name in (*kept, "prefetch_factor")}
+    persistent = loader.persistent_workers and not sampler.training
+    return _loader(loader.dataset, sampler, persistent_workers=persistent, **options)
 
 
 # -- which samples each process reads -------------------------------------------------------
@@ -625,19 +607,12 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> EpochBatches | Non
             user_stream(batches), _length(batches, "batch_sampler"), batch_size=None, **options
         )
     batch_size = loader_batch_size(loader)
-    if batches is None:
+    if batch_size is None:  # batch_size=None, or a rank-aware batch_sampler without one
         raise DistributedSetupError(
-            "This DataLoader was built with batch_size=None (no automatic batching), so its "
-            f"items are whole batches that torch-hapi cannot split across {group.world_size()} "
-            "processes. Give it a batch_size, or a batch_sampler (torch-hapi then deals its "
-            "batches out whole)."
-        )
-    if batch_size is None:
-        raise DistributedSetupError(
-            "This DataLoader has a rank-aware batch_sampler without a batch_size, which "
-            f"torch-hapi cannot split across {group.world_size()} processes. Give it a sampler "
-            "that knows the rank (e.g. BatchSampler(DistributedSampler(dataset), batch_size, "
-            "drop_last)), or pass the Dataset and batch_size to fit()."
+            "This DataLoader's items are whole batches (batch_size=None, or a rank-aware "
+            f"batch_sampler with no batch_size: {batches!r}), which torch-hapi cannot split "
+            f"across {group.world_size()} processes. Give it a batch_size, or a batch_sampler "
+            "that does not know the rank (its batches are then dealt out whole)."
         )
     options.update(batch_size=batch_size, drop_last=bool(getattr(batches, "drop_last", False)))
     if rank_aware or _plain_order(inner):
