@@ -66,9 +66,8 @@ def _as_tensor(array: Any, position: int, role: str) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array))
     except TypeError as error:
         raise TypeError(
-            f"Element {position} of {role} is a NumPy array of dtype {array.dtype} "
-            f"({array.dtype.type.__name__}), which a tensor cannot hold: {error}. Convert it "
-            "first, e.g. class names to int64 indices."
+            f"Element {position} of {role} is a NumPy array of dtype {array.dtype}, which a "
+            f"tensor cannot hold: {error}. Convert it first, e.g. class names to int64 indices."
         ) from error
 
 
@@ -237,9 +236,8 @@ class ExplainingCollate:
             shown = ", ".join(describe(s) for s in samples[:4])
             raise type(error)(
                 f"Could not batch the samples of {self.role}{counts}: {error}. The first samples "
-                f"are {shown}{' ...' if len(samples) > 4 else ''}. Every sample must be a tuple of "
-                "the same length whose elements have the same shape (or pass a DataLoader with "
-                "your own collate_fn)."
+                f"are {shown}{' ...' if len(samples) > 4 else ''}. Make them tuples of one length "
+                "and alike shapes, or pass a DataLoader with your own collate_fn."
             ) from error
 
 
@@ -259,9 +257,8 @@ class NonEmpty:
             yield batch
         if batch is end:
             raise ValueError(
-                f"{self.role} is empty: it yielded no batch, so there is nothing to "
-                "iterate over. Check the data source (an IterableDataset that yields "
-                "nothing, or a filter that drops everything)."
+                f"{self.role} is empty: it yielded no batch. Check the data source (an "
+                "IterableDataset that yields nothing, or a filter that drops everything)."
             )
 
 
@@ -317,10 +314,9 @@ def make_loader(
     if isinstance(dataset, IterableDataset):
         if distributed.world_size() > 1:
             warnings.warn(
-                f"{role} is an IterableDataset: torch-hapi cannot split a stream, so each of the "
-                f"{distributed.world_size()} processes reads all of it unless it shards itself by "
-                "rank (hapi.distributed.rank(), world_size()); every process must then yield the "
-                "same number of batches.",
+                f"{role} is an IterableDataset: each of the {distributed.world_size()} processes "
+                "reads all of it unless it shards itself by hapi.distributed.rank() and "
+                "world_size(), each then yielding as many batches.",
                 stacklevel=3,
             )
         # Not torch's global generator, which the model draws from.
@@ -483,10 +479,9 @@ class EpochBatches(torch.utils.data.Sampler[list]):
             self._stream = list(stream) if self.training else stream
             if len(self._stream) != self.length:
                 raise DistributedSetupError(
-                    f"The DataLoader's sampler says it has {self.length} items (__len__) but "
-                    f"yielded {len(self._stream)}; torch-hapi splits its items across "
-                    f"{self.num_replicas} processes by that length. Make __len__ match what "
-                    "__iter__ yields."
+                    f"The DataLoader's sampler has {self.length} items by __len__ but yielded "
+                    f"{len(self._stream)}, to split across {self.num_replicas} processes by "
+                    "__len__. Make __len__ match what __iter__ yields."
                 )
         return self._stream
 
@@ -523,10 +518,10 @@ class EpochBatches(torch.utils.data.Sampler[list]):
         return len(BatchSampler(range(share), self.batch_size, self.drop_last))
 
     def state(self, batches: int) -> dict[str, Any]:
-        """What is left of the epoch's stream after ``batches`` steps of this pass, and the
-        units that pad it (what :meth:`resume` takes)."""
+        """What is left of the epoch's stream after its step ``batches`` (a resumed pass
+        began at ``first_position``), and the units that pad it (what :meth:`resume` takes)."""
         stream = self.stream()
-        done = batches * self.num_replicas * (self.batch_size or 1)
+        done = (batches - self.first_position) * self.num_replicas * (self.batch_size or 1)
         padding = stream if self._padding is None else self._padding
         return {"rest": stream[done:], "padding": padding[: self.num_replicas]}
 
@@ -564,9 +559,8 @@ def _length(sampler: Any, what: str) -> int:
     except TypeError:
         raise DistributedSetupError(
             f"The DataLoader's {what} {type(sampler).__name__} has no length, so torch-hapi "
-            f"cannot split what it yields across {group.world_size()} processes (it may never "
-            "end). Give it a __len__, or give the DataLoader a sampler that knows the rank (e.g. "
-            "DistributedSampler) and keep the same number of batches on every process."
+            f"cannot split it across {group.world_size()} processes. Give it a __len__, or give "
+            "the DataLoader a sampler that knows the rank (e.g. DistributedSampler)."
         ) from None
 
 
@@ -723,7 +717,7 @@ class TrainData:
 
     def _serve(self, loader: Iterable, first_step: int) -> Iterable:
         """Read ``loader`` as the epoch's batches from step ``first_step`` on."""
-        self._serving, self._first_step = loader, first_step
+        self._serving = loader
         rest = exact_length(loader)
         self.steps = None if rest is None else first_step + rest
         return loader
@@ -749,14 +743,12 @@ class TrainData:
         if self.kind == "iterable":
             return (
                 "the training data is an IterableDataset: a resumed epoch reads its stream again "
-                "from the start and drops the batches already trained, which is exact only if the "
-                "stream yields the same items in the same order again"
+                "and drops the batches trained, exact only if it yields the same items in order"
             )
         if self.kind == "given" and self.given.persistent_workers and self.given.num_workers > 0:
             return (
-                "the DataLoader keeps its workers across epochs (persistent_workers=True), so "
-                "the random state of its workers cannot be replayed; pass "
-                "persistent_workers=False"
+                "the DataLoader keeps its workers across epochs (persistent_workers=True), whose "
+                "random state cannot be replayed; pass persistent_workers=False"
             )
         return None
 
@@ -768,7 +760,7 @@ class TrainData:
         kind = "batches" if sampler is not None else self.kind
         shared: dict[str, Any] = {"kind": kind, "world": distributed.world_size()}
         if sampler is not None and batches:
-            shared.update(sampler.state(batches - self._first_step))
+            shared.update(sampler.state(batches))
         elif kind == "given":
             shared["done"] = batches * (self._given_size or 1)
         generators = rng.generator_states(self._generators)
