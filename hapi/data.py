@@ -40,21 +40,20 @@ ACCEPTED = (
     "Hugging Face datasets.Dataset), a list of samples (tuples or dicts), an IterableDataset, a "
     "DataLoader, or a tuple of tensors/NumPy arrays (x, y) of equal length"
 )
+_ARRAYS = (torch.Tensor, np.ndarray)  # what holds one row per sample
 
 
 def describe(values: Any) -> str:
     """Shapes and dtypes for error messages: ``(float32[4, 3], int64[4])``."""
-    if torch.is_tensor(values) or isinstance(values, np.ndarray):
+    if isinstance(values, _ARRAYS):
         return f"{values.dtype}{list(values.shape)}".replace("torch.", "")
     if isinstance(values, Mapping):
         return "{" + ", ".join(f"{key}: {describe(value)}" for key, value in values.items()) + "}"
     if isinstance(values, (list, tuple)):
-        kinds = {type(v).__name__ for v in values}
-        if values and not any(
-            torch.is_tensor(v) or isinstance(v, (np.ndarray, list, tuple)) for v in values
-        ):
-            return f"{type(values).__name__} of {len(values)} {'/'.join(sorted(kinds))}"
-        return "(" + ", ".join(describe(v) for v in values) + ")"
+        if not values or any(isinstance(v, (*_ARRAYS, list, tuple)) for v in values):
+            return "(" + ", ".join(describe(v) for v in values) + ")"
+        kinds = "/".join(sorted({type(v).__name__ for v in values}))
+        return f"{type(values).__name__} of {len(values)} {kinds}"
     return type(values).__name__
 
 
@@ -164,7 +163,7 @@ def is_map_style(data: Any) -> bool:
 def _refusal(data: Any, role: str) -> TypeError:
     """The error for data of no accepted kind, saying what was received and what would do."""
     received, hint = type(data).__name__, ""
-    if torch.is_tensor(data) or isinstance(data, np.ndarray):
+    if isinstance(data, _ARRAYS):
         received = f"a single {type(data).__name__} {describe(data)}"
         hint = " Pass a tuple: (x, y) to train and evaluate, (x,) to predict."
     elif isinstance(data, Mapping):
@@ -194,11 +193,7 @@ def as_dataset(data: Any, role: str) -> Any:
         return TensorBatches(*data.tensors)
     if isinstance(data, Dataset) or (not isinstance(data, (tuple, list)) and is_map_style(data)):
         return data
-    if (
-        isinstance(data, (tuple, list))
-        and data
-        and all(torch.is_tensor(a) or isinstance(a, np.ndarray) for a in data)
-    ):
+    if isinstance(data, (tuple, list)) and data and all(isinstance(a, _ARRAYS) for a in data):
         tensors = [_as_tensor(a, i, role) for i, a in enumerate(data)]
         lengths = [len(t) for t in tensors]
         if len(set(lengths)) != 1:
@@ -745,7 +740,7 @@ class TrainData:
                 "the training data is an IterableDataset: a resumed epoch reads its stream again "
                 "and drops the batches trained, exact only if it yields the same items in order"
             )
-        if self.kind == "given" and self.given.persistent_workers and self.given.num_workers > 0:
+        if self.kind == "given" and self.given.persistent_workers:  # torch: needs workers
             return (
                 "the DataLoader keeps its workers across epochs (persistent_workers=True), whose "
                 "random state cannot be replayed; pass persistent_workers=False"
@@ -806,10 +801,11 @@ class TrainData:
             return 0, "restart", rest
         # As many processes, the same units: each batch as the uninterrupted run read it.
         exact = own is not None and kind == self.kind == "batches"
+        # A file without 'padding' beside its 'rest' fails here (KeyError), refused by the caller.
         padding, step = (shared["padding"], epoch_step) if exact else ([], 0)
         loader = self.loader
         if sampler is None:  # the user's loader as given: read the rest through torch-hapi's
-            drop_last = bool(getattr(self.given.batch_sampler, "drop_last", self.given.drop_last))
+            drop_last = getattr(self.given.batch_sampler, "drop_last", False)  # None: no batching
             options = {"batch_size": self._given_size, "drop_last": drop_last, "seed": self.seed}
             sampler = EpochBatches(lambda seed, epoch: rest, len(rest), **options)
             loader = rebuilt(self.given, sampler)
@@ -843,8 +839,6 @@ class TrainData:
             for index in itertools.chain(*(u if isinstance(u, list) else [u] for u in units)):
                 if not _is_count(index, 0) or (length is not None and index >= length):
                     raise ValueError(f"{name!r} holds {index!r}, not an index of {length} samples")
-        if "rest" in shared and "padding" not in shared:
-            raise ValueError("'padding' is missing beside 'rest'")
         if own is not None and self.steps is not None and epoch_step > self.steps:
             raise ValueError(f"'epoch_step' is {epoch_step}, beyond the epoch's {self.steps} steps")
         now = rng.global_state()
