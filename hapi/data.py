@@ -548,15 +548,17 @@ def user_stream(source: Any) -> Callable[[int, int], list]:
     return draw
 
 
-def _length(sampler: Any, what: str) -> int:
+def _kept(source: Any, what: str, **options: Any) -> EpochBatches:
+    """The batches of a user's (batch) sampler kept as it is, its stream split by its length."""
     try:
-        return len(sampler)
+        length = len(source)
     except TypeError:
         raise DistributedSetupError(
-            f"The DataLoader's {what} {type(sampler).__name__} has no length, so torch-hapi "
+            f"The DataLoader's {what} {type(source).__name__} has no length, so torch-hapi "
             f"cannot split it across {group.world_size()} processes. Give it a __len__, or give "
             "the DataLoader a sampler that knows the rank (e.g. DistributedSampler)."
         ) from None
+    return EpochBatches(user_stream(source), length, **options)
 
 
 def reshard(loader: DataLoader, training: bool, seed: int) -> EpochBatches | None:
@@ -592,9 +594,7 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> EpochBatches | Non
         return None
     options = {"seed": seed, "training": training}
     if own_batches and not rank_aware:
-        return EpochBatches(
-            user_stream(batches), _length(batches, "batch_sampler"), batch_size=None, **options
-        )
+        return _kept(batches, "batch_sampler", batch_size=None, **options)
     batch_size = loader_batch_size(loader)
     if batch_size is None:  # batch_size=None, or a rank-aware batch_sampler without one
         raise DistributedSetupError(
@@ -603,12 +603,12 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> EpochBatches | Non
             f"across {group.world_size()} processes. Give it a batch_size, or a batch_sampler "
             "that does not know the rank (its batches are then dealt out whole)."
         )
-    options.update(batch_size=batch_size, drop_last=bool(getattr(batches, "drop_last", False)))
+    options.update(batch_size=batch_size, drop_last=getattr(batches, "drop_last", False))
     if rank_aware or _plain_order(inner):
         shuffle = training and isinstance(inner, torch.utils.data.RandomSampler)
         length = len(loader.dataset)
         return EpochBatches(permutation(length, shuffle), length, **options)
-    return EpochBatches(user_stream(inner), _length(inner, "sampler"), **options)
+    return _kept(inner, "sampler", **options)
 
 
 def _plain_order(sampler: Any) -> bool:
