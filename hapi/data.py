@@ -40,21 +40,20 @@ ACCEPTED = (
     "Hugging Face datasets.Dataset), a list of samples (tuples or dicts), an IterableDataset, a "
     "DataLoader, or a tuple of tensors/NumPy arrays (x, y) of equal length"
 )
+_ARRAYS = (torch.Tensor, np.ndarray)  # what holds one row per sample
 
 
 def describe(values: Any) -> str:
     """Shapes and dtypes for error messages: ``(float32[4, 3], int64[4])``."""
-    if torch.is_tensor(values) or isinstance(values, np.ndarray):
+    if isinstance(values, _ARRAYS):
         return f"{values.dtype}{list(values.shape)}".replace("torch.", "")
     if isinstance(values, Mapping):
         return "{" + ", ".join(f"{key}: {describe(value)}" for key, value in values.items()) + "}"
     if isinstance(values, (list, tuple)):
-        kinds = {type(v).__name__ for v in values}
-        if values and not any(
-            torch.is_tensor(v) or isinstance(v, (np.ndarray, list, tuple)) for v in values
-        ):
-            return f"{type(values).__name__} of {len(values)} {'/'.join(sorted(kinds))}"
-        return "(" + ", ".join(describe(v) for v in values) + ")"
+        if not values or any(isinstance(v, (*_ARRAYS, list, tuple)) for v in values):
+            return "(" + ", ".join(describe(v) for v in values) + ")"
+        kinds = "/".join(sorted({type(v).__name__ for v in values}))
+        return f"{type(values).__name__} of {len(values)} {kinds}"
     return type(values).__name__
 
 
@@ -66,9 +65,8 @@ def _as_tensor(array: Any, position: int, role: str) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array))
     except TypeError as error:
         raise TypeError(
-            f"Element {position} of {role} is a NumPy array of dtype {array.dtype} "
-            f"({array.dtype.type.__name__}), which a tensor cannot hold: {error}. Convert it "
-            "first, e.g. class names to int64 indices."
+            f"Element {position} of {role} is a NumPy array of dtype {array.dtype}, which a "
+            f"tensor cannot hold: {error}. Convert it first, e.g. class names to int64 indices."
         ) from error
 
 
@@ -165,7 +163,7 @@ def is_map_style(data: Any) -> bool:
 def _refusal(data: Any, role: str) -> TypeError:
     """The error for data of no accepted kind, saying what was received and what would do."""
     received, hint = type(data).__name__, ""
-    if torch.is_tensor(data) or isinstance(data, np.ndarray):
+    if isinstance(data, _ARRAYS):
         received = f"a single {type(data).__name__} {describe(data)}"
         hint = " Pass a tuple: (x, y) to train and evaluate, (x,) to predict."
     elif isinstance(data, Mapping):
@@ -193,13 +191,9 @@ def as_dataset(data: Any, role: str) -> Any:
     """
     if type(data) is torch.utils.data.TensorDataset:
         return TensorBatches(*data.tensors)
-    if isinstance(data, Dataset):
+    if isinstance(data, Dataset) or (not isinstance(data, (tuple, list)) and is_map_style(data)):
         return data
-    if (
-        isinstance(data, (tuple, list))
-        and data
-        and all(torch.is_tensor(a) or isinstance(a, np.ndarray) for a in data)
-    ):
+    if isinstance(data, (tuple, list)) and data and all(isinstance(a, _ARRAYS) for a in data):
         tensors = [_as_tensor(a, i, role) for i, a in enumerate(data)]
         lengths = [len(t) for t in tensors]
         if len(set(lengths)) != 1:
@@ -210,8 +204,6 @@ def as_dataset(data: Any, role: str) -> Any:
         return TensorBatches(*tensors)
     if isinstance(data, list) and data and all(isinstance(s, (tuple, Mapping)) for s in data):
         return Samples(data)
-    if not isinstance(data, (tuple, list)) and is_map_style(data):
-        return data
     raise _refusal(data, role)
 
 
@@ -239,9 +231,8 @@ class ExplainingCollate:
             shown = ", ".join(describe(s) for s in samples[:4])
             raise type(error)(
                 f"Could not batch the samples of {self.role}{counts}: {error}. The first samples "
-                f"are {shown}{' ...' if len(samples) > 4 else ''}. Every sample must be a tuple of "
-                "the same length whose elements have the same shape (or pass a DataLoader with "
-                "your own collate_fn)."
+                f"are {shown}{' ...' if len(samples) > 4 else ''}. Make them tuples of one length "
+                "and alike shapes, or pass a DataLoader with your own collate_fn."
             ) from error
 
 
@@ -261,9 +252,8 @@ class NonEmpty:
             yield batch
         if batch is end:
             raise ValueError(
-                f"{self.role} is empty: it yielded no batch, so there is nothing to "
-                "iterate over. Check the data source (an IterableDataset that yields "
-                "nothing, or a filter that drops everything)."
+                f"{self.role} is empty: it yielded no batch. Check the data source (an "
+                "IterableDataset that yields nothing, or a filter that drops everything)."
             )
 
 
@@ -271,14 +261,14 @@ def _checked(loader: Iterable, role: str, batch_size: int | None, drop_last: boo
     batches = num_batches(loader)
     if batches is None:
         return NonEmpty(loader, role)
-    dataset = getattr(loader, "dataset", None)
+    dataset = loader.dataset
     # A map-style data set smaller than the process count leaves this process's shard empty.
     samples = is_map_style(dataset) and not isinstance(dataset, IterableDataset) and len(dataset)
     if batches == 0 and (drop_last or not samples):
-        reason = f" with batch_size={batch_size} and drop_last=True" if drop_last else ""
+        what = f"no batch at batch_size={batch_size}, drop_last=True" if samples else "0 samples"
         raise ValueError(
-            f"{role} is empty: it gives no batch{reason}, so there is nothing to "
-            "iterate over." + (" Lower batch_size or set drop_last=False." if drop_last else "")
+            f"{role} is empty ({what}), so there is nothing to iterate over."
+            + (" Lower batch_size or set drop_last=False." if samples else "")
         )
     return loader
 
@@ -319,34 +309,21 @@ def make_loader(
     if isinstance(dataset, IterableDataset):
         if distributed.world_size() > 1:
             warnings.warn(
-                f"{role} is an IterableDataset: torch-hapi cannot split a stream, so each of the "
-                f"{distributed.world_size()} processes reads all of it unless it shards itself by "
-                "rank (hapi.distributed.rank(), world_size()); every process must then yield the "
-                "same number of batches.",
+                f"{role} is an IterableDataset: each of the {distributed.world_size()} processes "
+                "reads all of it unless it shards itself by hapi.distributed.rank() and "
+                "world_size(), each then yielding as many batches.",
                 stacklevel=3,
             )
         # Not torch's global generator, which the model draws from.
         options["generator"] = torch.Generator()
         return NonEmpty(DataLoader(dataset, batch_size, drop_last=drop_last, **options), role)
-    if len(dataset) == 0:
-        raise ValueError(f"{role} is empty (0 samples); there is nothing to iterate over.")
+    length = len(dataset)
+    order = {"batch_size": batch_size, "drop_last": drop_last, "seed": seed, "training": training}
+    sampler = EpochBatches(permutation(length, shuffle), length, **order)
     resident = dataset if num_workers else device_resident(dataset, device)
-    sampler = EpochBatches(
-        permutation(len(dataset), shuffle),
-        len(dataset),
-        batch_size=batch_size,
-        drop_last=drop_last,
-        seed=seed,
-        training=training,
-    )
-    loader = _loader(
-        resident,
-        sampler,
-        pin_memory=device.type == "cuda" and resident is dataset,  # pinned only for host data
-        persistent_workers=num_workers > 0 and not training,
-        **options,
-    )
-    return _checked(loader, role, batch_size, drop_last)
+    pinned = device.type == "cuda" and resident is dataset  # pinned only for host data
+    options.update(pin_memory=pinned, persistent_workers=num_workers > 0 and not training)
+    return _checked(_loader(resident, sampler, **options), role, batch_size, drop_last)
 
 
 def may_draw_random_numbers(dataset: Any) -> bool:
@@ -410,13 +387,9 @@ def rebuilt(loader: DataLoader, sampler: EpochBatches) -> DataLoader:
     """``loader`` read through ``sampler``, with the same data set, workers, collate function,
     memory pinning and timeouts. Training workers start afresh each epoch (not persistent)."""
     kept = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn")
-    return _loader(
-        loader.dataset,
-        sampler,
-        **{name: getattr(loader, name) for name in kept},
-        persistent_workers=loader.persistent_workers and not sampler.training,
-        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
-    )
+    options = {name: getattr(loader, name) for name in (*kept, "prefetch_factor")}
+    persistent = loader.persistent_workers and not sampler.training
+    return _loader(loader.dataset, sampler, persistent_workers=persistent, **options)
 
 
 # -- which samples each process reads -------------------------------------------------------
@@ -501,10 +474,9 @@ class EpochBatches(torch.utils.data.Sampler[list]):
             self._stream = list(stream) if self.training else stream
             if len(self._stream) != self.length:
                 raise DistributedSetupError(
-                    f"The DataLoader's sampler says it has {self.length} items (__len__) but "
-                    f"yielded {len(self._stream)}; torch-hapi splits its items across "
-                    f"{self.num_replicas} processes by that length. Make __len__ match what "
-                    "__iter__ yields."
+                    f"The DataLoader's sampler has {self.length} items by __len__ but yielded "
+                    f"{len(self._stream)}, to split across {self.num_replicas} processes by "
+                    "__len__. Make __len__ match what __iter__ yields."
                 )
         return self._stream
 
@@ -541,10 +513,10 @@ class EpochBatches(torch.utils.data.Sampler[list]):
         return len(BatchSampler(range(share), self.batch_size, self.drop_last))
 
     def state(self, batches: int) -> dict[str, Any]:
-        """What is left of the epoch's stream after ``batches`` steps of this pass, and the
-        units that pad it (what :meth:`resume` takes)."""
+        """What is left of the epoch's stream after its step ``batches`` (a resumed pass
+        began at ``first_position``), and the units that pad it (what :meth:`resume` takes)."""
         stream = self.stream()
-        done = batches * self.num_replicas * (self.batch_size or 1)
+        done = (batches - self.first_position) * self.num_replicas * (self.batch_size or 1)
         padding = stream if self._padding is None else self._padding
         return {"rest": stream[done:], "padding": padding[: self.num_replicas]}
 
@@ -576,16 +548,17 @@ def user_stream(source: Any) -> Callable[[int, int], list]:
     return draw
 
 
-def _length(sampler: Any, what: str) -> int:
+def _kept(source: Any, what: str, **options: Any) -> EpochBatches:
+    """The batches of a user's (batch) sampler kept as it is, its stream split by its length."""
     try:
-        return len(sampler)
+        length = len(source)
     except TypeError:
         raise DistributedSetupError(
-            f"The DataLoader's {what} {type(sampler).__name__} has no length, so torch-hapi "
-            f"cannot split what it yields across {group.world_size()} processes (it may never "
-            "end). Give it a __len__, or give the DataLoader a sampler that knows the rank (e.g. "
-            "DistributedSampler) and keep the same number of batches on every process."
+            f"The DataLoader's {what} {type(source).__name__} has no length, so torch-hapi "
+            f"cannot split it across {group.world_size()} processes. Give it a __len__, or give "
+            "the DataLoader a sampler that knows the rank (e.g. DistributedSampler)."
         ) from None
+    return EpochBatches(user_stream(source), length, **options)
 
 
 def reshard(loader: DataLoader, training: bool, seed: int) -> EpochBatches | None:
@@ -621,30 +594,21 @@ def reshard(loader: DataLoader, training: bool, seed: int) -> EpochBatches | Non
         return None
     options = {"seed": seed, "training": training}
     if own_batches and not rank_aware:
-        return EpochBatches(
-            user_stream(batches), _length(batches, "batch_sampler"), batch_size=None, **options
-        )
+        return _kept(batches, "batch_sampler", batch_size=None, **options)
     batch_size = loader_batch_size(loader)
-    if batches is None:
+    if batch_size is None:  # batch_size=None, or a rank-aware batch_sampler without one
         raise DistributedSetupError(
-            "This DataLoader was built with batch_size=None (no automatic batching), so its "
-            f"items are whole batches that torch-hapi cannot split across {group.world_size()} "
-            "processes. Give it a batch_size, or a batch_sampler (torch-hapi then deals its "
-            "batches out whole)."
+            "This DataLoader's items are whole batches (batch_size=None, or a rank-aware "
+            f"batch_sampler with no batch_size: {batches!r}), which torch-hapi cannot split "
+            f"across {group.world_size()} processes. Give it a batch_size, or a batch_sampler "
+            "that does not know the rank (its batches are then dealt out whole)."
         )
-    if batch_size is None:
-        raise DistributedSetupError(
-            "This DataLoader has a rank-aware batch_sampler without a batch_size, which "
-            f"torch-hapi cannot split across {group.world_size()} processes. Give it a sampler "
-            "that knows the rank (e.g. BatchSampler(DistributedSampler(dataset), batch_size, "
-            "drop_last)), or pass the Dataset and batch_size to fit()."
-        )
-    options.update(batch_size=batch_size, drop_last=bool(getattr(batches, "drop_last", False)))
+    options.update(batch_size=batch_size, drop_last=getattr(batches, "drop_last", False))
     if rank_aware or _plain_order(inner):
         shuffle = training and isinstance(inner, torch.utils.data.RandomSampler)
         length = len(loader.dataset)
         return EpochBatches(permutation(length, shuffle), length, **options)
-    return EpochBatches(user_stream(inner), _length(inner, "sampler"), **options)
+    return _kept(inner, "sampler", **options)
 
 
 def _plain_order(sampler: Any) -> bool:
@@ -748,7 +712,7 @@ class TrainData:
 
     def _serve(self, loader: Iterable, first_step: int) -> Iterable:
         """Read ``loader`` as the epoch's batches from step ``first_step`` on."""
-        self._serving, self._first_step = loader, first_step
+        self._serving = loader
         rest = exact_length(loader)
         self.steps = None if rest is None else first_step + rest
         return loader
@@ -774,14 +738,12 @@ class TrainData:
         if self.kind == "iterable":
             return (
                 "the training data is an IterableDataset: a resumed epoch reads its stream again "
-                "from the start and drops the batches already trained, which is exact only if the "
-                "stream yields the same items in the same order again"
+                "and drops the batches trained, exact only if it yields the same items in order"
             )
-        if self.kind == "given" and self.given.persistent_workers and self.given.num_workers > 0:
+        if self.kind == "given" and self.given.persistent_workers:  # torch: needs workers
             return (
-                "the DataLoader keeps its workers across epochs (persistent_workers=True), so "
-                "the random state of its workers cannot be replayed; pass "
-                "persistent_workers=False"
+                "the DataLoader keeps its workers across epochs (persistent_workers=True), whose "
+                "random state cannot be replayed; pass persistent_workers=False"
             )
         return None
 
@@ -793,7 +755,7 @@ class TrainData:
         kind = "batches" if sampler is not None else self.kind
         shared: dict[str, Any] = {"kind": kind, "world": distributed.world_size()}
         if sampler is not None and batches:
-            shared.update(sampler.state(batches - self._first_step))
+            shared.update(sampler.state(batches))
         elif kind == "given":
             shared["done"] = batches * (self._given_size or 1)
         generators = rng.generator_states(self._generators)
@@ -839,10 +801,11 @@ class TrainData:
             return 0, "restart", rest
         # As many processes, the same units: each batch as the uninterrupted run read it.
         exact = own is not None and kind == self.kind == "batches"
+        # A file without 'padding' beside its 'rest' fails here (KeyError), refused by the caller.
         padding, step = (shared["padding"], epoch_step) if exact else ([], 0)
         loader = self.loader
         if sampler is None:  # the user's loader as given: read the rest through torch-hapi's
-            drop_last = bool(getattr(self.given.batch_sampler, "drop_last", self.given.drop_last))
+            drop_last = getattr(self.given.batch_sampler, "drop_last", False)  # None: no batching
             options = {"batch_size": self._given_size, "drop_last": drop_last, "seed": self.seed}
             sampler = EpochBatches(lambda seed, epoch: rest, len(rest), **options)
             loader = rebuilt(self.given, sampler)
@@ -876,8 +839,6 @@ class TrainData:
             for index in itertools.chain(*(u if isinstance(u, list) else [u] for u in units)):
                 if not _is_count(index, 0) or (length is not None and index >= length):
                     raise ValueError(f"{name!r} holds {index!r}, not an index of {length} samples")
-        if "rest" in shared and "padding" not in shared:
-            raise ValueError("'padding' is missing beside 'rest'")
         if own is not None and self.steps is not None and epoch_step > self.steps:
             raise ValueError(f"'epoch_step' is {epoch_step}, beyond the epoch's {self.steps} steps")
         now = rng.global_state()

@@ -259,6 +259,5 @@ def streams_for_training() -> None:
     if _per_process_seed is None:
         return
     _fits_since_seeding += 1  # counted on every process alike: each fit has its own streams
-    rank = distributed.rank()
-    if rank != 0:
-        seed_generators(mix(_per_process_seed, rank, _fits_since_seeding))
+    if distributed.rank() != 0:
+        seed_generators(mix(_per_process_seed, distributed.rank(), _fits_since_seeding))
