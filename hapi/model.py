@@ -975,10 +975,13 @@ class Model:
         """One training step on one batch, Paddle-style, for loops of your own.
 
         Args:
-            inputs: the network's input(s): a tensor, a list of tensors, or a
-                whole batch (a tuple or dict) to split as ``fit`` does when
-                ``labels`` is ``None``.
-            labels: the label(s) for the loss and metrics, or ``None``.
+            inputs: the network's input(s), as Paddle takes them: a tensor or
+                NumPy array, or a list of them, one per argument of the
+                network's ``forward``. Nothing is split off: pass the labels
+                apart.
+            labels: the label(s) for the loss and metrics (a tensor, or a
+                list of them), or ``None`` for a loss computed from the
+                outputs alone.
             update: step the optimizer. With ``update=False`` the gradients
                 accumulate until a later call updates.
 
@@ -995,8 +998,7 @@ class Model:
         """Evaluate one batch, with no gradients and the network in eval mode.
 
         Args:
-            inputs: the network's input(s), or a whole batch to split when
-                ``labels`` is ``None``.
+            inputs: the network's input(s), as :meth:`train_batch` takes them.
             labels: the label(s) for the loss and metrics, or ``None``.
 
         Returns:
@@ -1011,8 +1013,8 @@ class Model:
         """The network's outputs for one batch of inputs (eval mode, no gradients).
 
         Args:
-            inputs: the network's input(s): a tensor, a list of them, or a
-                whole batch whose labels are dropped.
+            inputs: the network's input(s), as :meth:`train_batch` takes them
+                (a list passes each element to the network: leave labels out).
 
         Returns:
             A list with one CPU tensor per network output.
