@@ -593,10 +593,9 @@ def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
     (the layout :func:`_fit_state` writes) before it is used; one that no run
     writes raises :class:`CheckpointError` naming it.
     """
-    keys = {"data_seed", "data", "per_rank", "callbacks"}
-    if not isinstance(saved, dict) or not keys <= set(saved):
-        refuse(file, "'fit'", saved, "a dict of 'data_seed', 'data', 'per_rank' and 'callbacks'")
     check_like(file, saved, {"data": {}, "per_rank": [], "callbacks": []}, "'fit'")
+    if not {"data_seed", "data", "per_rank", "callbacks"} <= set(saved):
+        refuse(file, "'fit'", saved, "a dict of 'data_seed', 'data', 'per_rank' and 'callbacks'")
     count(file, saved, "data_seed")
     if not saved["per_rank"] or not all(isinstance(part, dict) for part in saved["per_rank"]):
         refuse(file, "'per_rank'", saved["per_rank"], "a list of each process's dict")
