@@ -63,8 +63,7 @@ def is_plain_name(name: Any) -> bool:
         isinstance(name, str)
         and name not in ("", ".", "..")
         and "\0" not in name
-        and pathlib.PurePosixPath(name).name == name
-        and pathlib.PureWindowsPath(name).name == name
+        and pathlib.PureWindowsPath(name).name == name  # '/' and '\\' separate there, drives too
     )
 
 
