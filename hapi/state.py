@@ -187,8 +187,9 @@ def load(model: Any, path: Any, skip_mismatch: bool, reset_optimizer: bool, resu
         file, state = checkpoint.load_freshest_state(path)
         if "fit" not in state:
             raise CheckpointError(
-                f"{file!r} was not saved to resume a fit (save(resumable=True) and BackupAndRestore"
-                f" write such files); to start a new fit from its weights, model.load({file!r})."
+                f"{file!r} was not saved to resume a fit (ModelCheckpoint(..., resumable=True) and "
+                "BackupAndRestore write such files); to start a new fit from its weights, call "
+                f"model.load({file!r}) before fit()."
             )
     else:
         file, state = checkpoint.load_state(path)

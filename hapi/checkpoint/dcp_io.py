@@ -84,9 +84,7 @@ _AGAIN = "use an earlier checkpoint, or save it again with model.save(path, shar
 _METADATA_CLASSES = ("Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata")
 _METADATA_CLASSES += ("TensorProperties", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
 _METADATA_CLASSES += ("BytesStorageMetadata",)
-_ALLOWED: dict[tuple[str, str], Any] = {
-    (_DCP, name): getattr(dcp_metadata, name) for name in _METADATA_CLASSES
-}
+_ALLOWED = {(_DCP, name): getattr(dcp_metadata, name) for name in _METADATA_CLASSES}
 _ALLOWED[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = _StorageInfo
 _ALLOWED[("torch", "Size")] = torch.Size
 # torch.layout pickles as a call _get_layout("torch.strided"): a dict lookup
