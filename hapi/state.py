@@ -258,8 +258,9 @@ def _load_weights(model: Any, file: str, state: dict, skip_mismatch: bool) -> li
         }
         raise CheckpointError(
             f"Checkpoint {file!r} does not fit this network ({type(model._network).__name__}): "
-            f"{'; '.join(f'{what}: {keys}' for what, keys in problems.items() if keys)}. Load it "
-            "into the network it came from, or pass skip_mismatch=True to load what matches."
+            f"{'; '.join(f'{what}: {keys}' for what, keys in problems.items() if keys)}. It was "
+            "probably saved from another architecture. Load it into the network it came from, "
+            "or pass skip_mismatch=True to load only the tensors whose names and shapes match."
         )
     if "shards" in state:
         dcp_io.load_shards(directory, model._network, set(loadable))
@@ -427,9 +428,10 @@ def load_optimizer_state(
     if differences:
         warnings.warn(
             f"The optimizer state loaded from {source} was saved with other settings than the "
-            f"{type(optimizer).__name__} given to prepare(): {'; '.join(differences)}. Training "
-            "uses prepare()'s, with the file's per-parameter state; to train with the file's "
-            "settings, build the optimizer with them.",
+            f"{type(optimizer).__name__} given to prepare(): {'; '.join(differences)}. Training uses "
+            "the settings given to prepare(); the per-parameter state (momentum, moments, step "
+            "counts) comes from the file. To train with the file's settings, build the optimizer "
+            "with them.",
             stacklevel=stacklevel,  # the user's load() or prepare()
         )
 
@@ -571,8 +573,8 @@ def _resume_fit(model: Any, file: str, saved: Any) -> None:
     epoch = {
         "fresh": "random streams start afresh",
         "split": (
-            f"the rest of the interrupted epoch is split across the {here} processes there are "
-            "now (each remaining sample trained once), random streams and running figures afresh"
+            f"the rest of the interrupted epoch is split across the processes there are now "
+            f"({here}; each remaining sample trained once), random streams and running sums afresh"
         ),
         "restart": f"the interrupted epoch restarts from its first batch, because {reason}",
         "inexact": f"the rest of the interrupted epoch may be read otherwise, because {reason}",

@@ -335,9 +335,11 @@ def load_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
         listed = glob.glob("*.pt*", root_dir=directory)  # none for a missing directory
         nearby = sorted(name for name in listed if name.endswith((".pt", ".pth")))
         raise FileNotFoundError(
-            f"No checkpoint found at {os.fspath(path)!r} (tried {_candidates(path)})."
+            f"No checkpoint found at {os.fspath(path)!r} (tried "
+            f"{', '.join(map(repr, _candidates(path)))})."
             f"{f' Checkpoints in {directory}: {nearby}.' if nearby else ''} Pass the path you "
-            "gave to Model.save(), or ModelCheckpoint's <save_dir>/<epoch>, best or final."
+            "gave to Model.save(), or a file written by ModelCheckpoint (<save_dir>/<epoch>, "
+            "<save_dir>/best, <save_dir>/final)."
         )
     with open(found[0], "rb") as handle:
         return found[0], _parse(handle, found[0])
