@@ -46,9 +46,8 @@ def count(file: str, state: dict[str, Any], key: str, most: int | None = None) -
         refuse(file, repr(key), value, "a non-negative int")
     if most is not None and value > most:  # a shortened run, not a damaged file
         raise CheckpointError(
-            f"{file!r} was saved at {key} {value}, past this fit's {key}s={most}: pass "
-            f"{key}s={value} or more to continue it, or model.load({file!r}) (without "
-            "resuming) to start a new fit from its weights."
+            f"{file!r} was saved at {key} {value}, past this fit's {key}s={most}: pass {key}s="
+            f"{value} or more to continue it, or model.load({file!r}) to start anew from it."
         )
     return value
 
@@ -157,17 +156,15 @@ def _fit_state(model: Any, rng: dict[str, Any]) -> dict[str, Any]:
     if (save_ is None) != (load_ is None):
         given, missing = _STEP_STATE if load_ is None else _STEP_STATE[::-1]
         raise TypeError(
-            f"{type(model).__name__} defines {given}() but not {missing}(): a resumed fit "
-            "needs both to carry the train_step's state over. Define the pair: "
-            "step_state_dict() returning a dict, load_step_state_dict(state) taking it back."
+            f"{type(model).__name__} defines {given}() but not {missing}(), and a resumed fit "
+            f"needs both to carry the train_step's state over: define {missing}() too."
         )
     if save_ is not None:
         per_rank["step_state"] = step_state = save_()
         if not isinstance(step_state, dict):
             raise TypeError(
                 f"{type(model).__name__}.step_state_dict() returned {type(step_state).__name__}; "
-                "it must return a dict (of tensors, numbers, strings, lists or dicts), e.g. "
-                "{'hidden': self.hidden}."
+                "it must return a dict, e.g. {'hidden': self.hidden}."
             )
     return {
         "data_seed": run.train_data.seed,
@@ -184,19 +181,15 @@ def load(model: Any, path: Any, skip_mismatch: bool, reset_optimizer: bool, resu
     if resume:
         if run is None or not run.restoring:
             raise RuntimeError(
-                "load(..., resume=True) continues an interrupted fit, which fit itself does "
-                "before its first batch: pass fit(resume_from=path), or keep backups with "
-                "callbacks.BackupAndRestore; to start from a file's weights, load without "
-                "resume=True."
+                "load(..., resume=True) is what fit does before its first batch: pass "
+                "fit(resume_from=path) instead, or load without resume=True to start from a file."
             )
         file, state = checkpoint.load_freshest_state(path)
         if "fit" not in state:
             raise CheckpointError(
-                f"{file!r} was not saved to resume a fit: it lacks the data order, random states "
-                "and callback states that continuing one needs. ModelCheckpoint(..., "
-                "resumable=True) and BackupAndRestore write files a fit can resume from. To start "
-                f"a new fit from this file's weights instead, call model.load({file!r}) before "
-                "fit(), with no resume_from."
+                f"{file!r} was not saved to resume a fit (ModelCheckpoint(..., resumable=True) and "
+                "BackupAndRestore write such files); to start a new fit from its weights, call "
+                f"model.load({file!r}) before fit()."
             )
     else:
         file, state = checkpoint.load_state(path)
@@ -330,17 +323,13 @@ def _load_optimizers(
     load = functools.partial(load_optimizer_state, model, source=file, **options)
     if skipped:  # the optimizer state belongs to other weights
         if saved is not None or shards is not None:
-            warnings.warn(
-                "The optimizer state in the checkpoint was not loaded because the "
-                "network's weights did not match it.",
-                stacklevel=4,
-            )
+            message = "The optimizer state in the checkpoint was not loaded: the weights differ."
+            warnings.warn(message, stacklevel=4)
         return
     if shards is not None and model._optimizer is None:  # read into the optimizer's own state
         warnings.warn(
-            f"The optimizer state in the sharded checkpoint {file!r} was not loaded: "
-            "this Model has no optimizer yet. Call prepare(optimizer=...) before load() "
-            "to restore it.",
+            f"The optimizer state in the sharded checkpoint {file!r} was not loaded: this Model "
+            "has no optimizer yet. Call prepare(optimizer=...) before load() to restore it.",
             stacklevel=4,
         )
     elif shards is not None:
@@ -361,8 +350,7 @@ def _load_optimizers(
             warnings.warn(
                 f"{file!r} holds the states of optimizers {sorted(several)}, but this Model was "
                 f"prepared with {sorted(model._optimizers) or 'none'}; they were not loaded. Call "
-                "prepare() with the same optimizers (a list in the same order, or a dict with the "
-                "same names) before load().",
+                "prepare() with the same optimizers (by name, or a list in order) before load().",
                 stacklevel=4,
             )
             return
@@ -426,8 +414,7 @@ def load_optimizer_state(
     except Exception as error:  # noqa: BLE001 -- a crafted state fails anywhere: name it
         raise CheckpointError(
             f"The optimizer state in {source} does not fit this model's optimizer "
-            f"({type(optimizer).__name__}): {error}. Pass reset_optimizer=True to load only the "
-            "network's weights."
+            f"({type(optimizer).__name__}): {error}. Pass reset_optimizer=True to load weights only."
         ) from error
     if not keep_hyperparameters:
         return
@@ -516,10 +503,9 @@ def check_state_keys(
             in_file = ", ".join(f"{k}={saved[k]!r}" for k in blamed)
             raise ValueError(
                 f"{where}{in_file} in the file, {', '.join(f'{k}={given[k]!r}' for k in blamed)} "
-                f"given to prepare(): with it {kind.__name__} keeps other per-parameter state "
-                f"({sorted(kept or ())} with the file's settings, {sorted(needed(ndim))} with "
-                "prepare()'s), so the first update would fail or start part of that "
-                f"state afresh. Build the optimizer with {in_file} to continue from this state"
+                f"given to prepare(): {kind.__name__} then keeps other per-parameter state "
+                f"({sorted(kept or ())}, not {sorted(needed(ndim))}), which the first update "
+                f"would trip over. Build the optimizer with {in_file} to continue from this state"
             )
         for parameter, key in zip(group["params"], saved.get("params", []) if state else ()):
             keys = set(state.get(key) or ())
@@ -585,22 +571,18 @@ def _resume_fit(model: Any, file: str, saved: Any) -> None:
     # (outcome: what hapi.data.TrainData.resume did).
     here, saved_by = distributed.world_size(), len(saved["per_rank"])
     epoch = {
-        "fresh": "random streams start afresh, so results differ from an uninterrupted run",
+        "fresh": "random streams start afresh",
         "split": (
             f"the rest of the interrupted epoch is split across the processes there are now "
-            f"({here}; each remaining sample trained once); random streams and that epoch's "
-            "running figures start afresh, so results differ from an uninterrupted run"
+            f"({here}; each remaining sample trained once), random streams and running sums afresh"
         ),
-        "restart": (
-            f"the interrupted epoch restarts from its first batch, because {reason}; results "
-            "differ from an uninterrupted run"
-        ),
-        "inexact": f"the rest of the interrupted epoch may differ from an uninterrupted run's: {reason}",
+        "restart": f"the interrupted epoch restarts from its first batch, because {reason}",
+        "inexact": f"the rest of the interrupted epoch may be read otherwise, because {reason}",
     }[outcome]
     moved = f", saved by {saved_by} processes, on {here}" if saved_by != here else ""
     warnings.warn(
-        f"Resuming from {file!r}{moved}: the weights, optimizer and callbacks are restored, and "
-        f"{epoch}.",
+        f"Resuming from {file!r}{moved}: the weights, optimizer and callbacks are restored, but "
+        f"{epoch}: results can differ from an uninterrupted run.",
         stacklevel=4,
     )
 
@@ -614,10 +596,9 @@ def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
     (the layout :func:`_fit_state` writes) before it is used; one that no run
     writes raises :class:`CheckpointError` naming it.
     """
-    keys = {"data_seed", "data", "per_rank", "callbacks"}
-    if not isinstance(saved, dict) or not keys <= set(saved):
-        refuse(file, "'fit'", saved, "a dict of 'data_seed', 'data', 'per_rank' and 'callbacks'")
     check_like(file, saved, {"data": {}, "per_rank": [], "callbacks": []}, "'fit'")
+    if not {"data_seed", "data", "per_rank", "callbacks"} <= set(saved):
+        refuse(file, "'fit'", saved, "a dict of 'data_seed', 'data', 'per_rank' and 'callbacks'")
     count(file, saved, "data_seed")
     if not saved["per_rank"] or not all(isinstance(part, dict) for part in saved["per_rank"]):
         refuse(file, "'per_rank'", saved["per_rank"], "a list of each process's dict")
@@ -654,10 +635,9 @@ def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
     save_, load_ = (getattr(model, name, None) for name in _STEP_STATE)
     if load_ is None:
         warnings.warn(
-            f"Resuming from {file!r}: it holds the state a train_step carried between batches "
-            f"(keys {sorted(own['step_state'])}), but {type(model).__name__} defines no "
-            "load_step_state_dict(state) to take it, so it is not restored. Define "
-            "step_state_dict() and load_step_state_dict(state) on the Model subclass.",
+            f"Resuming from {file!r}: its train_step state (keys {sorted(own['step_state'])}) is "
+            f"not restored: {type(model).__name__} defines no load_step_state_dict(state) to "
+            "take it. Define one beside step_state_dict() on the Model subclass.",
             stacklevel=6,
         )
         return own

@@ -16,6 +16,7 @@ the previous file.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import copy
 import os
@@ -47,8 +48,7 @@ class _BackgroundWrite:
     """
 
     def __init__(self) -> None:
-        self._done: threading.Event | None = None
-        self._error: BaseException | None = None
+        self._write: concurrent.futures.Future | None = None
         self._target = ""
         # Set on every process by a background save (each calls it), cleared once
         # all have waited: the same on every process, so a load may wait collectively.
@@ -56,19 +56,17 @@ class _BackgroundWrite:
 
     def start(self, write: Callable[[], None], target: str) -> None:
         self.join()
-        done = threading.Event()
+        future = concurrent.futures.Future()
 
         def run() -> None:
             try:
-                write()
+                future.set_result(write())
             except BaseException as error:  # noqa: BLE001 -- reported by join() on the main thread
-                self._error = error
-            finally:
-                done.set()
+                future.set_exception(error)
 
         with _interrupts_deferred():  # a thread started is a thread waited for
             threading.Thread(target=run, name="hapi-checkpoint-write", daemon=True).start()
-            self._target, self._done = target, done
+            self._target, self._write = target, future
 
     def join(self) -> None:
         """Wait for the running write; raise its error (once).
@@ -76,21 +74,20 @@ class _BackgroundWrite:
         A Ctrl-C while waiting is raised once the write has ended (the
         write's own error is then kept for the next wait).
         """
-        if self._done is not None:
-            with _interrupts_deferred(
-                f"Waiting for the checkpoint {self._target!r} being written in the background "
-                "to be whole on disk."
-            ):
-                self._done.wait()
-                self._done = None
-        error, self._error = self._error, None
-        if error is not None:
-            raise error  # a CheckpointError: each write names its file and the cause
+        if self._write is None:
+            return
+        with _interrupts_deferred(
+            f"Waiting for the checkpoint {self._target!r} being written in the background "
+            "to be whole on disk."
+        ):
+            self._write.exception()  # waits for it to end
+        write, self._write = self._write, None
+        write.result()  # raises its CheckpointError: each write names its file and the cause
 
     def forget(self) -> None:
         """In a forked child (a DataLoader worker): the parent's write is not this process's
         to wait for; its thread was not copied, so the wait would never end."""
-        self._done, self._error, self.started = None, None, False
+        self._write, self.started = None, False
 
     def join_at_exit(self) -> None:
         """At interpreter exit: wait for the write; its failure is printed, as exit cannot raise."""

@@ -71,6 +71,8 @@ from hapi.checkpoint.background import snapshot
 from hapi.checkpoint.errors import CheckpointError
 
 _DCP = "torch.distributed.checkpoint.metadata"
+# What to do about a sharded checkpoint that cannot be read.
+_AGAIN = "use an earlier checkpoint, or save it again with model.save(path, sharded=True)."
 
 # Every global a .metadata written by torch 2.13's dcp.save holds (found by
 # unpickling real files -- plain tensors of many dtypes, 0-d to 4-d, and an
@@ -82,9 +84,7 @@ _DCP = "torch.distributed.checkpoint.metadata"
 _METADATA_CLASSES = ("Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata")
 _METADATA_CLASSES += ("TensorProperties", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
 _METADATA_CLASSES += ("BytesStorageMetadata",)
-_ALLOWED: dict[tuple[str, str], Any] = {
-    (_DCP, name): getattr(dcp_metadata, name) for name in _METADATA_CLASSES
-}
+_ALLOWED = {(_DCP, name): getattr(dcp_metadata, name) for name in _METADATA_CLASSES}
 _ALLOWED[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = _StorageInfo
 _ALLOWED[("torch", "Size")] = torch.Size
 # torch.layout pickles as a call _get_layout("torch.strided"): a dict lookup
@@ -153,16 +153,15 @@ class SafeFileSystemReader(dcp.FileSystemReader):
                 transforms, points outside the directory, is damaged, or is
                 reached through a symbolic link.
         """
-        path, directory = self._get_metadata_path(kwargs.get("rank")), os.fspath(self.path)
+        path = os.fspath(self._get_metadata_path(kwargs.get("rank")))
+        directory = os.fspath(self.path)
         try:
             with self.fs.create_stream(path, "rb") as metadata_file:  # refuses a link, naming it
                 raw = metadata_file.read()
         except FileNotFoundError:
             raise CheckpointError(
-                f"Sharded checkpoint {directory!r} is incomplete: its metadata file "
-                f"{os.fspath(path)!r} is missing (a save that never finished, or a copy that left "
-                "it out: its name starts with a dot). Copy it too, use an earlier checkpoint, or "
-                "save again with model.save(path, sharded=True)."
+                f"Sharded checkpoint {directory!r} is incomplete: its metadata file {path!r} is "
+                f"missing (a save cut short, or a copy that left out this dot-file): {_AGAIN}"
             ) from None
         try:
             metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
@@ -170,16 +169,12 @@ class SafeFileSystemReader(dcp.FileSystemReader):
         except _Unsafe as error:
             raise CheckpointError(
                 f"Sharded checkpoint {directory!r} was not loaded: {error}. torch-hapi refuses "
-                "to run code from checkpoint files, and a checkpoint it wrote never holds this. "
-                "If you made this checkpoint, save it again with model.save(path, sharded=True) "
-                "from a trusted run."
+                f"to run code from checkpoint files, and never writes this: {_AGAIN}"
             ) from None
         except Exception as error:  # noqa: BLE001 -- nothing allowed runs code: any failure is a bad file
             raise CheckpointError(
-                f"Sharded checkpoint {directory!r} is damaged: its metadata file "
-                f"{os.fspath(path)!r} ({len(raw)} bytes) cannot be read ({type(error).__name__}: "
-                f"{error}). It was probably cut off while being copied or written. Use an earlier "
-                "checkpoint, or save it again with model.save(path, sharded=True)."
+                f"Sharded checkpoint {directory!r} is damaged: its metadata file {path!r} "
+                f"({len(raw)} bytes) cannot be read ({type(error).__name__}: {error}); {_AGAIN}"
             ) from error
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
@@ -195,11 +190,8 @@ def _check(metadata: Any) -> None:
     """
     if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
         raise _Unsafe(f"its .metadata holds a {type(metadata).__name__}, not DCP Metadata")
-    others = [
-        key
-        for key, value in metadata.state_dict_metadata.items()
-        if not isinstance(value, TensorStorageMetadata)
-    ]
+    entries = metadata.state_dict_metadata.items()
+    others = [key for key, value in entries if not isinstance(value, TensorStorageMetadata)]
     if others:
         raise _Unsafe(
             f"its .metadata declares non-tensor entries {others[:5]}, which torch would read "
@@ -209,10 +201,8 @@ def _check(metadata: Any) -> None:
     for item in storage.values() if isinstance(storage, dict) else [storage]:
         if not isinstance(item, _StorageInfo):
             raise _Unsafe(f"its .metadata stores an item as a {type(item).__name__}")
-        if getattr(item, "transform_descriptors", None):
-            raise _Unsafe(
-                f"its .metadata asks for stream transforms {list(item.transform_descriptors)}"
-            )
+        if item.transform_descriptors:  # a field of every torch 2.13 _StorageInfo (None)
+            raise _Unsafe(f"its .metadata asks for stream transforms {item.transform_descriptors}")
         if not files.is_plain_name(item.relative_path):
             raise _Unsafe(
                 f"its .metadata points at the data file {item.relative_path!r}, "
@@ -246,8 +236,7 @@ def _load(directory: str, payload: dict[str, Any]) -> dict[str, Any]:
         )
         raise CheckpointError(
             f"Could not read the shards directory {directory!r} of a sharded checkpoint "
-            f"({causes}). A shard was probably cut off or changed after it was written: use an "
-            "earlier checkpoint, or save this one again with model.save(path, sharded=True)."
+            f"({causes}): a shard was cut off or changed after it was written; {_AGAIN}"
         ) from None
     return payload
 

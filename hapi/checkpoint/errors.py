@@ -65,13 +65,11 @@ def write_failed(target: str, error: BaseException) -> CheckpointError:
     :class:`CheckpointError`: retrying the write would not help.
     """
     found, cause = _cause(error)
+    message = f"Could not write the checkpoint {target!r}: {cause}."
     if found is None and not isinstance(error, OSError):
-        return CheckpointError(f"Could not write the checkpoint {target!r}: {cause}.")
+        return CheckpointError(message)
     return CheckpointWriteError(
-        found.errno if found else None,
-        f"Could not write the checkpoint {target!r}: {cause}. The previous file there is "
-        "unchanged.",
-        target,
+        found.errno if found else None, f"{message} The previous file there is unchanged.", target
     )
 
 

@@ -63,8 +63,7 @@ def is_plain_name(name: Any) -> bool:
         isinstance(name, str)
         and name not in ("", ".", "..")
         and "\0" not in name
-        and pathlib.PurePosixPath(name).name == name
-        and pathlib.PureWindowsPath(name).name == name
+        and pathlib.PureWindowsPath(name).name == name  # '/' and '\\' separate there, drives too
     )
 
 
@@ -80,10 +79,9 @@ def check_name(name: Any, entry: str, pattern: re.Pattern[str] | None = None) ->
     if not is_plain_name(name) or (pattern is not None and not pattern.fullmatch(name)):
         shape = f" of the form {pattern.pattern!r}" if pattern is not None else ""
         raise UnsafeNameError(
-            f"{entry} must be a plain file name{shape} inside its directory (no directory part, "
-            f"not absolute, not '.' or '..', not empty, no NUL); received {name!r}. The file it "
-            "was read from is damaged or was crafted: torch-hapi never writes, reads or deletes "
-            "outside the directories it was given. Use another checkpoint, or start afresh."
+            f"{entry} must be a plain file name{shape} (no directory part, not '.', '..' or "
+            f"empty); received {name!r}. The file it was read from is damaged or was crafted: "
+            "use another checkpoint, or start afresh."
         )
     return name
 
@@ -122,10 +120,9 @@ def refuse_link(path: str | os.PathLike, what: str = "") -> str:
     path = os.fspath(path).rstrip("/" + os.sep) or os.fspath(path)
     if os.path.islink(path):
         raise UnsafeNameError(
-            f"{what}{path!r} is a symbolic link (to {os.readlink(path)!r}): torch-hapi follows "
-            "no link inside a checkpoint, backup or shards directory, where one could lead "
-            "its reads, writes and deletions anywhere. Remove the link; to keep a checkpoint "
-            "elsewhere, pass its real path (os.path.realpath) instead."
+            f"{what}{path!r} is a symbolic link (to {os.readlink(path)!r}), which torch-hapi "
+            "never follows in its checkpoint, backup or shards directories. Remove it, or pass "
+            "the real path (os.path.realpath) of a checkpoint kept elsewhere."
         )
     return path
 
@@ -218,9 +215,7 @@ def atomic_write(
     path = os.fspath(path)
     name = os.path.basename(path)
     if not name:
-        raise ValueError(
-            f"atomic_write needs a file name; received {path!r}, a directory. Name the file."
-        )
+        raise ValueError(f"atomic_write needs a file name; received the directory {path!r}.")
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     _remove_orphans(directory, name)

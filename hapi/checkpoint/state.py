@@ -103,8 +103,7 @@ def check_path(path: str | os.PathLike, directory: bool = False) -> str:
     if "\0" in given or (not given if directory else name in ("", ".", "..")):
         raise ValueError(
             f"A checkpoint path must name a {'directory' if directory else 'file'}; received "
-            f"{given!r}, which names none (a save would write the hidden file '.pt' where it "
-            "ends). Pass a name, e.g. model.save('checkpoints/final')."
+            f"{given!r}. Pass a name, e.g. model.save('checkpoints/final')."
         )
     return given
 
@@ -166,10 +165,8 @@ def refuse_unsafe(converted: Any, target: str, error: BaseException | None = Non
         return
     raise CheckpointError(
         f"Not saving {target!r}: {offender or 'an entry: ' + _detail(error)}, which "
-        "torch.load(weights_only=True) refuses, so the file could never be loaded again. "
-        "Checkpoints hold tensors and plain Python values (numbers, strings, lists, dicts): "
-        "store that entry as one (e.g. float(x), x.tolist(), or a tensor), or leave it out of "
-        "the state_dict() that holds it."
+        "torch.load(weights_only=True) refuses. Store it as a tensor or a plain Python value "
+        "(float(x), x.tolist()), or leave it out of the state_dict() that holds it."
     ) from error
 
 
@@ -337,7 +334,6 @@ def load_state(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
         directory = os.path.dirname(os.path.abspath(path))
         listed = glob.glob("*.pt*", root_dir=directory)  # none for a missing directory
         nearby = sorted(name for name in listed if name.endswith((".pt", ".pth")))
-
         raise FileNotFoundError(
             f"No checkpoint found at {os.fspath(path)!r} (tried "
             f"{', '.join(map(repr, _candidates(path)))})."
@@ -408,18 +404,15 @@ def _parse(source: IO[bytes], file: str) -> dict[str, Any]:
         said = f"{error}\n{error.__context__ or ''}"
         if isinstance(error, pickle.UnpicklingError) and _GLOBAL.search(said):
             raise CheckpointError(
-                f"Checkpoint {file!r} holds Python objects other than tensors and plain "
-                "values (it may carry code), so torch-hapi refuses to load it: files are "
-                "read with torch.load(weights_only=True) and never execute code. If you "
-                "wrote this file yourself and trust it, load it with "
-                "torch.load(path, weights_only=False) and pass the state dict to "
-                f"model.network.load_state_dict(). Details: {_detail(error)}"
+                f"Checkpoint {file!r} holds Python objects that may carry code, so torch-hapi "
+                "refuses to load it: files are read with torch.load(weights_only=True) and never "
+                "execute code. If you trust it, load it with torch.load(path, weights_only=False)"
+                f" into model.network.load_state_dict(). Details: {_detail(error)}"
             ) from error
         raise CheckpointError(
             f"Checkpoint {file!r} ({os.path.getsize(file)} bytes) is truncated or corrupt and "
-            f"cannot be read ({type(error).__name__}: {_detail(error)}). It was probably cut "
-            "off while being copied or written by another tool; torch-hapi itself writes "
-            "checkpoints atomically. Use an earlier checkpoint or save it again."
+            f"cannot be read ({type(error).__name__}: {_detail(error)}): it was cut off while "
+            "copied or written. Use an earlier checkpoint, or save it again."
         ) from error
     if isinstance(state, dict) and state.get("format") == FORMAT:
         return state
