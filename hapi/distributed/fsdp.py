@@ -24,9 +24,10 @@ own engine; what this module adds is what a Model needs around it:
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 import warnings
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -55,21 +56,21 @@ def _unit_class() -> tuple[type, ...]:
     return () if module is None else (module.FSDPModule,)
 
 
-def check_wrap(wrap: Any) -> tuple[type, ...] | None:
-    """``hapi.FSDP(wrap=...)``'s module classes (``None`` for a callable or the default).
+def check_wrap(wrap: Any) -> Callable[[nn.Module], bool] | None:
+    """``hapi.FSDP(wrap=...)`` as a test ``module -> bool`` (``None`` for the default).
 
     Raises:
         TypeError: neither ``None``, a callable, nor nn.Module classes.
     """
     if wrap is None or (callable(wrap) and not isinstance(wrap, type)):
-        return None
+        return wrap
     classes = tuple(wrap) if isinstance(wrap, (set, frozenset, list, tuple)) else (wrap,)
     if not classes or not all(isinstance(c, type) and issubclass(c, nn.Module) for c in classes):
         raise TypeError(
             f"hapi.FSDP(wrap=...) takes a set of nn.Module classes or a callable "
             f"module -> bool; received {wrap!r}."
         )
-    return classes
+    return lambda module: isinstance(module, classes)
 
 
 def selected_units(network: nn.Module, wrap: Any) -> list[nn.Module]:
@@ -85,23 +86,18 @@ def selected_units(network: nn.Module, wrap: Any) -> list[nn.Module]:
     user, the root at worst. By default that is silent (the default is only a
     guess at a good split); modules the user named are left out with a warning.
     """
-    classes = check_wrap(wrap)
-    if wrap is None:
+    selects = check_wrap(wrap)
+    if selects is None:
         chosen = [(n, m) for n, m in network.named_children() if any(True for _ in m.parameters())]
     else:
-        chosen = [
-            (n, m)
-            for n, m in network.named_modules()
-            if n and (wrap(m) if classes is None else isinstance(m, classes))  # not the root
-        ]
+        chosen = [(n, m) for n, m in network.named_modules() if n and selects(m)]  # n: not the root
     shared = {n: names for n, m in chosen if (names := _shared_outside(network, m))}
     if shared and wrap is not None:
         listed = "; ".join(f"{n!r} shares {', '.join(names)}" for n, names in shared.items())
         warnings.warn(
-            f"hapi.FSDP(wrap={wrap!r}) selected module(s) whose parameters are also used "
-            f"outside them ({listed}). FSDP needs a shared parameter in one unit, so these "
-            "are not sharded on their own: their parameters stay in the enclosing unit "
-            "(the whole network's at worst). To shard them separately, untie the parameters.",
+            f"hapi.FSDP(wrap={wrap!r}) selected modules whose parameters are also used outside "
+            f"them ({listed}): FSDP keeps them in the enclosing unit. To shard them on their own, "
+            "untie the parameters.",
             stacklevel=4,
         )
     return _children_first(network, [m for n, m in chosen if n not in shared])
@@ -147,19 +143,15 @@ def shard(
     if strangers:
         raise DistributedSetupError(
             f"The optimizer holds {strangers} tensor(s) that are not parameters of "
-            f"{type(network).__name__}; under FSDP every optimized tensor must belong to the "
-            "network, whose parameters are replaced by their shards. Build the optimizer over "
-            "model.parameters()."
+            f"{type(network).__name__}, whose parameters FSDP replaces by their shards. Build "
+            "the optimizer over model.parameters()."
         )
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     sync_from_main(network, parameters=True)  # one starting model, whatever each rank initialised
     saved_optimizer = optimizer.state_dict() if optimizer is not None else None
-    options: dict[str, Any] = {
-        "mesh": init_device_mesh(device.type, (world_size(),)),
-        "reshard_after_forward": reshard_after_forward,
-    }
+    options: dict[str, Any] = {"mesh": init_device_mesh(device.type, (world_size(),))}
     if cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
     units = selected_units(network, wrap)
@@ -172,7 +164,7 @@ def shard(
     mixed = MixedPrecisionPolicy(amp_dtype, None if amp_dtype is None else torch.float32)
     for unit in [*units, network]:
         policy = MixedPrecisionPolicy() if isinstance(unit, _NORMS) else mixed
-        fully_shard(unit, mp_policy=policy, **options)
+        fully_shard(unit, mp_policy=policy, reshard_after_forward=reshard_after_forward, **options)
     current = dict(network.named_parameters())
     for group in groups:  # the optimizer's groups, moved from the replaced parameters to the shards
         group["params"] = [current[names[id(p)]] for p in group["params"]]
@@ -238,21 +230,14 @@ def full_tensors(state: dict[str, Any], keep: bool) -> dict[str, Any]:
     return full
 
 
-def _shards_like(current: dict[str, Any], full: dict[str, Any]) -> dict[str, Any]:
-    """``full``, each tensor whose key names a DTensor in ``current`` cut as that one is: this
-    process's slice, with no communication."""
-    if not any(_is_dtensor(value) for value in current.values()):
-        return full  # and DTensor is not imported (see above)
+def _shard_like(full: Any, like: Any) -> Any:
+    """``full`` cut as the DTensor ``like`` is (this process's slice, with no communication);
+    ``full`` itself where ``like`` is no DTensor (then DTensor is not imported, see above)."""
+    if not _is_dtensor(like) or _is_dtensor(full):
+        return full
     from torch.distributed.tensor import distribute_tensor
 
-    return {
-        key: distribute_tensor(
-            value, current[key].device_mesh, current[key].placements, src_data_rank=None
-        )
-        if _is_dtensor(current.get(key)) and not _is_dtensor(value)
-        else value
-        for key, value in full.items()
-    }
+    return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
 
 
 def load_full_state_dict(
@@ -276,8 +261,9 @@ def load_full_state_dict(
         RuntimeError: missing or unexpected keys (with ``strict``), or a
             tensor whose shape is not the parameter's (``load_state_dict``'s error).
     """
-    network = unwrap(network)
-    network.load_state_dict(_shards_like(network.state_dict(), state), strict=strict)
+    current = unwrap(network).state_dict()
+    shards = {key: _shard_like(value, current.get(key)) for key, value in state.items()}
+    unwrap(network).load_state_dict(shards, strict=strict)
 
 
 def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
@@ -292,7 +278,8 @@ def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
     none of FSDP's; tied parameters stay tied. ``network`` is not changed.
     """
     device = next((t.device for t in [*network.parameters(), *network.buffers()]), None)
-    copies: dict[int, Any] = {}  # by id: each parameter's and each module's copy
+    # By id: each parameter's and each module's copy; an empty slot (None) stays empty.
+    copies: dict[int, Any] = {id(None): None}
     for name, parameter in network.named_parameters(remove_duplicate=False):
         if id(parameter) not in copies:  # tied parameters stay tied
             full = state[name].to(device).detach().clone()
@@ -305,13 +292,9 @@ def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
         twin = copies[id(module)] = cls.__new__(cls)
         # Not torch's composable-API state (FSDP's state and registry).
         fields = {k: v for k, v in vars(module).items() if not k.startswith("__composable_api_")}
-        fields["_parameters"] = {k: copies.get(id(p)) for k, p in module._parameters.items()}
-        fields["_buffers"] = {
-            k: None if b is None else b.detach().clone() for k, b in module._buffers.items()
-        }
-        fields["_modules"] = {
-            k: None if m is None else copy_module(m) for k, m in module._modules.items()
-        }
+        fields["_parameters"] = {k: copies[id(p)] for k, p in module._parameters.items()}
+        fields["_buffers"] = copy.deepcopy(module._buffers)
+        fields["_modules"] = {k: copy_module(m) for k, m in module._modules.items()}
         for key, value in fields.items():
             if key.endswith("_hooks") and isinstance(value, dict):
                 fields[key] = value.__class__(
@@ -340,9 +323,8 @@ def full_optimizer_state(network: nn.Module, optimizer: torch.optim.Optimizer) -
     each state tensor that is a shard is gathered (a collective) and kept, on
     the CPU, on rank 0 alone.
     """
-    state = optimizer.state_dict()
-    if is_sharded(network):
-        state["state"] = {i: full_tensors(v, keep=rank() == 0) for i, v in state["state"].items()}
+    state = optimizer.state_dict()  # each entry itself where it holds no shard
+    state["state"] = {i: full_tensors(v, keep=rank() == 0) for i, v in state["state"].items()}
     return state
 
 
@@ -354,13 +336,9 @@ def load_optimizer_state(
     like its parameter, with no communication."""
     optimizer.load_state_dict(state)
     for parameter, values in optimizer.state.items():
-        if _is_dtensor(parameter):
-            shaped = {
-                key: parameter
-                for key, value in values.items()
-                if torch.is_tensor(value) and value.shape == parameter.shape
-            }
-            values.update(_shards_like(shaped, values))
+        for key, value in values.items():
+            if torch.is_tensor(value) and value.shape == parameter.shape:
+                values[key] = _shard_like(value, parameter)
 
 
 @contextlib.contextmanager

@@ -118,14 +118,16 @@ def identity() -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Reservation:
-    """Rank 0's buffer, as every process needs to know it to map it (sent to them by pickle)."""
+    """Rank 0's buffer, as every process needs to know it to map it (sent to them by pickle).
 
-    pid: int
+    Rank 0's process id and the number of processes are not in it: the
+    mapping reads them from ``peers`` (rank 0's first).
+    """
+
     fd: int
     name: str
     token: bytes
     numel: int
-    world: int
 
 
 def reserve(numel: int, world: int) -> Reservation | None:
@@ -148,7 +150,7 @@ def reserve(numel: int, world: int) -> Reservation | None:
         if descriptor is not None:
             os.close(descriptor)
         return None
-    return Reservation(os.getpid(), descriptor, name, token, numel, world)
+    return Reservation(descriptor, name, token, numel)
 
 
 def release(reservation: Reservation) -> None:
@@ -171,7 +173,7 @@ class SharedMemoryAllReduce:
     def __init__(
         self, reservation: Reservation, rank: int, peers: list[tuple[int, int]], timeout_s: float
     ) -> None:
-        self.world, self.rank, self.timeout_s = reservation.world, rank, timeout_s
+        self.world, self.rank, self.timeout_s = len(peers), rank, timeout_s
         self.numel, self.peers, self.calls = reservation.numel, list(peers), 0
         for other, (pid, start) in enumerate(self.peers):
             if _start_time(pid) != start:
@@ -180,7 +182,7 @@ class SharedMemoryAllReduce:
                     "in this process's /proc: another machine, container or process namespace"
                 )
         # Where a process of this machine opens rank 0's buffer while rank 0 holds it.
-        path = f"/proc/{reservation.pid}/fd/{reservation.fd}"
+        path = f"/proc/{self.peers[0][0]}/fd/{reservation.fd}"
         size, self._token = _size(self.numel, self.world), reservation.token
         target = os.readlink(path)
         if target != f"/memfd:{reservation.name} (deleted)":
@@ -193,9 +195,8 @@ class SharedMemoryAllReduce:
                 raise OSError(f"{path} does not hold rank 0's token: not the same memory")
             self._mapping = mmap.mmap(file.fileno(), size)
         self.lines = np.ndarray((self.world, _LINE // 8), np.int64, self._mapping, offset=_LINE)
-        offset, floats = _LINE * (1 + self.world), 2 * self.world * self.numel
-        rows = torch.frombuffer(self._mapping, dtype=torch.float32, count=floats, offset=offset)
-        self.rows = rows.view(2, self.world, self.numel)
+        rows = torch.frombuffer(self._mapping, dtype=torch.float32, offset=_LINE * (1 + self.world))
+        self.rows = rows.view(2, self.world, self.numel)  # the rest of the buffer, to its end
         self.lines[rank, _PID] = os.getpid()
 
     def everyone_attached(self) -> bool:
@@ -214,10 +215,8 @@ class SharedMemoryAllReduce:
         if gradients.layout != torch.strided or gradients.dtype != torch.float32:
             raise RuntimeError(
                 f"The shared-memory gradient average got a {gradients.layout} {gradients.dtype} "
-                "gradient bucket; it adds dense float32 rows only, and cannot hand this bucket to "
-                "Gloo mid-run. Set HAPI_SHM_ALLREDUCE=0 to average every gradient with Gloo's "
-                "all-reduce (a module yielding sparse gradients should have a `sparse=True` "
-                "attribute, which keeps Gloo automatically)."
+                "gradient bucket; it adds dense float32 rows only. Set HAPI_SHM_ALLREDUCE=0 (or "
+                "give the module yielding it a `sparse=True` attribute) to use Gloo's all-reduce."
             )
         count = gradients.numel()
         if count > self.numel:
@@ -230,19 +229,17 @@ class SharedMemoryAllReduce:
         half = self.calls % 2
         rows = self.rows[half, :, :count]
         rows[self.rank].copy_(gradients.reshape(-1))
-        line = self.lines[self.rank]
-        line[_COUNT + half] = count
-        line[_PUBLISHED] = self.calls  # last: whoever sees it sees the row and the count
+        self.lines[self.rank, _COUNT + half] = count
+        # Last: whoever sees the call published sees the row and the count.
+        self.lines[self.rank, _PUBLISHED] = self.calls
         self._wait_for_everyone()
         counts = self.lines[:, _COUNT + half].tolist()
         other = next((r for r, theirs in enumerate(counts) if theirs != count), None)
         if other is not None:
             raise RuntimeError(
                 f"Rank {self.rank} averages a gradient bucket of {count} elements, but rank {other} "
-                f"published {counts[other]} for the same call ({self.calls}; every rank's: {counts}): "
-                "the processes' DDP buckets differ, so their gradients cannot be added element by "
-                "element. Every process must train the same network with the same trainable parameters "
-                "(same requires_grad, same order); HAPI_SHM_ALLREDUCE=0 uses Gloo's all-reduce instead."
+                f"published {counts[other]} (every rank's: {counts}). Every process must train the "
+                "same network with the same trainable parameters, or set HAPI_SHM_ALLREDUCE=0."
             )
         flat = gradients.view(-1).copy_(rows[0])
         for other in range(1, self.world):  # one after the other, in rank order, on every process
@@ -266,9 +263,8 @@ class SharedMemoryAllReduce:
                 if published[other] < calls and _start_time(pid) != start:
                     raise RuntimeError(
                         f"Rank {self.rank} was waiting for the gradients of rank {other} (process "
-                        f"{pid}), which is no longer running: it died or was killed. Its output "
-                        "says why; this process stops too rather than wait for it. Restart the "
-                        "job (a launcher such as torchrun restarts it with --max-restarts)."
+                        f"{pid}), which is no longer running (its output says why), so this one "
+                        "stops too. Restart the job (torchrun does with --max-restarts)."
                     )
             if now > deadline:
                 missing = [r for r in range(self.world) if published[r] < calls]

@@ -46,6 +46,10 @@ def class_name(network: nn.Module) -> str:
     return fsdp.user_class(type(module)).__name__
 
 
+# DistributedDataParallel's keywords hapi.DDP sets itself.
+_SET_BY_HAPI = {"module", "device_ids", "output_device", "process_group"}
+
+
 class Strategy:
     """The interface, with the behaviour of a network every process holds whole.
 
@@ -76,10 +80,8 @@ class Strategy:
         sharded, the full weights are gathered here (a collective) and the
         function builds a plain copy, whose forward needs no other process.
         """
-        if not fsdp.is_sharded(network):
-            return lambda: network
-        state = self._full_state_dict(network)
-        return lambda: fsdp.plain_copy(network, state)
+        state = self._full_state_dict(network)  # the network's own state_dict where not sharded
+        return lambda: fsdp.plain_copy(network, state) if fsdp.is_sharded(network) else network
 
     def _full_state_dict(self, network: nn.Module) -> dict[str, torch.Tensor]:
         """The weights as full tensors (on rank 0 at least; a collective under FSDP)."""
@@ -126,13 +128,11 @@ class DDP(Strategy):
         sync_batchnorm: bool = False,
         **ddp_kwargs: Any,
     ) -> None:
-        reserved = sorted(
-            {"module", "device_ids", "output_device", "process_group"} & {*ddp_kwargs}
-        )
+        reserved = sorted(_SET_BY_HAPI & {*ddp_kwargs})
         if reserved:
             raise TypeError(
-                f"hapi.DDP sets {', '.join(reserved)} itself (from the Model's device and "
-                f"the process group); received {reserved}. Leave them out."
+                f"hapi.DDP sets {', '.join(reserved)} itself (from the Model's device and the "
+                "process group); leave them out of its keywords."
             )
         self.find_unused_parameters = bool(find_unused_parameters)
         self.static_graph = bool(static_graph)
@@ -145,22 +145,19 @@ class DDP(Strategy):
         if self.sync_batchnorm and world_size() > 1:
             if device.type != "cuda":
                 raise DistributedSetupError(
-                    "hapi.DDP(sync_batchnorm=True) converts BatchNorm layers to torch's "
-                    f"SyncBatchNorm, which runs only on GPU modules, but this Model trains on "
-                    f"{device}. On CPU processes leave sync_batchnorm off (each process then "
-                    "normalises its own batch, and evaluation uses rank 0's statistics), or use a "
-                    "larger batch per process."
+                    "hapi.DDP(sync_batchnorm=True) needs torch's SyncBatchNorm, which runs only on "
+                    f"GPU modules, but this Model trains on {device}. Leave sync_batchnorm off on "
+                    "CPU processes: each then normalises its own batch."
                 )
             if isinstance(network, nn.modules.batchnorm._BatchNorm):
                 raise DistributedSetupError(
-                    "hapi.DDP(sync_batchnorm=True) converts the BatchNorm layers inside the "
-                    "network, but the network itself is a BatchNorm layer; wrap it in an "
-                    "nn.Sequential first."
+                    "hapi.DDP(sync_batchnorm=True) converts the BatchNorm layers inside the network, "
+                    "but it is a BatchNorm layer itself; wrap it in an nn.Sequential first."
                 )
             for name, child in network.named_children():  # in place: model.network stays the user's
                 setattr(network, name, nn.SyncBatchNorm.convert_sync_batchnorm(child))
         options = {key: vars(self)[key] for key in ("find_unused_parameters", "static_graph")}
-        return ddp.wrap(network, device, {**options, **self.ddp_kwargs})
+        return ddp.wrap(network, device, **options, **self.ddp_kwargs)
 
 
 class FSDP(Strategy):
@@ -227,9 +224,8 @@ class FSDP(Strategy):
     def _check_own_step(self, model_class: str) -> None:
         if world_size() > 1:
             raise DistributedSetupError(
-                f"{model_class} overrides train_step, which runs the plain network; FSDP shards the "
-                "network and needs its own forward. Use strategy='ddp' (every process holds the whole "
-                "model, gradients are averaged in optimizer_step), or the built-in step with FSDP."
+                f"{model_class} overrides train_step, which runs the plain network, but FSDP shards "
+                "it and needs its own forward. Use strategy='ddp', or the built-in step with FSDP."
             )
 
 
