@@ -96,8 +96,7 @@ def selected_units(network: nn.Module, wrap: Any) -> list[nn.Module]:
         listed = "; ".join(f"{n!r} shares {', '.join(names)}" for n, names in shared.items())
         warnings.warn(
             f"hapi.FSDP(wrap={wrap!r}) selected modules whose parameters are also used outside "
-            f"them ({listed}): FSDP keeps them in the enclosing unit. To shard them on their own, "
-            "untie the parameters.",
+            f"them ({listed}): they stay in the enclosing unit; untie them to shard them alone.",
             stacklevel=4,
         )
     return _children_first(network, [m for n, m in chosen if n not in shared])
@@ -143,8 +142,7 @@ def shard(
     if strangers:
         raise DistributedSetupError(
             f"The optimizer holds {strangers} tensor(s) that are not parameters of "
-            f"{type(network).__name__}, whose parameters FSDP replaces by their shards. Build "
-            "the optimizer over model.parameters()."
+            f"{type(network).__name__}, which FSDP shards; build it over model.parameters()."
         )
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard

@@ -221,9 +221,8 @@ class SharedMemoryAllReduce:
         count = gradients.numel()
         if count > self.numel:
             raise RuntimeError(
-                f"A gradient bucket of {count} elements does not fit the shared buffer's rows of "
-                f"{self.numel} (the trainable parameters when DDP was built). Parameters were "
-                "added or unfrozen after wrapping; build the Model again, or set HAPI_SHM_ALLREDUCE=0."
+                f"A gradient bucket of {count} elements exceeds the shared buffer's {self.numel}: "
+                "build the Model again after unfreezing parameters, or set HAPI_SHM_ALLREDUCE=0."
             )
         self.calls += 1
         half = self.calls % 2

@@ -145,14 +145,13 @@ class DDP(Strategy):
         if self.sync_batchnorm and world_size() > 1:
             if device.type != "cuda":
                 raise DistributedSetupError(
-                    "hapi.DDP(sync_batchnorm=True) needs torch's SyncBatchNorm, which runs only on "
-                    f"GPU modules, but this Model trains on {device}. Leave sync_batchnorm off on "
-                    "CPU processes: each then normalises its own batch."
+                    "hapi.DDP(sync_batchnorm=True): SyncBatchNorm runs only on GPU modules, but "
+                    f"this Model trains on {device}; leave sync_batchnorm off on CPU processes."
                 )
             if isinstance(network, nn.modules.batchnorm._BatchNorm):
                 raise DistributedSetupError(
-                    "hapi.DDP(sync_batchnorm=True) converts the BatchNorm layers inside the network, "
-                    "but it is a BatchNorm layer itself; wrap it in an nn.Sequential first."
+                    "hapi.DDP(sync_batchnorm=True) cannot convert a network that is a BatchNorm "
+                    "layer itself; wrap it in an nn.Sequential first."
                 )
             for name, child in network.named_children():  # in place: model.network stays the user's
                 setattr(network, name, nn.SyncBatchNorm.convert_sync_batchnorm(child))
@@ -224,8 +223,8 @@ class FSDP(Strategy):
     def _check_own_step(self, model_class: str) -> None:
         if world_size() > 1:
             raise DistributedSetupError(
-                f"{model_class} overrides train_step, which runs the plain network, but FSDP shards "
-                "it and needs its own forward. Use strategy='ddp', or the built-in step with FSDP."
+                f"{model_class} overrides train_step, which runs the plain network, but FSDP "
+                "shards it and needs its own forward: use strategy='ddp', or FSDP's built-in step."
             )
 
 
