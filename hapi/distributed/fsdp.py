@@ -3,12 +3,14 @@
 ``fully_shard`` turns each selected submodule's parameters into DTensors
 sharded over the processes (dimension 0, one piece each) and gathers them
 only for that submodule's forward and backward. Everything here is torch's
-own engine; what this module adds is what a Model needs around it:
+own engine; what torch-hapi adds is what a Model needs around it. The
+strategy :class:`hapi.FSDP` applies ``fully_shard`` (its ``_wrap_network``):
+every process starts from rank 0's weights (FSDP2, unlike DDP, shards
+whatever each process holds), and the user's optimizer, built over the
+unsharded parameters, is pointed at the sharded ones (any state it already
+holds is sharded with them). This module holds the rest:
 
-* every process starts from rank 0's weights (FSDP2, unlike DDP, shards
-  whatever each process holds);
-* the user's optimizer, built over the unsharded parameters, is pointed at
-  the sharded ones (and any state it already holds is sharded with them);
+* the units to shard (:func:`selected_units`);
 * state dicts in torch's plain layout (full tensors, optimizer state keyed
   by parameter index), so a file saved under FSDP loads on one process with
   no torch-hapi distributed code;
@@ -32,12 +34,13 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from torch import nn
 
-from hapi.distributed.collectives import sync_from_main
 from hapi.distributed.ddp import unwrap
-from hapi.distributed.env import DistributedSetupError
-from hapi.distributed.group import rank, world_size
+from hapi.distributed.group import rank
 
-_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
+# Normalisation layers: under amp each is a unit of its own that keeps float32 weights, as under
+# autocast on one process, which runs them in float32 (and batch_norm refuses bfloat16 weights
+# beside float32 running statistics).
+NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
 
 
 # torch's FSDP2 and DTensor are imported where they are used: together
@@ -73,11 +76,12 @@ def check_wrap(wrap: Any) -> Callable[[nn.Module], bool] | None:
     return lambda module: isinstance(module, classes)
 
 
-def selected_units(network: nn.Module, wrap: Any) -> list[nn.Module]:
+def selected_units(network: nn.Module, wrap: Any, norms: bool = False) -> list[nn.Module]:
     """The submodules sharded on their own, children before their parents (FSDP2 needs that order).
 
     ``wrap``: ``None`` (each direct child that holds parameters), a set of
-    module classes, or a callable ``module -> bool``.
+    module classes, or a callable ``module -> bool``. With ``norms`` (under
+    amp), every normalisation layer (:data:`NORM_LAYERS`) is a unit too.
 
     FSDP refuses a parameter managed by two units ("shared with a parameter
     already managed by another FSDP group"), so a module whose parameters are
@@ -99,7 +103,12 @@ def selected_units(network: nn.Module, wrap: Any) -> list[nn.Module]:
             f"them ({listed}): they stay in the enclosing unit; untie them to shard them alone.",
             stacklevel=4,
         )
-    return _children_first(network, [m for n, m in chosen if n not in shared])
+    units = [m for n, m in chosen if n not in shared]
+    if norms:
+        layers = [m for m in network.modules() if isinstance(m, NORM_LAYERS) and m is not network]
+        units += [m for m in layers if m not in units]
+    order = {id(m): i for i, m in enumerate(network.modules())}  # pre-order: parents first
+    return sorted(units, key=lambda m: -order[id(m)])
 
 
 def _shared_outside(network: nn.Module, module: nn.Module) -> list[str]:
@@ -114,70 +123,13 @@ def _shared_outside(network: nn.Module, module: nn.Module) -> list[str]:
     return sorted(names)
 
 
-def _children_first(network: nn.Module, modules: list[nn.Module]) -> list[nn.Module]:
-    order = {id(m): i for i, m in enumerate(network.modules())}  # pre-order: parents first
-    return sorted(modules, key=lambda m: -order[id(m)])
-
-
-def shard(
-    network: nn.Module,
-    device: torch.device,
-    optimizer: torch.optim.Optimizer | None,
-    *,
-    wrap: Any,
-    reshard_after_forward: bool,
-    cpu_offload: bool,
-    amp_dtype: torch.dtype | None,
-) -> nn.Module:
-    """Apply ``fully_shard`` to ``network`` in place; returns it (``model.network`` stays the user's).
-
-    ``amp_dtype`` becomes the mixed-precision policy: parameters gathered in
-    that dtype for the forward and backward, gradients reduced in float32.
-    """
-    if world_size() == 1 or is_sharded(network):
-        return network
-    names = {id(p): name for name, p in network.named_parameters()}
-    groups = optimizer.param_groups if optimizer is not None else []
-    strangers = sum(id(p) not in names for group in groups for p in group["params"])
-    if strangers:
-        raise DistributedSetupError(
-            f"The optimizer holds {strangers} tensor(s) that are not parameters of "
-            f"{type(network).__name__}, which FSDP shards; build it over model.parameters()."
-        )
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-
-    sync_from_main(network, parameters=True)  # one starting model, whatever each rank initialised
-    saved_optimizer = optimizer.state_dict() if optimizer is not None else None
-    options: dict[str, Any] = {"mesh": init_device_mesh(device.type, (world_size(),))}
-    if cpu_offload:
-        options["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
-    units = selected_units(network, wrap)
-    if amp_dtype is not None:
-        # Normalisation layers keep float32 weights, as under autocast on one process,
-        # which runs them in float32 (and batch_norm refuses bfloat16 weights beside
-        # float32 running statistics).
-        norms = [m for m in network.modules() if isinstance(m, _NORMS) and m is not network]
-        units = _children_first(network, units + [m for m in norms if m not in units])
-    mixed = MixedPrecisionPolicy(amp_dtype, None if amp_dtype is None else torch.float32)
-    for unit in [*units, network]:
-        policy = MixedPrecisionPolicy() if isinstance(unit, _NORMS) else mixed
-        fully_shard(unit, mp_policy=policy, reshard_after_forward=reshard_after_forward, **options)
-    current = dict(network.named_parameters())
-    for group in groups:  # the optimizer's groups, moved from the replaced parameters to the shards
-        group["params"] = [current[names[id(p)]] for p in group["params"]]
-    if optimizer is not None:
-        load_optimizer_state(network, optimizer, saved_optimizer)  # its state, on the shards
-    return network
-
-
 def sharded_parameters(network: nn.Module) -> list[str]:
     """Names of ``network``'s parameters that are shards of FSDP's (DTensors)."""
     return [name for name, p in network.named_parameters() if _is_dtensor(p)]
 
 
 def is_sharded(network: nn.Module) -> bool:
-    """Whether :func:`shard` sharded ``network`` (not on one process, nor before training)."""
+    """Whether FSDP sharded ``network`` (not on one process, nor before training)."""
     return isinstance(network, _unit_class())
 
 

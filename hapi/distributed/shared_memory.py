@@ -61,8 +61,6 @@ import mmap
 import os
 import pathlib
 import platform
-import secrets
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -113,7 +111,7 @@ def identity() -> dict[str, Any]:
     boot = pathlib.Path("/proc/sys/kernel/random/boot_id")
     boot_id = boot.read_text().strip() if boot.exists() else ""
     start = _start_time(os.getpid()) or -1
-    return {"host": socket.gethostname(), "boot_id": boot_id, "pid": os.getpid(), "start": start}
+    return {"host": platform.node(), "boot_id": boot_id, "pid": os.getpid(), "start": start}
 
 
 @dataclass(frozen=True)
@@ -139,7 +137,7 @@ def reserve(numel: int, world: int) -> Reservation | None:
     every process has mapped it. (A token short of its bytes is caught where
     it is checked, by every process that maps the buffer.)
     """
-    token = secrets.token_bytes(_TOKEN_BYTES)
+    token = os.urandom(_TOKEN_BYTES)  # random, as secrets.token_bytes
     name = f"hapi-allreduce-{token[:8].hex()}"
     descriptor = None
     try:
@@ -183,7 +181,7 @@ class SharedMemoryAllReduce:
                 )
         # Where a process of this machine opens rank 0's buffer while rank 0 holds it.
         path = f"/proc/{self.peers[0][0]}/fd/{reservation.fd}"
-        size, self._token = _size(self.numel, self.world), reservation.token
+        size = _size(self.numel, self.world)
         target = os.readlink(path)
         if target != f"/memfd:{reservation.name} (deleted)":
             raise OSError(f"{path} is {target!r}, not rank 0's buffer {reservation.name}")
@@ -191,7 +189,7 @@ class SharedMemoryAllReduce:
             actual = os.fstat(file.fileno()).st_size
             if actual != size:
                 raise OSError(f"{path} holds {actual} bytes, not the buffer's {size}")
-            if file.read(_TOKEN_BYTES) != self._token:
+            if file.read(_TOKEN_BYTES) != reservation.token:
                 raise OSError(f"{path} does not hold rank 0's token: not the same memory")
             self._mapping = mmap.mmap(file.fileno(), size)
         self.lines = np.ndarray((self.world, _LINE // 8), np.int64, self._mapping, offset=_LINE)
@@ -200,10 +198,9 @@ class SharedMemoryAllReduce:
         self.lines[rank, _PID] = os.getpid()
 
     def everyone_attached(self) -> bool:
-        """Whether this process sees every process's id in its line and rank 0's token: once all
-        have mapped the buffer, proof that they share one memory."""
-        pids_seen, pids = self.lines[:, _PID].tolist(), [pid for pid, _ in self.peers]
-        return bytes(self._mapping[:_TOKEN_BYTES]) == self._token and pids_seen == pids
+        """Whether this process sees every process's id in its line: once all have mapped the
+        buffer (each checked rank 0's token in it), proof that they share one memory."""
+        return self.lines[:, _PID].tolist() == [pid for pid, _ in self.peers]
 
     def close(self) -> None:
         """Unmap the buffer (the state is unusable afterwards)."""
@@ -262,8 +259,7 @@ class SharedMemoryAllReduce:
                 if published[other] < calls and _start_time(pid) != start:
                     raise RuntimeError(
                         f"Rank {self.rank} was waiting for the gradients of rank {other} (process "
-                        f"{pid}), which is no longer running (its output says why), so this one "
-                        "stops too. Restart the job (torchrun does with --max-restarts)."
+                        f"{pid}), which is no longer running (see its output); restart the job."
                     )
             if now > deadline:
                 missing = [r for r in range(self.world) if published[r] < calls]

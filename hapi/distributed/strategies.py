@@ -20,6 +20,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from hapi.distributed import ddp, fsdp
+from hapi.distributed.collectives import sync_from_main
 from hapi.distributed.env import DistributedSetupError
 from hapi.distributed.group import rank, world_size
 
@@ -217,8 +218,43 @@ class FSDP(Strategy):
     def _wrap_network(
         self, network: nn.Module, device: torch.device, optimizer: Optimizer | None, amp: Any
     ) -> nn.Module:
-        # This strategy's options are fsdp.shard's keywords; ``amp`` is the amp dtype (or None).
-        return fsdp.shard(network, device, optimizer, amp_dtype=amp, **vars(self))
+        """Apply ``fully_shard`` to the units and then to ``network``, in place; returns it
+        (``model.network`` stays the user's).
+
+        ``amp`` (the amp dtype, or None) becomes the mixed-precision policy:
+        parameters gathered in that dtype for the forward and backward,
+        gradients reduced in float32. The optimizer's groups are moved to the
+        shards, and any state it holds is sharded with them.
+        """
+        if world_size() == 1 or fsdp.is_sharded(network):
+            return network
+        names = {id(p): name for name, p in network.named_parameters()}
+        groups = optimizer.param_groups if optimizer is not None else []
+        strangers = sum(id(p) not in names for group in groups for p in group["params"])
+        if strangers:
+            raise DistributedSetupError(
+                f"The optimizer holds {strangers} tensor(s) that are not parameters of "
+                f"{type(network).__name__}, which FSDP shards; build it over model.parameters()."
+            )
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        sync_from_main(network, parameters=True)  # one starting model, whatever each rank holds
+        saved_optimizer = optimizer.state_dict() if optimizer is not None else None
+        mesh = init_device_mesh(device.type, (world_size(),))
+        options: dict[str, Any] = dict(mesh=mesh, reshard_after_forward=self.reshard_after_forward)
+        if self.cpu_offload:
+            options["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
+        mixed = MixedPrecisionPolicy(amp, None if amp is None else torch.float32)
+        for unit in [*fsdp.selected_units(network, self.wrap, norms=amp is not None), network]:
+            policy = MixedPrecisionPolicy() if isinstance(unit, fsdp.NORM_LAYERS) else mixed
+            fully_shard(unit, mp_policy=policy, **options)
+        current = dict(network.named_parameters())
+        for group in groups:  # moved from the replaced parameters to the shards
+            group["params"] = [current[names[id(p)]] for p in group["params"]]
+        if optimizer is not None:
+            fsdp.load_optimizer_state(network, optimizer, saved_optimizer)  # its state, sharded
+        return network
 
     def _check_own_step(self, model_class: str) -> None:
         if world_size() > 1:
