@@ -61,8 +61,7 @@ from hapi.distributed.group import background_group, default_device, init, local
 from hapi.distributed.group import launched_is_main as is_main
 from hapi.distributed.group import launched_rank as rank
 from hapi.distributed.group import launched_world_size as world_size
-from hapi.distributed.strategies import DDP, FSDP, class_name
-from hapi.distributed.strategies import resolve as resolve_strategy
+from hapi.distributed.strategies import DDP, FSDP, class_name, resolve_strategy
 
 # What a user's script may call. Everything else imported above serves hapi's own modules: it
 # stays importable (``hapi.distributed.barrier``) but is no promise and may change.

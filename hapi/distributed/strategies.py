@@ -1,13 +1,14 @@
 """How the network is spread over the processes: the ``strategy`` of ``Model.prepare``.
 
-One small class per strategy, holding the user's options, all with one
-interface -- wrap the network, skip gradient sync while accumulating, clip,
-gather the full weights for evaluation, state dicts in torch's plain layout
-for saving and loading -- so that the steps, the Model and the checkpoint
-code never ask which strategy runs. :func:`resolve` turns what ``prepare``
-received (``None``, ``"auto"``, ``"ddp"``, ``"fsdp"`` or an instance) into
-one, with errors that say what is accepted. On one process every strategy
-is a no-op: nothing is wrapped and every method is the plain one.
+One class per strategy, holding the user's options, all with one interface
+-- wrap the network (``FSDP`` applies torch's ``fully_shard`` there), skip
+gradient sync while accumulating, clip, gather the full weights for
+evaluation, state dicts in torch's plain layout for saving and loading -- so
+that the steps, the Model and the checkpoint code never ask which strategy
+runs. :func:`resolve_strategy` turns what ``prepare`` received (``None``,
+``"auto"``, ``"ddp"``, ``"fsdp"`` or an instance) into one, with errors that
+say what is accepted. On one process every strategy is a no-op: nothing is
+wrapped and every method is the plain one.
 """
 
 from __future__ import annotations
@@ -264,7 +265,7 @@ class FSDP(Strategy):
             )
 
 
-def resolve(strategy: Any) -> DDP | FSDP:
+def resolve_strategy(strategy: Any) -> DDP | FSDP:
     """The strategy ``prepare(strategy=...)`` asks for, as an object.
 
     Raises:
