@@ -105,22 +105,20 @@ def selected_units(network: nn.Module, wrap: Any, norms: bool = False) -> list[n
         )
     units = [m for n, m in chosen if n not in shared]
     if norms:
-        layers = [m for m in network.modules() if isinstance(m, NORM_LAYERS) and m is not network]
-        units += [m for m in layers if m not in units]
-    order = {id(m): i for i, m in enumerate(network.modules())}  # pre-order: parents first
-    return sorted(units, key=lambda m: -order[id(m)])
+        units += [m for m in network.modules() if isinstance(m, NORM_LAYERS) and m is not network]
+    # modules() is in pre-order, parents first: reversed, children come first.
+    return [m for m in reversed(list(network.modules())) if m in units]
 
 
 def _shared_outside(network: nn.Module, module: nn.Module) -> list[str]:
     """Names (in ``network``) of ``module``'s parameters that a module outside it also holds."""
     inside = {id(m) for m in module.modules()}
     own = {id(p) for p in module.parameters()}
-    names = set()
-    for owner_name, owner in network.named_modules(remove_duplicate=False):
-        for name, parameter in owner.named_parameters(recurse=False, remove_duplicate=False):
-            if id(parameter) in own and id(owner) not in inside:
-                names.add(f"{owner_name}.{name}" if owner_name else name)
-    return sorted(names)
+    return sorted(  # every path to every parameter, with the module holding it at that path
+        name
+        for name, parameter in network.named_parameters(remove_duplicate=False)
+        if id(parameter) in own and id(network.get_submodule(name.rpartition(".")[0])) not in inside
+    )
 
 
 def sharded_parameters(network: nn.Module) -> list[str]:
