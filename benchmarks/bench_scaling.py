@@ -148,9 +148,9 @@ def hand_written_epoch(
     if averaging == "gloo" and world > 1:
         network = nn.parallel.DistributedDataParallel(network)
     elif averaging == "shared" and world > 1:
-        from hapi import distributed
+        from hapi.distributed import ddp
 
-        network = distributed.wrap(network, torch.device("cpu"))
+        network = ddp.wrap(network, torch.device("cpu"))
         if not type(network).__name__ == "DistributedDataParallel":
             raise SystemExit("torch-hapi did not wrap the network in DDP")
     sampler = DistributedSampler(data, num_replicas=world, rank=rank)

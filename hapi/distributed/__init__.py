@@ -51,18 +51,9 @@ from hapi.distributed.collectives import (
     sync_from_main,
     this_process_part,
 )
-from hapi.distributed.ddp import unwrap, wrap
 from hapi.distributed.env import DistributedSetupError
 from hapi.distributed.fsdp import full_state_dict, load_full_state_dict, sharded_parameters
-from hapi.distributed.group import (
-    backend_name,
-    background_group,
-    default_device,
-    init,
-    local_rank,
-    note_failure,
-    teardown,
-)
+from hapi.distributed.group import background_group, default_device, init, local_rank, note_failure
 
 # What scripts (and hapi's modules outside this package) ask: the group's answers once it exists,
 # the launcher's (torchrun, hapi.spawn, srun, jsrun, mpirun) before, so a script can act on its rank before
@@ -70,8 +61,7 @@ from hapi.distributed.group import (
 from hapi.distributed.group import launched_is_main as is_main
 from hapi.distributed.group import launched_rank as rank
 from hapi.distributed.group import launched_world_size as world_size
-from hapi.distributed.strategies import DDP, FSDP, Strategy, class_name
-from hapi.distributed.strategies import resolve as resolve_strategy
+from hapi.distributed.strategies import DDP, FSDP, class_name, resolve_strategy
 
 # What a user's script may call. Everything else imported above serves hapi's own modules: it
 # stays importable (``hapi.distributed.barrier``) but is no promise and may change.

@@ -16,21 +16,17 @@ from hapi.distributed.env import env_int, timeout
 from hapi.distributed.group import rank, release_at_teardown, world_size
 
 
-def wrap(
-    network: nn.Module, device: torch.device, ddp_options: dict[str, Any] | None = None
-) -> nn.Module:
+def wrap(network: nn.Module, device: torch.device, **options: Any) -> nn.Module:
     """The module training runs: DDP around ``network`` on several processes.
 
-    ``ddp_options`` are the user's DistributedDataParallel keywords
+    ``options`` are the user's DistributedDataParallel keywords
     (:class:`hapi.DDP`). DDP broadcasts rank 0's weights at construction, so
     every rank starts from the same model whatever its own initialisation.
     """
     if world_size() == 1 or not any(p.requires_grad for p in network.parameters()):
         return network
     device_ids = [device.index] if device.type == "cuda" else None
-    wrapped = nn.parallel.DistributedDataParallel(
-        network, device_ids=device_ids, **(ddp_options or {})
-    )
+    wrapped = nn.parallel.DistributedDataParallel(network, device_ids=device_ids, **options)
     release_at_teardown(functools.partial(_release, weakref.ref(wrapped)))
     _average_through_shared_memory(wrapped, [p for p in network.parameters() if p.requires_grad])
     return wrapped
@@ -124,8 +120,7 @@ def _everyone(compute: Callable[[], Any]) -> list[Any]:
     if failed:
         raise RuntimeError(
             f"Setting up the shared-memory gradient average failed on rank {failed[0][0]}: "
-            f"{failed[0][1]}. Every process stops rather than wait for it. Set HAPI_SHM_ALLREDUCE=0 "
-            "to average gradients with Gloo's all-reduce, and report the error."
+            f"{failed[0][1]}. Every process stops; HAPI_SHM_ALLREDUCE=0 uses Gloo's all-reduce."
         ) from failure
     return [value for value, _ in gathered]
 

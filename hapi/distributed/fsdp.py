@@ -3,12 +3,14 @@
 ``fully_shard`` turns each selected submodule's parameters into DTensors
 sharded over the processes (dimension 0, one piece each) and gathers them
 only for that submodule's forward and backward. Everything here is torch's
-own engine; what this module adds is what a Model needs around it:
+own engine; what torch-hapi adds is what a Model needs around it. The
+strategy :class:`hapi.FSDP` applies ``fully_shard`` (its ``_wrap_network``):
+every process starts from rank 0's weights (FSDP2, unlike DDP, shards
+whatever each process holds), and the user's optimizer, built over the
+unsharded parameters, is pointed at the sharded ones (any state it already
+holds is sharded with them). This module holds the rest:
 
-* every process starts from rank 0's weights (FSDP2, unlike DDP, shards
-  whatever each process holds);
-* the user's optimizer, built over the unsharded parameters, is pointed at
-  the sharded ones (and any state it already holds is sharded with them);
+* the units to shard (:func:`selected_units`);
 * state dicts in torch's plain layout (full tensors, optimizer state keyed
   by parameter index), so a file saved under FSDP loads on one process with
   no torch-hapi distributed code;
@@ -24,19 +26,21 @@ own engine; what this module adds is what a Model needs around it:
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 import warnings
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
 
-from hapi.distributed.collectives import sync_from_main
 from hapi.distributed.ddp import unwrap
-from hapi.distributed.env import DistributedSetupError
-from hapi.distributed.group import rank, world_size
+from hapi.distributed.group import rank
 
-_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
+# Normalisation layers: under amp each is a unit of its own that keeps float32 weights, as under
+# autocast on one process, which runs them in float32 (and batch_norm refuses bfloat16 weights
+# beside float32 running statistics).
+NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
 
 
 # torch's FSDP2 and DTensor are imported where they are used: together
@@ -55,28 +59,29 @@ def _unit_class() -> tuple[type, ...]:
     return () if module is None else (module.FSDPModule,)
 
 
-def check_wrap(wrap: Any) -> tuple[type, ...] | None:
-    """``hapi.FSDP(wrap=...)``'s module classes (``None`` for a callable or the default).
+def check_wrap(wrap: Any) -> Callable[[nn.Module], bool] | None:
+    """``hapi.FSDP(wrap=...)`` as a test ``module -> bool`` (``None`` for the default).
 
     Raises:
         TypeError: neither ``None``, a callable, nor nn.Module classes.
     """
     if wrap is None or (callable(wrap) and not isinstance(wrap, type)):
-        return None
+        return wrap
     classes = tuple(wrap) if isinstance(wrap, (set, frozenset, list, tuple)) else (wrap,)
     if not classes or not all(isinstance(c, type) and issubclass(c, nn.Module) for c in classes):
         raise TypeError(
             f"hapi.FSDP(wrap=...) takes a set of nn.Module classes or a callable "
             f"module -> bool; received {wrap!r}."
         )
-    return classes
+    return lambda module: isinstance(module, classes)
 
 
-def selected_units(network: nn.Module, wrap: Any) -> list[nn.Module]:
+def selected_units(network: nn.Module, wrap: Any, norms: bool = False) -> list[nn.Module]:
     """The submodules sharded on their own, children before their parents (FSDP2 needs that order).
 
     ``wrap``: ``None`` (each direct child that holds parameters), a set of
-    module classes, or a callable ``module -> bool``.
+    module classes, or a callable ``module -> bool``. With ``norms`` (under
+    amp), every normalisation layer (:data:`NORM_LAYERS`) is a unit too.
 
     FSDP refuses a parameter managed by two units ("shared with a parameter
     already managed by another FSDP group"), so a module whose parameters are
@@ -85,100 +90,35 @@ def selected_units(network: nn.Module, wrap: Any) -> list[nn.Module]:
     user, the root at worst. By default that is silent (the default is only a
     guess at a good split); modules the user named are left out with a warning.
     """
-    classes = check_wrap(wrap)
-    if wrap is None:
+    selects = check_wrap(wrap)
+    if selects is None:
         chosen = [(n, m) for n, m in network.named_children() if any(True for _ in m.parameters())]
     else:
-        chosen = [
-            (n, m)
-            for n, m in network.named_modules()
-            if n and (wrap(m) if classes is None else isinstance(m, classes))  # not the root
-        ]
+        chosen = [(n, m) for n, m in network.named_modules() if n and selects(m)]  # n: not the root
     shared = {n: names for n, m in chosen if (names := _shared_outside(network, m))}
     if shared and wrap is not None:
         listed = "; ".join(f"{n!r} shares {', '.join(names)}" for n, names in shared.items())
         warnings.warn(
-            f"hapi.FSDP(wrap={wrap!r}) selected module(s) whose parameters are also used "
-            f"outside them ({listed}). FSDP needs a shared parameter in one unit, so these "
-            "are not sharded on their own: their parameters stay in the enclosing unit "
-            "(the whole network's at worst). To shard them separately, untie the parameters.",
+            f"hapi.FSDP(wrap={wrap!r}) selected modules whose parameters are also used outside "
+            f"them ({listed}): they stay in the enclosing unit; untie them to shard them alone.",
             stacklevel=4,
         )
-    return _children_first(network, [m for n, m in chosen if n not in shared])
+    units = [m for n, m in chosen if n not in shared]
+    if norms:
+        units += [m for m in network.modules() if isinstance(m, NORM_LAYERS) and m is not network]
+    # modules() is in pre-order, parents first: reversed, children come first.
+    return [m for m in reversed(list(network.modules())) if m in units]
 
 
 def _shared_outside(network: nn.Module, module: nn.Module) -> list[str]:
     """Names (in ``network``) of ``module``'s parameters that a module outside it also holds."""
     inside = {id(m) for m in module.modules()}
     own = {id(p) for p in module.parameters()}
-    names = set()
-    for owner_name, owner in network.named_modules(remove_duplicate=False):
-        for name, parameter in owner.named_parameters(recurse=False, remove_duplicate=False):
-            if id(parameter) in own and id(owner) not in inside:
-                names.add(f"{owner_name}.{name}" if owner_name else name)
-    return sorted(names)
-
-
-def _children_first(network: nn.Module, modules: list[nn.Module]) -> list[nn.Module]:
-    order = {id(m): i for i, m in enumerate(network.modules())}  # pre-order: parents first
-    return sorted(modules, key=lambda m: -order[id(m)])
-
-
-def shard(
-    network: nn.Module,
-    device: torch.device,
-    optimizer: torch.optim.Optimizer | None,
-    *,
-    wrap: Any,
-    reshard_after_forward: bool,
-    cpu_offload: bool,
-    amp_dtype: torch.dtype | None,
-) -> nn.Module:
-    """Apply ``fully_shard`` to ``network`` in place; returns it (``model.network`` stays the user's).
-
-    ``amp_dtype`` becomes the mixed-precision policy: parameters gathered in
-    that dtype for the forward and backward, gradients reduced in float32.
-    """
-    if world_size() == 1 or is_sharded(network):
-        return network
-    names = {id(p): name for name, p in network.named_parameters()}
-    groups = optimizer.param_groups if optimizer is not None else []
-    strangers = sum(id(p) not in names for group in groups for p in group["params"])
-    if strangers:
-        raise DistributedSetupError(
-            f"The optimizer holds {strangers} tensor(s) that are not parameters of "
-            f"{type(network).__name__}; under FSDP every optimized tensor must belong to the "
-            "network, whose parameters are replaced by their shards. Build the optimizer over "
-            "model.parameters()."
-        )
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-
-    sync_from_main(network, parameters=True)  # one starting model, whatever each rank initialised
-    saved_optimizer = optimizer.state_dict() if optimizer is not None else None
-    options: dict[str, Any] = {
-        "mesh": init_device_mesh(device.type, (world_size(),)),
-        "reshard_after_forward": reshard_after_forward,
-    }
-    if cpu_offload:
-        options["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
-    units = selected_units(network, wrap)
-    if amp_dtype is not None:
-        # Normalisation layers keep float32 weights, as under autocast on one process,
-        # which runs them in float32 (and batch_norm refuses bfloat16 weights beside
-        # float32 running statistics).
-        norms = [m for m in network.modules() if isinstance(m, _NORMS) and m is not network]
-        units = _children_first(network, units + [m for m in norms if m not in units])
-    mixed = MixedPrecisionPolicy(amp_dtype, None if amp_dtype is None else torch.float32)
-    for unit in [*units, network]:
-        policy = MixedPrecisionPolicy() if isinstance(unit, _NORMS) else mixed
-        fully_shard(unit, mp_policy=policy, **options)
-    current = dict(network.named_parameters())
-    for group in groups:  # the optimizer's groups, moved from the replaced parameters to the shards
-        group["params"] = [current[names[id(p)]] for p in group["params"]]
-    if optimizer is not None:
-        load_optimizer_state(network, optimizer, saved_optimizer)  # its state, on the shards
-    return network
+    return sorted(  # every path to every parameter, with the module holding it at that path
+        name
+        for name, parameter in network.named_parameters(remove_duplicate=False)
+        if id(parameter) in own and id(network.get_submodule(name.rpartition(".")[0])) not in inside
+    )
 
 
 def sharded_parameters(network: nn.Module) -> list[str]:
@@ -187,7 +127,7 @@ def sharded_parameters(network: nn.Module) -> list[str]:
 
 
 def is_sharded(network: nn.Module) -> bool:
-    """Whether :func:`shard` sharded ``network`` (not on one process, nor before training)."""
+    """Whether FSDP sharded ``network`` (not on one process, nor before training)."""
     return isinstance(network, _unit_class())
 
 
@@ -238,21 +178,14 @@ def full_tensors(state: dict[str, Any], keep: bool) -> dict[str, Any]:
     return full
 
 
-def _shards_like(current: dict[str, Any], full: dict[str, Any]) -> dict[str, Any]:
-    """``full``, each tensor whose key names a DTensor in ``current`` cut as that one is: this
-    process's slice, with no communication."""
-    if not any(_is_dtensor(value) for value in current.values()):
-        return full  # and DTensor is not imported (see above)
+def _shard_like(full: Any, like: Any) -> Any:
+    """``full`` cut as the DTensor ``like`` is (this process's slice, with no communication);
+    ``full`` itself where ``like`` is no DTensor (then DTensor is not imported, see above)."""
+    if not _is_dtensor(like) or _is_dtensor(full):
+        return full
     from torch.distributed.tensor import distribute_tensor
 
-    return {
-        key: distribute_tensor(
-            value, current[key].device_mesh, current[key].placements, src_data_rank=None
-        )
-        if _is_dtensor(current.get(key)) and not _is_dtensor(value)
-        else value
-        for key, value in full.items()
-    }
+    return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
 
 
 def load_full_state_dict(
@@ -276,8 +209,9 @@ def load_full_state_dict(
         RuntimeError: missing or unexpected keys (with ``strict``), or a
             tensor whose shape is not the parameter's (``load_state_dict``'s error).
     """
-    network = unwrap(network)
-    network.load_state_dict(_shards_like(network.state_dict(), state), strict=strict)
+    current = unwrap(network).state_dict()
+    shards = {key: _shard_like(value, current.get(key)) for key, value in state.items()}
+    unwrap(network).load_state_dict(shards, strict=strict)
 
 
 def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
@@ -292,7 +226,8 @@ def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
     none of FSDP's; tied parameters stay tied. ``network`` is not changed.
     """
     device = next((t.device for t in [*network.parameters(), *network.buffers()]), None)
-    copies: dict[int, Any] = {}  # by id: each parameter's and each module's copy
+    # By id: each parameter's and each module's copy; an empty slot (None) stays empty.
+    copies: dict[int, Any] = {id(None): None}
     for name, parameter in network.named_parameters(remove_duplicate=False):
         if id(parameter) not in copies:  # tied parameters stay tied
             full = state[name].to(device).detach().clone()
@@ -305,13 +240,9 @@ def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
         twin = copies[id(module)] = cls.__new__(cls)
         # Not torch's composable-API state (FSDP's state and registry).
         fields = {k: v for k, v in vars(module).items() if not k.startswith("__composable_api_")}
-        fields["_parameters"] = {k: copies.get(id(p)) for k, p in module._parameters.items()}
-        fields["_buffers"] = {
-            k: None if b is None else b.detach().clone() for k, b in module._buffers.items()
-        }
-        fields["_modules"] = {
-            k: None if m is None else copy_module(m) for k, m in module._modules.items()
-        }
+        fields["_parameters"] = {k: copies[id(p)] for k, p in module._parameters.items()}
+        fields["_buffers"] = copy.deepcopy(module._buffers)
+        fields["_modules"] = {k: copy_module(m) for k, m in module._modules.items()}
         for key, value in fields.items():
             if key.endswith("_hooks") and isinstance(value, dict):
                 fields[key] = value.__class__(
@@ -340,9 +271,8 @@ def full_optimizer_state(network: nn.Module, optimizer: torch.optim.Optimizer) -
     each state tensor that is a shard is gathered (a collective) and kept, on
     the CPU, on rank 0 alone.
     """
-    state = optimizer.state_dict()
-    if is_sharded(network):
-        state["state"] = {i: full_tensors(v, keep=rank() == 0) for i, v in state["state"].items()}
+    state = optimizer.state_dict()  # each entry itself where it holds no shard
+    state["state"] = {i: full_tensors(v, keep=rank() == 0) for i, v in state["state"].items()}
     return state
 
 
@@ -354,13 +284,9 @@ def load_optimizer_state(
     like its parameter, with no communication."""
     optimizer.load_state_dict(state)
     for parameter, values in optimizer.state.items():
-        if _is_dtensor(parameter):
-            shaped = {
-                key: parameter
-                for key, value in values.items()
-                if torch.is_tensor(value) and value.shape == parameter.shape
-            }
-            values.update(_shards_like(shaped, values))
+        for key, value in values.items():
+            if torch.is_tensor(value) and value.shape == parameter.shape:
+                values[key] = _shard_like(value, parameter)
 
 
 @contextlib.contextmanager

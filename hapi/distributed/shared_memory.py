@@ -61,8 +61,6 @@ import mmap
 import os
 import pathlib
 import platform
-import secrets
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -113,19 +111,21 @@ def identity() -> dict[str, Any]:
     boot = pathlib.Path("/proc/sys/kernel/random/boot_id")
     boot_id = boot.read_text().strip() if boot.exists() else ""
     start = _start_time(os.getpid()) or -1
-    return {"host": socket.gethostname(), "boot_id": boot_id, "pid": os.getpid(), "start": start}
+    return {"host": platform.node(), "boot_id": boot_id, "pid": os.getpid(), "start": start}
 
 
 @dataclass(frozen=True)
 class Reservation:
-    """Rank 0's buffer, as every process needs to know it to map it (sent to them by pickle)."""
+    """Rank 0's buffer, as every process needs to know it to map it (sent to them by pickle).
 
-    pid: int
+    Rank 0's process id and the number of processes are not in it: the
+    mapping reads them from ``peers`` (rank 0's first).
+    """
+
     fd: int
     name: str
     token: bytes
     numel: int
-    world: int
 
 
 def reserve(numel: int, world: int) -> Reservation | None:
@@ -137,7 +137,7 @@ def reserve(numel: int, world: int) -> Reservation | None:
     every process has mapped it. (A token short of its bytes is caught where
     it is checked, by every process that maps the buffer.)
     """
-    token = secrets.token_bytes(_TOKEN_BYTES)
+    token = os.urandom(_TOKEN_BYTES)  # random, as secrets.token_bytes
     name = f"hapi-allreduce-{token[:8].hex()}"
     descriptor = None
     try:
@@ -148,7 +148,7 @@ def reserve(numel: int, world: int) -> Reservation | None:
         if descriptor is not None:
             os.close(descriptor)
         return None
-    return Reservation(os.getpid(), descriptor, name, token, numel, world)
+    return Reservation(descriptor, name, token, numel)
 
 
 def release(reservation: Reservation) -> None:
@@ -171,7 +171,7 @@ class SharedMemoryAllReduce:
     def __init__(
         self, reservation: Reservation, rank: int, peers: list[tuple[int, int]], timeout_s: float
     ) -> None:
-        self.world, self.rank, self.timeout_s = reservation.world, rank, timeout_s
+        self.world, self.rank, self.timeout_s = len(peers), rank, timeout_s
         self.numel, self.peers, self.calls = reservation.numel, list(peers), 0
         for other, (pid, start) in enumerate(self.peers):
             if _start_time(pid) != start:
@@ -180,8 +180,8 @@ class SharedMemoryAllReduce:
                     "in this process's /proc: another machine, container or process namespace"
                 )
         # Where a process of this machine opens rank 0's buffer while rank 0 holds it.
-        path = f"/proc/{reservation.pid}/fd/{reservation.fd}"
-        size, self._token = _size(self.numel, self.world), reservation.token
+        path = f"/proc/{self.peers[0][0]}/fd/{reservation.fd}"
+        size = _size(self.numel, self.world)
         target = os.readlink(path)
         if target != f"/memfd:{reservation.name} (deleted)":
             raise OSError(f"{path} is {target!r}, not rank 0's buffer {reservation.name}")
@@ -189,20 +189,18 @@ class SharedMemoryAllReduce:
             actual = os.fstat(file.fileno()).st_size
             if actual != size:
                 raise OSError(f"{path} holds {actual} bytes, not the buffer's {size}")
-            if file.read(_TOKEN_BYTES) != self._token:
+            if file.read(_TOKEN_BYTES) != reservation.token:
                 raise OSError(f"{path} does not hold rank 0's token: not the same memory")
             self._mapping = mmap.mmap(file.fileno(), size)
         self.lines = np.ndarray((self.world, _LINE // 8), np.int64, self._mapping, offset=_LINE)
-        offset, floats = _LINE * (1 + self.world), 2 * self.world * self.numel
-        rows = torch.frombuffer(self._mapping, dtype=torch.float32, count=floats, offset=offset)
-        self.rows = rows.view(2, self.world, self.numel)
+        rows = torch.frombuffer(self._mapping, dtype=torch.float32, offset=_LINE * (1 + self.world))
+        self.rows = rows.view(2, self.world, self.numel)  # the rest of the buffer, to its end
         self.lines[rank, _PID] = os.getpid()
 
     def everyone_attached(self) -> bool:
-        """Whether this process sees every process's id in its line and rank 0's token: once all
-        have mapped the buffer, proof that they share one memory."""
-        pids_seen, pids = self.lines[:, _PID].tolist(), [pid for pid, _ in self.peers]
-        return bytes(self._mapping[:_TOKEN_BYTES]) == self._token and pids_seen == pids
+        """Whether this process sees every process's id in its line: once all have mapped the
+        buffer (each checked rank 0's token in it), proof that they share one memory."""
+        return self.lines[:, _PID].tolist() == [pid for pid, _ in self.peers]
 
     def close(self) -> None:
         """Unmap the buffer (the state is unusable afterwards)."""
@@ -214,35 +212,30 @@ class SharedMemoryAllReduce:
         if gradients.layout != torch.strided or gradients.dtype != torch.float32:
             raise RuntimeError(
                 f"The shared-memory gradient average got a {gradients.layout} {gradients.dtype} "
-                "gradient bucket; it adds dense float32 rows only, and cannot hand this bucket to "
-                "Gloo mid-run. Set HAPI_SHM_ALLREDUCE=0 to average every gradient with Gloo's "
-                "all-reduce (a module yielding sparse gradients should have a `sparse=True` "
-                "attribute, which keeps Gloo automatically)."
+                "gradient bucket; it adds dense float32 rows only. Set HAPI_SHM_ALLREDUCE=0 (or "
+                "give the module yielding it a `sparse=True` attribute) to use Gloo's all-reduce."
             )
         count = gradients.numel()
         if count > self.numel:
             raise RuntimeError(
-                f"A gradient bucket of {count} elements does not fit the shared buffer's rows of "
-                f"{self.numel} (the trainable parameters when DDP was built). Parameters were "
-                "added or unfrozen after wrapping; build the Model again, or set HAPI_SHM_ALLREDUCE=0."
+                f"A gradient bucket of {count} elements exceeds the shared buffer's {self.numel}: "
+                "build the Model again after unfreezing parameters, or set HAPI_SHM_ALLREDUCE=0."
             )
         self.calls += 1
         half = self.calls % 2
         rows = self.rows[half, :, :count]
         rows[self.rank].copy_(gradients.reshape(-1))
-        line = self.lines[self.rank]
-        line[_COUNT + half] = count
-        line[_PUBLISHED] = self.calls  # last: whoever sees it sees the row and the count
+        self.lines[self.rank, _COUNT + half] = count
+        # Last: whoever sees the call published sees the row and the count.
+        self.lines[self.rank, _PUBLISHED] = self.calls
         self._wait_for_everyone()
         counts = self.lines[:, _COUNT + half].tolist()
         other = next((r for r, theirs in enumerate(counts) if theirs != count), None)
         if other is not None:
             raise RuntimeError(
                 f"Rank {self.rank} averages a gradient bucket of {count} elements, but rank {other} "
-                f"published {counts[other]} for the same call ({self.calls}; every rank's: {counts}): "
-                "the processes' DDP buckets differ, so their gradients cannot be added element by "
-                "element. Every process must train the same network with the same trainable parameters "
-                "(same requires_grad, same order); HAPI_SHM_ALLREDUCE=0 uses Gloo's all-reduce instead."
+                f"published {counts[other]} (every rank's: {counts}). Every process must train the "
+                "same network with the same trainable parameters, or set HAPI_SHM_ALLREDUCE=0."
             )
         flat = gradients.view(-1).copy_(rows[0])
         for other in range(1, self.world):  # one after the other, in rank order, on every process
@@ -266,9 +259,7 @@ class SharedMemoryAllReduce:
                 if published[other] < calls and _start_time(pid) != start:
                     raise RuntimeError(
                         f"Rank {self.rank} was waiting for the gradients of rank {other} (process "
-                        f"{pid}), which is no longer running: it died or was killed. Its output "
-                        "says why; this process stops too rather than wait for it. Restart the "
-                        "job (a launcher such as torchrun restarts it with --max-restarts)."
+                        f"{pid}), which is no longer running (see its output); restart the job."
                     )
             if now > deadline:
                 missing = [r for r in range(self.world) if published[r] < calls]

@@ -1,13 +1,14 @@
 """How the network is spread over the processes: the ``strategy`` of ``Model.prepare``.
 
-One small class per strategy, holding the user's options, all with one
-interface -- wrap the network, skip gradient sync while accumulating, clip,
-gather the full weights for evaluation, state dicts in torch's plain layout
-for saving and loading -- so that the steps, the Model and the checkpoint
-code never ask which strategy runs. :func:`resolve` turns what ``prepare``
-received (``None``, ``"auto"``, ``"ddp"``, ``"fsdp"`` or an instance) into
-one, with errors that say what is accepted. On one process every strategy
-is a no-op: nothing is wrapped and every method is the plain one.
+One class per strategy, holding the user's options, all with one interface
+-- wrap the network (``FSDP`` applies torch's ``fully_shard`` there), skip
+gradient sync while accumulating, clip, gather the full weights for
+evaluation, state dicts in torch's plain layout for saving and loading -- so
+that the steps, the Model and the checkpoint code never ask which strategy
+runs. :func:`resolve_strategy` turns what ``prepare`` received (``None``,
+``"auto"``, ``"ddp"``, ``"fsdp"`` or an instance) into one, with errors that
+say what is accepted. On one process every strategy is a no-op: nothing is
+wrapped and every method is the plain one.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from hapi.distributed import ddp, fsdp
+from hapi.distributed.collectives import sync_from_main
 from hapi.distributed.env import DistributedSetupError
 from hapi.distributed.group import rank, world_size
 
@@ -44,6 +46,10 @@ def class_name(network: nn.Module) -> str:
     module = ddp.unwrap(getattr(network, "_orig_mod", network))
     module = ddp.unwrap(getattr(module, "_orig_mod", module))
     return fsdp.user_class(type(module)).__name__
+
+
+# DistributedDataParallel's keywords hapi.DDP sets itself.
+_SET_BY_HAPI = {"module", "device_ids", "output_device", "process_group"}
 
 
 class Strategy:
@@ -76,10 +82,8 @@ class Strategy:
         sharded, the full weights are gathered here (a collective) and the
         function builds a plain copy, whose forward needs no other process.
         """
-        if not fsdp.is_sharded(network):
-            return lambda: network
-        state = self._full_state_dict(network)
-        return lambda: fsdp.plain_copy(network, state)
+        state = self._full_state_dict(network)  # the network's own state_dict where not sharded
+        return lambda: fsdp.plain_copy(network, state) if fsdp.is_sharded(network) else network
 
     def _full_state_dict(self, network: nn.Module) -> dict[str, torch.Tensor]:
         """The weights as full tensors (on rank 0 at least; a collective under FSDP)."""
@@ -126,13 +130,11 @@ class DDP(Strategy):
         sync_batchnorm: bool = False,
         **ddp_kwargs: Any,
     ) -> None:
-        reserved = sorted(
-            {"module", "device_ids", "output_device", "process_group"} & {*ddp_kwargs}
-        )
+        reserved = sorted(_SET_BY_HAPI & {*ddp_kwargs})
         if reserved:
             raise TypeError(
-                f"hapi.DDP sets {', '.join(reserved)} itself (from the Model's device and "
-                f"the process group); received {reserved}. Leave them out."
+                f"hapi.DDP sets {', '.join(reserved)} itself (from the Model's device and the "
+                "process group); leave them out of its keywords."
             )
         self.find_unused_parameters = bool(find_unused_parameters)
         self.static_graph = bool(static_graph)
@@ -145,22 +147,18 @@ class DDP(Strategy):
         if self.sync_batchnorm and world_size() > 1:
             if device.type != "cuda":
                 raise DistributedSetupError(
-                    "hapi.DDP(sync_batchnorm=True) converts BatchNorm layers to torch's "
-                    f"SyncBatchNorm, which runs only on GPU modules, but this Model trains on "
-                    f"{device}. On CPU processes leave sync_batchnorm off (each process then "
-                    "normalises its own batch, and evaluation uses rank 0's statistics), or use a "
-                    "larger batch per process."
+                    "hapi.DDP(sync_batchnorm=True): SyncBatchNorm runs only on GPU modules, but "
+                    f"this Model trains on {device}; leave sync_batchnorm off on CPU processes."
                 )
             if isinstance(network, nn.modules.batchnorm._BatchNorm):
                 raise DistributedSetupError(
-                    "hapi.DDP(sync_batchnorm=True) converts the BatchNorm layers inside the "
-                    "network, but the network itself is a BatchNorm layer; wrap it in an "
-                    "nn.Sequential first."
+                    "hapi.DDP(sync_batchnorm=True) cannot convert a network that is a BatchNorm "
+                    "layer itself; wrap it in an nn.Sequential first."
                 )
             for name, child in network.named_children():  # in place: model.network stays the user's
                 setattr(network, name, nn.SyncBatchNorm.convert_sync_batchnorm(child))
         options = {key: vars(self)[key] for key in ("find_unused_parameters", "static_graph")}
-        return ddp.wrap(network, device, {**options, **self.ddp_kwargs})
+        return ddp.wrap(network, device, **options, **self.ddp_kwargs)
 
 
 class FSDP(Strategy):
@@ -221,19 +219,53 @@ class FSDP(Strategy):
     def _wrap_network(
         self, network: nn.Module, device: torch.device, optimizer: Optimizer | None, amp: Any
     ) -> nn.Module:
-        # This strategy's options are fsdp.shard's keywords; ``amp`` is the amp dtype (or None).
-        return fsdp.shard(network, device, optimizer, amp_dtype=amp, **vars(self))
+        """Apply ``fully_shard`` to the units and then to ``network``, in place; returns it
+        (``model.network`` stays the user's).
+
+        ``amp`` (the amp dtype, or None) becomes the mixed-precision policy:
+        parameters gathered in that dtype for the forward and backward,
+        gradients reduced in float32. The optimizer's groups are moved to the
+        shards, and any state it holds is sharded with them.
+        """
+        if world_size() == 1 or fsdp.is_sharded(network):
+            return network
+        names = {id(p): name for name, p in network.named_parameters()}
+        groups = optimizer.param_groups if optimizer is not None else []
+        strangers = sum(id(p) not in names for group in groups for p in group["params"])
+        if strangers:
+            raise DistributedSetupError(
+                f"The optimizer holds {strangers} tensor(s) that are not parameters of "
+                f"{type(network).__name__}, which FSDP shards; build it over model.parameters()."
+            )
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        sync_from_main(network, parameters=True)  # one starting model, whatever each rank holds
+        saved_optimizer = optimizer.state_dict() if optimizer is not None else None
+        mesh = init_device_mesh(device.type, (world_size(),))
+        options: dict[str, Any] = dict(mesh=mesh, reshard_after_forward=self.reshard_after_forward)
+        if self.cpu_offload:
+            options["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
+        mixed = MixedPrecisionPolicy(amp, None if amp is None else torch.float32)
+        for unit in [*fsdp.selected_units(network, self.wrap, norms=amp is not None), network]:
+            policy = MixedPrecisionPolicy() if isinstance(unit, fsdp.NORM_LAYERS) else mixed
+            fully_shard(unit, mp_policy=policy, **options)
+        current = dict(network.named_parameters())
+        for group in groups:  # moved from the replaced parameters to the shards
+            group["params"] = [current[names[id(p)]] for p in group["params"]]
+        if optimizer is not None:
+            fsdp.load_optimizer_state(network, optimizer, saved_optimizer)  # its state, sharded
+        return network
 
     def _check_own_step(self, model_class: str) -> None:
         if world_size() > 1:
             raise DistributedSetupError(
-                f"{model_class} overrides train_step, which runs the plain network; FSDP shards the "
-                "network and needs its own forward. Use strategy='ddp' (every process holds the whole "
-                "model, gradients are averaged in optimizer_step), or the built-in step with FSDP."
+                f"{model_class} overrides train_step, which runs the plain network, but FSDP "
+                "shards it and needs its own forward: use strategy='ddp', or FSDP's built-in step."
             )
 
 
-def resolve(strategy: Any) -> DDP | FSDP:
+def resolve_strategy(strategy: Any) -> DDP | FSDP:
     """The strategy ``prepare(strategy=...)`` asks for, as an object.
 
     Raises:

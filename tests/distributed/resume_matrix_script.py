@@ -420,7 +420,7 @@ def _worker(out: pathlib.Path, phase: str, name: str, rank: int, processes: int,
                 MASTER_PORT=str(port),
             )
         code = phase_of_cell(out, phase, name)
-        hapi.distributed.teardown()  # what atexit would do; os._exit skips it
+        hapi.distributed.group.teardown()  # what atexit would do; os._exit skips it
     except BaseException:  # noqa: BLE001 -- reported through the exit code
         traceback.print_exc()
     finally:

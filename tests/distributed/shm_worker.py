@@ -125,7 +125,7 @@ def scenario_order(out: pathlib.Path) -> dict:
     """Gradients whose sum depends on the order, averaged by the hook on every rank."""
     distributed.init("cpu")
     network = Vector(len(order_values(0, 0)))
-    wrapped = distributed.wrap(network, torch.device("cpu"))
+    wrapped = ddp.wrap(network, torch.device("cpu"))
     grads = []
     for call in range(ORDER_CALLS):
         network.weight.grad = None

@@ -52,11 +52,11 @@ def _case(kind: str) -> dict:
     result = {
         "read_equal": _same(found, reference),
         "plain_tensors": all(type(v) is torch.Tensor for v in found.values()),
-        "sharded_before": hd.sharded_parameters(hd.unwrap(network)),
+        "sharded_before": hd.sharded_parameters(hd.ddp.unwrap(network)),
     }
     hd.load_full_state_dict(network, changed)
     result["written_equal"] = _same(hd.full_state_dict(network), changed)
-    result["sharded_after"] = hd.sharded_parameters(hd.unwrap(network))
+    result["sharded_after"] = hd.sharded_parameters(hd.ddp.unwrap(network))
     plain = _network()
     plain.load_state_dict(changed)
     x = torch.linspace(-1, 1, 20).reshape(4, 5)

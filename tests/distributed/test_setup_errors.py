@@ -12,6 +12,7 @@ from dist_helpers import child_env
 
 from hapi import distributed
 from hapi.data import EpochBatches, permutation
+from hapi.distributed.group import backend_name
 
 
 def test_a_port_in_use_names_the_address_and_the_fix():
@@ -48,24 +49,24 @@ def test_nccl_without_cuda_is_refused_with_advice(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only machine
     monkeypatch.setenv("HAPI_BACKEND", "nccl")
     with pytest.raises(distributed.DistributedSetupError, match="NCCL, which needs CUDA GPUs"):
-        distributed.backend_name()
+        backend_name()
 
 
 def test_the_backend_follows_the_models_device(monkeypatch):
     monkeypatch.delenv("HAPI_BACKEND", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert distributed.backend_name() == "gloo"
+    assert backend_name() == "gloo"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine
-    assert distributed.backend_name() == "nccl"  # the default device is then CUDA
-    assert distributed.backend_name(torch.device("cuda", 0)) == "nccl"
+    assert backend_name() == "nccl"  # the default device is then CUDA
+    assert backend_name(torch.device("cuda", 0)) == "nccl"
     # Model(net, device="cpu") on a GPU machine: NCCL cannot reduce CPU tensors.
-    assert distributed.backend_name("cpu") == "gloo"
+    assert backend_name("cpu") == "gloo"
     monkeypatch.setenv("HAPI_BACKEND", "nccl")
     with pytest.raises(
         distributed.DistributedSetupError,
         match=r"reduces CUDA tensors only, but the Model was given device='cpu'",
     ):
-        distributed.backend_name("cpu")
+        backend_name("cpu")
 
 
 def test_an_incomplete_environment_says_what_is_missing(monkeypatch):

@@ -42,18 +42,20 @@ def process_identity() -> tuple[int, int]:
 @pytest.fixture
 def buffers():
     """Makes buffers; releases them and unmaps their states after the test."""
-    made: list = []
+    worlds: dict = {}  # each buffer made, and its number of processes
     states: list = []
 
     def make(numel: int, world: int):
         reservation = reserve(numel, world)
         assert reservation is not None
-        made.append(reservation)
+        worlds[reservation] = world
         return reservation
 
     def attach(reservation, rank: int, timeout_s: float = 30.0, peers=None):
+        # Every rank is this process unless told otherwise; a forged buffer is for 2.
+        world = worlds.get(reservation, 2)
         state = SharedMemoryAllReduce(
-            reservation, rank, peers or [process_identity()] * reservation.world, timeout_s
+            reservation, rank, peers or [process_identity()] * world, timeout_s
         )
         states.append(state)
         return state
@@ -61,7 +63,7 @@ def buffers():
     yield make, attach
     for state in states:
         state.close()
-    for reservation in made:
+    for reservation in worlds:
         release(reservation)
 
 
@@ -194,20 +196,18 @@ def test_only_rank_0s_buffer_is_accepted(buffers):
     reservation = make(numel=4, world=2)
     other = make(numel=4, world=2)
     forged = shared_memory.Reservation(
-        reservation.pid, reservation.fd, reservation.name, other.token, 4, 2
+        reservation.fd, reservation.name, other.token, 4
     )  # the right memory, another token
     with pytest.raises(OSError, match="does not hold rank 0's token"):
         attach(forged, 1)
     elsewhere = shared_memory.Reservation(
-        reservation.pid, other.fd, reservation.name, reservation.token, 4, 2
+        other.fd, reservation.name, reservation.token, 4
     )  # that descriptor is another buffer
     with pytest.raises(OSError, match="not rank 0's buffer"):
         attach(elsewhere, 1)
     with pytest.raises(OSError, match="holds .* bytes, not the buffer's"):
         attach(
-            shared_memory.Reservation(
-                reservation.pid, reservation.fd, reservation.name, reservation.token, 5, 2
-            ),
+            shared_memory.Reservation(reservation.fd, reservation.name, reservation.token, 5),
             1,
         )
     with pytest.raises(
@@ -234,7 +234,7 @@ def test_the_buffer_has_no_name_and_its_descriptor_is_released():
     reservation = reserve(numel=4, world=2)
     assert reservation is not None
     assert (
-        os.readlink(f"/proc/{reservation.pid}/fd/{reservation.fd}")
+        os.readlink(f"/proc/{os.getpid()}/fd/{reservation.fd}")
         == f"/memfd:{reservation.name} (deleted)"
     )
     assert (set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()) == before
