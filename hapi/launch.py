@@ -190,11 +190,10 @@ def spawn(
     start_method = "fork" if _forks() else "spawn"
     if start_method == "fork" and torch.cuda.is_initialized():
         raise RuntimeError(
-            "hapi.spawn forks its processes when called from a notebook or an interactive "
-            "session, and this process has already initialised CUDA, which a forked process "
-            "cannot use. Restart the kernel and call hapi.spawn before anything runs on the GPU "
-            "in this process (build models and tensors inside fn), or run the training as a "
-            "script (python train.py), where the processes start fresh."
+            "hapi.spawn forks its processes here (a notebook or an interactive session), but this "
+            "process has already initialised CUDA, which a forked process cannot use. Restart the "
+            "kernel and call hapi.spawn before any GPU work (build models inside fn), or run the "
+            "training as a script."
         )
     run_id = f"hapi-{uuid.uuid4().hex[:8]}"
     redirect = {"redirects": Std.ALL, "tee": {0: Std.ALL}} if log_dir else {}

@@ -137,20 +137,19 @@ def main_process_first() -> Iterator[None]:
                 train_set = torchvision.datasets.MNIST("data", download=True)
     """
     init()
-    if rank() != 0:  # wait for the main process's verdict (one collective each)
-        if any_true(False):
-            raise RuntimeError(
-                "The main process failed in its main_process_first() block (see its error), "
-                "so this process did not run it."
-            )
-        yield
-        return
+    # One collective each: the others wait for the main process's verdict on its block.
+    if rank() != 0 and any_true(False):
+        raise RuntimeError(
+            "The main process failed in its main_process_first() block (see its error), "
+            "so this process did not run it."
+        )
+    failed = True
     try:
         yield
-    except BaseException:
-        any_true(True)
-        raise
-    any_true(False)
+        failed = False
+    finally:
+        if rank() == 0:
+            any_true(failed)
 
 
 def gather_objects(value: Any) -> list[Any]:
@@ -229,9 +228,8 @@ def sync_from_main(module: Any, parameters: bool = False) -> None:
     """
     if world_size() == 1:
         return
-    tensors = list(module.buffers()) + (list(module.parameters()) if parameters else [])
     groups: dict[tuple, list[torch.Tensor]] = {}
-    for tensor in tensors:
+    for tensor in [*module.buffers(), *(module.parameters() if parameters else ())]:
         groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
     with torch.no_grad():
         for members in groups.values():
@@ -293,9 +291,7 @@ def broadcast_freshest(
     failed = [source for source, (_, broken) in enumerate(per_rank) if broken]
     if failed:
         raise failed_elsewhere(failed[0])
-    copies = [
-        (progress, -source) for source, (progress, _) in enumerate(per_rank) if progress is not None
-    ]
+    copies = [(copy, -source) for source, (copy, _) in enumerate(per_rank) if copy is not None]
     if not copies:
         return None
     source = -max(copies)[1]

@@ -105,8 +105,7 @@ def launcher_variables() -> dict[str, str]:
         if env_int("SLURM_NTASKS", 1) > 1 and "SLURM_STEP_NUM_TASKS" not in os.environ:
             warnings.warn(
                 f"This Slurm allocation has SLURM_NTASKS={os.environ['SLURM_NTASKS']} tasks, but the "
-                "script was not started by srun, so it trains as one process. Start it with "
-                "`srun python train.py` to train on all of them.",
+                "script was not started by srun: it trains alone. Use `srun python train.py`.",
                 stacklevel=4,
             )
         return {}
@@ -145,8 +144,7 @@ def _from_slurm(world: int) -> tuple[str, int, str, str]:
             "Run the script with srun itself (not through a wrapper that clears the environment)",
         )
     per_node = tasks_per_node(os.environ.get("SLURM_STEP_TASKS_PER_NODE", ""))
-    node = env_int("SLURM_NODEID", 0)
-    local_world = per_node[node] if node < len(per_node) else world
+    local_world = (per_node[env_int("SLURM_NODEID", 0) :] or [world])[0]  # unknown: all of them
     return os.environ["SLURM_LOCALID"], local_world, first_host(nodes), os.environ["SLURM_JOB_ID"]
 
 
@@ -165,9 +163,9 @@ def _from_lsf(world: int) -> tuple[str, int, str, str]:
             f"LSB_DJOB_RANKFILE={rank_file!r} cannot be read ({error.strerror})",
             "Run the script with jsrun on the job's nodes",
         ) from None
-    hosts = (listed or "").split()[1:]  # the first is the job's launch node
+    hosts = (listed or "").split()[1:] or [""]  # the first is the job's launch node
     missing = sorted({"JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK"} - set(os.environ))
-    if missing or not (hosts or os.environ.get("MASTER_ADDR")):
+    if missing or not (hosts[0] or os.environ.get("MASTER_ADDR")):
         raise _unplaced(
             launched,
             f"{', '.join(missing)} is not set"
@@ -175,9 +173,8 @@ def _from_lsf(world: int) -> tuple[str, int, str, str]:
             else "neither LSB_DJOB_RANKFILE nor LSB_HOSTS names a host",
             "Start the script with jsrun",
         )
-    local_world = world // max(len(set(hosts)), 1)
-    host = hosts[0] if hosts else ""
-    return os.environ["JSM_NAMESPACE_LOCAL_RANK"], local_world, host, os.environ["LSB_JOBID"]
+    local_world = world // len(set(hosts))
+    return os.environ["JSM_NAMESPACE_LOCAL_RANK"], local_world, hosts[0], os.environ["LSB_JOBID"]
 
 
 def _from_mpi(world: int) -> tuple[str, int, str, str]:
@@ -198,10 +195,9 @@ def _from_mpi(world: int) -> tuple[str, int, str, str]:
         os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")
     ):
         raise DistributedSetupError(
-            f"mpirun started {world} processes on several machines ({local_world} on this one), "
-            "but MASTER_ADDR and MASTER_PORT are not both set, so they cannot meet. Set them to "
-            "the first machine's address and a free port, and pass them to every process: "
-            "mpirun -x MASTER_ADDR -x MASTER_PORT ..."
+            f"mpirun started {world} processes on several machines ({local_world} here), but "
+            "MASTER_ADDR and MASTER_PORT are not both set. Set them to the first machine's "
+            "address and a free port, passed to every process: mpirun -x MASTER_ADDR -x MASTER_PORT"
         )
     rank = os.environ["OMPI_COMM_WORLD_RANK" if ompi else "PMI_RANK"]
     local = os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK" if ompi else "MPI_LOCALRANKID", rank)

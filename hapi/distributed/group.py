@@ -122,14 +122,12 @@ def backend_name(device: str | torch.device | None = None) -> str:
             "(CUDA GPUs) or 'gloo' (CPU), or unset it to choose automatically."
         )
     if requested == "nccl" and not (on_cuda and torch.cuda.is_available()):
+        why = "needs CUDA GPUs, but torch.cuda.is_available() is False on this machine"
+        if torch.cuda.is_available():
+            why = f"reduces CUDA tensors only, but the Model was given device={str(device)!r}"
         raise DistributedSetupError(
-            "HAPI_BACKEND=nccl asks for NCCL, which "
-            + (
-                f"reduces CUDA tensors only, but the Model was given device={str(device)!r}"
-                if torch.cuda.is_available()
-                else "needs CUDA GPUs, but torch.cuda.is_available() is False on this machine"
-            )
-            + ". Unset HAPI_BACKEND (Gloo is chosen for CPU models) or train on CUDA GPUs."
+            f"HAPI_BACKEND=nccl asks for NCCL, which {why}. Unset HAPI_BACKEND (Gloo is chosen "
+            "for CPU models) or train on CUDA GPUs."
         )
     return requested or ("nccl" if on_cuda else "gloo")
 
@@ -168,9 +166,8 @@ def init(device: str | torch.device | None = None) -> None:
         if backend_name(device) == "gloo" and dist.get_backend() == "nccl":
             raise DistributedSetupError(
                 f"This process group uses NCCL, which reduces CUDA tensors only, but the Model "
-                f"trains on {device!r}. It was formed before the Model on this GPU machine "
-                "(hapi.distributed.init() with no device picks NCCL): call "
-                'hapi.distributed.init("cpu") first to train on the CPU.'
+                f'trains on {device!r}. Call hapi.distributed.init("cpu") before anything '
+                "forms the group (with no device, it picks NCCL on a GPU machine)."
             )
         return
     # srun, jsrun, mpirun: torch.distributed's variables from theirs
@@ -182,8 +179,7 @@ def init(device: str | torch.device | None = None) -> None:
         raise DistributedSetupError(
             f"WORLD_SIZE={os.environ['WORLD_SIZE']} says this is one of several processes, but "
             f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set. Launch with "
-            "torchrun (e.g. torchrun --nproc_per_node=2 train.py) or hapi.spawn, or set all of "
-            "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT."
+            "torchrun or hapi.spawn, or set RANK, MASTER_ADDR and MASTER_PORT too."
         )
     backend = backend_name(device)
     if backend == "nccl":
