@@ -124,9 +124,10 @@ def launcher_variables() -> dict[str, str]:
     }
 
 
-def _unplaced(launched: str, missing: str, fix: str) -> DistributedSetupError:
+def _unplaced(launched: str, wrong: str, launcher: str) -> DistributedSetupError:
     return DistributedSetupError(
-        f"{launched}, but {missing}, so this process cannot tell its place. {fix}, or set RANK, "
+        f"{launched}, but {wrong}, so this process cannot tell its place. Start the script with "
+        f"{launcher} itself (not through a wrapper that clears the environment), or set RANK, "
         "LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT."
     )
 
@@ -138,11 +139,8 @@ def _from_slurm(world: int) -> tuple[str, int, str, str]:
     missing = [n for n in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_ID") if n not in os.environ]
     nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     if missing or not nodes:
-        raise _unplaced(
-            f"srun started {world} tasks",
-            f"{', '.join(missing) or 'SLURM_STEP_NODELIST'} is not set",
-            "Run the script with srun itself (not through a wrapper that clears the environment)",
-        )
+        wrong = f"{', '.join(missing) or 'SLURM_STEP_NODELIST'} is not set"
+        raise _unplaced(f"srun started {world} tasks", wrong, "srun")
     per_node = tasks_per_node(os.environ.get("SLURM_STEP_TASKS_PER_NODE", ""))
     local_world = (per_node[env_int("SLURM_NODEID", 0) :] or [world])[0]  # unknown: all of them
     return os.environ["SLURM_LOCALID"], local_world, first_host(nodes), os.environ["SLURM_JOB_ID"]
@@ -158,21 +156,14 @@ def _from_lsf(world: int) -> tuple[str, int, str, str]:
     try:
         listed = pathlib.Path(rank_file).read_text() if rank_file else os.environ.get("LSB_HOSTS")
     except OSError as error:
-        raise _unplaced(
-            launched,
-            f"LSB_DJOB_RANKFILE={rank_file!r} cannot be read ({error.strerror})",
-            "Run the script with jsrun on the job's nodes",
-        ) from None
+        wrong = f"LSB_DJOB_RANKFILE={rank_file!r} cannot be read ({error.strerror})"
+        raise _unplaced(launched, wrong, "jsrun") from None
     hosts = (listed or "").split()[1:] or [""]  # the first is the job's launch node
     missing = sorted({"JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK"} - set(os.environ))
-    if missing or not (hosts[0] or os.environ.get("MASTER_ADDR")):
-        raise _unplaced(
-            launched,
-            f"{', '.join(missing)} is not set"
-            if missing
-            else "neither LSB_DJOB_RANKFILE nor LSB_HOSTS names a host",
-            "Start the script with jsrun",
-        )
+    if not (hosts[0] or os.environ.get("MASTER_ADDR")):
+        missing.append("a compute host in LSB_DJOB_RANKFILE or LSB_HOSTS")
+    if missing:
+        raise _unplaced(launched, f"{', '.join(missing)} is not set", "jsrun")
     local_world = world // len(set(hosts))
     return os.environ["JSM_NAMESPACE_LOCAL_RANK"], local_world, hosts[0], os.environ["LSB_JOBID"]
 
@@ -191,9 +182,8 @@ def _from_mpi(world: int) -> tuple[str, int, str, str]:
     """
     ompi = "OMPI_COMM_WORLD_RANK" in os.environ
     local_world = env_int("OMPI_COMM_WORLD_LOCAL_SIZE" if ompi else "MPI_LOCALNRANKS", world)
-    if local_world < world and not (
-        os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")
-    ):
+    addressed = os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")
+    if local_world < world and not addressed:
         raise DistributedSetupError(
             f"mpirun started {world} processes on several machines ({local_world} here), but "
             "MASTER_ADDR and MASTER_PORT are not both set. Set them to the first machine's "
