@@ -46,7 +46,7 @@ def _through_one_tensor(
         tensor.copy_(part.view_as(tensor))
 
 
-_BROADCAST_PIECE_BYTES = 64 * 2**20
+_PIECE_BYTES = 64 * 2**20
 
 
 def broadcast_bytes(payload: bytes | None, source: int = 0) -> bytes | None:
@@ -63,9 +63,8 @@ def broadcast_bytes(payload: bytes | None, source: int = 0) -> bytes | None:
     if total < 0:
         return None
     received = bytearray(payload if sending else total)
-    whole = torch.frombuffer(received, dtype=torch.uint8) if total else None
-    for start in range(0, total, _BROADCAST_PIECE_BYTES):
-        piece = whole[start : start + _BROADCAST_PIECE_BYTES]
+    pieces = torch.frombuffer(received, dtype=torch.uint8).split(_PIECE_BYTES) if total else ()
+    for piece in pieces:  # views of received
         on_device = _broadcast(piece, source)
         if not sending and on_device is not piece:
             piece.copy_(on_device)

@@ -141,9 +141,16 @@ def _from_slurm(world: int) -> tuple[str, int, str, str]:
     if missing or not nodes:
         wrong = f"{', '.join(missing) or 'SLURM_STEP_NODELIST'} is not set"
         raise _unplaced(f"srun started {world} tasks", wrong, "srun")
-    per_node = tasks_per_node(os.environ.get("SLURM_STEP_TASKS_PER_NODE", ""))
+    # Tasks per node, "2(x3),1" for [2, 2, 2, 1]; in another form no count is known.
+    counts = os.environ.get("SLURM_STEP_TASKS_PER_NODE", "").split(",")
+    parts = [re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", p.strip()) for p in counts if p]
+    per_node = [int(m[1]) for m in parts for _ in range(int(m[2] or 1))] if all(parts) else []
     local_world = (per_node[env_int("SLURM_NODEID", 0) :] or [world])[0]  # unknown: all of them
-    return os.environ["SLURM_LOCALID"], local_world, first_host(nodes), os.environ["SLURM_JOB_ID"]
+    # The first host of the node list, "gpu03" of "gpu[03-05,9],cpu1" (the pattern matches any
+    # text: every part of it is optional).
+    prefix, ranges, suffix = re.match(r"([^,\[]*)(?:\[([^\]]*)\])?([^,]*)", nodes.strip()).groups()
+    host = prefix + (ranges or "").split(",")[0].split("-")[0] + suffix
+    return os.environ["SLURM_LOCALID"], local_world, host, os.environ["SLURM_JOB_ID"]
 
 
 def _from_lsf(world: int) -> tuple[str, int, str, str]:
@@ -212,20 +219,3 @@ def launcher_place() -> tuple[int, int]:
     except (DistributedSetupError, ValueError):
         return 0, 1
     return (place, world) if 0 <= place < world else (0, 1)
-
-
-def tasks_per_node(text: str) -> list[int]:
-    """Slurm's ``"2(x3),1"`` as ``[2, 2, 2, 1]``."""
-    parts = [re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", p.strip()) for p in text.split(",") if p]
-    if not all(parts):  # not Slurm's form: no count is known
-        return []
-    return [int(match[1]) for match in parts for _ in range(int(match[2] or 1))]
-
-
-def first_host(node_list: str) -> str:
-    """The first host of a Slurm node list: ``"gpu[03-05,9],cpu1"`` -> ``"gpu03"``."""
-    # Every part of the pattern is optional: it matches any text.
-    prefix, ranges, suffix = re.match(
-        r"([^,\[]*)(?:\[([^\]]*)\])?([^,]*)", node_list.strip()
-    ).groups()
-    return prefix + (ranges or "").split(",")[0].split("-")[0] + suffix

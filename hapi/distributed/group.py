@@ -188,9 +188,8 @@ def init(device: str | torch.device | None = None) -> None:
     try:
         dist.init_process_group(backend=backend, timeout=limit, **restart_safe_store(limit))
     except Exception as error:  # torch raises several (DistNetworkError, RuntimeError, ...)
-        hint = "check that every process uses the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE, "
-        hint += "and that rank 0 is reachable"
-        if "address already in use" in str(error).lower() or "EADDRINUSE" in str(error):
+        hint = "the processes must agree on MASTER_ADDR, MASTER_PORT, WORLD_SIZE and reach rank 0"
+        if "address already in use" in str(error).lower():  # libuv's and the other's message
             hint = "another program already listens on that port: pick a free one "
             hint += "(torchrun --master-port / --rdzv-endpoint, or MASTER_PORT)"
         raise DistributedSetupError(
