@@ -25,7 +25,6 @@ import signal
 import sys
 import tempfile
 import traceback
-import uuid
 from typing import Any, Callable, Sequence
 
 import torch
@@ -194,7 +193,7 @@ def spawn(
             "kernel and call hapi.spawn before any GPU work (build models inside fn), or run the "
             "training as a script."
         )
-    run_id = f"hapi-{uuid.uuid4().hex[:8]}"
+    run_id = f"hapi-{os.urandom(4).hex()}"
     redirect = {"redirects": Std.ALL, "tee": {0: Std.ALL}} if log_dir else {}
     config = LaunchConfig(
         min_nodes=1,

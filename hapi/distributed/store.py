@@ -10,7 +10,6 @@ import os
 import socket
 import sys
 import time
-import uuid
 from typing import Any
 
 import torch.distributed as dist
@@ -90,7 +89,7 @@ def _publish_new_store(
     The store listens on every address of this machine, so each of ``hosts`` reaches it.
     """
     store = dist.TCPStore(hosts[0], 0, is_master=True, timeout=timeout, wait_for_workers=False)
-    token = uuid.uuid4().hex
+    token = os.urandom(16).hex()
     store.set(_TOKEN_KEY, token)
     agent_store.set(_PUBLISHED_KEY, f"{','.join(hosts)} {store.port} {token}")
     return store
