@@ -203,7 +203,6 @@ _InterfaceAddress._fields_ = [
     ("flags", ctypes.c_uint),
     ("address", ctypes.c_void_p),
 ]
-_IFF_UP = 0x1
 
 
 def _machine_addresses() -> list[tuple[str, str]]:
@@ -224,7 +223,7 @@ def _machine_addresses() -> list[tuple[str, str]]:
     found = []
     entry = head
     while entry:
-        if entry.contents.address and entry.contents.flags & _IFF_UP:
+        if entry.contents.address and entry.contents.flags & 0x1:  # IFF_UP
             address = _sockaddr_text(entry.contents.address)
             if address and not (":" in address and ipaddress.ip_address(address).is_link_local):
                 found.append((entry.contents.name.decode(errors="replace"), address))
