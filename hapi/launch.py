@@ -49,6 +49,12 @@ _UNGUARDED = (
     'script, so each called it again and died. Put the call under `if __name__ == "__main__":`.'
 )
 
+# A spawned child that dies before fn runs may not have found fn in the script it imported.
+_NOT_FOUND = (
+    ' If that output says "Can\'t get attribute", define fn at the top level of its module, '
+    'outside `if __name__ == "__main__":`: each child imports the script and looks fn up there.'
+)
+
 
 # While spawn forks its processes: the caller's signal handlers, and whether the processes'
 # output goes to log_dir ("to_files"). Read by _in_forked_child.
@@ -272,12 +278,7 @@ def _failure_report(
         )
     rank, failure = error.get_first_failure()
     output = f"in {logs[str(rank)]}" if str(rank) in logs else "above"
-    hint = (
-        ' If that output says "Can\'t get attribute", define fn at the top level of its module, '
-        'outside `if __name__ == "__main__":`: each child imports the script and looks fn up there.'
-    )
-    if _forks():  # nothing was imported: the cause is in fn or what it ran
-        hint = ""
+    hint = "" if _forks() else _NOT_FOUND  # forked: nothing was imported, the cause is in fn
     return (
         f"Process {rank} of {count} started by hapi.spawn died with exit code {failure.exitcode} "
         f"before it could report an error; its output is {output}.{where}{hint}"
