@@ -25,7 +25,6 @@ import signal
 import sys
 import tempfile
 import traceback
-import uuid
 from typing import Any, Callable, Sequence
 
 import torch
@@ -46,9 +45,14 @@ class SpawnedProcessError(RuntimeError):
 # script calls spawn at import time.
 _ERROR_DIR = "HAPI_SPAWN_ERROR_DIR"
 _UNGUARDED = (
-    "the script calls hapi.spawn when it is imported, and each process hapi.spawn starts "
-    "imports the script (as multiprocessing's spawn start method does), so every child "
-    'called hapi.spawn again and died. Put the call under `if __name__ == "__main__":`.'
+    "the script calls hapi.spawn when it is imported, and each process it starts imports the "
+    'script, so each called it again and died. Put the call under `if __name__ == "__main__":`.'
+)
+
+# A spawned child that dies before fn runs may not have found fn in the script it imported.
+_NOT_FOUND = (
+    ' If that output says "Can\'t get attribute", define fn at the top level of its module, '
+    'outside `if __name__ == "__main__":`: each child imports the script and looks fn up there.'
 )
 
 
@@ -190,13 +194,12 @@ def spawn(
     start_method = "fork" if _forks() else "spawn"
     if start_method == "fork" and torch.cuda.is_initialized():
         raise RuntimeError(
-            "hapi.spawn forks its processes when called from a notebook or an interactive "
-            "session, and this process has already initialised CUDA, which a forked process "
-            "cannot use. Restart the kernel and call hapi.spawn before anything runs on the GPU "
-            "in this process (build models and tensors inside fn), or run the training as a "
-            "script (python train.py), where the processes start fresh."
+            "hapi.spawn forks its processes here (a notebook or an interactive session), but this "
+            "process has already initialised CUDA, which a forked process cannot use. Restart the "
+            "kernel and call hapi.spawn before any GPU work (build models inside fn), or run the "
+            "training as a script."
         )
-    run_id = f"hapi-{uuid.uuid4().hex[:8]}"
+    run_id = f"hapi-{os.urandom(4).hex()}"
     redirect = {"redirects": Std.ALL, "tee": {0: Std.ALL}} if log_dir else {}
     config = LaunchConfig(
         min_nodes=1,
@@ -275,12 +278,7 @@ def _failure_report(
         )
     rank, failure = error.get_first_failure()
     output = f"in {logs[str(rank)]}" if str(rank) in logs else "above"
-    hint = (
-        ' If that output says "Can\'t get attribute", define fn at the top level of its module, '
-        'outside `if __name__ == "__main__":`: each child imports the script and looks fn up there.'
-    )
-    if _forks():  # nothing was imported: the cause is in fn or what it ran
-        hint = ""
+    hint = "" if _forks() else _NOT_FOUND  # forked: nothing was imported, the cause is in fn
     return (
         f"Process {rank} of {count} started by hapi.spawn died with exit code {failure.exitcode} "
         f"before it could report an error; its output is {output}.{where}{hint}"

@@ -46,7 +46,7 @@ def _through_one_tensor(
         tensor.copy_(part.view_as(tensor))
 
 
-_BROADCAST_PIECE_BYTES = 64 * 2**20
+_PIECE_BYTES = 64 * 2**20
 
 
 def broadcast_bytes(payload: bytes | None, source: int = 0) -> bytes | None:
@@ -63,9 +63,8 @@ def broadcast_bytes(payload: bytes | None, source: int = 0) -> bytes | None:
     if total < 0:
         return None
     received = bytearray(payload if sending else total)
-    whole = torch.frombuffer(received, dtype=torch.uint8) if total else None
-    for start in range(0, total, _BROADCAST_PIECE_BYTES):
-        piece = whole[start : start + _BROADCAST_PIECE_BYTES]
+    pieces = torch.frombuffer(received, dtype=torch.uint8).split(_PIECE_BYTES) if total else ()
+    for piece in pieces:  # views of received
         on_device = _broadcast(piece, source)
         if not sending and on_device is not piece:
             piece.copy_(on_device)
@@ -137,20 +136,19 @@ def main_process_first() -> Iterator[None]:
                 train_set = torchvision.datasets.MNIST("data", download=True)
     """
     init()
-    if rank() != 0:  # wait for the main process's verdict (one collective each)
-        if any_true(False):
-            raise RuntimeError(
-                "The main process failed in its main_process_first() block (see its error), "
-                "so this process did not run it."
-            )
-        yield
-        return
+    # One collective each: the others wait for the main process's verdict on its block.
+    if rank() != 0 and any_true(False):
+        raise RuntimeError(
+            "The main process failed in its main_process_first() block (see its error), "
+            "so this process did not run it."
+        )
+    failed = True
     try:
         yield
-    except BaseException:
-        any_true(True)
-        raise
-    any_true(False)
+        failed = False
+    finally:
+        if rank() == 0:
+            any_true(failed)
 
 
 def gather_objects(value: Any) -> list[Any]:
@@ -229,9 +227,8 @@ def sync_from_main(module: Any, parameters: bool = False) -> None:
     """
     if world_size() == 1:
         return
-    tensors = list(module.buffers()) + (list(module.parameters()) if parameters else [])
     groups: dict[tuple, list[torch.Tensor]] = {}
-    for tensor in tensors:
+    for tensor in [*module.buffers(), *(module.parameters() if parameters else ())]:
         groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
     with torch.no_grad():
         for members in groups.values():
@@ -293,9 +290,7 @@ def broadcast_freshest(
     failed = [source for source, (_, broken) in enumerate(per_rank) if broken]
     if failed:
         raise failed_elsewhere(failed[0])
-    copies = [
-        (progress, -source) for source, (progress, _) in enumerate(per_rank) if progress is not None
-    ]
+    copies = [(copy, -source) for source, (copy, _) in enumerate(per_rank) if copy is not None]
     if not copies:
         return None
     source = -max(copies)[1]

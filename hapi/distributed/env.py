@@ -105,8 +105,7 @@ def launcher_variables() -> dict[str, str]:
         if env_int("SLURM_NTASKS", 1) > 1 and "SLURM_STEP_NUM_TASKS" not in os.environ:
             warnings.warn(
                 f"This Slurm allocation has SLURM_NTASKS={os.environ['SLURM_NTASKS']} tasks, but the "
-                "script was not started by srun, so it trains as one process. Start it with "
-                "`srun python train.py` to train on all of them.",
+                "script was not started by srun: it trains alone. Use `srun python train.py`.",
                 stacklevel=4,
             )
         return {}
@@ -125,9 +124,10 @@ def launcher_variables() -> dict[str, str]:
     }
 
 
-def _unplaced(launched: str, missing: str, fix: str) -> DistributedSetupError:
+def _unplaced(launched: str, wrong: str, launcher: str) -> DistributedSetupError:
     return DistributedSetupError(
-        f"{launched}, but {missing}, so this process cannot tell its place. {fix}, or set RANK, "
+        f"{launched}, but {wrong}, so this process cannot tell its place. Start the script with "
+        f"{launcher} itself (not through a wrapper that clears the environment), or set RANK, "
         "LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT."
     )
 
@@ -139,15 +139,18 @@ def _from_slurm(world: int) -> tuple[str, int, str, str]:
     missing = [n for n in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_ID") if n not in os.environ]
     nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     if missing or not nodes:
-        raise _unplaced(
-            f"srun started {world} tasks",
-            f"{', '.join(missing) or 'SLURM_STEP_NODELIST'} is not set",
-            "Run the script with srun itself (not through a wrapper that clears the environment)",
-        )
-    per_node = tasks_per_node(os.environ.get("SLURM_STEP_TASKS_PER_NODE", ""))
-    node = env_int("SLURM_NODEID", 0)
-    local_world = per_node[node] if node < len(per_node) else world
-    return os.environ["SLURM_LOCALID"], local_world, first_host(nodes), os.environ["SLURM_JOB_ID"]
+        wrong = f"{', '.join(missing) or 'SLURM_STEP_NODELIST'} is not set"
+        raise _unplaced(f"srun started {world} tasks", wrong, "srun")
+    # Tasks per node, "2(x3),1" for [2, 2, 2, 1]; in another form no count is known.
+    counts = os.environ.get("SLURM_STEP_TASKS_PER_NODE", "").split(",")
+    parts = [re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", p.strip()) for p in counts if p]
+    per_node = [int(m[1]) for m in parts for _ in range(int(m[2] or 1))] if all(parts) else []
+    local_world = (per_node[env_int("SLURM_NODEID", 0) :] or [world])[0]  # unknown: all of them
+    # The first host of the node list, "gpu03" of "gpu[03-05,9],cpu1" (the pattern matches any
+    # text: every part of it is optional).
+    prefix, ranges, suffix = re.match(r"([^,\[]*)(?:\[([^\]]*)\])?([^,]*)", nodes.strip()).groups()
+    host = prefix + (ranges or "").split(",")[0].split("-")[0] + suffix
+    return os.environ["SLURM_LOCALID"], local_world, host, os.environ["SLURM_JOB_ID"]
 
 
 def _from_lsf(world: int) -> tuple[str, int, str, str]:
@@ -160,24 +163,16 @@ def _from_lsf(world: int) -> tuple[str, int, str, str]:
     try:
         listed = pathlib.Path(rank_file).read_text() if rank_file else os.environ.get("LSB_HOSTS")
     except OSError as error:
-        raise _unplaced(
-            launched,
-            f"LSB_DJOB_RANKFILE={rank_file!r} cannot be read ({error.strerror})",
-            "Run the script with jsrun on the job's nodes",
-        ) from None
-    hosts = (listed or "").split()[1:]  # the first is the job's launch node
+        wrong = f"LSB_DJOB_RANKFILE={rank_file!r} cannot be read ({error.strerror})"
+        raise _unplaced(launched, wrong, "jsrun") from None
+    hosts = (listed or "").split()[1:] or [""]  # the first is the job's launch node
     missing = sorted({"JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK"} - set(os.environ))
-    if missing or not (hosts or os.environ.get("MASTER_ADDR")):
-        raise _unplaced(
-            launched,
-            f"{', '.join(missing)} is not set"
-            if missing
-            else "neither LSB_DJOB_RANKFILE nor LSB_HOSTS names a host",
-            "Start the script with jsrun",
-        )
-    local_world = world // max(len(set(hosts)), 1)
-    host = hosts[0] if hosts else ""
-    return os.environ["JSM_NAMESPACE_LOCAL_RANK"], local_world, host, os.environ["LSB_JOBID"]
+    if not (hosts[0] or os.environ.get("MASTER_ADDR")):
+        missing.append("a compute host in LSB_DJOB_RANKFILE or LSB_HOSTS")
+    if missing:
+        raise _unplaced(launched, f"{', '.join(missing)} is not set", "jsrun")
+    local_world = world // len(set(hosts))
+    return os.environ["JSM_NAMESPACE_LOCAL_RANK"], local_world, hosts[0], os.environ["LSB_JOBID"]
 
 
 def _from_mpi(world: int) -> tuple[str, int, str, str]:
@@ -194,14 +189,12 @@ def _from_mpi(world: int) -> tuple[str, int, str, str]:
     """
     ompi = "OMPI_COMM_WORLD_RANK" in os.environ
     local_world = env_int("OMPI_COMM_WORLD_LOCAL_SIZE" if ompi else "MPI_LOCALNRANKS", world)
-    if local_world < world and not (
-        os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")
-    ):
+    addressed = os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")
+    if local_world < world and not addressed:
         raise DistributedSetupError(
-            f"mpirun started {world} processes on several machines ({local_world} on this one), "
-            "but MASTER_ADDR and MASTER_PORT are not both set, so they cannot meet. Set them to "
-            "the first machine's address and a free port, and pass them to every process: "
-            "mpirun -x MASTER_ADDR -x MASTER_PORT ..."
+            f"mpirun started {world} processes on several machines ({local_world} here), but "
+            "MASTER_ADDR and MASTER_PORT are not both set. Set them to the first machine's "
+            "address and a free port, passed to every process: mpirun -x MASTER_ADDR -x MASTER_PORT"
         )
     rank = os.environ["OMPI_COMM_WORLD_RANK" if ompi else "PMI_RANK"]
     local = os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK" if ompi else "MPI_LOCALRANKID", rank)
@@ -226,20 +219,3 @@ def launcher_place() -> tuple[int, int]:
     except (DistributedSetupError, ValueError):
         return 0, 1
     return (place, world) if 0 <= place < world else (0, 1)
-
-
-def tasks_per_node(text: str) -> list[int]:
-    """Slurm's ``"2(x3),1"`` as ``[2, 2, 2, 1]``."""
-    parts = [re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", p.strip()) for p in text.split(",") if p]
-    if not all(parts):  # not Slurm's form: no count is known
-        return []
-    return [int(match[1]) for match in parts for _ in range(int(match[2] or 1))]
-
-
-def first_host(node_list: str) -> str:
-    """The first host of a Slurm node list: ``"gpu[03-05,9],cpu1"`` -> ``"gpu03"``."""
-    # Every part of the pattern is optional: it matches any text.
-    prefix, ranges, suffix = re.match(
-        r"([^,\[]*)(?:\[([^\]]*)\])?([^,]*)", node_list.strip()
-    ).groups()
-    return prefix + (ranges or "").split(",")[0].split("-")[0] + suffix

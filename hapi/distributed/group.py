@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 
 from hapi.distributed import env
-from hapi.distributed.env import DistributedSetupError, env_int
 from hapi.distributed.store import leave_attempt_store, restart_safe_store
 
 # This process's part in the group: whether hapi created it (and so destroys it), whether the
@@ -99,7 +98,7 @@ def local_rank() -> int:
     Returns:
         The local rank, 0 on a single process.
     """
-    return env_int("LOCAL_RANK", 0)
+    return env.env_int("LOCAL_RANK", 0)
 
 
 def world_size() -> int:
@@ -117,19 +116,17 @@ def backend_name(device: str | torch.device | None = None) -> str:
     on_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
     requested = os.environ.get("HAPI_BACKEND", "").strip().lower()
     if requested not in ("", "nccl", "gloo"):
-        raise DistributedSetupError(
+        raise env.DistributedSetupError(
             f"HAPI_BACKEND={requested!r} is not a backend torch-hapi uses; choose 'nccl' "
             "(CUDA GPUs) or 'gloo' (CPU), or unset it to choose automatically."
         )
     if requested == "nccl" and not (on_cuda and torch.cuda.is_available()):
-        raise DistributedSetupError(
-            "HAPI_BACKEND=nccl asks for NCCL, which "
-            + (
-                f"reduces CUDA tensors only, but the Model was given device={str(device)!r}"
-                if torch.cuda.is_available()
-                else "needs CUDA GPUs, but torch.cuda.is_available() is False on this machine"
-            )
-            + ". Unset HAPI_BACKEND (Gloo is chosen for CPU models) or train on CUDA GPUs."
+        why = "needs CUDA GPUs, but torch.cuda.is_available() is False on this machine"
+        if torch.cuda.is_available():
+            why = f"reduces CUDA tensors only, but the Model was given device={str(device)!r}"
+        raise env.DistributedSetupError(
+            f"HAPI_BACKEND=nccl asks for NCCL, which {why}. Unset HAPI_BACKEND (Gloo is chosen "
+            "for CPU models) or train on CUDA GPUs."
         )
     return requested or ("nccl" if on_cuda else "gloo")
 
@@ -166,24 +163,22 @@ def init(device: str | torch.device | None = None) -> None:
     """
     if _active():
         if backend_name(device) == "gloo" and dist.get_backend() == "nccl":
-            raise DistributedSetupError(
+            raise env.DistributedSetupError(
                 f"This process group uses NCCL, which reduces CUDA tensors only, but the Model "
-                f"trains on {device!r}. It was formed before the Model on this GPU machine "
-                "(hapi.distributed.init() with no device picks NCCL): call "
-                'hapi.distributed.init("cpu") first to train on the CPU.'
+                f'trains on {device!r}. Call hapi.distributed.init("cpu") before anything '
+                "forms the group (with no device, it picks NCCL on a GPU machine)."
             )
         return
     # srun, jsrun, mpirun: torch.distributed's variables from theirs
     os.environ.update(env.launcher_variables())
-    if env_int("WORLD_SIZE", 1) <= 1:
+    if env.env_int("WORLD_SIZE", 1) <= 1:
         return
     missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
     if missing:
-        raise DistributedSetupError(
+        raise env.DistributedSetupError(
             f"WORLD_SIZE={os.environ['WORLD_SIZE']} says this is one of several processes, but "
             f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set. Launch with "
-            "torchrun (e.g. torchrun --nproc_per_node=2 train.py) or hapi.spawn, or set all of "
-            "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT."
+            "torchrun or hapi.spawn, or set RANK, MASTER_ADDR and MASTER_PORT too."
         )
     backend = backend_name(device)
     if backend == "nccl":
@@ -192,12 +187,11 @@ def init(device: str | torch.device | None = None) -> None:
     try:
         dist.init_process_group(backend=backend, timeout=limit, **restart_safe_store(limit))
     except Exception as error:  # torch raises several (DistNetworkError, RuntimeError, ...)
-        hint = "check that every process uses the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE, "
-        hint += "and that rank 0 is reachable"
-        if "address already in use" in str(error).lower() or "EADDRINUSE" in str(error):
+        hint = "the processes must agree on MASTER_ADDR, MASTER_PORT, WORLD_SIZE and reach rank 0"
+        if "address already in use" in str(error).lower():  # libuv's and the other's message
             hint = "another program already listens on that port: pick a free one "
             hint += "(torchrun --master-port / --rdzv-endpoint, or MASTER_PORT)"
-        raise DistributedSetupError(
+        raise env.DistributedSetupError(
             f"Could not join the {backend} process group at {os.environ['MASTER_ADDR']}:"
             f"{os.environ['MASTER_PORT']} as rank {os.environ['RANK']} of "
             f"{os.environ['WORLD_SIZE']}: {error}. Likely cause: {hint}."

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import ctypes.util
 import datetime
 import ipaddress
@@ -11,7 +10,6 @@ import os
 import socket
 import sys
 import time
-import uuid
 from typing import Any
 
 import torch.distributed as dist
@@ -49,12 +47,10 @@ def restart_safe_store(timeout: datetime.timedelta) -> dict[str, Any]:
         _bind_gloo_where_others_reach(agent_host, agent_port)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
-    agent_store = dist.TCPStore(
-        agent_host, agent_port, world_size=processes, is_master=False, timeout=timeout
-    )
+    agent_store = dist.TCPStore(agent_host, agent_port, world_size=processes, timeout=timeout)
     if this_rank == 0:
         hosts = _addresses_others_reach(agent_host, agent_port, spans_machines)
-        store = _publish_new_store(agent_store, hosts, processes, timeout)
+        store = _publish_new_store(agent_store, hosts, timeout)
     else:
         store = _join_published_store(agent_store, processes, timeout)
     _attempt_store[:] = [(store, this_rank, processes)]
@@ -86,16 +82,14 @@ def leave_attempt_store(limit: datetime.timedelta) -> None:
 
 
 def _publish_new_store(
-    agent_store: dist.Store, hosts: list[str], processes: int, timeout: datetime.timedelta
+    agent_store: dist.Store, hosts: list[str], timeout: datetime.timedelta
 ) -> dist.Store:
     """Rank 0: a store on a free port; its addresses, port and token published in ``agent_store``.
 
     The store listens on every address of this machine, so each of ``hosts`` reaches it.
     """
-    store = dist.TCPStore(
-        hosts[0], 0, world_size=processes, is_master=True, timeout=timeout, wait_for_workers=False
-    )
-    token = uuid.uuid4().hex
+    store = dist.TCPStore(hosts[0], 0, is_master=True, timeout=timeout, wait_for_workers=False)
+    token = os.urandom(16).hex()
     store.set(_TOKEN_KEY, token)
     agent_store.set(_PUBLISHED_KEY, f"{','.join(hosts)} {store.port} {token}")
     return store
@@ -151,9 +145,7 @@ def _join_published_store(
             # by another program.
             with contextlib.suppress(RuntimeError, ValueError, OSError):
                 socket.create_connection((host, int(port)), probe_timeout.total_seconds()).close()
-                store = dist.TCPStore(
-                    host, int(port), world_size=processes, is_master=False, timeout=probe_timeout
-                )
+                store = dist.TCPStore(host, int(port), world_size=processes, timeout=probe_timeout)
                 if store.get(_TOKEN_KEY).decode() == token:
                     store.set_timeout(timeout)
                     return store
@@ -211,7 +203,6 @@ _InterfaceAddress._fields_ = [
     ("flags", ctypes.c_uint),
     ("address", ctypes.c_void_p),
 ]
-_IFF_UP = 0x1
 
 
 def _machine_addresses() -> list[tuple[str, str]]:
@@ -230,16 +221,14 @@ def _machine_addresses() -> list[tuple[str, str]]:
     if getifaddrs(ctypes.byref(head)) != 0:
         return []
     found = []
-    try:
-        entry = head
-        while entry:
-            if entry.contents.address and entry.contents.flags & _IFF_UP:
-                address = _sockaddr_text(entry.contents.address)
-                if address and not (":" in address and ipaddress.ip_address(address).is_link_local):
-                    found.append((entry.contents.name.decode(), address))
-            entry = entry.contents.next
-    finally:
-        freeifaddrs(head)
+    entry = head
+    while entry:
+        if entry.contents.address and entry.contents.flags & 0x1:  # IFF_UP
+            address = _sockaddr_text(entry.contents.address)
+            if address and not (":" in address and ipaddress.ip_address(address).is_link_local):
+                found.append((entry.contents.name.decode(errors="replace"), address))
+        entry = entry.contents.next
+    freeifaddrs(head)
     return found
 
 

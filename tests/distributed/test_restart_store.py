@@ -38,7 +38,7 @@ def test_other_ranks_wait_past_stale_publications_for_this_attempts_rank_0(free_
     agent.set(store._PUBLISHED_KEY, f"127.0.0.1 {reused.port} earlier-token")
     time.sleep(2.5)
     assert not joined
-    rank_0_store = store._publish_new_store(agent, ["127.0.0.1"], 2, TIMEOUT)
+    rank_0_store = store._publish_new_store(agent, ["127.0.0.1"], TIMEOUT)
     joiner.join(timeout=30)
     assert joined, "rank 1 never joined the store rank 0 published"
     rank_0_store.set("from rank 0", "hello")
@@ -47,7 +47,7 @@ def test_other_ranks_wait_past_stale_publications_for_this_attempts_rank_0(free_
 
 def test_the_joiner_tries_each_published_address_until_one_holds_the_token():
     agent = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    rank_0_store = store._publish_new_store(agent, ["127.0.0.1"], 2, TIMEOUT)
+    rank_0_store = store._publish_new_store(agent, ["127.0.0.1"], TIMEOUT)
     _, port, token = agent.get(store._PUBLISHED_KEY).decode().split()
     # Rank 0's machine has several addresses; the first one published is not reached from here.
     agent.set(store._PUBLISHED_KEY, f"192.0.2.77,127.0.0.1 {port} {token}")

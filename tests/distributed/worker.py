@@ -228,7 +228,7 @@ def scenario_eval(out: pathlib.Path) -> dict:
     from hapi import distributed
     from hapi.distributed import collectives
 
-    collectives._BROADCAST_PIECE_BYTES = 7
+    collectives._PIECE_BYTES = 7
     main = os.environ.get("RANK") == "0"
     broadcast = distributed.broadcast_bytes(bytes(range(100)) if main else None)
     nothing = distributed.broadcast_bytes(None if main else b"ignored")
