@@ -378,8 +378,15 @@ class Model:
             TypeError: an optimizer, loss, metric or strategy of the wrong kind
                 (the message says what is accepted).
             RuntimeError: a different ``strategy`` after this Model already
-                trained on several processes (build a new Model instead).
+                trained on several processes (build a new Model instead), or a
+                call from a callback while ``fit`` runs.
         """
+        if self._fit_run is not None:
+            raise RuntimeError(
+                "prepare() was called while fit() runs (from a callback?): the running fit keeps "
+                "its optimizer, loss and metrics. Change a setting in place instead (the learning "
+                "rate in model.optimizer.param_groups), or call prepare() before fit()."
+            )
         chosen_strategy = distributed.resolve_strategy(strategy)
         if amp_configs is not None and amp is not None:
             raise ValueError(

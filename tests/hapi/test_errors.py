@@ -49,6 +49,24 @@ def test_evaluate_before_prepare(tiny_net, tiny_data):
         Model(tiny_net, device="cpu").evaluate(tiny_data, verbose=0)
 
 
+def test_prepare_from_a_callback_of_a_running_fit_says_to_change_settings_in_place(tiny_data):
+    from callbacks import LambdaCallback
+
+    model = ready_model()
+
+    def prepare_again(epoch, logs):
+        model.prepare(torch.optim.SGD(model.parameters(), lr=0.01), nn.CrossEntropyLoss())
+
+    with pytest.raises(
+        RuntimeError,
+        match=r"prepare\(\) was called while fit\(\) runs .*model\.optimizer\.param_groups",
+    ):
+        model.fit(
+            tiny_data, epochs=2, verbose=0, callbacks=LambdaCallback(on_epoch_end=prepare_again)
+        )
+    assert model.fit(tiny_data, verbose=0).history["loss"]  # the model trains on afterwards
+
+
 def test_fit_without_loss(tiny_data):
     model = model_with(adam=True)
     with pytest.raises(
