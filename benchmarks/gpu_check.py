@@ -56,9 +56,9 @@ class Setup:
     def __init__(self, device: str, quick: bool) -> None:
         self.device = torch.device(device)
         self.quick = quick
-        self.lenet_samples = 1024 if quick else 60_000
-        self.resnet_samples = 64 if quick else 50_000
-        self.resnet_batch = 32 if quick else 128
+        self.lenet_samples = 256 if quick else 60_000
+        self.resnet_samples = 16 if quick else 50_000
+        self.resnet_batch = 8 if quick else 128
         self.repeats = 1 if quick else 3
         self._lenet_data: tuple[torch.Tensor, torch.Tensor] | None = None
         self.launched: dict[str, dict] = {}  # strategy -> what its torchrun worker saved
