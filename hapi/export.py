@@ -105,8 +105,12 @@ def export_network(
             inputs = tuple(torch.cat([t, t]) if t.dim() else t for t in inputs)
         # Dim.DYNAMIC (not Dim.AUTO): if forward fixes the batch size, export fails and says
         # so, instead of silently writing a program that rejects every other batch size.
-        dynamic = [{0: torch.export.Dim.DYNAMIC} if b and dynamic_batch else None for b in batched]
-        program = torch.export.export(network, inputs, dynamic_shapes=tuple(dynamic))
+        # No dynamic_shapes at all for a fixed batch: a per-input tuple of Nones is checked
+        # against forward's signature, which a forward(*inputs) does not match.
+        dynamic = tuple({0: torch.export.Dim.DYNAMIC} if b else None for b in batched)
+        program = torch.export.export(
+            network, inputs, dynamic_shapes=dynamic if dynamic_batch else None
+        )
     except Exception as error:
         raise RuntimeError(_explain(network, error, inputs, dynamic_batch, exporting)) from error
     finally:

@@ -120,6 +120,25 @@ def test_dynamic_batch_false_fixes_the_batch_size(tmp_path):
         program(torch.randn(5, 4))
 
 
+class VarArgs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, *inputs):
+        return sum(self.linear(x) for x in inputs)
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_forward_taking_star_args_exports_with_a_fixed_batch(tmp_path, count):
+    network = VarArgs().eval()
+    example = tuple(torch.randn(3, 4) for _ in range(count))
+    _, program = exported(
+        tmp_path, network, example if count > 1 else example[0], dynamic_batch=False
+    )
+    torch.testing.assert_close(program(*example), network(*example), atol=1e-6, rtol=0)
+
+
 def test_the_file_name_gets_pt2_and_parent_directories_are_created(tmp_path):
     model = Model(TinyNet(), device="cpu")
     assert model.export(tmp_path / "a" / "b" / "net", torch.randn(2, 4)) == str(
