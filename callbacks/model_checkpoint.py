@@ -289,8 +289,8 @@ class ModelCheckpoint(MonitorCallback):
         ``eval_freq`` above 1) is no news then.
         """
         deferred, self._deferred = self._deferred, []
-        if self._judged_step == self.model.step:
-            return  # judged at on_eval_end a moment ago
+        if self._eval_name is not None and self._judged_step == self.model.step:
+            return  # judged at on_eval_end a moment ago (only a val_ figure is judged there)
         current = self.get_monitor_value(logs, warn=False)
         if current is None and deferred and deferred[1] == self.model.step:
             current = deferred[0]
