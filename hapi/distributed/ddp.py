@@ -16,17 +16,21 @@ from hapi.distributed.env import env_int, timeout
 from hapi.distributed.group import rank, release_at_teardown, world_size
 
 
-def wrap(network: nn.Module, device: torch.device, **options: Any) -> nn.Module:
+def wrap(
+    network: nn.Module, device: torch.device, options: dict[str, Any] | None = None
+) -> nn.Module:
     """The module training runs: DDP around ``network`` on several processes.
 
     ``options`` are the user's DistributedDataParallel keywords
-    (:class:`hapi.DDP`). DDP broadcasts rank 0's weights at construction, so
-    every rank starts from the same model whatever its own initialisation.
+    (:class:`hapi.DDP`), a dict: a keyword of theirs that DDP lacks (``device=``)
+    gets DDP's own error, not a clash with this function's parameters. DDP
+    broadcasts rank 0's weights at construction, so every rank starts from the
+    same model whatever its own initialisation.
     """
     if world_size() == 1 or not any(p.requires_grad for p in network.parameters()):
         return network
     device_ids = [device.index] if device.type == "cuda" else None
-    wrapped = nn.parallel.DistributedDataParallel(network, device_ids=device_ids, **options)
+    wrapped = nn.parallel.DistributedDataParallel(network, device_ids=device_ids, **(options or {}))
     release_at_teardown(functools.partial(_release, weakref.ref(wrapped)))
     _average_through_shared_memory(wrapped, [p for p in network.parameters() if p.requires_grad])
     return wrapped

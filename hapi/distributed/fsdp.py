@@ -26,7 +26,6 @@ holds is sharded with them). This module holds the rest:
 from __future__ import annotations
 
 import contextlib
-import copy
 import sys
 import warnings
 from typing import Any, Callable, Iterable, Iterator
@@ -241,7 +240,11 @@ def plain_copy(network: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
         # Not torch's composable-API state (FSDP's state and registry).
         fields = {k: v for k, v in vars(module).items() if not k.startswith("__composable_api_")}
         fields["_parameters"] = {k: copies[id(p)] for k, p in module._parameters.items()}
-        fields["_buffers"] = copy.deepcopy(module._buffers)
+        # detach: a buffer updated in forward under autograd (a running mean kept without
+        # no_grad) is no graph leaf, which deepcopy refuses.
+        fields["_buffers"] = {
+            k: None if b is None else b.detach().clone() for k, b in module._buffers.items()
+        }
         fields["_modules"] = {k: copy_module(m) for k, m in module._modules.items()}
         for key, value in fields.items():
             if key.endswith("_hooks") and isinstance(value, dict):

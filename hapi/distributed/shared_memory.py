@@ -212,8 +212,8 @@ class SharedMemoryAllReduce:
         if gradients.layout != torch.strided or gradients.dtype != torch.float32:
             raise RuntimeError(
                 f"The shared-memory gradient average got a {gradients.layout} {gradients.dtype} "
-                "gradient bucket; it adds dense float32 rows only. Set HAPI_SHM_ALLREDUCE=0 (or "
-                "give the module yielding it a `sparse=True` attribute) to use Gloo's all-reduce."
+                "gradient bucket; it adds dense float32 rows only and cannot hand it to Gloo "
+                "mid-run. Set HAPI_SHM_ALLREDUCE=0 to use Gloo's all-reduce for every gradient."
             )
         count = gradients.numel()
         if count > self.numel:

@@ -158,7 +158,7 @@ class DDP(Strategy):
             for name, child in network.named_children():  # in place: model.network stays the user's
                 setattr(network, name, nn.SyncBatchNorm.convert_sync_batchnorm(child))
         options = {key: vars(self)[key] for key in ("find_unused_parameters", "static_graph")}
-        return ddp.wrap(network, device, **options, **self.ddp_kwargs)
+        return ddp.wrap(network, device, {**options, **self.ddp_kwargs})
 
 
 class FSDP(Strategy):

@@ -66,6 +66,11 @@ def run() -> dict:
         results["sync_batchnorm"] = "trained"
     except Exception as error:  # noqa: BLE001 -- the test reads the message
         results["sync_batchnorm"] = f"{type(error).__name__}: {error}"
+    try:  # a keyword DDP lacks: DDP's own error, naming the keyword
+        train(8, hapi.DDP(device="cpu"))
+        results["unknown_keyword"] = "trained"
+    except TypeError as error:
+        results["unknown_keyword"] = str(error)
     return results
 
 

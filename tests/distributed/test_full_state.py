@@ -113,3 +113,32 @@ if __name__ == "__main__":
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     main(pathlib.Path(sys.argv[1]))
+
+
+class _RunningMean(nn.Module):
+    """Keeps a running mean of its outputs without torch.no_grad, as VQ-style EMA code does:
+    after a training forward the buffer is part of the autograd graph (no leaf)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+        self.register_buffer("mean", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        self.mean.mul_(0.9).add_(0.1 * y.mean(0))
+        return y
+
+
+def test_the_plain_copy_export_makes_after_fsdp_keeps_a_buffer_in_the_graph():
+    """model.export under FSDP exports a plain copy of the network: buffers are copied
+    detached, so a buffer updated under autograd does not break the export."""
+    from hapi.distributed import fsdp
+
+    network = _RunningMean()
+    network(torch.randn(2, 3))
+    assert not network.mean.is_leaf
+    copy = fsdp.plain_copy(network, network.state_dict())
+    assert torch.equal(copy.mean, network.mean) and copy.mean.is_leaf
+    assert copy.mean.data_ptr() != network.mean.data_ptr()  # a copy: export cannot touch the user's
+    torch.testing.assert_close(copy(torch.ones(1, 3)), network(torch.ones(1, 3)))

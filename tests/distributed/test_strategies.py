@@ -32,6 +32,9 @@ def test_ddp_options_on_two_processes(tmp_path):
         # SyncBatchNorm runs on GPU modules only: a CPU process is told so, before training.
         assert rank["sync_batchnorm"].startswith("DistributedSetupError")
         assert "runs only on GPU modules" in rank["sync_batchnorm"]
+        # A keyword DistributedDataParallel lacks gets DDP's own TypeError, naming it.
+        assert "DistributedDataParallel" in rank["unknown_keyword"]
+        assert "unexpected keyword argument 'device'" in rank["unknown_keyword"]
 
 
 @pytest.mark.parametrize(
