@@ -230,8 +230,8 @@ class MetricSet:
                 raise TypeError(
                     f"The metric {key!r} ({type(metric).__name__}){of} failed on outputs "
                     f"{describe(outputs[ours])} and labels {describe(labels[ours])} of a batch of "
-                    f"{len(outputs)} outputs and {len(labels)} labels: {error}. With several "
-                    "outputs, give metrics per output, each updated with its output and label: "
+                    f"{len(outputs)} outputs and {len(labels)} labels: {error}. A metric is called "
+                    "as update(*outputs, *labels); with several outputs, give metrics per output: "
                     "prepare(metrics=[[metrics of output 0], [metrics of output 1], ...])."
                 ) from error
 
@@ -256,7 +256,8 @@ class MetricSet:
                 )
             if weight.device.type == "cpu" and float(weight) < 0:
                 raise ValueError(
-                    f"A step's 'weight' must not be negative; received {float(weight)}."
+                    f"A step's 'weight' must not be negative; received {float(weight)}. Return "
+                    "the count its figures are averaged over (samples, tokens)."
                 )
             weight = weight.reshape(()).double()
         self._weight_sum = self._weight_sum + weight
