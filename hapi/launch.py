@@ -45,8 +45,9 @@ class SpawnedProcessError(RuntimeError):
 # script calls spawn at import time.
 _ERROR_DIR = "HAPI_SPAWN_ERROR_DIR"
 _UNGUARDED = (
-    "the script calls hapi.spawn when it is imported, and each process it starts imports the "
-    'script, so each called it again and died. Put the call under `if __name__ == "__main__":`.'
+    "the script calls hapi.spawn when it is imported, and each process hapi.spawn starts "
+    "imports the script (as multiprocessing's spawn start method does), so every child "
+    'called hapi.spawn again and died. Put the call under `if __name__ == "__main__":`.'
 )
 
 # A spawned child that dies before fn runs may not have found fn in the script it imported.

@@ -178,7 +178,8 @@ def init(device: str | torch.device | None = None) -> None:
         raise env.DistributedSetupError(
             f"WORLD_SIZE={os.environ['WORLD_SIZE']} says this is one of several processes, but "
             f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set. Launch with "
-            "torchrun or hapi.spawn, or set RANK, MASTER_ADDR and MASTER_PORT too."
+            "torchrun (e.g. torchrun --nproc_per_node=2 train.py) or hapi.spawn, or set all of "
+            "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT."
         )
     backend = backend_name(device)
     if backend == "nccl":
