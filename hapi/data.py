@@ -263,13 +263,16 @@ def _checked(loader: Iterable, role: str, batch_size: int | None, drop_last: boo
         return NonEmpty(loader, role)
     dataset = loader.dataset
     # A map-style data set smaller than the process count leaves this process's shard empty.
-    samples = is_map_style(dataset) and not isinstance(dataset, IterableDataset) and len(dataset)
+    map_style = is_map_style(dataset) and not isinstance(dataset, IterableDataset)
+    samples = len(dataset) if map_style else None
     if batches == 0 and (drop_last or not samples):
-        what = f"no batch at batch_size={batch_size}, drop_last=True" if samples else "0 samples"
-        raise ValueError(
-            f"{role} is empty ({what}), so there is nothing to iterate over."
-            + (" Lower batch_size or set drop_last=False." if samples else "")
-        )
+        what, hint = "no batch", ""
+        if samples == 0:
+            what = "0 samples"
+        elif drop_last:
+            what = f"no batch at batch_size={batch_size}, drop_last=True"
+            hint = " Lower batch_size or set drop_last=False."
+        raise ValueError(f"{role} is empty ({what}), so there is nothing to iterate over.{hint}")
     return loader
 
 
@@ -839,6 +842,8 @@ class TrainData:
             for index in itertools.chain(*(u if isinstance(u, list) else [u] for u in units)):
                 if not _is_count(index, 0) or (length is not None and index >= length):
                     raise ValueError(f"{name!r} holds {index!r}, not an index of {length} samples")
+        if "rest" in shared and "padding" not in shared:
+            raise ValueError("'padding' is missing beside 'rest'")
         if own is not None and self.steps is not None and epoch_step > self.steps:
             raise ValueError(f"'epoch_step' is {epoch_step}, beyond the epoch's {self.steps} steps")
         now = rng.global_state()

@@ -12,7 +12,7 @@ import torch
 import torchmetrics
 from conftest import TinyNet, make_tiny_data
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from hapi import Model
 from hapi.checkpoint import CheckpointError
@@ -400,6 +400,31 @@ class EmptyDataset(Dataset):
 def test_fit_rejects_bad_data(data, error, pattern):
     with pytest.raises(error, match=pattern):
         ready_model().fit(data, verbose=0)
+
+
+class _SizedStream(IterableDataset):
+    def __iter__(self):
+        return iter(TensorDataset(*make_tiny_data(4)))
+
+    def __len__(self):
+        return 4
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        TensorDataset(*make_tiny_data(4)),
+        DataLoader(_SizedStream(), batch_size=6, drop_last=True),
+    ],
+    ids=["dataset", "users-loader-over-a-sized-stream"],
+)
+def test_a_batch_larger_than_the_data_with_drop_last_says_what_to_change(data):
+    with pytest.raises(
+        ValueError,
+        match=r"train_data is empty \(no batch at batch_size=6, drop_last=True\), so there is "
+        r"nothing to iterate over\. Lower batch_size or set drop_last=False\.",
+    ):
+        ready_model().fit(data, batch_size=6, drop_last=True, verbose=0)
 
 
 @pytest.mark.parametrize(

@@ -105,3 +105,19 @@ def test_a_rest_in_other_units_restarts_the_epoch_and_a_mixed_one_is_refused():
     assert len(_read(batches, 0)) == 5
     with pytest.raises(ValueError, match="'rest' mixes sample indices and batches"):
         _train_data(data).resume(dict(shared, rest=[1, [2, 3]]), own, own, 0, 2)
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["own loader", "users DataLoader"])
+def test_a_rest_without_its_padding_is_refused_before_anything_is_read(given):
+    """No run writes 'rest' without 'padding' (the samples that even out the processes'
+    shares): such a position is refused by name, whichever loader would read it."""
+    data = (torch.arange(20).unsqueeze(1).float(), torch.zeros(20, dtype=torch.long))
+    if given:
+        data = DataLoader(torch.utils.data.TensorDataset(*data), batch_size=4, shuffle=True)
+    first = _train_data(data)
+    _read(first, 0, 2)
+    shared, own = first.position(2)
+    crafted = dict(shared, world=2, rest=shared.get("rest", [3, 4]))
+    crafted.pop("padding", None)
+    with pytest.raises(ValueError, match="'padding' is missing beside 'rest'"):
+        _train_data(data).resume(crafted, own, own, 0, 2)
