@@ -66,6 +66,7 @@ model.fit((images, labels), batch_size=64, epochs=1)
 HAND_JOB = (
     NETWORK
     + """
+import gc
 import sys
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -86,6 +87,8 @@ for step, (x, y) in enumerate(DataLoader(dataset, batch_size=64, sampler=sampler
     optimizer.step()
     if dist.get_rank() == 0:
         print(f"step {step + 1} - loss: {loss.item():.4f}", flush=True)
+del network  # DDP's reducer first, while the group lives: freed after it, Gloo can abort
+gc.collect()
 dist.barrier()  # leave together: destroying Gloo while a peer still talks to it can abort
 dist.destroy_process_group()
 """

@@ -33,6 +33,7 @@ Prints one JSON line (test ``loss``, ``acc``, ``fit_seconds``) on rank 0.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -174,7 +175,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         torch.save(network.state_dict(), os.path.join(args.output, "model.pt"))
         print(json.dumps({name: round(value, 4) for name, value in results.items()}), flush=True)
     if distributed:  # torchrun: leave the process group together, then destroy it
-        dist.barrier()  # (destroying while rank 0 still writes can abort a finished run in Gloo)
+        # DDP's reducer holds the group's pending work: freed after the group (when main
+        # returns), Gloo can abort a finished run ("terminate called without an active
+        # exception"). So it goes first; and no process destroys while another still writes.
+        del model
+        gc.collect()
+        dist.barrier()
         dist.destroy_process_group()
     return results
 
