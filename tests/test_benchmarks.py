@@ -75,7 +75,7 @@ CASES = {
         ["import torch", "import hapi", "hand DDP script", "Model.fit"],
     ),
     "bench_scaling.py": (
-        ["--repeats", "2", "--samples", "512", "--profile"],
+        ["--repeats", "1", "--samples", "512", "--profile"],
         [
             "Model.fit | 1 | 1",
             "Model.fit | 1 | 2",

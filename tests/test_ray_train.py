@@ -1,8 +1,9 @@
-"""Model.fit under Ray Train (local Ray, 2 CPU workers): torchrun's figures, Ray's checkpoints.
+"""Model.fit under Ray Train (local Ray, 2 CPU workers): one process's figures, Ray's checkpoints.
 
 examples/ray_fit.py runs examples/global_batch.py's training in TorchTrainer's workers with
-callbacks.RayTrainReport. Its result carries the last epoch's figures, equal to what torchrun
-gives the same program on 2 processes; its checkpoint loads into a fresh Model; and a second run
+callbacks.RayTrainReport. Its result carries the last epoch's figures, equal to what one process
+gives the same program at the global batch (as torchrun's 2 processes do, test_global_batch.py);
+its checkpoint loads into a fresh Model; and a second run
 under the same name resumes from that checkpoint, ending where one uninterrupted fit ends.
 One Ray for the module: its start takes most of the time.
 """
@@ -14,7 +15,6 @@ import pathlib
 import sys
 
 import pytest
-from dist_helpers import main_process_report, torchrun
 
 pytest.importorskip("ray.train", reason="ray[train] is in the test extra: pip install -e '.[test]'")
 import ray  # noqa: E402
@@ -56,18 +56,11 @@ def loaded_weights_sum(result) -> float:
     return sum(p.detach().sum().item() for p in model.network.parameters())
 
 
-def test_figures_equal_torchruns_and_a_second_run_resumes_from_the_checkpoint(local_ray, tmp_path):
+def test_figures_equal_one_process_and_a_second_run_resumes_from_the_checkpoint(
+    local_ray, tmp_path
+):
     result = ray_fit.make_trainer(epochs=2, storage_path=str(tmp_path)).fit()
-    done = torchrun(
-        [
-            "--standalone",
-            "--nproc_per_node=2",
-            str(EXAMPLES / "global_batch.py"),
-            "--batch-size",
-            "16",
-        ]
-    )
-    expected = main_process_report(done.stdout)  # evaluate after 2 epochs at global batch 32
+    expected = global_batch.main(["--batch-size", "32", "--epochs", "2"])  # 2 workers at 16
     assert set(result.metrics) == {"loss", "acc", "val_loss", "val_acc"}
     assert all(type(value) is float for value in result.metrics.values())
     assert result.metrics["val_loss"] == pytest.approx(expected["loss"], abs=2e-6)

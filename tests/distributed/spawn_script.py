@@ -69,8 +69,7 @@ if __name__ == "__main__":
     if mode == "usages":
         os.chdir(out)
         hapi.spawn(train)  # fn only: one process per CPU core here (2)
-        hapi.spawn(train, args=(out, "args"))  # with args
-        results = hapi.spawn(
+        results = hapi.spawn(  # with args, nprocs and log_dir
             train, args=(out, "nprocs"), nprocs=2, log_dir=os.path.join(out, "logs")
         )
         (pathlib.Path(out) / "returned.json").write_text(

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-WRITERS, SAVES, READERS = 3, 40, 2
+WRITERS, SAVES, READERS = 3, 20, 2
 ELEMENTS = 500_000  # 2 MB: long enough for writes to overlap
 
 
