@@ -3,7 +3,7 @@
 A callback knows the model only through its documented public API and the
 ``logs`` dicts (see ``callbacks.base``); of ``hapi`` this package imports only the
 public names of :mod:`hapi.checkpoint`, which owns every file written, renamed,
-linked or deleted, and the argument checks of :mod:`hapi.arguments`.
+linked or deleted, and the argument checks of :mod:`hapi.messages`.
 """
 
 from .base import Callback, CallbackList  # noqa: F401 (CallbackList: the loop's dispatcher)

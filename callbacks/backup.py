@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import warnings
 
 from tqdm import tqdm
 
 from hapi.checkpoint import files
+from hapi.messages import warn
 
 from .base import Callback, refuse_argument, stepped_to
 from .monitor import refuse_state, require_bool
@@ -150,10 +150,9 @@ class BackupAndRestore(Callback):
         self._sharded_backup = os.path.isfile(manifest)
         self._newest_unreadable = False
         if self.double_checkpoint and self.model.sharded and self.is_main:
-            warnings.warn(
+            warn(
                 "BackupAndRestore(double_checkpoint=True): sharded weights (FSDP on several "
                 "processes) are backed up as a directory, of which no previous copy is kept.",
-                stacklevel=2,
             )
         self._last_step = self.model.step
 
@@ -211,11 +210,10 @@ class BackupAndRestore(Callback):
             ) from error
         self._newest_unreadable = True
         if self.is_main:
-            warnings.warn(
+            warn(
                 f"BackupAndRestore: the newest backup {newest} {what}; resuming from the previous "
                 f"backup {previous} instead (optimizer step {self.model.step}), so training done "
                 f"after it is done again. The next backup replaces {newest}.",
-                stacklevel=2,
             )
         self._resumed_from(previous)
 

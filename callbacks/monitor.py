@@ -17,11 +17,11 @@ figure of that name exists warns once per fit (:class:`MonitorNameWarning`).
 from __future__ import annotations
 
 import math
-import warnings
 from numbers import Real
 from typing import Any, Callable, NoReturn
 
-from hapi.arguments import require_int  # noqa: F401 -- other callbacks import it from here
+import hapi.messages as messages
+from hapi.messages import require_int  # noqa: F401 -- other callbacks import it from here
 
 from .base import Callback, refuse_argument
 
@@ -109,10 +109,9 @@ class MonitorCallback(Callback):
             owner, "min_delta", min_delta, "a non-negative number", lambda v: v >= 0, 0.01
         )
         if mode not in ("auto", "min", "max"):  # read as "auto", as Paddle's hapi and Keras do
-            warnings.warn(
+            messages.warn(
                 f"{owner}: mode {mode!r} is unknown; using 'auto' instead (accepted: 'auto', "
                 "'min', 'max'). Pass mode='min' for losses, mode='max' for accuracies and scores.",
-                stacklevel=3,  # MonitorCallback.__init__ <- subclass <- the caller
             )
         if mode not in ("min", "max"):
             mode = "max" if any(hint in monitor.lower() for hint in _MAX_HINTS) else "min"
@@ -173,13 +172,12 @@ class MonitorCallback(Callback):
         if not (self._warned_name or name.startswith("val_")) and f"val_{name}" in logs:
             self._warned_name = True  # once per fit
             if self.is_main:
-                warnings.warn(
+                messages.warn(
                     f"{type(self).__name__} monitors {name!r}, the training figure, although "
                     f"'val_{name}' is logged too. In Paddle's hapi {name!r} meant the evaluation "
                     f"figure: pass monitor='val_{name}' to watch it, or filter the "
                     "callbacks.MonitorNameWarning category out.",
                     MonitorNameWarning,
-                    stacklevel=2,
                 )
         value = logs.get(self.monitor)
         if value is None and warn:
@@ -190,9 +188,8 @@ class MonitorCallback(Callback):
         """Warn, once per callback, that ``monitor`` is not in ``logs`` (``then``: what follows)."""
         if not self._warned_missing:
             self._warned_missing = True
-            warnings.warn(
+            messages.warn(
                 f"{type(self).__name__} is monitoring {self.monitor!r}, which is not in the logs. "
                 f"Available keys: {sorted(logs)}. {then}Pass monitor= one of them; val_* keys "
                 "exist only on epochs that ran an evaluation (eval_data, eval_freq).",
-                stacklevel=3,  # the caller of get_monitor_value (or of ModelCheckpoint's check)
             )

@@ -76,7 +76,7 @@ import time
 import warnings
 from typing import Any
 
-from hapi.arguments import require_int
+from hapi.messages import require_int
 
 from .base import NOT_FIGURES, Callback
 from .monitor import require_number

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import atexit
 import importlib.util
-import warnings
 from typing import Any, Literal
+
+from hapi.messages import warn
 
 from .visualdl import _Curves
 
@@ -125,10 +126,9 @@ class WandbCallback(_Curves):
             stale._finish(exit_code=1)
         current = wandb.run
         if current is not None:
-            warnings.warn(
+            warn(
                 f"WandbCallback: a wandb run is already active ({current.name!r}, id {current.id})"
                 ": logged into, left open. Call wandb.finish() first for the callback's own run.",
-                stacklevel=3,
             )
             self.run = current
         else:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import numbers
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, Callable, Iterable, Iterator
@@ -32,8 +31,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset
 
 from hapi import distributed, rng
-from hapi.arguments import require_int
 from hapi.distributed import DistributedSetupError, group
+from hapi.messages import require_int, warn
 
 ACCEPTED = (
     "a torch.utils.data.Dataset or any map-style data set (__len__ and __getitem__(int), e.g. a "
@@ -311,11 +310,10 @@ def make_loader(
     options = {"num_workers": num_workers, "collate_fn": ExplainingCollate(role)}
     if isinstance(dataset, IterableDataset):
         if distributed.world_size() > 1:
-            warnings.warn(
+            warn(
                 f"{role} is an IterableDataset: each of the {distributed.world_size()} processes "
                 "reads all of it unless it shards itself by hapi.distributed.rank() and "
                 "world_size(), each then yielding as many batches.",
-                stacklevel=3,
             )
         # Not torch's global generator, which the model draws from.
         options["generator"] = torch.Generator()

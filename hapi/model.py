@@ -50,10 +50,10 @@ from torch import nn
 from hapi import checkpoint, data, distributed
 from hapi import state as run_state
 from hapi.amp import AMP_DTYPES, make_scaler, parse_amp
-from hapi.arguments import require_int
 from hapi.batches import BatchSplitter, batch_length
 from hapi.callbacks import Callback, CallbackList, History
 from hapi.callbacks.run import callbacks_for_run
+from hapi.messages import require_int, warn
 from hapi.metrics import MetricSet, normalise_metrics
 from hapi.rng import streams_for_training
 from hapi.steps import Stepper, as_list, check_clipping, check_loss, optimized_parameters
@@ -714,10 +714,9 @@ class Model:
         train = data.TrainData(loader, train_data, data_seed)
         inexact = train.inexact_reason()
         if inexact and (resume_from is not None or any(getattr(c, "resumable", 0) for c in cbks)):
-            warnings.warn(
+            warn(
                 "This fit writes or reads checkpoints to resume from, but a resumed epoch will "
                 f"not equal the uninterrupted one: {inexact}.",
-                stacklevel=2,
             )
         self._fit_run = run = _FitRun(cbks, train, eval_loader, eval_freq, log_freq, **settings)
         try:
@@ -1312,11 +1311,10 @@ def fit_loop(model: Any, run: _FitRun, restore: Callable[[], None]) -> dict[str,
     logs: dict[str, float] = {}
     cbks = run.callbacks
     if not model._overrides("train_step") and model._stepper.nothing_trainable():
-        warnings.warn(
+        warn(
             f"fit(): no parameter of {distributed.class_name(model._network)} requires a gradient, "
             "so nothing will be updated: the loss and metrics are reported, the weights stay (as "
             "Keras trains a model with trainable=False). Set requires_grad=True on those to train.",
-            stacklevel=3,
         )
     model._optimizer.zero_grad(set_to_none=True)  # nothing left from a stopped accumulation
     cbks.on_train_begin()

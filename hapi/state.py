@@ -27,6 +27,7 @@ from tqdm import tqdm
 from hapi import checkpoint, distributed
 from hapi.amp import check_scaler_state
 from hapi.checkpoint.errors import CRAFTED, CheckpointError, refuse
+from hapi.messages import warn
 from hapi.rng import global_state, set_global_state
 
 _PLAIN = (type(None), bool, int, float, str)
@@ -202,10 +203,9 @@ def load(model: Any, path: Any, skip_mismatch: bool, reset_optimizer: bool, resu
         _check_optimizer_states(model, file, state)
     skipped = _load_weights(model, file, state, skip_mismatch)
     if skipped:
-        warnings.warn(
+        warn(
             f"Loaded {file!r} partially; skipped {len(skipped)} tensors whose name or "
             f"shape do not match this network: {skipped}.",
-            stacklevel=3,
         )
     if not reset_optimizer:
         _load_optimizers(model, file, state, skipped, keep_hyperparameters=not resume)
@@ -319,18 +319,17 @@ def _load_optimizers(
     """
     saved, shards = (state.get(key) for key in _OPTIMIZER_KEYS)
     kind = state.get("optimizer_type")
-    options = {"keep_hyperparameters": keep_hyperparameters, "stacklevel": 5}  # the user's load()
+    options = {"keep_hyperparameters": keep_hyperparameters}
     load = functools.partial(load_optimizer_state, model, source=file, **options)
     if skipped:  # the optimizer state belongs to other weights
         if saved is not None or shards is not None:
             message = "The optimizer state in the checkpoint was not loaded: the weights differ."
-            warnings.warn(message, stacklevel=4)
+            warn(message)
         return
     if shards is not None and model._optimizer is None:  # read into the optimizer's own state
-        warnings.warn(
+        warn(
             f"The optimizer state in the sharded checkpoint {file!r} was not loaded: this Model "
             "has no optimizer yet. Call prepare(optimizer=...) before load() to restore it.",
-            stacklevel=4,
         )
     elif shards is not None:
         from hapi.checkpoint import dcp_io  # imported on first use (DCP costs a second)
@@ -347,11 +346,10 @@ def _load_optimizers(
         return
     with restoring(file, "'optimizers'"):
         if sorted(several) != sorted(model._optimizers):
-            warnings.warn(
+            warn(
                 f"{file!r} holds the states of optimizers {sorted(several)}, but this Model was "
                 f"prepared with {sorted(model._optimizers) or 'none'}; they were not loaded. Call "
                 "prepare() with the same optimizers (by name, or a list in order) before load().",
-                stacklevel=4,
             )
             return
         for name, saved_state in several.items():
@@ -368,7 +366,6 @@ def load_optimizer_state(
     keep_hyperparameters: bool,
     optimizer: torch.optim.Optimizer | None = None,
     loader: Callable[[dict], None] | None = None,
-    stacklevel: int = 3,
 ) -> None:
     """A saved state into ``optimizer`` (default: the Model's), refusing one of another class.
 
@@ -426,13 +423,12 @@ def load_optimizer_state(
                 differences.append(f"{where}{key}={group[key]!r} in the file, {value!r} given")
         group.update(settings)
     if differences:
-        warnings.warn(
+        warn(
             f"The optimizer state loaded from {source} was saved with other settings than the "
             f"{type(optimizer).__name__} given to prepare(): {'; '.join(differences)}. Training uses "
             "the settings given to prepare(); the per-parameter state (momentum, moments, step "
             "counts) comes from the file. To train with the file's settings, build the optimizer "
             "with them.",
-            stacklevel=stacklevel,  # the user's load() or prepare()
         )
 
 
@@ -580,10 +576,9 @@ def _resume_fit(model: Any, file: str, saved: Any) -> None:
         "inexact": f"the rest of the interrupted epoch may be read otherwise, because {reason}",
     }[outcome]
     moved = f", saved by {saved_by} processes, on {here}" if saved_by != here else ""
-    warnings.warn(
+    warn(
         f"Resuming from {file!r}{moved}: the weights, optimizer and callbacks are restored, but "
         f"{epoch}: results can differ from an uninterrupted run.",
-        stacklevel=4,
     )
 
 
@@ -618,10 +613,9 @@ def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
     names = [name for name, _ in pending]
     ours = [type(c).__name__ for c in model._fit_run.callbacks]
     if names != ours:
-        warnings.warn(
+        warn(
             f"Resuming from {file!r}: its callbacks {names} differ from this fit's {ours}; "
             "callbacks are matched by class name in order, and the others start afresh.",
-            stacklevel=5,
         )
     for callback in model._fit_run.callbacks:  # the first entry of its class not yet taken
         found = [i for i, (name, _) in enumerate(pending) if name == type(callback).__name__]
@@ -634,11 +628,10 @@ def _restore_parts(model: Any, file: str, saved: Any) -> dict[str, Any] | None:
         return own
     save_, load_ = (getattr(model, name, None) for name in _STEP_STATE)
     if load_ is None:
-        warnings.warn(
+        warn(
             f"Resuming from {file!r}: its train_step state (keys {sorted(own['step_state'])}) is "
             f"not restored: {type(model).__name__} defines no load_step_state_dict(state) to "
             "take it. Define one beside step_state_dict() on the Model subclass.",
-            stacklevel=6,
         )
         return own
     # Of the kinds (and tensors of the shapes) step_state_dict() returns now: the step

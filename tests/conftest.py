@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import pathlib
 import socket
+import warnings
 
 import pytest
 import torch
@@ -165,3 +168,31 @@ _SLOWEST_FILES = (
 def pytest_collection_modifyitems(config, items):
     first = {path: rank for rank, path in enumerate(_SLOWEST_FILES)}
     items.sort(key=lambda item: first.get(item.nodeid.split("::")[0], len(first)))
+
+
+_OURS = tuple(
+    str(pathlib.Path(__file__).resolve().parents[1] / name) + os.sep
+    for name in ("hapi", "callbacks")
+)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Every warning of every test points at the line that called torch-hapi, never into
+    hapi/ or callbacks/, where a user can do nothing about it (hapi.messages.warn)."""
+    caught: list = []
+    try:
+        with warnings.catch_warnings(record=True) as recorded:
+            warnings.simplefilter("always")
+            try:
+                result = yield
+            finally:
+                caught = list(recorded)
+    finally:  # on to pytest's own record of the test's warnings
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    ours = [w for w in caught if os.path.abspath(w.filename).startswith(_OURS)]
+    assert not ours, "warnings attributed to torch-hapi's own code:\n" + "\n".join(
+        f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}" for w in ours
+    )
+    return result

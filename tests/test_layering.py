@@ -16,7 +16,7 @@ def _sources(package: str):
 def test_callbacks_import_of_hapi_only_the_public_checkpoint_helpers():
     # The files every callback writes are the checkpoint package's (``from hapi.checkpoint
     # import files``): its public names only, never one of its modules nor the rest of hapi
-    # but the leaf module of argument checks (hapi.arguments).
+    # but the leaf module of argument checks and warnings (hapi.messages).
     # ``from .. import`` neither: loaded as ``hapi.callbacks`` (issue #16), ``..`` would be hapi.
     found = [
         (p.name, target)
@@ -25,7 +25,7 @@ def test_callbacks_import_of_hapi_only_the_public_checkpoint_helpers():
             r"^\s*(?:from|import)\s+(hapi\S*|\.\.\S*)", p.read_text(), re.MULTILINE
         )
     ]
-    allowed = ("hapi.checkpoint", "hapi.arguments")
+    allowed = ("hapi.checkpoint", "hapi.messages")
     assert [(name, target) for name, target in found if target not in allowed] == []
     assert found, "the callbacks no longer use hapi.checkpoint's files: update this test"
 

@@ -6,8 +6,9 @@ import datetime
 import os
 import pathlib
 import re
-import warnings
 import zlib
+
+from hapi.messages import warn
 
 
 class DistributedSetupError(RuntimeError):
@@ -103,10 +104,9 @@ def launcher_variables() -> dict[str, str]:
         return {"LOCAL_RANK": str(env_int("RANK", 0) % max(env_int("LOCAL_WORLD_SIZE", 1), 1))}
     if launcher is None:
         if env_int("SLURM_NTASKS", 1) > 1 and "SLURM_STEP_NUM_TASKS" not in os.environ:
-            warnings.warn(
+            warn(
                 f"This Slurm allocation has SLURM_NTASKS={os.environ['SLURM_NTASKS']} tasks, but the "
                 "script was not started by srun: it trains alone. Use `srun python train.py`.",
-                stacklevel=4,
             )
         return {}
     rank_name, world_name = _PLACES[launcher]

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import warnings
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -35,6 +34,7 @@ from torch import nn
 
 from hapi.distributed.ddp import unwrap
 from hapi.distributed.group import rank
+from hapi.messages import warn
 
 # Normalisation layers: under amp each is a unit of its own that keeps float32 weights, as under
 # autocast on one process, which runs them in float32 (and batch_norm refuses bfloat16 weights
@@ -97,10 +97,9 @@ def selected_units(network: nn.Module, wrap: Any, norms: bool = False) -> list[n
     shared = {n: names for n, m in chosen if (names := _shared_outside(network, m))}
     if shared and wrap is not None:
         listed = "; ".join(f"{n!r} shares {', '.join(names)}" for n, names in shared.items())
-        warnings.warn(
+        warn(
             f"hapi.FSDP(wrap={wrap!r}) selected modules whose parameters are also used outside "
             f"them ({listed}): they stay in the enclosing unit; untie them to shard them alone.",
-            stacklevel=4,
         )
     units = [m for n, m in chosen if n not in shared]
     if norms:
