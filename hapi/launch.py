@@ -269,10 +269,11 @@ def _failure_report(
     where = f" Each process's output is in {', '.join(logs.values())}." if logs else ""
     if log_dir and not logs:
         where = f" No process wrote anything to {log_dir}: they died before any output went there."
-    # The first report written is the root cause; later ones are ranks that
-    # lost their peer ("Connection closed by peer") because of it.
+    # The first report written is the root cause; later ones are ranks that lost their
+    # peer ("Connection closed by peer") because of it. So are all reports when none is of
+    # a process the launcher saw exit: those died without one (os._exit, a signal).
     reports = sorted(pathlib.Path(error_dir).glob("error.*"), key=lambda p: p.stat().st_mtime_ns)
-    if reports:
+    if {int(p.suffix[1:]) for p in reports} & set(error.failures):
         return (
             f"Process {reports[0].suffix[1:]} of {count} started by hapi.spawn raised an error; "
             f"the other processes were stopped.{where}\n{reports[0].read_text().rstrip()}"

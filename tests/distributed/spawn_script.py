@@ -39,10 +39,13 @@ def train(out_dir: str = ".", tag: str = "plain") -> float:
 
 
 def print_then_die(out_dir: str) -> None:
+    hapi.distributed.init()
     print(f"rank {os.environ['RANK']} prints before it dies", flush=True)
     if os.environ["RANK"] == "1":
         os._exit(3)  # no exception to report: only the exit code and the output tell
-    time.sleep(60)  # stopped by the launcher
+    # Rank 0 loses its peer here and raises ("Connection closed by peer"), its report no cause.
+    torch.distributed.all_reduce(torch.ones(1))
+    time.sleep(60)  # or is stopped by the launcher first
 
 
 # A user's mistake: spawn called at import time, outside `if __name__ == "__main__":`
