@@ -215,7 +215,8 @@ def save_state(path: str | os.PathLike, state: dict[str, Any], wait: bool = True
         converted = plain(state)
         refuse_unsafe(converted, target)  # now, not in the background
         staged = background.snapshot(converted, reuse=True)  # the previous write has ended
-        background.background.start(functools.partial(write_file, staged, target), target)
+        where = os.path.abspath(target)  # the place named now, whatever chdir comes meanwhile
+        background.background.start(functools.partial(write_file, staged, where), target)
 
     if not wait:
         background.background.started = True  # on every process: a load now waits for it everywhere
@@ -248,7 +249,8 @@ def save_sharded(
     from hapi.checkpoint import dcp_io  # torch.distributed.checkpoint: imported on first use
 
     created = _missing_directories(os.path.join(os.fspath(path), MANIFEST))
-    directory = files.refuse_link(check_path(path, directory=True), _SHARDED)
+    given = files.refuse_link(check_path(path, directory=True), _SHARDED)
+    directory = os.path.abspath(given)  # the place named now, whatever chdir comes meanwhile
     background.wait_for_writes()
     # Every process must name the same directory: rank 0's random name is everyone's.
     name = "shards-" + distributed.broadcast_bytes(secrets.token_hex(8).encode()).decode()
@@ -283,7 +285,7 @@ def save_sharded(
     else:
         background.background.started = True  # on every process (see wait_if_saving)
         background.background.start(functools.partial(cleaned, complete), manifest)
-    return directory
+    return given
 
 
 def shards_directory(file: str, state: dict[str, Any]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -43,6 +44,30 @@ def test_the_file_holds_the_state_of_the_moment_of_the_save(tmp_path, monkeypatc
     saved = torch.load(tmp_path / "ckpt.pt", weights_only=True)["network"]
     assert all(torch.equal(saved[k], at_save[k]) for k in at_save)
     assert not all(torch.equal(saved[k], v) for k, v in model.network.state_dict().items())
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["file", "sharded"])
+def test_a_relative_path_is_written_where_it_named_when_save_was_called(
+    tmp_path, monkeypatch, sharded
+):
+    model = prepared()
+    release = threading.Event()
+    real_write = checkpoint.write_file
+
+    def slow_write(state, target, **options):
+        release.wait(30)
+        real_write(state, target, **options)
+
+    monkeypatch.setattr(checkpoint, "write_file", slow_write)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    model.save("ckpt", wait=False, sharded=sharded)
+    os.chdir("elsewhere")  # the script moves on while the write runs
+    release.set()
+    model.wait_for_saves()
+    assert [p.name for p in (tmp_path / "elsewhere").iterdir()] == []
+    file = tmp_path / ("ckpt/checkpoint.pt" if sharded else "ckpt.pt")
+    assert torch.load(file, weights_only=True)["step"] == 0
 
 
 def test_a_failed_background_write_keeps_the_previous_file_and_is_reported(tmp_path, monkeypatch):
