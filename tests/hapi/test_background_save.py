@@ -25,16 +25,21 @@ def prepared() -> hapi.Model:
     return model
 
 
-def test_the_file_holds_the_state_of_the_moment_of_the_save(tmp_path, monkeypatch):
-    model = prepared()
-    release = threading.Event()
-    real_write = checkpoint.write_file
+@pytest.fixture
+def release(monkeypatch) -> threading.Event:
+    """Background writes wait until the test sets the event it returns."""
+    release, real_write = threading.Event(), checkpoint.write_file
 
     def slow_write(state, target, **options):
         release.wait(30)
         real_write(state, target, **options)
 
     monkeypatch.setattr(checkpoint, "write_file", slow_write)
+    return release
+
+
+def test_the_file_holds_the_state_of_the_moment_of_the_save(tmp_path, release):
+    model = prepared()
     at_save = {k: v.clone() for k, v in model.network.state_dict().items()}
     model.save(tmp_path / "ckpt", wait=False)
     assert not (tmp_path / "ckpt.pt").exists()  # returned before the write
@@ -48,17 +53,9 @@ def test_the_file_holds_the_state_of_the_moment_of_the_save(tmp_path, monkeypatc
 
 @pytest.mark.parametrize("sharded", [False, True], ids=["file", "sharded"])
 def test_a_relative_path_is_written_where_it_named_when_save_was_called(
-    tmp_path, monkeypatch, sharded
+    tmp_path, monkeypatch, release, sharded
 ):
     model = prepared()
-    release = threading.Event()
-    real_write = checkpoint.write_file
-
-    def slow_write(state, target, **options):
-        release.wait(30)
-        real_write(state, target, **options)
-
-    monkeypatch.setattr(checkpoint, "write_file", slow_write)
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path)
     model.save("ckpt", wait=False, sharded=sharded)
